@@ -1,0 +1,68 @@
+"""a2a: all-to-all collectives for Mixture-of-Experts, over MPI (CPU) and NCCL (GPU).
+
+>>> import numpy as np, a2a
+>>> comm = a2a.Comm.from_mpi()                     # over mpi4py's COMM_WORLD
+>>> y = a2a.all_to_all(np.arange(8.0 * comm.size), comm=comm, algo="2dh")
+
+See README.md and docs/ for the algorithms and data layouts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _C
+from ._collectives import ALGORITHMS, all_to_all, all_to_all_flex, all_to_all_v
+from ._comm import Comm
+from ._errors import (
+    A2AError,
+    A2ATimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+    RemoteError,
+    TransportError,
+    UnsupportedError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Comm",
+    "all_to_all",
+    "all_to_all_flex",
+    "all_to_all_v",
+    "ALGORITHMS",
+    "config",
+    "get_include",
+    "get_cmake_dir",
+    "A2AError",
+    "A2ATimeoutError",
+    "InvalidArgumentError",
+    "MismatchError",
+    "RemoteError",
+    "TransportError",
+    "UnsupportedError",
+]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def config() -> dict:
+    """What this build contains: version, mpi, cuda, nccl, cuda_archs, and paths."""
+    result: dict = {}
+    for item in _C.build_config().split(";"):
+        key, _, value = item.partition("=")
+        result[key] = bool(int(value)) if value in ("0", "1") else value
+    result["cuda_archs"] = [a for a in str(result.get("cuda_archs", "")).split(",") if a]
+    result["library"] = os.path.join(_HERE, "lib")
+    return result
+
+
+def get_include() -> str:
+    """Directory holding a2a/a2a.h (for C and C++ users)."""
+    return os.path.join(_HERE, "include")
+
+
+def get_cmake_dir() -> str:
+    """Directory with a2aConfig.cmake: pass it as a2a_DIR to find_package(a2a)."""
+    return os.path.join(_HERE, "lib", "cmake", "a2a")

@@ -1,0 +1,167 @@
+"""The collectives: all_to_all, all_to_all_flex, all_to_all_v.
+
+Every function is collective over ``comm`` and blocking. Arguments that must
+agree across ranks are checked on every call; a rank whose input is invalid
+raises InvalidArgumentError and every other rank raises RemoteError (nobody
+hangs). Outputs are allocated with the input's framework unless ``out=`` is
+given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _C
+from ._arrays import ArrayView, check_out, check_supported, empty_like, is_torch_tensor, view
+from ._comm import Comm
+from ._errors import InvalidArgumentError
+
+__all__ = ["all_to_all", "all_to_all_flex", "all_to_all_v", "ALGORITHMS"]
+
+ALGORITHMS = {"linear": 0, "2dh": 1}
+
+
+def _reject(comm: Comm, op: str, message: str) -> None:
+    """Fails `op` on every rank: the others raise RemoteError, this rank raises
+    InvalidArgumentError with `message`."""
+    comm._native.report_invalid(op, f"{op} on rank {comm.rank} of {comm.size}: {message}")
+
+
+def _prepare(comm: Comm, op: str, x: Any, algo: str) -> ArrayView:
+    """Checks what only Python can see (the object, its dtype and layout, the
+    algorithm name) and reports a problem to every rank."""
+    if not isinstance(comm, Comm):
+        raise TypeError(f"{op}: comm must be an a2a.Comm, got {type(comm).__name__}")
+    reason = None
+    v = None
+    try:
+        v = view(x, "input")
+        reason = check_supported(v, "input")
+    except InvalidArgumentError as error:
+        reason = str(error)
+    if reason is None and algo not in ALGORITHMS:
+        reason = f"unknown algo {algo!r}; expected one of {sorted(ALGORITHMS)}"
+    if reason is not None:
+        _reject(comm, op, reason)
+    return v
+
+
+def _output(comm: Comm, op: str, v: ArrayView, shape: tuple[int, ...], out: Any) -> tuple[Any, ArrayView]:
+    if out is None:
+        result = empty_like(v, shape)
+        return result, view(result, "out")
+    o, reason = check_out(out, v, shape)
+    if reason is not None:
+        _reject(comm, op, reason)
+    return out, o
+
+
+def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> Any:
+    """All-to-all along dim 0: ``MPI_Alltoall`` / ``torch.distributed.all_to_all_single``.
+
+    ``x`` has shape ``(size * n, ...)``: rows ``[i*n, (i+1)*n)`` go to rank i,
+    and the result (same shape and dtype) holds rank j's rows at ``[j*n, (j+1)*n)``.
+
+    ``algo``: ``"linear"`` (Tutel Algorithm 1) or ``"2dh"`` (Tutel Algorithm 2,
+    intra-node then inter-node; bitwise identical output).
+    """
+    op = "all_to_all"
+    v = _prepare(comm, op, x, algo)
+    if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
+        dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
+        _reject(
+            comm, op, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}"
+        )
+    result, o = _output(comm, op, v, v.shape, out)
+    count = v.nbytes // v.itemsize // comm.size
+    algo_code = ALGORITHMS[algo]
+    ws, ws_bytes = comm.workspace(comm._native.all_to_all_workspace_size(count, v.dtype_code, algo_code))
+    comm._native.all_to_all(v.address, o.address, count, v.dtype_code, algo_code, ws, ws_bytes)
+    return result
+
+
+def _normalize_axis(axis: Any, ndim: int) -> int | None:
+    try:
+        a = int(axis)
+    except (TypeError, ValueError):
+        return None
+    if -ndim <= a < ndim:
+        return a % ndim
+    return None
+
+
+def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, algo: str = "linear", out: Any = None) -> Any:
+    """All-to-all with JAX ``lax.all_to_all`` semantics.
+
+    ``x.shape[split_axis]`` is split into ``size`` blocks; block i goes to
+    rank i; the received blocks are concatenated along ``concat_axis`` in rank
+    order. The result has ``shape[split_axis] / size`` and
+    ``shape[concat_axis] * size``. The shape must be equal on every rank.
+
+    MoE dispatch: (E, C, M) -> (E/W, W*C, M) with split_axis=0, concat_axis=1;
+    combine back with split_axis=1, concat_axis=0. With the linear algorithm
+    over MPI, the layout change travels as MPI datatypes (no extra copy).
+    """
+    op = "all_to_all_flex"
+    v = _prepare(comm, op, x, algo)
+    ndim = len(v.shape)
+    split, concat = _normalize_axis(split_axis, ndim), _normalize_axis(concat_axis, ndim)
+    if split is None or concat is None:
+        bad = "split_axis" if split is None else "concat_axis"
+        _reject(comm, op, f"{bad}={split_axis if split is None else concat_axis} is out of range for {v.describe()}")
+    if v.shape[split] % comm.size != 0:
+        _reject(
+            comm,
+            op,
+            f"input {v.describe()}: dimension {split} ({v.shape[split]}) is not divisible by the world size {comm.size}",
+        )
+    shape = list(v.shape)
+    shape[split] //= comm.size
+    shape[concat] *= comm.size
+    result, o = _output(comm, op, v, tuple(shape), out)
+    algo_code = ALGORITHMS[algo]
+    ws_bytes = comm._native.all_to_all_flex_workspace_size(list(v.shape), split, concat, v.dtype_code, algo_code)
+    ws, ws_bytes = comm.workspace(ws_bytes)
+    comm._native.all_to_all_flex(v.address, o.address, list(v.shape), split, concat, v.dtype_code, algo_code, ws, ws_bytes)
+    return result
+
+
+def _counts_list(send_counts: Any) -> list[int] | None:
+    if is_torch_tensor(send_counts):
+        send_counts = send_counts.detach().cpu().numpy()
+    counts = np.asarray(send_counts)
+    if counts.ndim != 1 or not (np.issubdtype(counts.dtype, np.integer) or counts.size == 0):
+        return None
+    return [int(c) for c in counts]
+
+
+def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> tuple[Any, np.ndarray]:
+    """Uneven all-to-all along dim 0 (``MPI_Alltoallv``), counts exchanged inside.
+
+    ``send_counts[i]`` rows of ``x`` (consecutive, in rank order) go to rank
+    i; ``sum(send_counts) == x.shape[0]``. Returns ``(recv, recv_counts)``:
+    ``recv`` has ``sum(recv_counts)`` rows (rank j's rows first for smaller j)
+    and the trailing shape of ``x``; ``recv_counts`` is a NumPy int64 array.
+    Trailing dims must agree across ranks. Zero counts and empty inputs work.
+    """
+    op = "all_to_all_v"
+    v = _prepare(comm, op, x, algo)
+    counts = _counts_list(send_counts)
+    if len(v.shape) == 0:
+        _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
+    if counts is None or len(counts) != comm.size:
+        _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
+    if any(c < 0 for c in counts):
+        _reject(comm, op, f"send_counts has negative entries: {counts}")
+    if sum(counts) != v.shape[0]:
+        _reject(comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows")
+    row_shape = v.shape[1:]
+    # The plan checks that dtype, algo and the row width agree across ranks.
+    plan = _C.VPlan(comm._native, counts, int(np.prod(row_shape, dtype=np.int64)), v.dtype_code, ALGORITHMS[algo])
+    recv_counts = np.asarray(plan.recv_counts, dtype=np.int64)
+    result, o = _output(comm, op, v, (int(recv_counts.sum()), *row_shape), out)
+    ws, ws_bytes = comm.workspace(plan.workspace_size)
+    plan.execute(v.address, o.address, ws, ws_bytes)
+    return result, recv_counts

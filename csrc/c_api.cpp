@@ -1,0 +1,196 @@
+// The C ABI: every function catches everything, records the message for
+// a2a_get_last_error() and returns a status code.
+#include <mpi.h>
+
+#include <cstring>
+#include <string>
+
+#include "a2a/a2a.h"
+#include "core/collectives.hpp"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "cpu/mpi_comm.hpp"
+
+struct a2a_comm {
+  std::unique_ptr<a2a::Comm> impl;
+};
+
+struct a2a_v_plan {
+  std::unique_ptr<a2a::VPlan> impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename Fn>
+a2a_status_t guarded(Fn&& fn) {
+  try {
+    fn();
+    last_error.clear();
+    return A2A_SUCCESS;
+  } catch (const a2a::Error& e) {
+    last_error = e.what();
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    last_error = "out of host memory";
+    return A2A_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    last_error = std::string("internal error: ") + e.what();
+    return A2A_ERROR_INTERNAL;
+  } catch (...) {
+    last_error = "internal error: unknown exception";
+    return A2A_ERROR_INTERNAL;
+  }
+}
+
+template <typename T>
+T* require_handle(T* handle, const char* what) {
+  if (handle == nullptr || handle->impl == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, what, " is NULL or destroyed");
+  return handle;
+}
+
+void require_out(const void* pointer, const char* what) {
+  if (pointer == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "output argument ", what, " is NULL");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* a2a_get_last_error(void) { return last_error.c_str(); }
+
+const char* a2a_status_string(a2a_status_t status) {
+  switch (status) {
+    case A2A_SUCCESS: return "success";
+    case A2A_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case A2A_ERROR_MISMATCH: return "arguments differ across ranks";
+    case A2A_ERROR_TIMEOUT: return "timed out";
+    case A2A_ERROR_TRANSPORT: return "transport error";
+    case A2A_ERROR_UNSUPPORTED: return "unsupported";
+    case A2A_ERROR_REMOTE: return "another rank rejected its input";
+    case A2A_ERROR_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+size_t a2a_dtype_size(a2a_dtype_t dtype) { return a2a::dtype_size(dtype); }
+
+const char* a2a_build_config(void) {
+  static const std::string text = a2a::cat("version=", A2A_VERSION_MAJOR, ".", A2A_VERSION_MINOR, ".",
+                                            A2A_VERSION_PATCH, ";mpi=1;mpi_version=", MPI_VERSION, ".",
+                                            MPI_SUBVERSION, ";cuda=0;nccl=0;cuda_archs=");
+  return text.c_str();
+}
+
+a2a_status_t a2a_comm_create_mpi(const void* mpi_comm, const a2a_comm_config_t* config, a2a_comm_t* comm) {
+  return guarded([&] {
+    require_out(comm, "comm");
+    *comm = nullptr;
+    if (mpi_comm == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "mpi_comm must point to an MPI_Comm");
+    a2a_comm_config_t options = A2A_COMM_CONFIG_INIT;
+    if (config != nullptr) {
+      if (config->struct_size < offsetof(a2a_comm_config_t, local_size) + sizeof(int) ||
+          config->struct_size > sizeof(a2a_comm_config_t))
+        a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "config->struct_size ", config->struct_size,
+                  " is not a size this library knows; start from A2A_COMM_CONFIG_INIT");
+      std::memcpy(&options, config, config->struct_size);
+    }
+    auto handle = std::make_unique<a2a_comm>();
+    handle->impl = a2a::create_mpi_comm(*static_cast<const MPI_Comm*>(mpi_comm), options);
+    *comm = handle.release();
+  });
+}
+
+a2a_status_t a2a_comm_destroy(a2a_comm_t comm) {
+  return guarded([&] { delete comm; });
+}
+
+a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local_rank, int* local_size, int* node,
+                               int* num_nodes) {
+  return guarded([&] {
+    const a2a::Topology& topo = require_handle(comm, "comm")->impl->topology();
+    if (rank) *rank = topo.rank;
+    if (size) *size = topo.size;
+    if (local_rank) *local_rank = topo.local_rank;
+    if (local_size) *local_size = topo.local_size;
+    if (node) *node = topo.node;
+    if (num_nodes) *num_nodes = topo.num_nodes;
+  });
+}
+
+a2a_status_t a2a_all_to_all_workspace_size(a2a_comm_t comm, size_t count, a2a_dtype_t dtype, a2a_algo_t algo,
+                                           size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = a2a::all_to_all_workspace_size(*require_handle(comm, "comm")->impl, count, dtype, algo);
+  });
+}
+
+a2a_status_t a2a_all_to_all(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
+                            a2a_algo_t algo, void* workspace, size_t workspace_bytes) {
+  return guarded([&] {
+    a2a::all_to_all(*require_handle(comm, "comm")->impl, send, recv, count, dtype, algo, workspace, workspace_bytes);
+  });
+}
+
+a2a_status_t a2a_all_to_all_flex_workspace_size(a2a_comm_t comm, const int64_t* shape, int ndim, int split_axis,
+                                                int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = a2a::all_to_all_flex_workspace_size(*require_handle(comm, "comm")->impl, shape, ndim, split_axis,
+                                                 concat_axis, dtype, algo);
+  });
+}
+
+a2a_status_t a2a_all_to_all_flex(a2a_comm_t comm, const void* send, void* recv, const int64_t* shape, int ndim,
+                                 int split_axis, int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
+                                 size_t workspace_bytes) {
+  return guarded([&] {
+    a2a::all_to_all_flex(*require_handle(comm, "comm")->impl, send, recv, shape, ndim, split_axis, concat_axis, dtype,
+                         algo, workspace, workspace_bytes);
+  });
+}
+
+a2a_status_t a2a_v_plan_create(a2a_comm_t comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype,
+                               a2a_algo_t algo, a2a_v_plan_t* plan) {
+  return guarded([&] {
+    require_out(plan, "plan");
+    *plan = nullptr;
+    auto handle = std::make_unique<a2a_v_plan>();
+    handle->impl = std::make_unique<a2a::VPlan>(*require_handle(comm, "comm")->impl, send_counts, row_elements, dtype, algo);
+    *plan = handle.release();
+  });
+}
+
+a2a_status_t a2a_v_plan_recv_counts(a2a_v_plan_t plan, int64_t* recv_counts) {
+  return guarded([&] {
+    require_out(recv_counts, "recv_counts");
+    const auto& counts = require_handle(plan, "plan")->impl->recv_counts();
+    std::memcpy(recv_counts, counts.data(), counts.size() * sizeof(int64_t));
+  });
+}
+
+a2a_status_t a2a_v_plan_workspace_size(a2a_v_plan_t plan, size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = require_handle(plan, "plan")->impl->workspace_bytes();
+  });
+}
+
+a2a_status_t a2a_all_to_all_v(a2a_v_plan_t plan, const void* send, void* recv, void* workspace,
+                              size_t workspace_bytes) {
+  return guarded([&] { require_handle(plan, "plan")->impl->execute(send, recv, workspace, workspace_bytes); });
+}
+
+a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan) {
+  return guarded([&] { delete plan; });
+}
+
+a2a_status_t a2a_comm_report_invalid(a2a_comm_t comm, const char* op, const char* message) {
+  return guarded([&] {
+    a2a::report_invalid(*require_handle(comm, "comm")->impl, op ? op : "collective", message ? message : "");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,68 @@
+// The all-to-all algorithms, written once against Transport + Device.
+// Arguments are assumed valid and agreed across ranks (see collectives.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "a2a/a2a.h"
+#include "core/comm.hpp"
+
+namespace a2a {
+
+// A set of ranks exchanging with each other: member i is first + i * stride,
+// and this rank is member `me`. All ranks (linear), the ranks of one node
+// (2DH intra-node phase), or the ranks with one local_rank (2DH inter-node).
+struct PeerGroup {
+  int first;
+  int stride;
+  int count;
+  int me;
+  int member(int i) const { return first + i * stride; }
+};
+
+PeerGroup world_group(const Topology& topo);
+PeerGroup node_group(const Topology& topo);  // my node's ranks, indexed by local_rank
+PeerGroup rail_group(const Topology& topo);  // my local_rank on every node, indexed by node
+
+// One all-to-all exchange inside `group`: member i receives recv_span(j) from
+// member j and sends send_span(i) to every member i. Peers are visited in the
+// shifted order me+1, me+2, ... so that not every rank starts at rank 0.
+void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
+              const std::function<Span(int)>& recv_span);
+
+// Uniform all-to-all of chunk_bytes per peer.
+void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes);
+void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes, void* workspace);
+size_t all_to_all_2dh_workspace(const Topology& topo, size_t chunk_bytes);
+
+// The flexible all-to-all's geometry: the input is viewed as
+// [outer, world, inner] blocks on the split side, the output as
+// [outer_out, world, inner_out] on the concat side (bytes for inner).
+struct FlexLayout {
+  size_t split_outer;   // prod(shape[:split_axis])
+  size_t split_inner;   // shape[split_axis] / world * prod(shape[split_axis+1:]) * itemsize
+  size_t concat_outer;  // prod(chunk_shape[:concat_axis])
+  size_t concat_inner;  // chunk_shape[concat_axis] * prod(chunk_shape[concat_axis+1:]) * itemsize
+  size_t chunk_bytes() const { return split_outer * split_inner; }
+};
+
+size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo);
+void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout& layout, a2a_algo_t algo,
+                     void* workspace);
+
+// Uneven all-to-all. Counts are in bytes, one entry per rank; blocks are
+// packed in rank order on both sides.
+struct VCounts {
+  std::vector<int64_t> send;   // bytes to each rank
+  std::vector<int64_t> recv;   // bytes from each rank
+  std::vector<int64_t> relay;  // 2DH only: [local peer][node] bytes that local peer sends to (node, my local_rank)
+};
+
+size_t all_to_all_v_2dh_workspace(const Topology& topo, const VCounts& counts);
+void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts);
+void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& counts, void* workspace);
+
+}  // namespace a2a

@@ -1,0 +1,254 @@
+#include "core/collectives.hpp"
+
+#include <climits>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+
+namespace a2a {
+
+namespace {
+
+// Collects the first local problem with the arguments; an empty string means
+// none. Problems are not thrown at once: every rank first has to learn about
+// them in Comm::agree, or the other ranks would wait for this one.
+class Checker {
+ public:
+  Checker(const Comm& comm, const char* op) : comm_(comm), op_(op) {}
+  template <typename... Args>
+  void require(bool ok, Args&&... args) {
+    if (!ok && error_.empty()) error_ = cat(op_, " on rank ", comm_.rank(), " of ", comm_.size(), ": ", std::forward<Args>(args)...);
+  }
+  void dtype_and_algo(a2a_dtype_t dtype, a2a_algo_t algo) {
+    require(dtype_size(dtype) != 0, "unsupported dtype code ", static_cast<int>(dtype),
+            " (supported: float32, float64, float16, bfloat16, int8, int32, int64, uint8)");
+    require(algo == A2A_ALGO_LINEAR || algo == A2A_ALGO_2DH, "unknown algorithm code ", static_cast<int>(algo),
+            " (supported: linear, 2dh)");
+    if (algo == A2A_ALGO_2DH)
+      require(comm_.topology().regular(), "algo=2dh needs nodes of equal size: ", comm_.topology().irregular_reason);
+  }
+  void buffers(const void* send, const void* recv, size_t send_bytes, size_t recv_bytes) {
+    require(send_bytes == 0 || send != nullptr, "send buffer is NULL but holds ", send_bytes, " bytes");
+    require(recv_bytes == 0 || recv != nullptr, "recv buffer is NULL but must hold ", recv_bytes, " bytes");
+    const char* s = static_cast<const char*>(send);
+    const char* r = static_cast<const char*>(recv);
+    const bool overlap = send_bytes != 0 && recv_bytes != 0 && s < r + recv_bytes && r < s + send_bytes;
+    require(!overlap, "send and recv buffers overlap; the collectives are out of place");
+  }
+  void workspace(const void* workspace, size_t given, size_t needed) {
+    require(given >= needed, "workspace of ", given, " bytes is smaller than the ", needed, " bytes required");
+    require(needed == 0 || workspace != nullptr, "workspace is NULL but ", needed, " bytes are required");
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  const Comm& comm_;
+  const char* op_;
+  std::string error_;
+};
+
+// Runs an algorithm; a transport failure leaves messages in flight, so the
+// comm is retired and the error names the collective.
+template <typename Fn>
+void run_algorithm(Comm& comm, const char* op, Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    comm.mark_broken(cat(op, ": ", e.what()));
+    throw Error(e.status(), cat(op, ": ", e.what()));
+  }
+}
+
+bool multiply_overflows(size_t a, size_t b, size_t* product) { return __builtin_mul_overflow(a, b, product); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+size_t all_to_all_workspace_size(const Comm& comm, size_t count, a2a_dtype_t dtype, a2a_algo_t algo) {
+  if (algo != A2A_ALGO_2DH || !comm.topology().regular()) return 0;
+  return all_to_all_2dh_workspace(comm.topology(), count * dtype_size(dtype));
+}
+
+void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_algo_t algo,
+                void* workspace, size_t workspace_bytes) {
+  const char* op = "all_to_all";
+  Checker check(comm, op);
+  check.dtype_and_algo(dtype, algo);
+  size_t chunk_bytes = 0, total_bytes = 0;
+  check.require(!multiply_overflows(count, dtype_size(dtype), &chunk_bytes) &&
+                    !multiply_overflows(chunk_bytes, comm.size(), &total_bytes),
+                count, " elements per peer overflow the address space");
+  if (check.error().empty()) {
+    check.buffers(send, recv, total_bytes, total_bytes);
+    check.workspace(workspace, workspace_bytes, all_to_all_workspace_size(comm, count, dtype, algo));
+  }
+  comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}}, check.error());
+  run_algorithm(comm, op, [&] {
+    if (algo == A2A_ALGO_2DH)
+      all_to_all_2dh(comm, send, recv, chunk_bytes, workspace);
+    else
+      all_to_all_linear(comm, send, recv, chunk_bytes);
+  });
+}
+
+// ---------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kMaxDims = 16;
+const char* const kShapeNames[kMaxDims] = {"shape[0]",  "shape[1]",  "shape[2]",  "shape[3]", "shape[4]",  "shape[5]",
+                                           "shape[6]",  "shape[7]",  "shape[8]",  "shape[9]", "shape[10]", "shape[11]",
+                                           "shape[12]", "shape[13]", "shape[14]", "shape[15]"};
+
+std::string shape_text(const int64_t* shape, int ndim) {
+  std::string text = "(";
+  for (int i = 0; i < ndim; ++i) text += cat(i ? ", " : "", shape[i]);
+  return text + (ndim == 1 ? ",)" : ")");
+}
+
+// Checks the flexible all-to-all's arguments and computes its layout.
+FlexLayout flex_layout(Checker& check, int world, const int64_t* shape, int ndim, int split_axis, int concat_axis,
+                       a2a_dtype_t dtype) {
+  FlexLayout layout{1, 1, 1, 1};
+  check.require(shape != nullptr && ndim >= 1 && ndim <= kMaxDims, "ndim must be in [1, ", kMaxDims, "], got ", ndim);
+  if (!check.error().empty()) return layout;
+  check.require(split_axis >= 0 && split_axis < ndim, "split_axis ", split_axis, " is out of range for shape ",
+                shape_text(shape, ndim));
+  check.require(concat_axis >= 0 && concat_axis < ndim, "concat_axis ", concat_axis, " is out of range for shape ",
+                shape_text(shape, ndim));
+  for (int i = 0; i < ndim; ++i) check.require(shape[i] >= 0, "negative dimension in shape ", shape_text(shape, ndim));
+  if (!check.error().empty()) return layout;
+  check.require(shape[split_axis] % world == 0, "shape ", shape_text(shape, ndim), " ", dtype_name(dtype),
+                ": dimension ", split_axis, " (", shape[split_axis], ") is not divisible by the world size ", world);
+  if (!check.error().empty()) return layout;
+  std::vector<size_t> chunk(shape, shape + ndim);
+  chunk[split_axis] /= world;
+  auto product = [](const std::vector<size_t>& dims, int begin, int end) {
+    size_t p = 1;
+    for (int i = begin; i < end; ++i) p *= dims[i];
+    return p;
+  };
+  const size_t item = dtype_size(dtype);
+  layout.split_outer = product(chunk, 0, split_axis);
+  layout.split_inner = product(chunk, split_axis, ndim) * item;
+  layout.concat_outer = product(chunk, 0, concat_axis);
+  layout.concat_inner = product(chunk, concat_axis, ndim) * item;
+  return layout;
+}
+
+std::vector<Field> flex_fields(a2a_dtype_t dtype, a2a_algo_t algo, const int64_t* shape, int ndim, int split_axis,
+                               int concat_axis) {
+  std::vector<Field> fields{{"dtype", dtype}, {"algo", algo}, {"ndim", ndim}, {"split_axis", split_axis},
+                            {"concat_axis", concat_axis}};
+  if (shape != nullptr)
+    for (int i = 0; i < ndim && i < kMaxDims; ++i) fields.push_back({kShapeNames[i], shape[i]});
+  return fields;
+}
+
+}  // namespace
+
+size_t all_to_all_flex_workspace_size(const Comm& comm, const int64_t* shape, int ndim, int split_axis,
+                                      int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo) {
+  Checker check(comm, "all_to_all_flex_workspace_size");
+  check.dtype_and_algo(dtype, algo);
+  FlexLayout layout = flex_layout(check, comm.size(), shape, ndim, split_axis, concat_axis, dtype);
+  if (!check.error().empty()) fail(A2A_ERROR_INVALID_ARGUMENT, check.error());
+  return all_to_all_flex_workspace(comm, layout, algo);
+}
+
+void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* shape, int ndim, int split_axis,
+                     int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
+                     size_t workspace_bytes) {
+  const char* op = "all_to_all_flex";
+  Checker check(comm, op);
+  check.dtype_and_algo(dtype, algo);
+  FlexLayout layout = flex_layout(check, comm.size(), shape, ndim, split_axis, concat_axis, dtype);
+  if (check.error().empty()) {
+    const size_t total = layout.chunk_bytes() * comm.size();
+    check.buffers(send, recv, total, total);
+    check.workspace(workspace, workspace_bytes, all_to_all_flex_workspace(comm, layout, algo));
+  }
+  comm.agree(op, flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis), check.error());
+  run_algorithm(comm, op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace); });
+}
+
+// ---------------------------------------------------------------------------
+
+VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo)
+    : comm_(comm), dtype_(dtype), algo_(algo) {
+  const char* op = "all_to_all_v (count exchange)";
+  const int world = comm.size();
+  Checker check(comm, op);
+  check.dtype_and_algo(dtype, algo);
+  check.require(send_counts != nullptr, "send_counts is NULL");
+  size_t row_bytes = 0;
+  check.require(!multiply_overflows(row_elements, dtype_size(dtype), &row_bytes) && row_bytes <= INT64_MAX,
+                "row of ", row_elements, " elements overflows");
+  if (check.error().empty()) {
+    for (int peer = 0; peer < world; ++peer) {
+      size_t bytes = 0;
+      check.require(send_counts[peer] >= 0, "send count for peer ", peer, " is negative (", send_counts[peer], ")");
+      check.require(send_counts[peer] < 0 ||
+                        !multiply_overflows(static_cast<size_t>(send_counts[peer]), row_bytes, &bytes),
+                    "send count for peer ", peer, " (", send_counts[peer], " rows of ", row_bytes, " bytes) overflows");
+    }
+  }
+  comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"row elements", static_cast<int64_t>(row_elements)}},
+             check.error());
+
+  // recv_counts: one int64 from every rank, in rows; bytes follow.
+  std::vector<int64_t> send_rows(send_counts, send_counts + world);
+  recv_counts_.assign(world, 0);
+  run_algorithm(comm, op, [&] {
+    all_to_all_linear(comm, send_rows.data(), recv_counts_.data(), sizeof(int64_t));
+  });
+  const int64_t row = static_cast<int64_t>(row_bytes);
+  bytes_.send.resize(world);
+  bytes_.recv.resize(world);
+  for (int peer = 0; peer < world; ++peer) {
+    bytes_.send[peer] = send_rows[peer] * row;
+    bytes_.recv[peer] = recv_counts_[peer] * row;
+  }
+  const Topology& topo = comm.topology();
+  if (algo == A2A_ALGO_2DH && topo.num_nodes > 1 && topo.local_size > 1) {
+    // Local peer l needs, for every node m, what this rank sends to (m, l).
+    const int nodes = topo.num_nodes, locals = topo.local_size;
+    std::vector<int64_t> by_local(static_cast<size_t>(nodes) * locals);
+    for (int l = 0; l < locals; ++l)
+      for (int m = 0; m < nodes; ++m) by_local[l * nodes + m] = bytes_.send[topo.global_rank(m, l)];
+    bytes_.relay.assign(by_local.size(), 0);
+    const size_t row_of_nodes = nodes * sizeof(int64_t);
+    run_algorithm(comm, op, [&] {
+      exchange(
+          comm, node_group(topo), [&](int l) { return Span::contiguous(&by_local[l * nodes], row_of_nodes); },
+          [&](int l) { return Span::contiguous(&bytes_.relay[l * nodes], row_of_nodes); });
+    });
+  }
+  if (algo == A2A_ALGO_2DH) workspace_bytes_ = all_to_all_v_2dh_workspace(topo, bytes_);
+}
+
+void VPlan::execute(const void* send, void* recv, void* workspace, size_t workspace_bytes) {
+  const char* op = "all_to_all_v";
+  Checker check(comm_, op);
+  size_t send_total = 0, recv_total = 0;
+  for (auto b : bytes_.send) send_total += b;
+  for (auto b : bytes_.recv) recv_total += b;
+  check.buffers(send, recv, send_total, recv_total);
+  check.workspace(workspace, workspace_bytes, workspace_bytes_);
+  // dtype and algo were agreed at planning; the call itself must still match.
+  comm_.agree(op, {{"dtype", dtype_}, {"algo", algo_}}, check.error());
+  run_algorithm(comm_, op, [&] {
+    if (algo_ == A2A_ALGO_2DH)
+      all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);
+    else
+      all_to_all_v_linear(comm_, send, recv, bytes_);
+  });
+}
+
+void report_invalid(Comm& comm, const char* op, const std::string& message) {
+  comm.agree(op, {}, message.empty() ? std::string("invalid input") : message);
+  fail(A2A_ERROR_INTERNAL, op, ": report_invalid reached the end without an error");
+}
+
+}  // namespace a2a

@@ -1,0 +1,46 @@
+// Validated entry points of the collectives: argument checks, the cross-rank
+// agreement, then the algorithm. The C ABI (c_api.cpp) is a thin shell over
+// these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/algorithms.hpp"
+#include "core/comm.hpp"
+
+namespace a2a {
+
+size_t all_to_all_workspace_size(const Comm& comm, size_t count, a2a_dtype_t dtype, a2a_algo_t algo);
+void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_algo_t algo,
+                void* workspace, size_t workspace_bytes);
+
+size_t all_to_all_flex_workspace_size(const Comm& comm, const int64_t* shape, int ndim, int split_axis,
+                                      int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo);
+void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* shape, int ndim, int split_axis,
+                     int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
+                     size_t workspace_bytes);
+
+class VPlan {
+ public:
+  // Collective: exchanges the counts (in rows of row_elements elements).
+  VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo);
+  const std::vector<int64_t>& recv_counts() const { return recv_counts_; }  // rows
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  void execute(const void* send, void* recv, void* workspace, size_t workspace_bytes);
+
+ private:
+  Comm& comm_;
+  a2a_dtype_t dtype_;
+  a2a_algo_t algo_;
+  VCounts bytes_;
+  std::vector<int64_t> recv_counts_;
+  size_t workspace_bytes_ = 0;
+};
+
+// Fails every rank of `op` with A2A_ERROR_REMOTE, and this rank with
+// A2A_ERROR_INVALID_ARGUMENT carrying `message`.
+[[noreturn]] void report_invalid(Comm& comm, const char* op, const std::string& message);
+
+}  // namespace a2a

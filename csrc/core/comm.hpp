@@ -1,0 +1,56 @@
+// A communicator: Transport + Device + Topology, plus the cross-rank argument
+// check that every collective runs before it moves data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/topology.hpp"
+#include "core/transport.hpp"
+
+namespace a2a {
+
+// One argument that must be equal on every rank, e.g. {"count", 1024}.
+struct Field {
+  const char* name;
+  int64_t value;
+};
+
+class Comm {
+ public:
+  Comm(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device, Topology topology,
+       bool use_strided_spans);
+
+  Transport& transport() { return *transport_; }
+  Device& device() { return *device_; }
+  const Topology& topology() const { return topology_; }
+  int rank() const { return topology_.rank; }
+  int size() const { return topology_.size; }
+  // Strided spans go straight to the transport (e.g. MPI derived datatypes)
+  // instead of being packed by the Device.
+  bool strided_spans() const { return use_strided_spans_; }
+
+  // Collective. Verifies that every rank called `op` with the same fields, and
+  // that no rank rejected its input (local_error non-empty). On any
+  // disagreement every rank throws: the rank with the bad input
+  // A2A_ERROR_INVALID_ARGUMENT with local_error, the others
+  // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values.
+  void agree(const char* op, const std::vector<Field>& fields, const std::string& local_error = "");
+
+  // Called by the collectives after a transport failure (e.g. a timeout):
+  // unmatched messages may be in flight, so the comm refuses further use.
+  void mark_broken(const std::string& why);
+  void check_usable(const char* op) const;
+
+ private:
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<Device> device_;
+  Topology topology_;
+  bool use_strided_spans_;
+  std::string broken_reason_;
+};
+
+}  // namespace a2a

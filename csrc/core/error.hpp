@@ -1,0 +1,37 @@
+// Errors inside the core are C++ exceptions carrying an a2a_status_t; the C ABI
+// (c_api.cpp) turns them into status codes plus a2a_get_last_error() text.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "a2a/a2a.h"
+
+namespace a2a {
+
+class Error : public std::runtime_error {
+ public:
+  Error(a2a_status_t status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  a2a_status_t status() const { return status_; }
+
+ private:
+  a2a_status_t status_;
+};
+
+// Concatenates anything streamable: cat("rank ", r, ": ", n, " bytes").
+template <typename... Args>
+std::string cat(Args&&... args) {
+  std::ostringstream out;
+  (out << ... << std::forward<Args>(args));
+  return out.str();
+}
+
+template <typename... Args>
+[[noreturn]] void fail(a2a_status_t status, Args&&... args) {
+  throw Error(status, cat(std::forward<Args>(args)...));
+}
+
+}  // namespace a2a

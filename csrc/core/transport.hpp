@@ -1,0 +1,57 @@
+// The transport interface: the only thing that differs between MPI and NCCL.
+// Algorithms in core/ are written against it once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace a2a {
+
+// A message's memory: num_blocks blocks of block_bytes, block i at
+// data + i * stride_bytes. One contiguous message is a single block. The
+// receiver's Span may be shaped differently from the sender's; only the total
+// byte count must agree.
+struct Span {
+  void* data = nullptr;
+  size_t block_bytes = 0;
+  size_t num_blocks = 1;
+  size_t stride_bytes = 0;
+
+  static Span contiguous(const void* data, size_t bytes) {
+    return Span{const_cast<void*>(data), bytes, 1, bytes};
+  }
+  static Span strided(const void* data, size_t block_bytes, size_t num_blocks, size_t stride_bytes) {
+    return Span{const_cast<void*>(data), block_bytes, num_blocks, stride_bytes};
+  }
+  size_t bytes() const { return block_bytes * num_blocks; }
+  bool is_contiguous() const { return num_blocks <= 1 || stride_bytes == block_bytes; }
+};
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // True when send/recv accept non-contiguous Spans; otherwise the algorithms
+  // pack layouts with the Device first.
+  virtual bool supports_strided() const = 0;
+
+  // Point-to-point group: the sends and receives posted between group_start()
+  // and group_end() progress together; group_end() returns when all of them
+  // completed (or, on a stream-ordered transport, were enqueued). Sends and
+  // receives to oneself are allowed. Waits are bounded by the comm's timeout.
+  virtual void group_start() = 0;
+  virtual void send(const Span& span, int peer) = 0;
+  virtual void recv(const Span& span, int peer) = 0;
+  virtual void group_end() = 0;
+
+  // Dense collectives, bounded by the same timeout.
+  virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
+  virtual void allreduce_int64(int64_t* values, size_t count, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace a2a

@@ -1,0 +1,62 @@
+// Transport over MPI: nonblocking Isend/Irecv completed by a bounded wait.
+// Strided spans and messages of 2^31 bytes or more travel as derived
+// datatypes, so nothing is packed by hand and MPI's int counts never overflow.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "core/topology.hpp"
+#include "core/transport.hpp"
+
+namespace a2a {
+
+class MpiTransport final : public Transport {
+ public:
+  // Takes ownership of `comm` (a duplicate made for this transport).
+  MpiTransport(MPI_Comm comm, double timeout_s);
+  ~MpiTransport() override;
+
+  const char* name() const override { return "mpi"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool supports_strided() const override { return true; }
+
+  void group_start() override;
+  void send(const Span& span, int peer) override;
+  void recv(const Span& span, int peer) override;
+  void group_end() override;
+
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
+  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
+  void barrier() override;
+
+  MPI_Comm mpi_comm() const { return comm_; }
+
+ private:
+  struct Pending {
+    const char* kind;  // "send to" / "recv from"
+    int peer;
+    size_t bytes;
+  };
+  void post(const Span& span, int peer, bool is_send);
+  // Waits for requests_ with the timeout; on expiry cancels what it can and
+  // throws A2A_ERROR_TIMEOUT listing the unfinished operations.
+  void wait_all(const char* what);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  double timeout_s_;
+  size_t max_count_;  // largest count passed to MPI as a plain int (A2A_MPI_MAX_COUNT for tests)
+  std::vector<MPI_Request> requests_;
+  std::vector<Pending> pending_;
+};
+
+// Ranks per node from MPI_Comm_split_type(SHARED). Nodes that are not equal,
+// contiguous blocks of ranks are reported through *irregular_reason.
+int detect_local_size(MPI_Comm comm, std::string* irregular_reason);
+
+}  // namespace a2a

@@ -1,0 +1,129 @@
+// C++ API: header-only RAII wrappers over the C ABI in a2a.h. Failures throw
+// a2a::Error carrying the status code and the message from a2a_get_last_error().
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "a2a/a2a.h"
+
+namespace a2a {
+
+class Error : public std::runtime_error {
+ public:
+  Error(a2a_status_t status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  a2a_status_t status() const { return status_; }
+
+ private:
+  a2a_status_t status_;
+};
+
+inline void check(a2a_status_t status) {
+  if (status != A2A_SUCCESS) throw Error(status, a2a_get_last_error());
+}
+
+struct Topology {
+  int rank, size, local_rank, local_size, node, num_nodes;
+};
+
+// Owns an a2a_comm_t. Movable, not copyable.
+class Communicator {
+ public:
+  // mpi_comm points to an MPI_Comm. Collective.
+  explicit Communicator(const void* mpi_comm, const a2a_comm_config_t& config = A2A_COMM_CONFIG_INIT) {
+    check(a2a_comm_create_mpi(mpi_comm, &config, &handle_));
+  }
+  ~Communicator() {
+    if (handle_ != nullptr) a2a_comm_destroy(handle_);
+  }
+  Communicator(Communicator&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+  Communicator& operator=(Communicator&& other) noexcept {
+    std::swap(handle_, other.handle_);
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  a2a_comm_t get() const { return handle_; }
+  Topology topology() const {
+    Topology t{};
+    check(a2a_comm_topology(handle_, &t.rank, &t.size, &t.local_rank, &t.local_size, &t.node, &t.num_nodes));
+    return t;
+  }
+
+  size_t all_to_all_workspace_size(size_t count, a2a_dtype_t dtype, a2a_algo_t algo) const {
+    size_t bytes = 0;
+    check(a2a_all_to_all_workspace_size(handle_, count, dtype, algo, &bytes));
+    return bytes;
+  }
+  void all_to_all(const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_algo_t algo,
+                  void* workspace = nullptr, size_t workspace_bytes = 0) {
+    check(a2a_all_to_all(handle_, send, recv, count, dtype, algo, workspace, workspace_bytes));
+  }
+
+  size_t all_to_all_flex_workspace_size(const std::vector<int64_t>& shape, int split_axis, int concat_axis,
+                                        a2a_dtype_t dtype, a2a_algo_t algo) const {
+    size_t bytes = 0;
+    check(a2a_all_to_all_flex_workspace_size(handle_, shape.data(), static_cast<int>(shape.size()), split_axis,
+                                             concat_axis, dtype, algo, &bytes));
+    return bytes;
+  }
+  void all_to_all_flex(const void* send, void* recv, const std::vector<int64_t>& shape, int split_axis,
+                       int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, void* workspace = nullptr,
+                       size_t workspace_bytes = 0) {
+    check(a2a_all_to_all_flex(handle_, send, recv, shape.data(), static_cast<int>(shape.size()), split_axis,
+                              concat_axis, dtype, algo, workspace, workspace_bytes));
+  }
+
+  // See a2a_comm_report_invalid: fails the collective on every rank.
+  [[noreturn]] void report_invalid(const char* op, const std::string& message) {
+    a2a_status_t status = a2a_comm_report_invalid(handle_, op, message.c_str());
+    throw Error(status, message);
+  }
+
+ private:
+  a2a_comm_t handle_ = nullptr;
+};
+
+// An uneven all-to-all with exchanged counts; see a2a_v_plan_create.
+class VPlan {
+ public:
+  VPlan(Communicator& comm, const std::vector<int64_t>& send_counts, a2a_dtype_t dtype, a2a_algo_t algo,
+        size_t row_elements = 1)
+      : size_(comm.topology().size) {
+    if (send_counts.size() != static_cast<size_t>(size_))
+      throw Error(A2A_ERROR_INVALID_ARGUMENT, "send_counts has " + std::to_string(send_counts.size()) +
+                                                  " entries, the communicator has " + std::to_string(size_) + " ranks");
+    check(a2a_v_plan_create(comm.get(), send_counts.data(), row_elements, dtype, algo, &handle_));
+  }
+  ~VPlan() {
+    if (handle_ != nullptr) a2a_v_plan_destroy(handle_);
+  }
+  VPlan(VPlan&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)), size_(other.size_) {}
+  VPlan(const VPlan&) = delete;
+  VPlan& operator=(const VPlan&) = delete;
+  VPlan& operator=(VPlan&&) = delete;
+
+  std::vector<int64_t> recv_counts() const {
+    std::vector<int64_t> counts(size_);
+    check(a2a_v_plan_recv_counts(handle_, counts.data()));
+    return counts;
+  }
+  size_t workspace_size() const {
+    size_t bytes = 0;
+    check(a2a_v_plan_workspace_size(handle_, &bytes));
+    return bytes;
+  }
+  void execute(const void* send, void* recv, void* workspace = nullptr, size_t workspace_bytes = 0) {
+    check(a2a_all_to_all_v(handle_, send, recv, workspace, workspace_bytes));
+  }
+
+ private:
+  a2a_v_plan_t handle_ = nullptr;
+  int size_;
+};
+
+}  // namespace a2a
