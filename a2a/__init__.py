@@ -44,7 +44,9 @@ __all__ = [
     "UnsupportedError",
 ]
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# The native files (module, lib/, include/) sit beside _C, which in an
+# editable install is not beside this file.
+_NATIVE_DIR = os.path.dirname(os.path.abspath(_C.__file__))
 
 
 def config() -> dict:
@@ -54,15 +56,15 @@ def config() -> dict:
         key, _, value = item.partition("=")
         result[key] = bool(int(value)) if value in ("0", "1") else value
     result["cuda_archs"] = [a for a in str(result.get("cuda_archs", "")).split(",") if a]
-    result["library"] = os.path.join(_HERE, "lib")
+    result["library"] = os.path.join(_NATIVE_DIR, "lib")
     return result
 
 
 def get_include() -> str:
     """Directory holding a2a/a2a.h (for C and C++ users)."""
-    return os.path.join(_HERE, "include")
+    return os.path.join(_NATIVE_DIR, "include")
 
 
 def get_cmake_dir() -> str:
     """Directory with a2aConfig.cmake: pass it as a2a_DIR to find_package(a2a)."""
-    return os.path.join(_HERE, "lib", "cmake", "a2a")
+    return os.path.join(_NATIVE_DIR, "lib", "cmake", "a2a")

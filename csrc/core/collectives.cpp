@@ -47,18 +47,6 @@ class Checker {
   std::string error_;
 };
 
-// Runs an algorithm; a transport failure leaves messages in flight, so the
-// comm is retired and the error names the collective.
-template <typename Fn>
-void run_algorithm(Comm& comm, const char* op, Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    comm.mark_broken(cat(op, ": ", e.what()));
-    throw Error(e.status(), cat(op, ": ", e.what()));
-  }
-}
-
 bool multiply_overflows(size_t a, size_t b, size_t* product) { return __builtin_mul_overflow(a, b, product); }
 
 }  // namespace
@@ -84,7 +72,7 @@ void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
     check.workspace(workspace, workspace_bytes, all_to_all_workspace_size(comm, count, dtype, algo));
   }
   comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}}, check.error());
-  run_algorithm(comm, op, [&] {
+  comm.run(op, [&] {
     if (algo == A2A_ALGO_2DH)
       all_to_all_2dh(comm, send, recv, chunk_bytes, workspace);
     else
@@ -170,7 +158,7 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
     check.workspace(workspace, workspace_bytes, all_to_all_flex_workspace(comm, layout, algo));
   }
   comm.agree(op, flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis), check.error());
-  run_algorithm(comm, op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace); });
+  comm.run(op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace); });
 }
 
 // ---------------------------------------------------------------------------
@@ -200,7 +188,7 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
   // recv_counts: one int64 from every rank, in rows; bytes follow.
   std::vector<int64_t> send_rows(send_counts, send_counts + world);
   recv_counts_.assign(world, 0);
-  run_algorithm(comm, op, [&] {
+  comm.run(op, [&] {
     all_to_all_linear(comm, send_rows.data(), recv_counts_.data(), sizeof(int64_t));
   });
   const int64_t row = static_cast<int64_t>(row_bytes);
@@ -219,7 +207,7 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
       for (int m = 0; m < nodes; ++m) by_local[l * nodes + m] = bytes_.send[topo.global_rank(m, l)];
     bytes_.relay.assign(by_local.size(), 0);
     const size_t row_of_nodes = nodes * sizeof(int64_t);
-    run_algorithm(comm, op, [&] {
+    comm.run(op, [&] {
       exchange(
           comm, node_group(topo), [&](int l) { return Span::contiguous(&by_local[l * nodes], row_of_nodes); },
           [&](int l) { return Span::contiguous(&bytes_.relay[l * nodes], row_of_nodes); });
@@ -238,7 +226,7 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
   comm_.agree(op, {{"dtype", dtype_}, {"algo", algo_}}, check.error());
-  run_algorithm(comm_, op, [&] {
+  comm_.run(op, [&] {
     if (algo_ == A2A_ALGO_2DH)
       all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);
     else

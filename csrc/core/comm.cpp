@@ -42,23 +42,62 @@ std::string describe(const char* name, int64_t value) {
 void Comm::agree(const char* op, const std::vector<Field>& fields, const std::string& local_error) {
   check_usable(op);
   // One allreduce(MAX) over [error flag, op, fields..., -op, -fields...]
-  // yields the max and the min of every field at once.
-  // The vector has the same length on every rank whatever `op` is, so that
-  // ranks calling different collectives still meet in one allreduce.
+  // yields the max and the min of every field at once. The vector has the
+  // same length on every rank whatever `op` is, so that ranks calling
+  // different collectives still meet in one allreduce.
   constexpr size_t kMaxFields = 24;
   if (fields.size() > kMaxFields) fail(A2A_ERROR_INTERNAL, op, ": too many fields to agree on");
   const size_t n = kMaxFields + 1;
-  std::vector<int64_t> values(1 + 2 * n, 0);
+  agreement_.op = op;
+  agreement_.fields = fields;
+  agreement_.local_error = local_error;
+  agreement_.failed = false;
+  std::vector<int64_t>& values = agreement_.values;
+  values.assign(1 + 2 * n, 0);
   values[0] = local_error.empty() ? 0 : 1;
   values[1] = op_code(op);
   for (size_t i = 0; i < fields.size(); ++i) values[2 + i] = fields[i].value;
   for (size_t i = 0; i < n; ++i) values[1 + n + i] = -values[1 + i];
   try {
-    transport_->allreduce_int64(values.data(), values.size(), ReduceOp::kMax);
-  } catch (const Error& e) {
-    mark_broken(e.what());
-    throw;
+    transport_->start_agreement(values.data(), values.size(), [this] { judge(); });
+    if (!local_error.empty()) transport_->finish_agreement();  // throws: this rank's input is bad
+  } catch (...) {
+    recover(op);
   }
+}
+
+void Comm::recover(const char* op) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    if (agreement_.failed) {
+      // Every rank took the same verdict and is here too.
+      agreement_.failed = false;
+      try {
+        transport_->reset();
+      } catch (const Error& reset_error) {
+        mark_broken(reset_error.what());
+      }
+      throw;
+    }
+    const std::string message = std::strncmp(e.what(), op, std::strlen(op)) == 0 ? e.what() : cat(op, ": ", e.what());
+    mark_broken(message);
+    throw Error(e.status(), message);
+  }
+}
+
+void Comm::judge() {
+  const std::vector<int64_t>& values = agreement_.values;
+  const size_t n = (values.size() - 1) / 2;
+  const char* op = agreement_.op;
+  const std::string& local_error = agreement_.local_error;
+  const bool agreed = values[0] == 0 && [&] {
+    for (size_t i = 1; i <= n; ++i)
+      if (values[i] != -values[n + i]) return false;
+    return true;
+  }();
+  if (agreed) return;
+  agreement_.failed = true;
 
   // Slow path, taken by every rank together: gather the offending value from
   // all ranks so that the message can name them.
@@ -89,6 +128,7 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
          ": ranks called different collectives on the same communicator at the same time (",
          detail, ")");
   }
+  const std::vector<Field>& fields = agreement_.fields;
   for (size_t i = 0; i < fields.size(); ++i) {
     if (values[2 + i] == -values[2 + n + i]) continue;
     auto all = gather(fields[i].value);
@@ -102,6 +142,7 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
     fail(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": '", fields[i].name,
          "' differs across ranks (", detail, "); this rank has", context);
   }
+  fail(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": arguments differ across ranks");
 }
 
 }  // namespace a2a

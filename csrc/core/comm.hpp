@@ -38,7 +38,25 @@ class Comm {
   // disagreement every rank throws: the rank with the bad input
   // A2A_ERROR_INVALID_ARGUMENT with local_error, the others
   // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values.
+  //
+  // The check overlaps the data exchange: agree() only starts it, and the
+  // verdict is taken at the first wait inside run(). With a local_error it
+  // completes (and throws) at once.
   void agree(const char* op, const std::vector<Field>& fields, const std::string& local_error = "");
+
+  // Runs a collective's algorithm after agree(). A failed check abandons the
+  // exchange and renews the transport (every rank reaches the same verdict),
+  // so the comm stays usable; a transport failure (e.g. a timeout) retires it.
+  template <typename Fn>
+  void run(const char* op, Fn&& algorithm) {
+    try {
+      algorithm();
+      transport_->finish_agreement();
+    } catch (...) {
+      recover(op);
+      throw;
+    }
+  }
 
   // Called by the collectives after a transport failure (e.g. a timeout):
   // unmatched messages may be in flight, so the comm refuses further use.
@@ -46,6 +64,21 @@ class Comm {
   void check_usable(const char* op) const;
 
  private:
+  // Evaluates the reduced agreement vector; throws on any disagreement.
+  void judge();
+  // Called with an exception in flight: resets the transport after a failed
+  // check, retires the comm after anything else, then rethrows with op's name.
+  [[noreturn]] void recover(const char* op);
+
+  struct Agreement {
+    const char* op = "";
+    std::vector<Field> fields;
+    std::string local_error;
+    std::vector<int64_t> values;
+    bool failed = false;
+  };
+
+  Agreement agreement_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Device> device_;
   Topology topology_;

@@ -64,6 +64,8 @@ double read_env_double(const char* name, double fallback) {
 }  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {
+  // Errors come back as codes and become a2a errors instead of aborting the job.
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   max_count_ = static_cast<size_t>(read_env_double("A2A_MPI_MAX_COUNT", INT_MAX));
@@ -73,7 +75,10 @@ MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s) : comm_(comm), timeo
 MpiTransport::~MpiTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  if (agreement_ != MPI_REQUEST_NULL) MPI_Request_free(&agreement_);
+  abandon(requests_, pending_);
+  MPI_Comm_free(&comm_);
 }
 
 void MpiTransport::group_start() {
@@ -120,79 +125,116 @@ void MpiTransport::post(const Span& span, int peer, bool is_send) {
 void MpiTransport::send(const Span& span, int peer) { post(span, peer, true); }
 void MpiTransport::recv(const Span& span, int peer) { post(span, peer, false); }
 
-void MpiTransport::group_end() { wait_all("point-to-point exchange"); }
+void MpiTransport::group_end() {
+  try {
+    finish_agreement();
+  } catch (...) {
+    abandon(requests_, pending_);
+    throw;
+  }
+  wait_all(requests_, pending_, "point-to-point exchange");
+}
 
-void MpiTransport::wait_all(const char* what) {
+void MpiTransport::start_agreement(int64_t* values, size_t count, std::function<void()> verdict) {
+  if (agreement_ != MPI_REQUEST_NULL) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": an agreement is already in flight");
+  A2A_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_INT64_T, MPI_MAX, comm_, &agreement_),
+                "rank ", rank_, " argument check");
+  verdict_ = std::move(verdict);
+}
+
+void MpiTransport::finish_agreement() {
+  if (agreement_ == MPI_REQUEST_NULL) return;
+  MPI_Request request = agreement_;
+  agreement_ = MPI_REQUEST_NULL;
+  // Other pending messages progress while this waits.
+  wait_one(request, "argument check (allreduce)");
+  std::function<void()> verdict = std::move(verdict_);
+  verdict_ = nullptr;
+  if (verdict) verdict();
+}
+
+void MpiTransport::reset() {
+  MPI_Comm fresh;
+  A2A_MPI_CHECK(MPI_Comm_dup(comm_, &fresh), "rank ", rank_, " communicator reset");
+  MPI_Comm_free(&comm_);
+  comm_ = fresh;
+}
+
+void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
+  // Unmatched receives are cancelled so that no late message lands in the
+  // caller's buffer; sends cannot be withdrawn reliably and are left to MPI.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == MPI_REQUEST_NULL) continue;
+    if (std::string(pending[i].kind) == "recv from") MPI_Cancel(&requests[i]);
+    MPI_Request_free(&requests[i]);
+  }
+  requests.clear();
+  pending.clear();
+}
+
+void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
   using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
   int done = 0;
   for (unsigned spins = 0;; ++spins) {
-    A2A_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, MPI_STATUSES_IGNORE),
-                  "rank ", rank_, " ", what);
-    if (done) break;
-    // Test the clock and yield only now and then: both cost more than a poll.
-    if ((spins & 63) == 63) {
-      if (clock::now() > deadline) break;
-      std::this_thread::yield();
+    int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    if (rc != MPI_SUCCESS) {
+      abandon(requests, pending);
+      fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": MPI_Testall failed: ", mpi_error_text(rc));
     }
+    if (done) break;
+    // Yield after every poll: with more ranks than cores (common in tests and
+    // on shared nodes) the peer this rank waits for needs the core. The clock
+    // is read only now and then.
+    std::this_thread::yield();
+    if ((spins & 63) == 63 && clock::now() > deadline) break;
   }
   if (done) {
-    requests_.clear();
-    pending_.clear();
+    requests.clear();
+    pending.clear();
     return;
   }
   std::string unfinished;
   size_t listed = 0;
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    if (requests_[i] == MPI_REQUEST_NULL) continue;
-    if (listed++ < 16) unfinished += cat(listed > 1 ? ", " : "", pending_[i].kind, " rank ", pending_[i].peer, " (", pending_[i].bytes, " bytes)");
-    // Unmatched receives are cancelled so that no late message lands in the
-    // caller's buffer; sends cannot be withdrawn reliably and are left to MPI.
-    if (std::string(pending_[i].kind) == "recv from") {
-      MPI_Cancel(&requests_[i]);
-      MPI_Request_free(&requests_[i]);
-    } else {
-      MPI_Request_free(&requests_[i]);
-    }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == MPI_REQUEST_NULL) continue;
+    if (listed++ < 16)
+      unfinished += cat(listed > 1 ? ", " : "", pending[i].kind,
+                        pending[i].peer >= 0 ? cat(" rank ", pending[i].peer, " (", pending[i].bytes, " bytes)") : "");
   }
   if (listed > 16) unfinished += cat(", and ", listed - 16, " more");
-  requests_.clear();
-  pending_.clear();
+  abandon(requests, pending);
   fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s (A2A_TIMEOUT_S) in ", what,
        "; unfinished: ", unfinished, ". A peer did not call the same collective, died, or is stuck");
 }
 
+void MpiTransport::wait_one(MPI_Request request, const char* what) {
+  std::vector<MPI_Request> requests{request};
+  std::vector<Pending> pending{Pending{"a collective over all ranks", -1, 0}};
+  wait_all(requests, pending, what);
+}
+
 void MpiTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
   if (bytes_per_rank > static_cast<size_t>(INT_MAX)) fail(A2A_ERROR_UNSUPPORTED, "allgather of ", bytes_per_rank, " bytes per rank");
-  group_start();
   MPI_Request request;
   A2A_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(bytes_per_rank), MPI_BYTE, recv, static_cast<int>(bytes_per_rank),
                                MPI_BYTE, comm_, &request),
                 "rank ", rank_, " allgather");
-  requests_.push_back(request);
-  pending_.push_back(Pending{"allgather with", -1, bytes_per_rank});
-  wait_all("allgather");
+  wait_one(request, "allgather");
 }
 
 void MpiTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
   MPI_Op mpi_op = op == ReduceOp::kSum ? MPI_SUM : op == ReduceOp::kMax ? MPI_MAX : MPI_MIN;
-  group_start();
   MPI_Request request;
   A2A_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_INT64_T, mpi_op, comm_, &request),
                 "rank ", rank_, " allreduce");
-  requests_.push_back(request);
-  pending_.push_back(Pending{"allreduce with", -1, count * sizeof(int64_t)});
-  wait_all("argument check (allreduce)");
+  wait_one(request, "allreduce");
 }
 
 void MpiTransport::barrier() {
-  group_start();
   MPI_Request request;
   A2A_MPI_CHECK(MPI_Ibarrier(comm_, &request), "rank ", rank_, " barrier");
-  requests_.push_back(request);
-  pending_.push_back(Pending{"barrier with", -1, 0});
-  wait_all("barrier");
+  wait_one(request, "barrier");
 }
 
 int detect_local_size(MPI_Comm comm, std::string* irregular_reason) {

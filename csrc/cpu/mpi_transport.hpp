@@ -29,6 +29,10 @@ class MpiTransport final : public Transport {
   void recv(const Span& span, int peer) override;
   void group_end() override;
 
+  void start_agreement(int64_t* values, size_t count, std::function<void()> verdict) override;
+  void finish_agreement() override;
+  void reset() override;
+
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
   void barrier() override;
@@ -42,17 +46,23 @@ class MpiTransport final : public Transport {
     size_t bytes;
   };
   void post(const Span& span, int peer, bool is_send);
-  // Waits for requests_ with the timeout; on expiry cancels what it can and
-  // throws A2A_ERROR_TIMEOUT listing the unfinished operations.
-  void wait_all(const char* what);
+  // Waits for `requests` with the timeout; on expiry abandons them and throws
+  // A2A_ERROR_TIMEOUT listing the unfinished operations.
+  void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
+  // Waits for one collective request (allreduce, allgather, barrier).
+  void wait_one(MPI_Request request, const char* what);
+  // Cancels unmatched receives and releases every request.
+  static void abandon(std::vector<MPI_Request>& requests, std::vector<Pending>& pending);
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_;
   size_t max_count_;  // largest count passed to MPI as a plain int (A2A_MPI_MAX_COUNT for tests)
-  std::vector<MPI_Request> requests_;
+  std::vector<MPI_Request> requests_;  // the current point-to-point group
   std::vector<Pending> pending_;
+  MPI_Request agreement_ = MPI_REQUEST_NULL;
+  std::function<void()> verdict_;
 };
 
 // Ranks per node from MPI_Comm_split_type(SHARED). Nodes that are not equal,

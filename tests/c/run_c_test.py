@@ -1,0 +1,45 @@
+"""Builds examples/c against the installed liba2a via find_package(a2a) and
+runs it under mpirun: plain 4 ranks, emulated 2 x 2 nodes, and 3 ranks.
+Called by `make test-c`; prints the program's output and a summary line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import a2a
+from a2a.launch import mpirun_command
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(ROOT, "build", "c-example")
+CONFIGS = [(4, None), (4, 2), (3, 1)]  # (ranks, emulated local_size)
+
+
+def main() -> int:
+    shutil.rmtree(BUILD, ignore_errors=True)
+    cmake = shutil.which("cmake") or "cmake"
+    subprocess.run(
+        [cmake, "-S", os.path.join(ROOT, "examples", "c"), "-B", BUILD, f"-Da2a_DIR={a2a.get_cmake_dir()}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run([cmake, "--build", BUILD], check=True, stdout=subprocess.DEVNULL)
+    passed = failed = 0
+    for ranks, local_size in CONFIGS:
+        env = dict(os.environ, A2A_TIMEOUT_S="60")
+        env.pop("A2A_LOCAL_SIZE", None)
+        if local_size:
+            env["A2A_LOCAL_SIZE"] = str(local_size)
+        code = subprocess.run(mpirun_command(ranks, [os.path.join(BUILD, "alltoall")]), env=env, timeout=300).returncode
+        label = f"C program, {ranks} ranks" + (f", local_size {local_size}" if local_size else "")
+        print(f"{'PASS' if code == 0 else 'FAIL'}: {label}")
+        passed += code == 0
+        failed += code != 0
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
