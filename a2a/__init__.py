@@ -1,4 +1,4 @@
-"""a2a: all-to-all collectives for Mixture-of-Experts, over MPI (CPU) and NCCL (GPU).
+"""a2a: all-to-all collectives for Mixture-of-Experts, over MPI (CPU; NCCL for GPUs is planned).
 
 >>> import numpy as np, a2a
 >>> comm = a2a.Comm.from_mpi()                     # over mpi4py's COMM_WORLD

@@ -4,6 +4,7 @@ addresses; outputs are allocated with the input's own framework."""
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +52,7 @@ class ArrayView:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+        return math.prod(self.shape) * self.itemsize
 
     @property
     def dtype_code(self) -> int:

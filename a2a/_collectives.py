@@ -93,7 +93,7 @@ def _normalize_axis(axis: Any, ndim: int) -> int | None:
 
 
 def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, algo: str = "linear", out: Any = None) -> Any:
-    """All-to-all with JAX ``lax.all_to_all`` semantics.
+    """All-to-all with JAX ``lax.all_to_all(x, axis_name, split_axis, concat_axis, tiled=True)`` semantics.
 
     ``x.shape[split_axis]`` is split into ``size`` blocks; block i goes to
     rank i; the received blocks are concatenated along ``concat_axis`` in rank

@@ -29,7 +29,7 @@ a2a_status_t guarded(Fn&& fn) {
     fn();
     last_error.clear();
     return A2A_SUCCESS;
-  } catch (const a2a::Error& e) {
+  } catch (const a2a::Failure& e) {
     last_error = e.what();
     return e.status();
   } catch (const std::bad_alloc&) {

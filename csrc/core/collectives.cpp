@@ -112,12 +112,17 @@ FlexLayout flex_layout(Checker& check, int world, const int64_t* shape, int ndim
   if (!check.error().empty()) return layout;
   std::vector<size_t> chunk(shape, shape + ndim);
   chunk[split_axis] /= world;
-  auto product = [](const std::vector<size_t>& dims, int begin, int end) {
+  bool overflow = false;
+  auto product = [&](const std::vector<size_t>& dims, int begin, int end) {
     size_t p = 1;
-    for (int i = begin; i < end; ++i) p *= dims[i];
+    for (int i = begin; i < end; ++i) overflow |= multiply_overflows(p, dims[i], &p);
     return p;
   };
   const size_t item = dtype_size(dtype);
+  size_t total = 0;
+  overflow |= multiply_overflows(product(chunk, 0, ndim), item, &total) ||
+              multiply_overflows(total, static_cast<size_t>(world), &total);
+  check.require(!overflow, "shape ", shape_text(shape, ndim), " ", dtype_name(dtype), " overflows the address space");
   layout.split_outer = product(chunk, 0, split_axis);
   layout.split_inner = product(chunk, split_axis, ndim) * item;
   layout.concat_outer = product(chunk, 0, concat_axis);
@@ -182,8 +187,13 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
                     "send count for peer ", peer, " (", send_counts[peer], " rows of ", row_bytes, " bytes) overflows");
     }
   }
+  size_t send_total = 0;
+  for (int peer = 0; peer < world && check.error().empty(); ++peer)
+    check.require(!__builtin_add_overflow(send_total, static_cast<size_t>(send_counts[peer]) * row_bytes, &send_total),
+                  "total send size overflows");
   comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"row elements", static_cast<int64_t>(row_elements)}},
              check.error());
+  id_ = comm.sequence();
 
   // recv_counts: one int64 from every rank, in rows; bytes follow.
   std::vector<int64_t> send_rows(send_counts, send_counts + world);
@@ -225,7 +235,7 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.buffers(send, recv, send_total, recv_total);
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
-  comm_.agree(op, {{"dtype", dtype_}, {"algo", algo_}}, check.error());
+  comm_.agree(op, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}}, check.error());
   comm_.run(op, [&] {
     if (algo_ == A2A_ALGO_2DH)
       all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);

@@ -37,6 +37,9 @@ class VPlan {
   VCounts bytes_;
   std::vector<int64_t> recv_counts_;
   size_t workspace_bytes_ = 0;
+  // The comm's sequence number at planning, equal on every rank: execute()
+  // checks that all ranks run the same plan.
+  int64_t id_ = 0;
 };
 
 // Fails every rank of `op` with A2A_ERROR_REMOTE, and this rank with

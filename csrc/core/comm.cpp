@@ -41,6 +41,7 @@ std::string describe(const char* name, int64_t value) {
 
 void Comm::agree(const char* op, const std::vector<Field>& fields, const std::string& local_error) {
   check_usable(op);
+  ++sequence_;
   // One allreduce(MAX) over [error flag, op, fields..., -op, -fields...]
   // yields the max and the min of every field at once. The vector has the
   // same length on every rank whatever `op` is, so that ranks calling
@@ -69,20 +70,20 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
 void Comm::recover(const char* op) {
   try {
     throw;
-  } catch (const Error& e) {
+  } catch (const Failure& e) {
     if (agreement_.failed) {
       // Every rank took the same verdict and is here too.
       agreement_.failed = false;
       try {
         transport_->reset();
-      } catch (const Error& reset_error) {
+      } catch (const Failure& reset_error) {
         mark_broken(reset_error.what());
       }
       throw;
     }
     const std::string message = std::strncmp(e.what(), op, std::strlen(op)) == 0 ? e.what() : cat(op, ": ", e.what());
     mark_broken(message);
-    throw Error(e.status(), message);
+    throw Failure(e.status(), message);
   }
 }
 

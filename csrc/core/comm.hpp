@@ -61,6 +61,9 @@ class Comm {
   // Called by the collectives after a transport failure (e.g. a timeout):
   // unmatched messages may be in flight, so the comm refuses further use.
   void mark_broken(const std::string& why);
+  // How many collectives agree() has started: every rank calls agree() once
+  // per collective (rejected ones included), so it is equal across ranks.
+  int64_t sequence() const { return sequence_; }
   void check_usable(const char* op) const;
 
  private:
@@ -84,6 +87,7 @@ class Comm {
   Topology topology_;
   bool use_strided_spans_;
   std::string broken_reason_;
+  int64_t sequence_ = 0;
 };
 
 }  // namespace a2a

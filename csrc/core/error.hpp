@@ -1,4 +1,5 @@
-// Errors inside the core are C++ exceptions carrying an a2a_status_t; the C ABI
+// Errors inside the core are a2a::Failure exceptions carrying an a2a_status_t
+// (named apart from the public a2a::Error of a2a.hpp); the C ABI
 // (c_api.cpp) turns them into status codes plus a2a_get_last_error() text.
 #pragma once
 
@@ -11,9 +12,9 @@
 
 namespace a2a {
 
-class Error : public std::runtime_error {
+class Failure : public std::runtime_error {
  public:
-  Error(a2a_status_t status, const std::string& message)
+  Failure(a2a_status_t status, const std::string& message)
       : std::runtime_error(message), status_(status) {}
   a2a_status_t status() const { return status_; }
 
@@ -31,7 +32,7 @@ std::string cat(Args&&... args) {
 
 template <typename... Args>
 [[noreturn]] void fail(a2a_status_t status, Args&&... args) {
-  throw Error(status, cat(std::forward<Args>(args)...));
+  throw Failure(status, cat(std::forward<Args>(args)...));
 }
 
 }  // namespace a2a

@@ -57,6 +57,13 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   int local_size = config.local_size > 0 ? config.local_size : static_cast<int>(env_local > 0 ? env_local : 0);
   const bool explicit_local = local_size > 0;
   if (!explicit_local) local_size = detect_local_size(dup, &irregular);
+  // Every rank must see the same local_size (the env or argument could differ).
+  int64_t bounds[2] = {local_size, -static_cast<int64_t>(local_size)};
+  transport->allreduce_int64(bounds, 2, ReduceOp::kMax);
+  if (bounds[0] != -bounds[1])
+    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size differs across ranks (from ", -bounds[1], " to ", bounds[0],
+         "; this rank has ", local_size, explicit_local ? " from local_size= / A2A_LOCAL_SIZE" : " detected",
+         "); pass the same local_size on every rank");
   Topology topo;
   if (size % local_size == 0 && irregular.empty()) {
     topo = make_topology(rank, size, local_size);

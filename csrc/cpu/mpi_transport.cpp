@@ -51,14 +51,16 @@ MPI_Datatype contiguous_bytes_type(size_t bytes, size_t unit) {
   return type;
 }
 
-double read_env_double(const char* name, double fallback) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
+// The largest byte count passed to MPI as a plain int: INT_MAX, or less from
+// A2A_MPI_MAX_COUNT so that tests reach the large-message path cheaply.
+size_t max_int_count() {
+  const char* text = std::getenv("A2A_MPI_MAX_COUNT");
+  if (text == nullptr || *text == '\0') return INT_MAX;
   char* end = nullptr;
-  double value = std::strtod(text, &end);
-  if (end == text || *end != '\0' || value <= 0)
-    fail(A2A_ERROR_INVALID_ARGUMENT, "environment variable ", name, "='", text, "' is not a positive number");
-  return value;
+  long long value = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || value < 1 || value > INT_MAX)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_MPI_MAX_COUNT='", text, "' is not an integer in [1, ", INT_MAX, "]");
+  return static_cast<size_t>(value);
 }
 
 }  // namespace
@@ -68,15 +70,13 @@ MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s) : comm_(comm), timeo
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  max_count_ = static_cast<size_t>(read_env_double("A2A_MPI_MAX_COUNT", INT_MAX));
-  if (max_count_ > static_cast<size_t>(INT_MAX)) max_count_ = INT_MAX;
+  max_count_ = max_int_count();
 }
 
 MpiTransport::~MpiTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  if (agreement_ != MPI_REQUEST_NULL) MPI_Request_free(&agreement_);
   abandon(requests_, pending_);
   MPI_Comm_free(&comm_);
 }
@@ -163,8 +163,10 @@ void MpiTransport::reset() {
 void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
   // Unmatched receives are cancelled so that no late message lands in the
   // caller's buffer; sends cannot be withdrawn reliably and are left to MPI.
+  // Requests of nonblocking collectives (peer < 0) may be neither cancelled
+  // nor freed: they are dropped, and the comm is retired by the caller.
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (requests[i] == MPI_REQUEST_NULL) continue;
+    if (requests[i] == MPI_REQUEST_NULL || pending[i].peer < 0) continue;
     if (std::string(pending[i].kind) == "recv from") MPI_Cancel(&requests[i]);
     MPI_Request_free(&requests[i]);
   }

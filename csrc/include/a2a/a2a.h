@@ -102,7 +102,7 @@ A2A_API a2a_status_t a2a_all_to_all(a2a_comm_t comm, const void* send, void* rec
                                     a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
                                     size_t workspace_bytes);
 
-/* JAX lax.all_to_all semantics on a C-contiguous array of `ndim` dims with the
+/* JAX lax.all_to_all(..., tiled=True) semantics on a C-contiguous array of `ndim` dims with the
  * same shape on every rank: split `split_axis` into size blocks, block i goes
  * to rank i, received blocks are concatenated along `concat_axis` in rank
  * order. out_shape (ndim entries, may be NULL) receives the output shape. */

@@ -95,8 +95,9 @@ class VPlan {
         size_t row_elements = 1)
       : size_(comm.topology().size) {
     if (send_counts.size() != static_cast<size_t>(size_))
-      throw Error(A2A_ERROR_INVALID_ARGUMENT, "send_counts has " + std::to_string(send_counts.size()) +
-                                                  " entries, the communicator has " + std::to_string(size_) + " ranks");
+      comm.report_invalid("all_to_all_v (count exchange)",
+                          "send_counts has " + std::to_string(send_counts.size()) + " entries, the communicator has " +
+                              std::to_string(size_) + " ranks");
     check(a2a_v_plan_create(comm.get(), send_counts.data(), row_elements, dtype, algo, &handle_));
   }
   ~VPlan() {
