@@ -41,7 +41,7 @@ def _prepare(comm: Comm, op: str, x: Any, algo: str) -> ArrayView:
         reason = check_supported(v, "input")
     except InvalidArgumentError as error:
         reason = str(error)
-    if reason is None and algo not in ALGORITHMS:
+    if reason is None and (not isinstance(algo, str) or algo not in ALGORITHMS):
         reason = f"unknown algo {algo!r}; expected one of {sorted(ALGORITHMS)}"
     if reason is not None:
         _reject(comm, op, reason)

@@ -1,0 +1,831 @@
+"""An nccl-tests ``alltoall_perf``-compatible benchmark of the a2a collectives.
+
+    python -m a2a.bench                              # 4 ranks (2 emulated nodes of 2)
+    python -m a2a.bench --np 8 -b 1K -e 64M -f 2 --algo all --json out.json
+    mpirun -np 16 python -m a2a.bench -b 8M -e 1G -f 2 -d half
+
+Under mpirun (or srun) it runs on every rank of ``MPI_COMM_WORLD``. Started
+plainly it starts itself under mpirun through :mod:`a2a.launch`, on ``--np``
+ranks (default 4; with neither ``--np`` nor ``--local-size`` nor
+``A2A_LOCAL_SIZE`` given it also emulates 2 ranks per node so that ``2dh``
+differs from ``linear``). ``--np 1`` runs in this process.
+
+Flags follow nccl-tests: ``-b/--minbytes``, ``-e/--maxbytes``,
+``-f/--stepfactor``, ``-i/--stepbytes``, ``-n/--iters``, ``-w/--warmup_iters``,
+``-c/--check``, ``-d/--datatype`` (sizes take K/M/G suffixes, powers of 1024;
+datatypes int8, uint8, int32, int64, half, float, double, bfloat16 (needs
+torch) or all).
+Added: ``--algo`` (``linear``, ``2dh``, ``flex``, ``v`` or ``all``, or a comma
+list), ``--inner-algo`` (the exchange under flex and v), ``--np``,
+``--local-size``, ``--json FILE``, ``--no-baseline``, ``--experts-per-rank``
+and ``--hidden`` (the flex shape).
+
+What one row reports (out-of-place only; in-place is not supported):
+
+* ``size``: bytes each rank sends, which is also what it receives. As in
+  nccl-tests the requested size is rounded down to a multiple of
+  ``ranks * itemsize`` (and for flex to whole ``(E, C, M)`` shapes); the
+  column shows the size actually moved.
+* ``count``: elements sent to each peer, as nccl-tests' alltoall prints it
+  (``size / itemsize / ranks``); for ``v`` it is the mean over peers.
+* ``time``: after ``-w`` untimed warm-up calls and a barrier, each rank times
+  ``-n`` back-to-back calls with ``time.perf_counter`` and divides by ``-n``;
+  the row shows the maximum of that average over the ranks, in microseconds
+  (nccl-tests averages over ranks instead; the maximum is the more
+  conservative figure).
+* ``algbw = size / time`` and ``busbw = algbw * (ranks - 1) / ranks``, in
+  GB/s with GB = 1e9 bytes (nccl-tests' ``AlltoAllGetBw``).
+* ``#wrong``: after timing, each of ``-c`` validation rounds fills the
+  receive buffer with a value the data never takes, runs one more call, and
+  counts the elements that differ from the expected result, which every rank
+  computes locally from the deterministic send pattern (:func:`block_values`),
+  without communication; the column is the sum over ranks (``N/A`` with
+  ``-c 0``).
+* ``algo``: ``linear`` / ``2dh``: :func:`a2a.all_to_all` on a 1-D buffer.
+  ``flex``: :func:`a2a.all_to_all_flex` on the MoE dispatch shape
+  ``(E, C, M)`` with ``E = ranks * experts_per_rank``, ``split_axis=0``,
+  ``concat_axis=1``. ``v``: :func:`a2a.all_to_all_v` with uneven per-peer
+  counts that vary with ``(rank + peer) % ranks`` (from 1/3 to 5/3 of the
+  mean on 4 ranks, wider on more; see :func:`v_counts`), so that every rank
+  still sends and receives exactly ``size`` bytes; its time includes the
+  exchange of the counts that the call does. On one node, or with one rank
+  per node, 2dh is the linear exchange (the header says so).
+  ``mpi``: the baseline, ``MPI_Alltoall`` through mpi4py on NumPy buffers
+  (for half and bfloat16 as 16-bit integers: the same bytes), measured the
+  same way in the same run, just before the a2a rows of the same size.
+* ``vs MPI``: busbw of the row divided by the busbw of the ``mpi`` row of
+  the same size.
+
+Only rank 0 prints. The footer gives nccl-tests' ``Out of bounds values``
+(total wrong elements) and ``Avg bus bandwidth`` (mean busbw over all a2a
+rows), then the mean busbw of each algorithm and the geometric mean of its
+``vs MPI`` ratios. ``--json FILE`` writes every row (baseline included) as a
+JSON list. The exit code is 1 when any element was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DTYPES",
+    "bandwidths",
+    "block_values",
+    "expected_value",
+    "flex_shape",
+    "main",
+    "parse_size",
+    "per_peer_count",
+    "sweep_sizes",
+    "v_counts",
+]
+
+DEFAULT_NP = 4
+DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
+ALGOS = ("linear", "2dh", "flex", "v")
+BASELINE = "mpi"
+_COMMAND_ENV = "A2A_BENCH_COMMAND"  # the command line the user typed, for --json
+
+
+# ---------------------------------------------------------------------------
+# Data types
+
+
+@dataclass(frozen=True)
+class DType:
+    """A datatype as nccl-tests names it, and how the benchmark fills it."""
+
+    name: str  # nccl-tests' name, printed in the `type` column
+    storage: str  # NumPy dtype name; "bfloat16" lives in torch tensors
+    itemsize: int
+    # Values are integers in [0, modulus), exact in the dtype; `modulus`
+    # itself is the poison written before a validation call.
+    modulus: int
+    mpi_type: str  # mpi4py datatype moving the same bytes
+
+    @property
+    def needs_torch(self) -> bool:
+        return self.storage == "bfloat16"
+
+
+_BIG_PRIME = 16_777_213  # largest prime below 2**24: exact in float32
+DTYPES = {
+    d.name: d
+    for d in (
+        DType("int8", "int8", 1, 127, "INT8_T"),
+        DType("uint8", "uint8", 1, 251, "UINT8_T"),
+        DType("int32", "int32", 4, _BIG_PRIME, "INT32_T"),
+        DType("int64", "int64", 8, _BIG_PRIME, "INT64_T"),
+        DType("half", "float16", 2, 2039, "INT16_T"),  # integers up to 2048 are exact
+        DType("float", "float32", 4, _BIG_PRIME, "FLOAT"),
+        DType("double", "float64", 8, _BIG_PRIME, "DOUBLE"),
+        DType("bfloat16", "bfloat16", 2, 251, "INT16_T"),  # integers up to 256 are exact
+    )
+}
+_DTYPE_ALIASES = {
+    "char": "int8",
+    "int": "int32",
+    "float16": "half",
+    "fp16": "half",
+    "float32": "float",
+    "fp32": "float",
+    "float64": "double",
+    "fp64": "double",
+    "bf16": "bfloat16",
+}
+_UNSUPPORTED_DTYPES = ("uint32", "uint64", "fp8_e4m3", "fp8_e5m2")
+
+
+def resolve_dtypes(text: str, *, have_torch: bool) -> list[DType]:
+    """The datatypes named by -d (a name, an alias, or "all"). Raises ValueError."""
+    key = text.strip().lower()
+    if key == "all":
+        return [d for d in DTYPES.values() if have_torch or not d.needs_torch]
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPES:
+        hint = " (a2a does not support it)" if key in _UNSUPPORTED_DTYPES else ""
+        raise ValueError(f"unknown datatype {text!r}{hint}; expected one of {', '.join(DTYPES)} or all")
+    dtype = DTYPES[key]
+    if dtype.needs_torch and not have_torch:
+        raise ValueError(
+            "-d bfloat16 needs torch (NumPy has no bfloat16; a2a takes bfloat16 torch tensors): pip install torch"
+        )
+    return [dtype]
+
+
+def _have_torch() -> bool:
+    """Whether torch is installed (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+# ---------------------------------------------------------------------------
+# Sizes and bandwidth (pure functions; unit tested)
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "64", "1K", "64M", "1G" (powers of 1024, as nccl-tests), also "1KB", "1KiB"."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must not be negative, got {text}")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if match is None:
+        raise ValueError(f"invalid size {text!r}; expected an integer with an optional K, M or G suffix")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def sweep_sizes(minbytes: int, maxbytes: int, stepfactor: float = 1, stepbytes: int = 1 << 20) -> list[int]:
+    """Requested sizes, as nccl-tests' loop: multiply by stepfactor when it is
+    above 1, else add stepbytes, from minbytes while not above maxbytes."""
+    if minbytes < 0 or maxbytes < minbytes:
+        raise ValueError(f"need 0 <= minbytes <= maxbytes, got {minbytes} and {maxbytes}")
+    if stepfactor > 1 and minbytes == 0 and maxbytes > 0:
+        raise ValueError("minbytes must be positive with a step factor above 1")
+    if stepfactor <= 1 and stepbytes <= 0 and maxbytes > minbytes:
+        raise ValueError("stepbytes must be positive when the step factor is 1")
+    sizes = []
+    size = minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        nxt = int(size * stepfactor) if stepfactor > 1 else size + stepbytes
+        if nxt <= size:  # minbytes == maxbytes == 0, or a factor too small to move an integer
+            if size == maxbytes:
+                break
+            nxt = size + 1
+        size = nxt
+    return sizes
+
+
+def per_peer_count(nbytes: int, nranks: int, itemsize: int) -> int:
+    """Elements sent to each peer for a requested per-rank size (rounded down)."""
+    return nbytes // itemsize // nranks
+
+
+def bandwidths(nbytes: int, seconds: float, nranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes): algbw = bytes / time, busbw = algbw * (n - 1) / n."""
+    if seconds <= 0:
+        return 0.0, 0.0
+    algbw = nbytes / 1.0e9 / seconds
+    return algbw, algbw * (nranks - 1) / nranks
+
+
+def flex_shape(count: int, nranks: int, experts_per_rank: int, hidden: int) -> tuple[int, int, int]:
+    """(E, C, M) for all_to_all_flex dispatch holding at most nranks * count
+    elements: E = nranks * experts_per_rank experts, M = hidden (less when
+    the size is small), C = the capacity that fills the rest."""
+    experts = nranks * experts_per_rank
+    per_expert = count // experts_per_rank
+    m = max(1, min(hidden, per_expert))
+    return experts, per_expert // m, m
+
+
+def v_counts(nranks: int, count: int) -> list[list[int]]:
+    """counts[src][dst] for all_to_all_v: count + delta((src + dst) % nranks),
+    where delta pairs +h_j and -h_j (h_j = count * (j + 1) // (pairs + 1)).
+    As delta sums to 0 over the residues, every row and every column sums to
+    nranks * count: each rank sends and receives exactly the even size."""
+    pairs = nranks // 2
+    delta = [0] * nranks
+    for k in range(2 * pairs):
+        h = count * (k // 2 + 1) // (pairs + 1)
+        delta[k] = h if k % 2 == 0 else -h
+    return [[count + delta[(src + dst) % nranks] for dst in range(nranks)] for src in range(nranks)]
+
+
+def expected_value(src: int, dst: int, index: int, modulus: int) -> int:
+    """Element `index` of the block rank `src` sends to rank `dst` (pure Python reference).
+
+    The slope 2*src+1 differs between sources, so a block from the wrong
+    rank, or shifted, does not match; values stay below `modulus`, so they
+    are exact in every dtype."""
+    return (index * (2 * src + 1) + 7 * src + 3 * dst) % modulus
+
+
+def block_values(src: int, dst: int, n: int, modulus: int, start: int = 0) -> np.ndarray:
+    """expected_value for indices [start, start + n), as an int64 array."""
+    index = np.arange(start, start + n, dtype=np.int64)
+    return (index * (2 * src + 1) + (7 * src + 3 * dst)) % modulus
+
+
+# ---------------------------------------------------------------------------
+# Buffers: NumPy, or torch for bfloat16
+
+
+class _Arrays:
+    """Creates, fills and reads buffers of one DType."""
+
+    def __init__(self, dtype: DType):
+        self.dtype = dtype
+        if dtype.needs_torch:
+            import torch
+
+            self._torch = torch
+        else:
+            self._torch = None
+            self._np_dtype = np.dtype(dtype.storage)
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        if self._torch is not None:
+            return self._torch.empty(shape, dtype=self._torch.bfloat16)
+        return np.empty(shape, dtype=self._np_dtype)
+
+    def fill_blocks(self, out: Any, blocks: list[tuple[int, int, int]]) -> None:
+        """Writes block_values(src, dst, n) for each (src, dst, n), one after the other, into flat `out`."""
+        flat = out.reshape(-1)
+        offset = 0
+        for src, dst, n in blocks:
+            values = block_values(src, dst, n, self.dtype.modulus)
+            if self._torch is not None:
+                flat[offset : offset + n] = self._torch.from_numpy(values.astype(np.float32))
+            else:
+                flat[offset : offset + n] = values
+            offset += n
+
+    def poison(self, out: Any) -> None:
+        if self._torch is not None:
+            out.fill_(float(self.dtype.modulus))
+        else:
+            out.fill(self.dtype.modulus)
+
+    def comparable(self, x: Any) -> np.ndarray:
+        """A NumPy array whose values compare equal to block_values where x is right."""
+        if self._torch is not None:
+            return x.float().numpy()
+        return x
+
+    def raw(self, x: Any) -> np.ndarray:
+        """NumPy view of the bytes of x (for mpi4py)."""
+        if self._torch is not None:
+            return x.view(self._torch.int16).numpy()
+        return x
+
+
+def _count_wrong(got: np.ndarray, expected_blocks: list[tuple[int, int, int]], modulus: int) -> int:
+    """Elements of flat `got` that differ from the concatenated expected blocks."""
+    flat = got.reshape(-1)
+    wrong = 0
+    offset = 0
+    for src, dst, n in expected_blocks:
+        expected = block_values(src, dst, n, modulus)
+        wrong += int(np.count_nonzero(flat[offset : offset + n] != expected))
+        offset += n
+    if offset != flat.size:  # cannot happen with the shapes built here
+        wrong += abs(flat.size - offset)
+    return wrong
+
+
+# ---------------------------------------------------------------------------
+# One measured case: a collective on buffers of one size
+
+
+@dataclass
+class Case:
+    algo: str
+    size: int  # bytes this rank sends (= receives)
+    count: int  # elements per peer (mean for v)
+    run: Callable[[], None]
+    poison: Callable[[], None]
+    wrong: Callable[[], int]
+    shape: tuple[int, ...] = ()
+
+
+def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argparse.Namespace) -> Case:
+    from mpi4py import MPI
+
+    import a2a
+
+    arrays = _Arrays(dtype)
+    world, rank = comm.size, comm.rank
+    count = per_peer_count(requested, world, dtype.itemsize)
+    mod = dtype.modulus
+
+    if algo == "flex":
+        experts, capacity, hidden = flex_shape(count, world, args.experts_per_rank, args.hidden)
+        epr = args.experts_per_rank
+        block = epr * capacity * hidden
+        send = arrays.empty((experts, capacity, hidden))
+        recv = arrays.empty((epr, world * capacity, hidden))
+        arrays.fill_blocks(send, [(rank, dst, block) for dst in range(world)])
+
+        def run() -> None:
+            a2a.all_to_all_flex(send, comm=comm, split_axis=0, concat_axis=1, algo=args.inner_algo, out=recv)
+
+        def wrong() -> int:
+            # recv[e, s*C + c, m] is element (e, c, m) of the block from rank s.
+            got = arrays.comparable(recv).reshape(epr, world, capacity, hidden).transpose(1, 0, 2, 3)
+            return _count_wrong(np.ascontiguousarray(got), [(src, rank, block) for src in range(world)], mod)
+
+        return Case(
+            algo,
+            world * block * dtype.itemsize,
+            block,
+            run,
+            lambda: arrays.poison(recv),
+            wrong,
+            (experts, capacity, hidden),
+        )
+
+    if algo == "v":
+        counts = v_counts(world, count)
+        send_counts = counts[rank]
+        recv_expected = [counts[src][rank] for src in range(world)]
+        send = arrays.empty((sum(send_counts),))
+        recv = arrays.empty((sum(recv_expected),))
+        arrays.fill_blocks(send, [(rank, dst, n) for dst, n in enumerate(send_counts)])
+        got_counts: list[Any] = [None]
+
+        def run() -> None:
+            got_counts[0] = a2a.all_to_all_v(send, send_counts, comm=comm, algo=args.inner_algo, out=recv)[1]
+
+        def poison() -> None:
+            arrays.poison(recv)
+            got_counts[0] = None
+
+        def wrong() -> int:
+            # A wrong recv_count counts as one wrong element (if the call did
+            # not run at all, the poisoned elements already say so).
+            got = [] if got_counts[0] is None else [int(c) for c in got_counts[0]]
+            bad_counts = sum(int(a != b) for a, b in zip(got, recv_expected)) + (len(got) not in (0, world))
+            blocks = [(src, rank, n) for src, n in enumerate(recv_expected)]
+            return bad_counts + _count_wrong(arrays.comparable(recv), blocks, mod)
+
+        shape = (sum(send_counts),)
+        return Case(algo, world * count * dtype.itemsize, count, run, poison, wrong, shape)
+
+    # linear, 2dh and the MPI baseline: the 1-D layout of MPI_Alltoall.
+    send = arrays.empty((world * count,))
+    recv = arrays.empty((world * count,))
+    arrays.fill_blocks(send, [(rank, dst, count) for dst in range(world)])
+    if algo == BASELINE:
+        mpi_type = getattr(MPI, dtype.mpi_type)
+        per = dtype.itemsize // mpi_type.Get_size()
+        send_raw, recv_raw = arrays.raw(send), arrays.raw(recv)
+        msg = (send_raw, count * per, mpi_type)
+        rmsg = (recv_raw, count * per, mpi_type)
+
+        def run() -> None:
+            MPI.COMM_WORLD.Alltoall(msg, rmsg)
+
+    else:
+
+        def run() -> None:
+            a2a.all_to_all(send, comm=comm, algo=algo, out=recv)
+
+    def wrong() -> int:
+        return _count_wrong(arrays.comparable(recv), [(src, rank, count) for src in range(world)], mod)
+
+    shape = (world * count,)
+    return Case(algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape)
+
+
+def _measure(case: Case, args: argparse.Namespace) -> tuple[float, int | None]:
+    """(seconds per call, max over ranks; wrong elements summed over ranks or None)."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    for _ in range(args.warmup_iters):
+        case.run()
+    world.Barrier()
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        case.run()
+    elapsed = (time.perf_counter() - start) / args.iters
+    seconds = world.allreduce(elapsed, op=MPI.MAX)
+    if args.check <= 0:
+        return seconds, None
+    wrong = 0
+    for _ in range(args.check):
+        case.poison()
+        world.Barrier()  # nobody's data arrives before every receive buffer is poisoned
+        case.run()
+        wrong += case.wrong()
+    return seconds, world.allreduce(wrong, op=MPI.SUM)
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+def _format_time(us: float) -> str:
+    if us >= 10000.0:
+        return f"{us:7.0f}"
+    if us >= 100.0:
+        return f"{us:7.1f}"
+    return f"{us:7.2f}"
+
+
+_COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>7}"
+
+
+def header_lines() -> list[str]:
+    def line(*cells: str) -> str:
+        return "#" + _COLUMNS.format(*cells)[1:]
+
+    return [
+        "#" + " " * 61 + "out-of-place",
+        line("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "algo", "vs MPI"),
+        line("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(busbw)"),
+    ]
+
+
+def format_row(row: dict) -> str:
+    wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
+    ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+    return _COLUMNS.format(
+        row["size"],
+        row["count"],
+        row["type"],
+        row["redop"],
+        row["root"],
+        _format_time(row["time_us"]),
+        f"{row['algbw']:6.2f}",
+        f"{row['busbw']:6.2f}",
+        wrong,
+        row["algo"],
+        ratio,
+    )
+
+
+def footer_lines(rows: list[dict], algos: list[str]) -> list[str]:
+    ours = [r for r in rows if not r["baseline"]]
+    wrong = sum(r["wrong"] or 0 for r in rows)
+    avg = sum(r["busbw"] for r in ours) / len(ours) if ours else 0.0
+    lines = [
+        f"# Out of bounds values : {wrong} {'FAILED' if wrong else 'OK'}",
+        f"# Avg bus bandwidth    : {avg:g} ",
+        "#",
+    ]
+    for algo in [*algos, BASELINE]:
+        mine = [r for r in rows if r["algo"] == algo]
+        if not mine:
+            continue
+        mean = sum(r["busbw"] for r in mine) / len(mine)
+        ratios = [r["ratio"] for r in mine if r["ratio"]]
+        vs = (
+            f"   vs MPI (geomean of ratios): {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x"
+            if ratios
+            else ""
+        )
+        lines.append(f"#   {algo:<7} avg busbw {mean:8.3f} GB/s{vs}")
+    lines.append("#")
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m a2a.bench",
+        description="nccl-tests alltoall_perf-compatible sweep of the a2a all-to-all collectives, "
+        "with an MPI_Alltoall baseline measured in the same run.",
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "-b",
+        "--minbytes",
+        type=parse_size,
+        default=parse_size("1K"),
+        help="smallest size per rank (default 1K)",
+    )
+    p.add_argument(
+        "-e",
+        "--maxbytes",
+        type=parse_size,
+        default=parse_size("64M"),
+        help="largest size per rank (default 64M)",
+    )
+    p.add_argument(
+        "-f", "--stepfactor", type=float, default=None, help="multiply the size by this (default 4)"
+    )
+    p.add_argument(
+        "-i", "--stepbytes", type=parse_size, default=None, help="add this to the size (used when -f is 1)"
+    )
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations (default 5)")
+    p.add_argument(
+        "-c", "--check", type=int, default=1, help="validation rounds per row; 0 disables (default 1)"
+    )
+    p.add_argument("-d", "--datatype", default="float", help=f"{', '.join(DTYPES)} or all (default float)")
+    p.add_argument("--algo", default="all", help="linear, 2dh, flex, v, all, or a comma list (default all)")
+    p.add_argument(
+        "--inner-algo",
+        choices=("linear", "2dh"),
+        default="linear",
+        help="the algorithm flex and v run on (default linear)",
+    )
+    p.add_argument(
+        "--np",
+        type=int,
+        default=None,
+        help=f"ranks to launch under mpirun when not under it (default {DEFAULT_NP})",
+    )
+    p.add_argument("--local-size", type=int, default=None, help="emulated ranks per node (A2A_LOCAL_SIZE)")
+    p.add_argument("--experts-per-rank", type=int, default=2, help="flex: experts per rank (default 2)")
+    p.add_argument(
+        "--hidden", type=int, default=1024, help="flex: model dim M (default 1024; less for small sizes)"
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the MPI_Alltoall rows")
+    p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE (rank 0)")
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.stepfactor is None:
+        args.stepfactor = 1.0 if args.stepbytes is not None else 4.0
+    if args.stepbytes is None:
+        args.stepbytes = 1 << 20
+    algos: list[str] = []
+    for name in (s.strip().lower() for s in args.algo.split(",")):
+        picked = list(ALGOS) if name == "all" else [name]
+        if name != "all" and name not in ALGOS:
+            parser.error(f"--algo: unknown algorithm {name!r}; expected linear, 2dh, flex, v or all")
+        algos += [a for a in picked if a not in algos]
+    args.algos = algos
+    try:
+        args.dtypes = resolve_dtypes(args.datatype, have_torch=_have_torch())
+        args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+    except ValueError as error:
+        parser.error(str(error))
+    for flag, value, low in (
+        ("-n/--iters", args.iters, 1),
+        ("-w/--warmup_iters", args.warmup_iters, 0),
+        ("-c/--check", args.check, 0),
+        ("--experts-per-rank", args.experts_per_rank, 1),
+        ("--hidden", args.hidden, 1),
+    ):
+        if value < low:
+            parser.error(f"{flag} must be at least {low}, got {value}")
+    if args.np is not None and args.np < 1:
+        parser.error(f"--np must be positive, got {args.np}")
+    if args.local_size is not None:
+        if args.local_size < 1:
+            parser.error(f"--local-size must be positive, got {args.local_size}")
+        if args.np is not None and args.np % args.local_size:
+            parser.error(f"--np {args.np} is not divisible by --local-size {args.local_size}")
+    return args
+
+
+def _strip_np(argv: list[str]) -> list[str]:
+    """argv without --np N / --np=N (the child runs under mpirun instead)."""
+    out, skip = [], False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if token == "--":
+            out += argv[i:]
+            break
+        if token == "--np":
+            skip = True
+            continue
+        if token.startswith("--np="):
+            continue
+        out.append(token)
+    return out
+
+
+def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
+    from . import launch
+
+    nranks = args.np if args.np is not None else DEFAULT_NP
+    env = {_COMMAND_ENV: shlex.join(["python", "-m", "a2a.bench", *argv])}
+    local_size = args.local_size
+    if (
+        local_size is None
+        and args.np is None
+        and "A2A_LOCAL_SIZE" not in os.environ
+        and nranks % DEFAULT_LOCAL_SIZE == 0
+    ):
+        local_size = DEFAULT_LOCAL_SIZE
+    if local_size is not None:
+        env["A2A_LOCAL_SIZE"] = str(local_size)
+    try:
+        return launch.run(nranks, [sys.executable, "-m", "a2a.bench", *_strip_np(argv)], env=env)
+    except FileNotFoundError as error:
+        print(f"a2a.bench: {error}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    from . import launch
+
+    if not launch.under_mpirun() and (args.np is None or args.np > 1):
+        return _self_launch(args, argv)
+    from mpi4py import MPI
+
+    try:
+        return _bench(args, argv)
+    except Exception:
+        if MPI.COMM_WORLD.Get_size() == 1:
+            raise
+        # One rank failing alone would leave the others waiting in a collective.
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise
+
+
+# ---------------------------------------------------------------------------
+# The benchmark itself (every rank)
+
+
+def _bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from mpi4py import MPI
+
+    import a2a
+
+    world = MPI.COMM_WORLD
+    comm = a2a.Comm.from_mpi(world, local_size=args.local_size)
+    rank, nranks = comm.rank, comm.size
+    lead = rank == 0
+
+    def say(text: str = "") -> None:
+        if lead:
+            print(text, flush=True)
+
+    ranks_info = world.gather((os.getpid(), socket.gethostname(), comm.node, comm.local_rank), root=0)
+    command = os.environ.get(_COMMAND_ENV) or shlex.join(["python", "-m", "a2a.bench", *argv])
+    if lead and args.np is not None and args.np != nranks:
+        print(f"# note: --np {args.np} ignored: running on the {nranks} ranks of mpirun", flush=True)
+
+    say(
+        f"# nThread 1 nGpus 1 minBytes {args.minbytes} maxBytes {args.maxbytes} "
+        + (f"step: {args.stepfactor:g}(factor)" if args.stepfactor > 1 else f"step: {args.stepbytes}(bytes)")
+        + f" warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: 1 validation: {args.check} graph: 0"
+    )
+    say("#")
+    say("# Using devices")
+    if lead:
+        for r, (pid, host, node, local_rank) in enumerate(ranks_info):
+            print(
+                f"#  Rank {r:2d} Group  0 Pid {pid:6d} on {host:>10s} device  cpu node {node} local_rank {local_rank}"
+            )
+    say("#")
+    emulated = (
+        " (emulated with A2A_LOCAL_SIZE / --local-size)"
+        if (args.local_size or os.environ.get("A2A_LOCAL_SIZE"))
+        else ""
+    )
+    say(
+        f"# a2a {a2a.__version__}: {nranks} ranks = {comm.num_nodes} node(s) x {comm.local_size} ranks{emulated}"
+    )
+    if "2dh" in args.algos and (comm.num_nodes == 1 or comm.local_size == 1):
+        say("# note: with one node or one rank per node, 2dh runs the linear exchange")
+    say(f"# algorithms: {' '.join(args.algos)}; flex and v over {args.inner_algo}")
+    if args.datatype.strip().lower() == "all" and "bfloat16" not in [d.name for d in args.dtypes]:
+        say("# note: -d all skips bfloat16: torch is not installed")
+    if "flex" in args.algos:
+        say(
+            f"# flex: (E, C, M) = ({nranks}*{args.experts_per_rank}, C, min({args.hidden}, size)) "
+            "split_axis=0 concat_axis=1; size rounded down to whole shapes"
+        )
+    if "v" in args.algos:
+        say("# v: per-peer counts vary with (rank+peer) % ranks, every rank sends and receives `size` bytes")
+    baseline = not args.no_baseline
+    if baseline:
+        say(f"# baseline: MPI_Alltoall via mpi4py {_mpi4py_version()} on {_mpi_library()}")
+    say("# time: max over ranks of the mean over -n calls; busbw = algbw * (ranks-1)/ranks; GB = 1e9 B")
+    say("#")
+
+    rows: list[dict] = []
+    timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for line in header_lines():
+        say(line)
+    for dtype in args.dtypes:
+        for requested in args.sizes:
+            group: list[dict] = []
+            base_busbw = None
+            for algo in ([BASELINE] if baseline else []) + args.algos:
+                case = _make_case(algo, requested, dtype, comm, args)
+                seconds, wrong = _measure(case, args)
+                row = _row(case, requested, dtype, seconds, wrong, nranks)
+                del case  # frees the buffers before the next case
+                if algo == BASELINE:
+                    base_busbw = row["busbw"]
+                group.append(row)
+            for row in group:
+                row["baseline_busbw"] = base_busbw
+                row["ratio"] = (row["busbw"] / base_busbw) if (base_busbw and not row["baseline"]) else None
+                row.update(
+                    ranks=nranks,
+                    local_size=comm.local_size,
+                    num_nodes=comm.num_nodes,
+                    inner_algo=args.inner_algo if row["algo"] in ("flex", "v") else None,
+                    iters=args.iters,
+                    warmup_iters=args.warmup_iters,
+                    command=command,
+                    timestamp=timestamp,
+                )
+            # a2a rows first, then the baseline they are compared with.
+            for row in [r for r in group if not r["baseline"]] + [r for r in group if r["baseline"]]:
+                say(format_row(row))
+                rows.append(row)
+    for line in footer_lines(rows, args.algos):
+        say(line)
+    total_wrong = sum(r["wrong"] or 0 for r in rows)
+    if lead and args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=1)
+            fh.write("\n")
+    return 1 if total_wrong else 0
+
+
+def _row(case: Case, requested: int, dtype: DType, seconds: float, wrong: int | None, nranks: int) -> dict:
+    algbw, busbw = bandwidths(case.size, seconds, nranks)
+    return {
+        "size": case.size,
+        "count": case.count,
+        "type": dtype.name,
+        "redop": "none",
+        "root": -1,
+        "time_us": seconds * 1e6,
+        "algbw": algbw,
+        "busbw": busbw,
+        "wrong": wrong,
+        "algo": case.algo,
+        "baseline": case.algo == BASELINE,
+        "requested_size": requested,
+        "shape": list(case.shape),
+    }
+
+
+def _mpi_library() -> str:
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+
+
+def _mpi4py_version() -> str:
+    import mpi4py
+
+    return mpi4py.__version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""python -m a2a.bench: its pure helpers, its command line, and short real runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from a2a import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+K, M, G = 1 << 10, 1 << 20, 1 << 30
+
+
+# ---------------------------------------------------------------------------
+# Sizes
+
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("0", 0),
+        ("64", 64),
+        ("1K", K),
+        ("1k", K),
+        ("64M", 64 * M),
+        ("2G", 2 * G),
+        ("1KB", K),
+        ("4KiB", 4 * K),
+        (" 8m ", 8 * M),
+        (128, 128),
+    ],
+)
+def test_parse_size(text, expect):
+    assert bench.parse_size(text) == expect
+
+
+@pytest.mark.parametrize("text", ["", "K", "1.5K", "-1", "1X", "1 K B", "abc"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        bench.parse_size(text)
+
+
+def test_sweep_by_factor_like_nccl_tests():
+    assert bench.sweep_sizes(K, 64 * M, 4) == [K * 4**i for i in range(9)]
+    assert bench.sweep_sizes(K, 5 * K, 2) == [K, 2 * K, 4 * K]  # stops before passing maxbytes
+    assert bench.sweep_sizes(8, 8, 2) == [8]
+
+
+def test_sweep_by_bytes_when_factor_is_one():
+    assert bench.sweep_sizes(0, 100, 1, 50) == [0, 50, 100]
+    assert bench.sweep_sizes(0, 0, 1, 0) == [0]
+    assert bench.sweep_sizes(10, 35, 1, 10) == [10, 20, 30]
+
+
+@pytest.mark.parametrize("args", [(10, 5, 2, 1), (-1, 5, 2, 1), (0, 64, 2, 1), (0, 64, 1, 0)])
+def test_sweep_rejects(args):
+    with pytest.raises(ValueError):
+        bench.sweep_sizes(*args)
+
+
+def test_sizes_round_down_to_whole_elements_per_peer():
+    # nccl-tests: count = size / itemsize / ranks; the row shows ranks * count * itemsize.
+    assert bench.per_peer_count(1000, 3, 4) == 83
+    assert bench.per_peer_count(1024, 4, 4) == 64
+    assert bench.per_peer_count(7, 2, 4) == 0
+
+
+def test_bus_bandwidth_formula():
+    algbw, busbw = bench.bandwidths(2_000_000_000, 2.0, 4)
+    assert algbw == pytest.approx(1.0)  # GB/s with GB = 1e9
+    assert busbw == pytest.approx(1.0 * 3 / 4)
+    assert bench.bandwidths(1000, 1e-6, 8)[1] == pytest.approx(1.0 * 7 / 8)
+    assert bench.bandwidths(1000, 1.0, 1)[1] == 0.0  # one rank moves nothing over the "bus"
+    assert bench.bandwidths(1000, 0.0, 4) == (0.0, 0.0)
+
+
+# ---------------------------------------------------------------------------
+# Uneven counts and the flex shape
+
+
+@pytest.mark.parametrize("nranks", range(1, 10))
+@pytest.mark.parametrize("count", [0, 1, 5, 1000])
+def test_v_counts_are_uneven_but_every_rank_moves_the_even_size(nranks, count):
+    counts = bench.v_counts(nranks, count)
+    assert all(c >= 0 for row in counts for c in row)
+    for r in range(nranks):
+        assert sum(counts[r]) == nranks * count  # sent by r
+        assert sum(counts[s][r] for s in range(nranks)) == nranks * count  # received by r
+    if nranks >= 2 and count >= 3:
+        assert len({c for row in counts for c in row}) > 1
+    assert counts == bench.v_counts(nranks, count)  # deterministic: every rank computes the same
+
+
+def test_v_counts_depend_on_rank_plus_peer():
+    counts = bench.v_counts(4, 300)
+    assert counts[0] == [400, 200, 500, 100]
+    assert counts[1] == counts[0][1:] + counts[0][:1]
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("count", [0, 1, 7, 64, 1000, 1 << 18])
+def test_flex_shape(nranks, count):
+    experts, capacity, hidden = bench.flex_shape(count, nranks, 2, 1024)
+    assert experts == 2 * nranks
+    assert 1 <= hidden <= 1024
+    assert experts * capacity * hidden <= nranks * count
+    if count >= 2 and (count // 2) & (count // 2 - 1) == 0:  # powers of two fill exactly
+        assert experts * capacity * hidden == nranks * count
+
+
+# ---------------------------------------------------------------------------
+# Deterministic data and the check
+
+
+def test_block_values_match_the_pure_python_reference():
+    for modulus in (127, 251, 2039, bench._BIG_PRIME):
+        for src, dst, start, n in [(0, 0, 0, 10), (3, 1, 0, 300), (5, 7, 1000, 50), (1, 2, 123456, 7)]:
+            expect = [bench.expected_value(src, dst, start + i, modulus) for i in range(n)]
+            assert bench.block_values(src, dst, n, modulus, start).tolist() == expect
+
+
+@pytest.mark.parametrize("name", [d for d in bench.DTYPES if not bench.DTYPES[d].needs_torch])
+def test_values_and_poison_are_exact_in_their_dtype(name):
+    dtype = bench.DTYPES[name]
+    values = np.arange(dtype.modulus + 1, dtype=np.int64)  # every value, and the poison (modulus)
+    cast = values.astype(dtype.storage)
+    assert cast.itemsize == dtype.itemsize
+    assert (cast.astype(np.int64) == values).all()
+    from mpi4py import MPI
+
+    assert dtype.itemsize % getattr(MPI, dtype.mpi_type).Get_size() == 0  # the baseline moves the same bytes
+
+
+def test_bfloat16_values_are_exact():
+    torch = pytest.importorskip("torch")
+    dtype = bench.DTYPES["bfloat16"]
+    values = torch.arange(dtype.modulus + 1, dtype=torch.float32)
+    assert torch.equal(values.to(torch.bfloat16).float(), values)
+
+
+def _reference_all_to_all(nranks: int, count: int, modulus: int) -> list[np.ndarray]:
+    """What every rank receives, computed the slow way: rank s sends
+    expected_value(s, d, i) to rank d, which stores it at d's block s."""
+    sends = [
+        [[bench.expected_value(s, d, i, modulus) for i in range(count)] for d in range(nranks)]
+        for s in range(nranks)
+    ]
+    return [np.array([v for s in range(nranks) for v in sends[s][d]], dtype=np.int64) for d in range(nranks)]
+
+
+def test_check_counts_zero_for_a_correct_exchange_and_catches_mistakes():
+    nranks, count, modulus = 4, 9, 127
+    received = _reference_all_to_all(nranks, count, modulus)
+    for rank in range(nranks):
+        blocks = [(src, rank, count) for src in range(nranks)]
+        assert bench._count_wrong(received[rank], blocks, modulus) == 0
+    blocks = [(src, 1, count) for src in range(nranks)]
+    swapped = received[1].reshape(nranks, count)[[1, 0, 2, 3]].reshape(-1)
+    assert bench._count_wrong(swapped, blocks, modulus) == 2 * count  # blocks from the wrong sources
+    shifted = np.roll(received[1], 1)
+    assert bench._count_wrong(shifted, blocks, modulus) == nranks * count
+    poisoned = received[1].copy()
+    poisoned[5] = modulus
+    assert bench._count_wrong(poisoned, blocks, modulus) == 1
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def test_resolve_dtypes():
+    def names(text, torch=True):
+        return [d.name for d in bench.resolve_dtypes(text, have_torch=torch)]
+
+    assert names("float") == ["float"]
+    assert names("fp16") == ["half"] and names("float64") == ["double"] and names("char") == ["int8"]
+    assert names("all") == list(bench.DTYPES)
+    assert "bfloat16" not in names("all", torch=False)
+    with pytest.raises(ValueError, match="torch"):
+        bench.resolve_dtypes("bfloat16", have_torch=False)
+    with pytest.raises(ValueError, match="does not support"):
+        bench.resolve_dtypes("uint32", have_torch=True)
+
+
+def test_defaults():
+    args = bench.parse_args([])
+    assert (args.minbytes, args.maxbytes, args.stepfactor) == (K, 64 * M, 4.0)
+    assert (args.iters, args.warmup_iters, args.check) == (20, 5, 1)
+    assert args.algos == ["linear", "2dh", "flex", "v"]
+    assert [d.name for d in args.dtypes] == ["float"]
+    assert args.np is None and args.json is None and not args.no_baseline
+
+
+def test_flags():
+    args = bench.parse_args(
+        ["-b", "8", "-e", "128M", "-f", "2", "-n", "3", "-w", "0", "-c", "0"]
+        + ["-d", "half", "--algo", "v,linear,v"]
+    )
+    assert args.sizes[0] == 8 and args.sizes[-1] == 128 * M and len(args.sizes) == 25
+    assert (args.iters, args.warmup_iters, args.check) == (3, 0, 0)
+    assert args.algos == ["v", "linear"]
+    assert bench.parse_args(["-b", "0", "-e", "2M", "-i", "1M"]).sizes == [0, M, 2 * M]  # -i alone: by bytes
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "--algo foo",
+        "-d uint64",
+        "-n 0",
+        "-c -1",
+        "-b 2M -e 1M",
+        "--np 4 --local-size 3",
+        "--np 0",
+        "--hidden 0",
+    ],
+)
+def test_bad_flags_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(argv.split())
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_strip_np():
+    assert bench._strip_np(["--np", "4", "-b", "1K"]) == ["-b", "1K"]
+    assert bench._strip_np(["-b", "1K", "--np=8", "--json", "x"]) == ["-b", "1K", "--json", "x"]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Replaces a2a.launch.run; records (np, command, env)."""
+    from a2a import launch
+
+    calls = []
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setattr(launch, "run", lambda np, command, env=None: calls.append((np, command, env)) or 0)
+    monkeypatch.delenv("A2A_LOCAL_SIZE", raising=False)
+    return calls
+
+
+def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
+    assert bench.main([]) == 0
+    [(np_, command, env)] = launched
+    assert np_ == 4
+    assert command == [sys.executable, "-m", "a2a.bench"]
+    assert env["A2A_LOCAL_SIZE"] == "2"
+
+
+def test_np_is_stripped_and_local_size_passed_on(launched):
+    assert bench.main(["--np", "6", "--local-size", "3", "-b", "1K"]) == 0
+    [(np_, command, env)] = launched
+    assert np_ == 6
+    assert command == [sys.executable, "-m", "a2a.bench", "--local-size", "3", "-b", "1K"]
+    assert env["A2A_LOCAL_SIZE"] == "3"
+    assert "--np 6" in env[bench._COMMAND_ENV]
+
+
+def test_explicit_np_uses_the_real_topology(launched):
+    bench.main(["--np", "2"])
+    [(np_, _command, env)] = launched
+    assert np_ == 2 and "A2A_LOCAL_SIZE" not in env
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+def _row(**kw):
+    row = {"size": 1024, "count": 64, "type": "float", "redop": "none", "root": -1, "time_us": 12.5}
+    row.update(algbw=0.08, busbw=0.06, wrong=0, algo="linear", ratio=1.5, baseline=False)
+    row.update(kw)
+    return row
+
+
+def test_row_lines_up_with_the_header():
+    header = bench.header_lines()[1]
+    line = bench.format_row(_row(size=67108864, count=4194304, time_us=24007.0, algbw=2.8, busbw=2.1))
+    # Right-aligned columns: every header name ends where its value ends.
+    header_ends = [m.end() for m in re.finditer(r"\S+", header) if m.group() not in ("#", "vs")]
+    assert header_ends == [m.end() for m in re.finditer(r"\S+", line)]
+    assert header.split()[1:10] == [
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+    ]
+    fields = line.split()
+    assert fields[:5] == ["67108864", "4194304", "float", "none", "-1"]
+    assert fields[-2:] == ["linear", "1.50x"]
+
+
+def test_row_without_check_or_baseline():
+    fields = bench.format_row(_row(wrong=None, ratio=None, algo="mpi")).split()
+    assert fields[-3:] == ["N/A", "mpi", "-"]
+
+
+def test_footer():
+    rows = [_row(busbw=1.0), _row(busbw=3.0, algo="v", ratio=0.5), _row(busbw=9.0, algo="mpi", baseline=True)]
+    text = "\n".join(bench.footer_lines(rows, ["linear", "v"]))
+    assert "# Out of bounds values : 0 OK" in text
+    assert "# Avg bus bandwidth    : 2 " in text  # a2a rows only
+    rows[1]["wrong"] = 3
+    assert "# Out of bounds values : 3 FAILED" in "\n".join(bench.footer_lines(rows, ["linear", "v"]))
+
+
+# ---------------------------------------------------------------------------
+# Real runs
+
+
+def test_one_rank_in_process(tmp_path, capsys, monkeypatch):
+    from a2a import launch
+
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    out = tmp_path / "one.json"
+    code = bench.main(["--np", "1", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert {r["algo"] for r in rows} == {"linear", "2dh", "flex", "v", "mpi"}
+    assert all(r["wrong"] == 0 and r["ranks"] == 1 for r in rows)
+    assert "# Avg bus bandwidth" in capsys.readouterr().out
+
+
+def test_wrong_elements_fail_the_run(tmp_path, capsys, monkeypatch):
+    from a2a import launch
+
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setattr(bench, "_count_wrong", lambda got, blocks, modulus: 1)
+    out = tmp_path / "bad.json"
+    code = bench.main(
+        ["--np", "1", "-b", "1K", "-e", "1K", "-n", "1", "--algo", "linear", "--json", str(out)]
+    )
+    assert code == 1
+    assert all(r["wrong"] == 1 for r in json.loads(out.read_text()))
+    assert "FAILED" in capsys.readouterr().out
+
+
+def _clean_env() -> dict[str, str]:
+    keys = ("OMPI_", "PMIX_", "PMI_", "MPI_LOCALNRANKS", "A2A_LOCAL_SIZE", bench._COMMAND_ENV)
+    return {k: v for k, v in os.environ.items() if not k.startswith(keys)}
+
+
+def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "a2a.bench", *argv],
+        check=False,
+        cwd=REPO,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_self_launched_sweep_on_two_ranks(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _run(
+        [
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "64K",
+            "-f",
+            "4",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--algo",
+            "all",
+            "--json",
+            str(out),
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    sizes = [K, 4 * K, 16 * K, 64 * K]
+    for algo in ("linear", "2dh", "flex", "v", "mpi"):
+        mine = [r for r in rows if r["algo"] == algo]
+        assert [r["size"] for r in mine] == sizes, algo
+        assert all(r["wrong"] == 0 and r["ranks"] == 2 and r["time_us"] > 0 for r in mine)
+        assert all((r["ratio"] is None) == (algo == "mpi") for r in mine)
+        assert all(r["baseline"] == (algo == "mpi") for r in mine)
+    assert all(r["baseline_busbw"] > 0 and "--np 2" in r["command"] for r in rows)
+    table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
+    assert len(table) == len(rows) == 5 * len(sizes)
+    assert all(fields[8] == "0" for fields in table)  # the #wrong column
+    assert "# Out of bounds values : 0 OK" in proc.stdout
+    assert "# Avg bus bandwidth" in proc.stdout
+
+
+def test_two_emulated_nodes_with_2dh_underneath(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--np", "4", "--local-size", "2", "-b", "1001", "-e", "16K", "-f", "4", "-n", "1", "-w", "0"]
+    proc = _run([*argv, "-d", "half", "--inner-algo", "2dh", "--no-baseline", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    assert {r["algo"] for r in rows} == {"linear", "2dh", "flex", "v"}
+    assert all(r["wrong"] == 0 and r["num_nodes"] == 2 and r["local_size"] == 2 for r in rows)
+    # Rounded down to whole elements per peer (4 ranks x 2 B), and for flex to whole (E, C, M) shapes.
+    assert [r["size"] for r in rows if r["algo"] == "linear"] == [1000, 4000, 16016]
+    for r in rows:
+        if r["algo"] == "flex":
+            experts, capacity, hidden = r["shape"]
+            assert experts == 8 and r["size"] == experts * capacity * hidden * 2 <= r["requested_size"]
