@@ -27,21 +27,21 @@ from ._errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Comm",
-    "all_to_all",
-    "all_to_all_flex",
-    "all_to_all_v",
     "ALGORITHMS",
-    "config",
-    "get_include",
-    "get_cmake_dir",
     "A2AError",
     "A2ATimeoutError",
+    "Comm",
     "InvalidArgumentError",
     "MismatchError",
     "RemoteError",
     "TransportError",
     "UnsupportedError",
+    "all_to_all",
+    "all_to_all_flex",
+    "all_to_all_v",
+    "config",
+    "get_cmake_dir",
+    "get_include",
 ]
 
 # The native files (module, lib/, include/) sit beside _C, which in an

@@ -18,7 +18,7 @@ from ._arrays import ArrayView, check_out, check_supported, empty_like, is_torch
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
-__all__ = ["all_to_all", "all_to_all_flex", "all_to_all_v", "ALGORITHMS"]
+__all__ = ["ALGORITHMS", "all_to_all", "all_to_all_flex", "all_to_all_v"]
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
 

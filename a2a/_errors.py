@@ -4,12 +4,12 @@ from __future__ import annotations
 
 __all__ = [
     "A2AError",
+    "A2ATimeoutError",
     "InvalidArgumentError",
     "MismatchError",
-    "A2ATimeoutError",
+    "RemoteError",
     "TransportError",
     "UnsupportedError",
-    "RemoteError",
     "from_status",
 ]
 

@@ -34,10 +34,10 @@ def find_mpirun() -> str:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_open_mpi(mpirun: str) -> bool:
     try:
-        text = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60).stdout
+        text = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "Open MPI" in text or "OpenRTE" in text or "PRRTE" in text
@@ -65,7 +65,7 @@ def run(np: int, command: list[str], *, env: dict[str, str] | None = None, timeo
     """Runs `command` on `np` ranks and returns mpirun's exit code."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run(mpirun_command(np, command), env=full_env, timeout=timeout).returncode
+    return subprocess.run(mpirun_command(np, command), env=full_env, timeout=timeout, check=False).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
