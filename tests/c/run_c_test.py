@@ -32,7 +32,7 @@ def main() -> int:
         env.pop("A2A_LOCAL_SIZE", None)
         if local_size:
             env["A2A_LOCAL_SIZE"] = str(local_size)
-        code = subprocess.run(mpirun_command(ranks, [os.path.join(BUILD, "alltoall")]), env=env, timeout=300).returncode
+        code = subprocess.run(mpirun_command(ranks, [os.path.join(BUILD, "alltoall")]), env=env, timeout=300, check=False).returncode
         label = f"C program, {ranks} ranks" + (f", local_size {local_size}" if local_size else "")
         print(f"{'PASS' if code == 0 else 'FAIL'}: {label}")
         passed += code == 0
