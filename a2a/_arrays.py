@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from . import _C
 from ._errors import InvalidArgumentError
 
 # a2a_dtype_t codes of csrc/include/a2a/a2a.h.
@@ -25,6 +25,8 @@ DTYPE_CODES = {
     "uint8": 7,
 }
 SUPPORTED = ", ".join(DTYPE_CODES)
+# dtype -> name by lookup: numpy builds dtype.name anew on every access (~3 us).
+_NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES if name != "bfloat16"}
 
 
 def _torch():
@@ -37,18 +39,21 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-@dataclass
 class ArrayView:
-    """What the core needs to know about one array."""
+    """What the core needs to know about one array (built on every call, so
+    kept to plain attributes)."""
 
-    obj: Any  # the array itself (kept alive for the call)
-    framework: str  # "numpy" or "torch"
-    shape: tuple[int, ...]
-    dtype_name: str
-    itemsize: int
-    address: int
-    contiguous: bool
-    device: str
+    __slots__ = ("obj", "framework", "shape", "dtype_name", "itemsize", "address", "contiguous", "writeable")
+
+    def __init__(self, obj, framework, shape, dtype_name, itemsize, address, contiguous, writeable):
+        self.obj = obj  # the array itself, kept alive for the call
+        self.framework = framework  # "numpy" or "torch"
+        self.shape = shape
+        self.dtype_name = dtype_name
+        self.itemsize = itemsize
+        self.address = address
+        self.contiguous = contiguous
+        self.writeable = writeable
 
     @property
     def nbytes(self) -> int:
@@ -64,25 +69,31 @@ class ArrayView:
 
 def view(x: Any, what: str) -> ArrayView:
     """Inspects `x` without copying it. Raises InvalidArgumentError for anything
-    the core cannot take: unknown objects, unsupported dtypes, non-CPU memory."""
-    if is_torch_tensor(x):
-        name = str(x.dtype).removeprefix("torch.")
-        if x.device.type != "cpu":
-            raise InvalidArgumentError(
-                f"{what} is a torch tensor on {x.device}; this communicator moves host memory "
-                "(CUDA support is not built into this a2a)"
-            )
-        return ArrayView(x, "torch", tuple(x.shape), name, x.element_size(), x.data_ptr(), x.is_contiguous(), "cpu")
-    if not isinstance(x, np.ndarray):
+    the core cannot take: unknown objects, non-CPU memory."""
+    if type(x) is not np.ndarray:
+        if is_torch_tensor(x):
+            return _torch_view(x, what)
         try:
             x = np.from_dlpack(x) if hasattr(x, "__dlpack__") else np.asarray(memoryview(x))
-        except (TypeError, BufferError, RuntimeError) as error:
+        except (TypeError, BufferError, RuntimeError, ValueError) as error:
             raise InvalidArgumentError(
                 f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, "
                 f"a DLPack-capable CPU array nor a buffer: {error}"
             ) from None
-    # x.dtype.name is "bfloat16" for ml_dtypes' bfloat16, which NumPy lacks.
-    return ArrayView(x, "numpy", tuple(x.shape), x.dtype.name, x.dtype.itemsize, x.ctypes.data, x.flags.c_contiguous, "cpu")
+    address, contiguous, writeable = _C.numpy_layout(x)
+    # dtype.name is "bfloat16" for ml_dtypes' bfloat16, which NumPy lacks.
+    name = _NUMPY_NAMES.get(x.dtype) or x.dtype.name
+    return ArrayView(x, "numpy", x.shape, name, x.itemsize, address, contiguous, writeable)
+
+
+def _torch_view(x: Any, what: str) -> ArrayView:
+    if x.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"{what} is a torch tensor on {x.device}; this communicator moves host memory "
+            "(CUDA support is not built into this a2a)"
+        )
+    name = str(x.dtype).removeprefix("torch.")
+    return ArrayView(x, "torch", tuple(x.shape), name, x.element_size(), x.data_ptr(), x.is_contiguous(), True)
 
 
 def check_supported(v: ArrayView, what: str) -> str | None:
@@ -112,6 +123,6 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
         reason = f"{what} is a {o.framework} array but the input is a {like.framework} array"
     if reason is None and (o.shape != shape or o.dtype_name != like.dtype_name):
         reason = f"{what} has shape {o.shape} and dtype {o.dtype_name}; expected shape {shape} and dtype {like.dtype_name}"
-    if reason is None and isinstance(o.obj, np.ndarray) and not o.obj.flags.writeable:
+    if reason is None and not o.writeable:
         reason = f"{what} is read-only"
     return o, reason

@@ -122,7 +122,10 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
     shape[concat] *= comm.size
     result, o = _output(comm, op, v, tuple(shape), out)
     algo_code = ALGORITHMS[algo]
-    ws_bytes = comm._native.all_to_all_flex_workspace_size(list(v.shape), split, concat, v.dtype_code, algo_code)
+    try:
+        ws_bytes = comm._native.all_to_all_flex_workspace_size(list(v.shape), split, concat, v.dtype_code, algo_code)
+    except InvalidArgumentError as error:  # e.g. too many dims: tell the other ranks too
+        _reject(comm, op, str(error))
     ws, ws_bytes = comm.workspace(ws_bytes)
     comm._native.all_to_all_flex(v.address, o.address, list(v.shape), split, concat, v.dtype_code, algo_code, ws, ws_bytes)
     return result

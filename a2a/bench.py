@@ -28,11 +28,13 @@ What one row reports (out-of-place only; in-place is not supported):
   column shows the size actually moved.
 * ``count``: elements sent to each peer, as nccl-tests' alltoall prints it
   (``size / itemsize / ranks``); for ``v`` it is the mean over peers.
-* ``time``: after ``-w`` untimed warm-up calls and a barrier, each rank times
-  ``-n`` back-to-back calls with ``time.perf_counter`` and divides by ``-n``;
-  the row shows the maximum of that average over the ranks, in microseconds
-  (nccl-tests averages over ranks instead; the maximum is the more
-  conservative figure).
+* ``time``: after ``-w`` untimed warm-up calls, each rank times ``-n``
+  back-to-back calls (after a barrier) with ``time.perf_counter`` and divides
+  by ``-n``; the maximum of that average over the ranks is one sample. The
+  row shows the median of ``-r`` samples, in microseconds; the algorithms and
+  the MPI baseline of one size take turns within each repetition, so the
+  ratios compare like with like (nccl-tests averages over ranks instead; the
+  maximum is the more conservative figure).
 * ``algbw = size / time`` and ``busbw = algbw * (ranks - 1) / ranks``, in
   GB/s with GB = 1e9 bytes (nccl-tests' ``AlltoAllGetBw``).
 * ``#wrong``: after timing, each of ``-c`` validation rounds fills the
@@ -73,6 +75,7 @@ import os
 import re
 import shlex
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -438,28 +441,47 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
     return Case(algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape)
 
 
-def _measure(case: Case, args: argparse.Namespace) -> tuple[float, int | None]:
-    """(seconds per call, max over ranks; wrong elements summed over ranks or None)."""
+def _time(case: Case, args: argparse.Namespace) -> float:
+    """Seconds per call: the average of -n back-to-back calls, max over ranks."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    for _ in range(args.warmup_iters):
-        case.run()
     world.Barrier()
     start = time.perf_counter()
     for _ in range(args.iters):
         case.run()
     elapsed = (time.perf_counter() - start) / args.iters
-    seconds = world.allreduce(elapsed, op=MPI.MAX)
+    return world.allreduce(elapsed, op=MPI.MAX)
+
+
+def _measure_group(cases: list[Case], args: argparse.Namespace) -> list[float]:
+    """Median seconds per call of each case over -r repetitions. The cases
+    take turns within each repetition, so a busy moment on a shared machine
+    hits all of them alike and the ratios stay fair."""
+    for case in cases:
+        for _ in range(args.warmup_iters):
+            case.run()
+    samples: list[list[float]] = [[] for _ in cases]
+    for _ in range(args.repeats):
+        for case, times in zip(cases, samples):
+            times.append(_time(case, args))
+    return [statistics.median(times) for times in samples]
+
+
+def _check(case: Case, args: argparse.Namespace) -> int | None:
+    """Wrong elements summed over ranks, or None with -c 0."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
     if args.check <= 0:
-        return seconds, None
+        return None
     wrong = 0
     for _ in range(args.check):
         case.poison()
         world.Barrier()  # nobody's data arrives before every receive buffer is poisoned
         case.run()
         wrong += case.wrong()
-    return seconds, world.allreduce(wrong, op=MPI.SUM)
+    return world.allreduce(wrong, op=MPI.SUM)
 
 
 # ---------------------------------------------------------------------------
@@ -563,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-i", "--stepbytes", type=parse_size, default=None, help="add this to the size (used when -f is 1)"
     )
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument(
+        "-r", "--repeats", type=int, default=5, help="timed repetitions of -n calls; rows show the median (default 5)"
+    )
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up iterations (default 5)")
     p.add_argument(
         "-c", "--check", type=int, default=1, help="validation rounds per row; 0 disables (default 1)"
@@ -612,6 +637,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(str(error))
     for flag, value, low in (
         ("-n/--iters", args.iters, 1),
+        ("-r/--repeats", args.repeats, 1),
         ("-w/--warmup_iters", args.warmup_iters, 0),
         ("-c/--check", args.check, 0),
         ("--experts-per-rank", args.experts_per_rank, 1),
@@ -761,14 +787,13 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         for requested in args.sizes:
             group: list[dict] = []
             base_busbw = None
-            for algo in ([BASELINE] if baseline else []) + args.algos:
-                case = _make_case(algo, requested, dtype, comm, args)
-                seconds, wrong = _measure(case, args)
-                row = _row(case, requested, dtype, seconds, wrong, nranks)
-                del case  # frees the buffers before the next case
-                if algo == BASELINE:
+            cases = [_make_case(algo, requested, dtype, comm, args) for algo in ([BASELINE] if baseline else []) + args.algos]
+            for case, seconds in zip(cases, _measure_group(cases, args)):
+                row = _row(case, requested, dtype, seconds, _check(case, args), nranks)
+                if case.algo == BASELINE:
                     base_busbw = row["busbw"]
                 group.append(row)
+            del cases  # frees the buffers before the next size
             for row in group:
                 row["baseline_busbw"] = base_busbw
                 row["ratio"] = (row["busbw"] / base_busbw) if (base_busbw and not row["baseline"]) else None
@@ -778,6 +803,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                     num_nodes=comm.num_nodes,
                     inner_algo=args.inner_algo if row["algo"] in ("flex", "v") else None,
                     iters=args.iters,
+                    repeats=args.repeats,
                     warmup_iters=args.warmup_iters,
                     command=command,
                     timestamp=timestamp,

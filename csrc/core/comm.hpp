@@ -34,27 +34,22 @@ class Comm {
   bool strided_spans() const { return use_strided_spans_; }
 
   // Collective. Verifies that every rank called `op` with the same fields, and
-  // that no rank rejected its input (local_error non-empty). On any
-  // disagreement every rank throws: the rank with the bad input
+  // that no rank rejected its input (local_error non-empty), before any data
+  // moves. On any disagreement every rank throws: the rank with the bad input
   // A2A_ERROR_INVALID_ARGUMENT with local_error, the others
-  // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values.
-  //
-  // The check overlaps the data exchange: agree() only starts it, and the
-  // verdict is taken at the first wait inside run(). With a local_error it
-  // completes (and throws) at once.
+  // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values. The
+  // comm stays usable afterwards.
   void agree(const char* op, const std::vector<Field>& fields, const std::string& local_error = "");
 
-  // Runs a collective's algorithm after agree(). A failed check abandons the
-  // exchange and renews the transport (every rank reaches the same verdict),
-  // so the comm stays usable; a transport failure (e.g. a timeout) retires it.
+  // Runs a collective's algorithm after agree(). A failure inside it (a
+  // timeout, an MPI error) can leave messages in flight, so it retires the
+  // comm; the error is rethrown with op's name.
   template <typename Fn>
   void run(const char* op, Fn&& algorithm) {
     try {
       algorithm();
-      transport_->finish_agreement();
     } catch (...) {
-      recover(op);
-      throw;
+      retire(op);
     }
   }
 
@@ -67,21 +62,10 @@ class Comm {
   void check_usable(const char* op) const;
 
  private:
-  // Evaluates the reduced agreement vector; throws on any disagreement.
-  void judge();
-  // Called with an exception in flight: resets the transport after a failed
-  // check, retires the comm after anything else, then rethrows with op's name.
-  [[noreturn]] void recover(const char* op);
+  // Called with an exception in flight: marks the comm broken and rethrows
+  // the error with op's name.
+  [[noreturn]] void retire(const char* op);
 
-  struct Agreement {
-    const char* op = "";
-    std::vector<Field> fields;
-    std::string local_error;
-    std::vector<int64_t> values;
-    bool failed = false;
-  };
-
-  Agreement agreement_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<Device> device_;
   Topology topology_;

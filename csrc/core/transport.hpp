@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 namespace a2a {
 
@@ -49,18 +48,9 @@ class Transport {
   virtual void recv(const Span& span, int peer) = 0;
   virtual void group_end() = 0;
 
-  // The cross-rank argument check, overlapped with the data exchange: starts
-  // an allreduce(MAX) of `values` in place. It completes inside the next
-  // group_end(), before that group's messages are waited for, or in
-  // finish_agreement(); then `verdict` runs. If the verdict throws,
-  // group_end() abandons its messages and rethrows.
-  virtual void start_agreement(int64_t* values, size_t count, std::function<void()> verdict) = 0;
-  virtual void finish_agreement() = 0;
-  // Collective, after an abandoned exchange: guarantees that none of its
-  // messages can match a later operation (MPI: a fresh duplicate communicator).
-  virtual void reset() = 0;
-
-  // Dense collectives, bounded by the same timeout.
+  // Dense collectives, bounded by the same timeout. allgather is also how
+  // Comm::agree() checks arguments, so a timeout in it must name the ranks
+  // that did not contribute.
   virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
   virtual void allreduce_int64(int64_t* values, size_t count, ReduceOp op) = 0;
   virtual void barrier() = 0;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <thread>
 
@@ -10,6 +11,10 @@
 namespace a2a {
 
 namespace {
+
+// Messages of the collectives and of allgather never match each other.
+constexpr int kDataTag = 0x2a2a;
+constexpr int kGatherTag = 0x2a2b;
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -86,13 +91,12 @@ void MpiTransport::group_start() {
   pending_.clear();
 }
 
-void MpiTransport::post(const Span& span, int peer, bool is_send) {
+void MpiTransport::post(const Span& span, int peer, bool is_send, int tag) {
   const size_t bytes = span.bytes();
   if (bytes == 0) return;  // both sides agree on the size, so both skip it
   if (peer < 0 || peer >= size_)
     fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank_, ": peer ", peer, " is outside [0, ", size_, ")");
   MPI_Request request;
-  const int tag = 0x2a2a;
   if (span.is_contiguous() && bytes <= max_count_) {
     const int count = static_cast<int>(bytes);
     if (is_send)
@@ -122,43 +126,10 @@ void MpiTransport::post(const Span& span, int peer, bool is_send) {
   pending_.push_back(Pending{is_send ? "send to" : "recv from", peer, bytes});
 }
 
-void MpiTransport::send(const Span& span, int peer) { post(span, peer, true); }
-void MpiTransport::recv(const Span& span, int peer) { post(span, peer, false); }
+void MpiTransport::send(const Span& span, int peer) { post(span, peer, true, kDataTag); }
+void MpiTransport::recv(const Span& span, int peer) { post(span, peer, false, kDataTag); }
 
-void MpiTransport::group_end() {
-  try {
-    finish_agreement();
-  } catch (...) {
-    abandon(requests_, pending_);
-    throw;
-  }
-  wait_all(requests_, pending_, "point-to-point exchange");
-}
-
-void MpiTransport::start_agreement(int64_t* values, size_t count, std::function<void()> verdict) {
-  if (agreement_ != MPI_REQUEST_NULL) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": an agreement is already in flight");
-  A2A_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_INT64_T, MPI_MAX, comm_, &agreement_),
-                "rank ", rank_, " argument check");
-  verdict_ = std::move(verdict);
-}
-
-void MpiTransport::finish_agreement() {
-  if (agreement_ == MPI_REQUEST_NULL) return;
-  MPI_Request request = agreement_;
-  agreement_ = MPI_REQUEST_NULL;
-  // Other pending messages progress while this waits.
-  wait_one(request, "argument check (allreduce)");
-  std::function<void()> verdict = std::move(verdict_);
-  verdict_ = nullptr;
-  if (verdict) verdict();
-}
-
-void MpiTransport::reset() {
-  MPI_Comm fresh;
-  A2A_MPI_CHECK(MPI_Comm_dup(comm_, &fresh), "rank ", rank_, " communicator reset");
-  MPI_Comm_free(&comm_);
-  comm_ = fresh;
-}
+void MpiTransport::group_end() { wait_all(requests_, pending_, "point-to-point exchange"); }
 
 void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
   // Unmatched receives are cancelled so that no late message lands in the
@@ -196,6 +167,12 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
     pending.clear();
     return;
   }
+  // MPI_Testall leaves finished requests in place when not all are done;
+  // test each one so that only the unfinished are reported.
+  for (auto& request : requests) {
+    int finished = 0;
+    if (request != MPI_REQUEST_NULL) MPI_Test(&request, &finished, MPI_STATUS_IGNORE);
+  }
   std::string unfinished;
   size_t listed = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -207,7 +184,8 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
   if (listed > 16) unfinished += cat(", and ", listed - 16, " more");
   abandon(requests, pending);
   fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s (A2A_TIMEOUT_S) in ", what,
-       "; unfinished: ", unfinished, ". A peer did not call the same collective, died, or is stuck");
+       "; unfinished: ", unfinished,
+       ". Those peers did not call the same collective, died, or are stuck");
 }
 
 void MpiTransport::wait_one(MPI_Request request, const char* what) {
@@ -216,13 +194,19 @@ void MpiTransport::wait_one(MPI_Request request, const char* what) {
   wait_all(requests, pending, what);
 }
 
+// Direct sends to every rank rather than MPI_Iallgather: one round of small
+// messages (cheaper than a collective schedule here), and a timeout can name
+// exactly the ranks whose contribution never arrived.
 void MpiTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
-  if (bytes_per_rank > static_cast<size_t>(INT_MAX)) fail(A2A_ERROR_UNSUPPORTED, "allgather of ", bytes_per_rank, " bytes per rank");
-  MPI_Request request;
-  A2A_MPI_CHECK(MPI_Iallgather(send, static_cast<int>(bytes_per_rank), MPI_BYTE, recv, static_cast<int>(bytes_per_rank),
-                               MPI_BYTE, comm_, &request),
-                "rank ", rank_, " allgather");
-  wait_one(request, "allgather");
+  auto* out = static_cast<char*>(recv);
+  std::memcpy(out + static_cast<size_t>(rank_) * bytes_per_rank, send, bytes_per_rank);
+  group_start();
+  for (int step = 1; step < size_; ++step)
+    post(Span::contiguous(out + static_cast<size_t>((rank_ - step + size_) % size_) * bytes_per_rank, bytes_per_rank),
+         (rank_ - step + size_) % size_, false, kGatherTag);
+  for (int step = 1; step < size_; ++step)
+    post(Span::contiguous(send, bytes_per_rank), (rank_ + step) % size_, true, kGatherTag);
+  wait_all(requests_, pending_, "argument check (allgather)");
 }
 
 void MpiTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {

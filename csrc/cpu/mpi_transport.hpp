@@ -29,10 +29,6 @@ class MpiTransport final : public Transport {
   void recv(const Span& span, int peer) override;
   void group_end() override;
 
-  void start_agreement(int64_t* values, size_t count, std::function<void()> verdict) override;
-  void finish_agreement() override;
-  void reset() override;
-
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
   void barrier() override;
@@ -45,7 +41,7 @@ class MpiTransport final : public Transport {
     int peer;
     size_t bytes;
   };
-  void post(const Span& span, int peer, bool is_send);
+  void post(const Span& span, int peer, bool is_send, int tag);
   // Waits for `requests` with the timeout; on expiry abandons them and throws
   // A2A_ERROR_TIMEOUT listing the unfinished operations.
   void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
@@ -61,8 +57,6 @@ class MpiTransport final : public Transport {
   size_t max_count_;  // largest count passed to MPI as a plain int (A2A_MPI_MAX_COUNT for tests)
   std::vector<MPI_Request> requests_;  // the current point-to-point group
   std::vector<Pending> pending_;
-  MPI_Request agreement_ = MPI_REQUEST_NULL;
-  std::function<void()> verdict_;
 };
 
 // Ranks per node from MPI_Comm_split_type(SHARED). Nodes that are not equal,

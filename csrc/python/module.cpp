@@ -1,6 +1,7 @@
 // a2a._C: a thin pybind11 layer over the C++ API (a2a.hpp). Buffers arrive as
 // raw addresses from the Python layer, which owns them for the duration of the
 // call; every collective releases the GIL.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -33,6 +34,12 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("build_config", [] { return std::string(a2a_build_config()); });
+  // (address, C-contiguous, writeable) of a NumPy array in one call: reading
+  // them as Python attributes costs several microseconds per collective.
+  m.def("numpy_layout", [](const py::array& array) {
+    return py::make_tuple(reinterpret_cast<uintptr_t>(array.data()), (array.flags() & py::array::c_style) != 0,
+                          array.writeable());
+  });
   m.def("dtype_size", [](int dtype) { return a2a_dtype_size(static_cast<a2a_dtype_t>(dtype)); });
 
   py::class_<a2a::Communicator>(m, "Comm")
