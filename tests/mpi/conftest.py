@@ -1,0 +1,51 @@
+"""Fixtures for the suite that runs under mpirun (any world size, any topology).
+
+Every rank runs the same tests in the same order; every decision to skip
+depends only on values that are equal on all ranks (size, topology, env).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+
+@pytest.fixture(scope="session")
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@pytest.fixture(scope="module")
+def comm(world):
+    """COMM_WORLD, topology from A2A_LOCAL_SIZE or detected. One per module, so
+    that a comm retired by a failure (e.g. a timeout) spoils one module only."""
+    import a2a
+
+    return a2a.Comm.from_mpi(world)
+
+
+@pytest.fixture(scope="module")
+def comm_copies(world):
+    """Same topology, strided layouts packed with copies instead of MPI datatypes."""
+    import a2a
+
+    return a2a.Comm.from_mpi(world, use_mpi_datatypes=False)
+
+
+@pytest.fixture(scope="session")
+def torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def need_two(comm):
+    if comm.size < 2:
+        pytest.skip("needs at least 2 ranks")

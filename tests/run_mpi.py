@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Runs tests/mpi under mpirun for a matrix of world sizes and topologies.
+
+    python tests/run_mpi.py                 # the whole matrix (make test-mpi)
+    python tests/run_mpi.py --list          # show the configurations
+    python tests/run_mpi.py --only 2x4 --only np3 -v
+    python tests/run_mpi.py --np 6 --local-size 3 -k flex
+
+Topologies are emulated with A2A_LOCAL_SIZE (nodes = blocks of local_size
+consecutive ranks); without it every rank is on this one machine. Only rank 0
+prints; the other ranks write build/test-logs/<config>/rank<r>.log, and when a
+configuration fails the logs of its failing ranks are printed. Every run sets
+A2A_TIMEOUT_S, so that a deadlock fails instead of hanging, and every mpirun has
+a wall-clock limit. Prints one line per configuration and finally
+`N passed, M failed` (configurations); exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
+MPI_TESTS = os.path.join("tests", "mpi")
+TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
+
+# Variables of the library that a developer's shell must not leak into a run.
+A2A_VARIABLES = ("A2A_LOCAL_SIZE", "A2A_TIMEOUT_S", "A2A_MPI_DATATYPES", "A2A_MPI_MAX_COUNT", "A2A_TEST_TIMEOUT")
+
+
+@dataclass
+class Config:
+    name: str
+    np: int
+    local_size: int | None = None  # None: detected (every rank on this machine)
+    paths: list[str] = field(default_factory=lambda: [MPI_TESTS])
+    env: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+    timeout: int | None = None  # wall-clock limit of the mpirun; None: --timeout
+
+    def describe(self) -> str:
+        topo = f"A2A_LOCAL_SIZE={self.local_size}" if self.local_size else "detected topology"
+        return f"np={self.np}, {topo}" + (f", {self.note}" if self.note else "")
+
+
+CONFIGS = [
+    Config("np1", 1),
+    Config("np2", 2),
+    Config("np3", 3),
+    Config("np4", 4),
+    Config("np8", 8),
+    Config("2x2", 4, 2, note="2 nodes x 2 ranks"),
+    Config("4x2", 8, 2, note="4 nodes x 2 ranks"),
+    Config("2x4", 8, 4, note="2 nodes x 4 ranks"),
+    Config("3x1", 3, 1, note="3 nodes x 1 rank"),
+    Config("np3-local2", 3, 2, note="irregular: 2dh must be rejected"),
+    Config("timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
+    Config("timeout-np3", 3, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
+]
+
+SUMMARY_RE = re.compile(r"\b\d+ (passed|failed|skipped|errors?|deselected|xfailed|xpassed)\b.* in \d+(\.\d+)?s\b")
+
+
+def mpirun_command(np: int, command: list[str]) -> list[str]:
+    """a2a.launch.mpirun_command (adds --allow-run-as-root / --oversubscribe),
+    loaded from its file so that the runner itself never loads MPI."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_a2a_launch", os.path.join(ROOT, "a2a", "launch.py"))
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    return launch.mpirun_command(np, command)
+
+
+def run_env(config: Config, rank_timeout_s: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in A2A_VARIABLES}
+    env["A2A_TIMEOUT_S"] = str(rank_timeout_s)
+    if config.local_size:
+        env["A2A_LOCAL_SIZE"] = str(config.local_size)
+    env.update(config.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def pytest_summary(output: str) -> str:
+    for line in reversed(output.splitlines()):
+        if SUMMARY_RE.search(line):
+            return line.strip().strip("=").strip()
+    return "no pytest summary"
+
+
+SECTION_RE = re.compile(r"^=+ (FAILURES|ERRORS) =+$")
+
+
+def excerpt(text: str, lines: int) -> str:
+    """The part of a pytest log worth reading: from the first failure report
+    on (at most `lines` lines) plus the final summary; else the last lines."""
+    parts = text.rstrip("\n").splitlines()
+    start = next((i for i, line in enumerate(parts) if SECTION_RE.match(line)), None)
+    if start is None:
+        if len(parts) <= lines:
+            return "\n".join(parts)
+        return f"[... {len(parts) - lines} earlier lines in the log ...]\n" + "\n".join(parts[-lines:])
+    body = parts[start:]
+    if len(body) <= lines + 3:
+        return "\n".join(body)
+    return "\n".join([*body[:lines], f"[... {len(body) - lines - 3} more lines in the log ...]", *body[-3:]])
+
+
+def read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def rank_codes(log_dir: str, np: int) -> dict[int, int | None]:
+    codes: dict[int, int | None] = {}
+    for rank in range(np):
+        text = read(os.path.join(log_dir, f"rank{rank}.rc")).strip()
+        codes[rank] = int(text) if text.lstrip("-").isdigit() else None
+    return codes
+
+
+def run_config(config: Config, args: argparse.Namespace) -> bool:
+    log_dir = os.path.join(args.log_dir, config.name)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    os.makedirs(log_dir, exist_ok=True)
+    pytest_args = ["-q", "-rfE", "-p", "no:cacheprovider", "--color=no", *config.paths]
+    if args.k:
+        pytest_args += ["-k", args.k]
+    command = mpirun_command(config.np, [sys.executable, WRAPPER, "--log-dir", log_dir, "--", *pytest_args])
+    env = run_env(config, args.rank_timeout)
+
+    limit = min(config.timeout or args.timeout, args.timeout)
+    start = time.monotonic()
+    output_lines: list[str] = []
+    timed_out = False
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,  # its own process group: a timeout kills all of it
+    )
+    try:
+        deadline = start + limit
+        assert process.stdout is not None
+        # Reading line by line: -v streams rank 0's output as it comes.
+        selector = selectors.DefaultSelector()
+        selector.register(process.stdout, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not selector.select(timeout=min(remaining, 1.0)):
+                if process.poll() is not None:
+                    break
+                continue
+            line = process.stdout.readline()
+            if not line:
+                break
+            output_lines.append(line)
+            if args.verbose:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        selector.close()
+        if timed_out:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            rest = ""
+        else:
+            rest = process.stdout.read()
+            process.wait()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    output = "".join(output_lines) + rest
+    seconds = time.monotonic() - start
+    with open(os.path.join(log_dir, "rank0.log"), "w") as f:
+        f.write(output)
+
+    codes = rank_codes(log_dir, config.np)
+    failing = [rank for rank, code in codes.items() if code != 0]
+    ok = process.returncode == 0 and not failing and not timed_out
+    if timed_out:
+        status = f"TIMEOUT after {limit} s (killed; see the rank logs)"
+    elif ok:
+        status = "ok"
+    else:
+        status = f"FAILED (mpirun exit {process.returncode}; failing ranks: {failing or 'none reported'})"
+    print(f"{'PASS' if ok else 'FAIL'}  {config.name:<12} {config.describe():<58} "
+          f"{pytest_summary(output)}  [{seconds:.1f} s]  {status if not ok else ''}".rstrip(), flush=True)
+
+    if not ok:
+        bar = "-" * 78
+        print(f"{bar}\n{config.name}: rank 0 and mpirun output ({log_dir}/rank0.log)\n{bar}")
+        print(excerpt(output, args.tail_lines), flush=True)
+        for rank in failing:
+            if rank == 0:
+                continue
+            path = os.path.join(log_dir, f"rank{rank}.log")
+            code = codes[rank]
+            why = "no exit code recorded (killed or hung?)" if code is None else f"pytest exit code {code}"
+            print(f"{bar}\n{config.name}: rank {rank}, {why} ({path})\n{bar}")
+            print(excerpt(read(path), args.tail_lines), flush=True)
+        print(bar, flush=True)
+    return ok
+
+
+def select(args: argparse.Namespace) -> list[Config]:
+    if args.np:
+        return [Config(f"np{args.np}" + (f"-local{args.local_size}" if args.local_size else ""), args.np, args.local_size)]
+    if not args.only:
+        return list(CONFIGS)
+    wanted = [name for item in args.only for name in item.split(",") if name]
+    by_name = {c.name: c for c in CONFIGS}
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        sys.exit(f"run_mpi.py: unknown configuration(s) {unknown}; see --list")
+    return [by_name[name] for name in wanted]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the configurations and exit")
+    parser.add_argument("--only", action="append", default=[], help="run only these configurations (repeatable)")
+    parser.add_argument("--np", type=int, help="run one custom configuration with this many ranks")
+    parser.add_argument("--local-size", type=int, help="with --np: emulated ranks per node")
+    parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("-v", "--verbose", action="store_true", help="stream rank 0's pytest output")
+    parser.add_argument("--timeout", type=int, default=900, help="wall-clock limit per mpirun, seconds")
+    parser.add_argument("--rank-timeout", type=int, default=60, help="A2A_TIMEOUT_S for the ranks")
+    parser.add_argument("--tail-lines", type=int, default=150, help="log lines shown per failing rank")
+    parser.add_argument("--log-dir", default=os.path.join(ROOT, "build", "test-logs"))
+    args = parser.parse_args(argv)
+    if args.local_size and not args.np:
+        parser.error("--local-size needs --np")
+
+    configs = select(args)
+    if args.list:
+        for config in configs:
+            print(f"{config.name:<12} {config.describe():<58} {' '.join(config.paths)}")
+        return 0
+
+    start = time.monotonic()
+    results = [run_config(config, args) for config in configs]
+    passed = sum(results)
+    failed = len(results) - passed
+    print(f"total wall time {time.monotonic() - start:.1f} s; logs in {args.log_dir}")
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

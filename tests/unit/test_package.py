@@ -1,0 +1,167 @@
+"""The package surface: config(), paths for C/C++/CMake users, docstrings, errors."""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+
+import a2a
+from a2a import _errors
+
+
+def test_config_reports_a_cpu_mpi_build():
+    cfg = a2a.config()
+    for key in ("version", "mpi", "cuda", "nccl", "cuda_archs", "library"):
+        assert key in cfg, f"a2a.config() lacks {key!r}: {cfg}"
+    assert cfg["mpi"] is True
+    assert cfg["cuda"] is False
+    assert cfg["nccl"] is False
+    assert cfg["cuda_archs"] == []
+    assert cfg["version"] == a2a.__version__
+    assert os.path.isdir(cfg["library"]), cfg["library"]
+
+
+def test_config_returns_a_fresh_dict():
+    cfg = a2a.config()
+    cfg["mpi"] = "changed"
+    assert a2a.config()["mpi"] is True
+
+
+def test_get_include_holds_the_c_header():
+    include = a2a.get_include()
+    assert os.path.isabs(include)
+    header = os.path.join(include, "a2a", "a2a.h")
+    assert os.path.isfile(header), f"{header} is missing"
+    with open(header) as f:
+        text = f.read()
+    for symbol in ("a2a_all_to_all", "a2a_all_to_all_flex", "a2a_v_plan_create", "a2a_comm_create_mpi"):
+        assert symbol in text
+
+
+def test_get_include_holds_the_cpp_header():
+    assert os.path.isfile(os.path.join(a2a.get_include(), "a2a", "a2a.hpp"))
+
+
+def test_get_cmake_dir_holds_the_package_config():
+    cmake_dir = a2a.get_cmake_dir()
+    assert os.path.isabs(cmake_dir)
+    assert os.path.isfile(os.path.join(cmake_dir, "a2aConfig.cmake")), os.listdir(cmake_dir)
+
+
+def test_version_string():
+    parts = a2a.__version__.split(".")
+    assert len(parts) == 3 and all(p.isdigit() for p in parts)
+
+
+def test_algorithms():
+    assert set(a2a.ALGORITHMS) == {"linear", "2dh"}
+
+
+def test_all_names_exist():
+    for name in a2a.__all__:
+        assert hasattr(a2a, name), name
+
+
+PUBLIC_CALLABLES = [
+    a2a.all_to_all,
+    a2a.all_to_all_flex,
+    a2a.all_to_all_v,
+    a2a.config,
+    a2a.get_include,
+    a2a.get_cmake_dir,
+    a2a.Comm,
+    a2a.Comm.from_mpi,
+    a2a.A2AError,
+    a2a.A2ATimeoutError,
+    a2a.InvalidArgumentError,
+    a2a.MismatchError,
+    a2a.RemoteError,
+    a2a.TransportError,
+    a2a.UnsupportedError,
+]
+
+
+@pytest.mark.parametrize("obj", PUBLIC_CALLABLES, ids=lambda o: o.__qualname__)
+def test_public_objects_have_docstrings(obj):
+    doc = inspect.getdoc(obj)
+    assert doc and len(doc.strip()) > 20, f"{obj.__qualname__} has no real docstring"
+
+
+def test_module_docstring():
+    assert a2a.__doc__ and "all_to_all" in a2a.__doc__
+
+
+@pytest.mark.parametrize("fn", [a2a.all_to_all, a2a.all_to_all_flex, a2a.all_to_all_v], ids=lambda f: f.__name__)
+def test_collectives_take_keyword_only_comm_and_algo(fn):
+    params = inspect.signature(fn).parameters
+    for name in ("comm", "algo", "out"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+    assert params["algo"].default == "linear"
+    assert params["out"].default is None
+
+
+# ---------------------------------------------------------------------------
+# Exceptions
+
+
+def test_error_hierarchy():
+    for cls in (
+        a2a.InvalidArgumentError,
+        a2a.MismatchError,
+        a2a.A2ATimeoutError,
+        a2a.TransportError,
+        a2a.UnsupportedError,
+        a2a.RemoteError,
+    ):
+        assert issubclass(cls, a2a.A2AError)
+    assert issubclass(a2a.A2AError, RuntimeError)
+    # Bad input is a ValueError, a timeout is a TimeoutError: plain `except`s work.
+    assert issubclass(a2a.InvalidArgumentError, ValueError)
+    assert issubclass(a2a.MismatchError, ValueError)
+    assert issubclass(a2a.A2ATimeoutError, TimeoutError)
+    assert not issubclass(a2a.RemoteError, ValueError)
+
+
+def test_status_codes_match_the_c_header():
+    header = os.path.join(a2a.get_include(), "a2a", "a2a.h")
+    with open(header) as f:
+        text = f.read()
+    expected = {
+        a2a.InvalidArgumentError: "A2A_ERROR_INVALID_ARGUMENT = 1",
+        a2a.MismatchError: "A2A_ERROR_MISMATCH = 2",
+        a2a.A2ATimeoutError: "A2A_ERROR_TIMEOUT = 3",
+        a2a.TransportError: "A2A_ERROR_TRANSPORT = 4",
+        a2a.UnsupportedError: "A2A_ERROR_UNSUPPORTED = 5",
+        a2a.RemoteError: "A2A_ERROR_REMOTE = 6",
+    }
+    for cls, line in expected.items():
+        assert line in text
+        assert cls.status == int(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("status", range(1, 8))
+def test_from_status_builds_the_matching_class(status):
+    error = _errors.from_status(status, f"message {status}")
+    assert isinstance(error, a2a.A2AError)
+    assert error.status == status
+    assert str(error) == f"message {status}"
+    if status == 7:
+        assert type(error) is a2a.A2AError
+
+
+def test_from_status_unknown_code_is_a_generic_error():
+    error = _errors.from_status(99, "odd")
+    assert type(error) is a2a.A2AError
+    assert error.status == 99
+
+
+def test_dtype_codes_match_the_c_header():
+    from a2a import _arrays
+
+    header = os.path.join(a2a.get_include(), "a2a", "a2a.h")
+    with open(header) as f:
+        text = f.read()
+    for name, code in _arrays.DTYPE_CODES.items():
+        assert f"A2A_{name.upper()} = {code}" in text, name
