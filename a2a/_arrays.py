@@ -43,7 +43,7 @@ class ArrayView:
     """What the core needs to know about one array (built on every call, so
     kept to plain attributes)."""
 
-    __slots__ = ("obj", "framework", "shape", "dtype_name", "itemsize", "address", "contiguous", "writeable")
+    __slots__ = ("address", "contiguous", "dtype_name", "framework", "itemsize", "obj", "shape", "writeable")
 
     def __init__(self, obj, framework, shape, dtype_name, itemsize, address, contiguous, writeable):
         self.obj = obj  # the array itself, kept alive for the call
