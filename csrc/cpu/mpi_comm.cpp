@@ -42,26 +42,48 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   MPI_Initialized(&initialized);
   if (!initialized) fail(A2A_ERROR_INVALID_ARGUMENT, "MPI is not initialized (import mpi4py or call MPI_Init first)");
   if (parent == MPI_COMM_NULL) fail(A2A_ERROR_INVALID_ARGUMENT, "the MPI communicator is MPI_COMM_NULL");
-  const double timeout_s = timeout_from(config);
-  long env_local = env_int("A2A_LOCAL_SIZE");
+  // A bad setting on one rank must not leave the others waiting: settings
+  // are read first, every rank makes the same collective calls, and the
+  // verdict is shared at the end.
+  std::string setting_error;
+  auto setting = [&](auto read, auto fallback) -> decltype(fallback) {
+    try {
+      return read();
+    } catch (const Failure& e) {
+      if (setting_error.empty()) setting_error = e.what();
+      return fallback;
+    }
+  };
+  const double timeout_s = setting([&] { return timeout_from(config); }, kDefaultTimeoutS);
+  const long env_local = setting([] { return env_int("A2A_LOCAL_SIZE"); }, -1L);
+  const size_t max_count = setting([] { return max_int_count(); }, max_int_count_default());
   int use_datatypes = config.use_mpi_datatypes;
-  if (use_datatypes < 0) use_datatypes = env_int("A2A_MPI_DATATYPES") == 0 ? 0 : 1;
+  if (use_datatypes < 0) use_datatypes = setting([] { return env_int("A2A_MPI_DATATYPES"); }, -1L) == 0 ? 0 : 1;
 
   MPI_Comm dup;
   int rc = MPI_Comm_dup(parent, &dup);
   if (rc != MPI_SUCCESS) fail(A2A_ERROR_TRANSPORT, "MPI_Comm_dup failed with code ", rc);
-  auto transport = std::make_unique<MpiTransport>(dup, timeout_s);
+  auto transport = std::make_unique<MpiTransport>(dup, timeout_s, max_count);
   const int rank = transport->rank(), size = transport->size();
 
+  // Detection runs on every rank (it is collective) even where local_size is given.
   std::string irregular;
+  const int detected = detect_local_size(dup, &irregular);
   int local_size = config.local_size > 0 ? config.local_size : static_cast<int>(env_local > 0 ? env_local : 0);
   const bool explicit_local = local_size > 0;
-  if (!explicit_local) local_size = detect_local_size(dup, &irregular);
+  if (explicit_local)
+    irregular.clear();
+  else
+    local_size = detected;
   // Every rank must see the same local_size (the env or argument could differ).
-  int64_t bounds[2] = {local_size, -static_cast<int64_t>(local_size)};
-  transport->allreduce_int64(bounds, 2, ReduceOp::kMax);
-  if (bounds[0] != -bounds[1])
-    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size differs across ranks (from ", -bounds[1], " to ", bounds[0],
+  int64_t bounds[3] = {setting_error.empty() ? 0 : 1, local_size, -static_cast<int64_t>(local_size)};
+  transport->allreduce_int64(bounds, 3, ReduceOp::kMax);
+  if (!setting_error.empty()) fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, ": ", setting_error);
+  if (bounds[0] != 0)
+    fail(A2A_ERROR_REMOTE, "rank ", rank, ": another rank rejected its settings while creating the communicator "
+         "(see the error on that rank)");
+  if (bounds[1] != -bounds[2])
+    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size differs across ranks (from ", -bounds[2], " to ", bounds[1],
          "; this rank has ", local_size, explicit_local ? " from local_size= / A2A_LOCAL_SIZE" : " detected",
          "); pass the same local_size on every rank");
   Topology topo;

@@ -56,8 +56,10 @@ MPI_Datatype contiguous_bytes_type(size_t bytes, size_t unit) {
   return type;
 }
 
-// The largest byte count passed to MPI as a plain int: INT_MAX, or less from
-// A2A_MPI_MAX_COUNT so that tests reach the large-message path cheaply.
+}  // namespace
+
+size_t max_int_count_default() { return INT_MAX; }
+
 size_t max_int_count() {
   const char* text = std::getenv("A2A_MPI_MAX_COUNT");
   if (text == nullptr || *text == '\0') return INT_MAX;
@@ -68,14 +70,16 @@ size_t max_int_count() {
   return static_cast<size_t>(value);
 }
 
+namespace {
+
 }  // namespace
 
-MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s) : comm_(comm), timeout_s_(timeout_s) {
+MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count)
+    : comm_(comm), timeout_s_(timeout_s), max_count_(max_count) {
   // Errors come back as codes and become a2a errors instead of aborting the job.
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
-  max_count_ = max_int_count();
 }
 
 MpiTransport::~MpiTransport() {

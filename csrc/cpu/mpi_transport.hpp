@@ -13,10 +13,16 @@
 
 namespace a2a {
 
+// INT_MAX, or less from A2A_MPI_MAX_COUNT (an integer in [1, INT_MAX]) so that
+// tests reach the large-message path with small buffers.
+size_t max_int_count_default();
+size_t max_int_count();
+
 class MpiTransport final : public Transport {
  public:
   // Takes ownership of `comm` (a duplicate made for this transport).
-  MpiTransport(MPI_Comm comm, double timeout_s);
+  // max_count: the largest byte count passed to MPI as a plain int.
+  MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count = max_int_count_default());
   ~MpiTransport() override;
 
   const char* name() const override { return "mpi"; }
