@@ -21,6 +21,7 @@ from ._errors import InvalidArgumentError
 __all__ = ["ALGORITHMS", "all_to_all", "all_to_all_flex", "all_to_all_v"]
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
+_ALGO_NAMES = ("linear", "2dh")  # a tuple: `in` must not hash an unhashable algo
 
 
 def _reject(comm: Comm, op: str, message: str) -> None:
@@ -68,6 +69,11 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
     intra-node then inter-node; bitwise identical output).
     """
     op = "all_to_all"
+    if type(x) is np.ndarray and (out is None or type(out) is np.ndarray) and type(comm) is Comm and algo in _ALGO_NAMES:
+        result = comm._native.all_to_all_numpy(x, out, ALGORITHMS[algo], comm._workspace)
+        if result is not None:
+            return result
+    # The general path: any framework, and every error reported to every rank.
     v = _prepare(comm, op, x, algo)
     if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
         dim0 = v.shape[0] if v.shape else "none (a 0-d array)"

@@ -12,7 +12,7 @@ differs from ``linear``). ``--np 1`` runs in this process.
 
 Flags follow nccl-tests: ``-b/--minbytes``, ``-e/--maxbytes``,
 ``-f/--stepfactor``, ``-i/--stepbytes``, ``-n/--iters``, ``-w/--warmup_iters``,
-``-c/--check``, ``-d/--datatype`` (sizes take K/M/G suffixes, powers of 1024;
+``-c/--check``, ``-d/--datatype``, plus ``-r/--repeats`` (sizes take K/M/G suffixes, powers of 1024;
 datatypes int8, uint8, int32, int64, half, float, double, bfloat16 (needs
 torch) or all).
 Added: ``--algo`` (``linear``, ``2dh``, ``flex``, ``v`` or ``all``, or a comma

@@ -16,6 +16,55 @@ namespace py = pybind11;
 namespace {
 
 const void* as_pointer(uintptr_t address) { return reinterpret_cast<const void*>(address); }
+
+// a2a_dtype_t of a NumPy dtype, or -1 (including ml_dtypes' bfloat16, which
+// the general path handles by name).
+int numpy_dtype_code(const py::dtype& dtype) {
+  const char kind = dtype.kind();
+  const auto size = dtype.itemsize();
+  if (kind == 'f') return size == 4 ? A2A_FLOAT32 : size == 8 ? A2A_FLOAT64 : size == 2 ? A2A_FLOAT16 : -1;
+  if (kind == 'i') return size == 1 ? A2A_INT8 : size == 4 ? A2A_INT32 : size == 8 ? A2A_INT64 : -1;
+  if (kind == 'u') return size == 1 ? A2A_UINT8 : -1;
+  return -1;
+}
+
+// The whole of a2a.all_to_all for well-formed NumPy arrays in one native call
+// (a collective is latency-bound at small sizes, and Python code between
+// calls runs with caches cold from the exchange). Returns None whenever
+// anything is unusual, so that the Python layer takes its general path, which
+// also reports errors to every rank.
+py::object all_to_all_numpy(a2a::Communicator& comm, const py::array& x, const py::object& out, int algo,
+                            py::array& workspace) {
+  const int code = numpy_dtype_code(x.dtype());
+  const int size = comm.topology().size;
+  if (code < 0 || x.ndim() == 0 || !(x.flags() & py::array::c_style) || x.shape(0) % size != 0) return py::none();
+  py::array result;
+  if (out.is_none()) {
+    result = py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  } else {
+    if (!py::isinstance<py::array>(out)) return py::none();
+    result = py::reinterpret_borrow<py::array>(out);
+    if (!result.dtype().is(x.dtype()) || result.ndim() != x.ndim() || !(result.flags() & py::array::c_style) ||
+        !result.writeable())
+      return py::none();
+    for (py::ssize_t i = 0; i < x.ndim(); ++i)
+      if (result.shape(i) != x.shape(i)) return py::none();
+  }
+  const size_t count = static_cast<size_t>(x.size()) / size;
+  const auto dtype = static_cast<a2a_dtype_t>(code);
+  const auto algorithm = static_cast<a2a_algo_t>(algo);
+  const size_t needed = comm.all_to_all_workspace_size(count, dtype, algorithm);
+  const size_t available = static_cast<size_t>(workspace.nbytes());
+  if (needed > available) return py::none();
+  const void* send = x.data();
+  void* recv = result.mutable_data();
+  void* scratch = available ? workspace.mutable_data() : nullptr;
+  {
+    py::gil_scoped_release release;
+    comm.all_to_all(send, recv, count, dtype, algorithm, scratch, available);
+  }
+  return std::move(result);
+}
 void* as_mutable(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 }  // namespace
@@ -69,6 +118,7 @@ PYBIND11_MODULE(_C, m) {
                          static_cast<a2a_algo_t>(algo), as_mutable(workspace), workspace_bytes);
           },
           py::call_guard<py::gil_scoped_release>())
+      .def("all_to_all_numpy", &all_to_all_numpy)
       .def("all_to_all_flex_workspace_size",
            [](const a2a::Communicator& c, const std::vector<int64_t>& shape, int split_axis, int concat_axis, int dtype,
               int algo) {
