@@ -82,8 +82,16 @@ def view(x: Any, what: str) -> ArrayView:
             ) from None
     address, contiguous, writeable = _C.numpy_layout(x)
     # dtype.name is "bfloat16" for ml_dtypes' bfloat16, which NumPy lacks.
-    name = _NUMPY_NAMES.get(x.dtype) or x.dtype.name
+    name = _NUMPY_NAMES.get(x.dtype) or _numpy_dtype_name(x.dtype)
     return ArrayView(x, "numpy", x.shape, name, x.itemsize, address, contiguous, writeable)
+
+
+def _numpy_dtype_name(dtype: np.dtype) -> str:
+    """The name checked against DTYPE_CODES; a byte-swapped dtype gets a name
+    that is not there, so it is rejected instead of being read as native."""
+    if not dtype.isnative:
+        return f"{dtype.name} in non-native byte order ({dtype.str})"
+    return dtype.name
 
 
 def _torch_view(x: Any, what: str) -> ArrayView:

@@ -20,6 +20,7 @@ const void* as_pointer(uintptr_t address) { return reinterpret_cast<const void*>
 // a2a_dtype_t of a NumPy dtype, or -1 (including ml_dtypes' bfloat16, which
 // the general path handles by name).
 int numpy_dtype_code(const py::dtype& dtype) {
+  if (!dtype.attr("isnative").cast<bool>()) return -1;  // byte-swapped: the general path rejects it
   const char kind = dtype.kind();
   const auto size = dtype.itemsize();
   if (kind == 'f') return size == 4 ? A2A_FLOAT32 : size == 8 ? A2A_FLOAT64 : size == 2 ? A2A_FLOAT16 : -1;

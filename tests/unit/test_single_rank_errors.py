@@ -252,3 +252,11 @@ def test_flex_too_many_dims(comm):
     x = np.zeros((1,) * 17, np.float32)
     raises_invalid(lambda: a2a.all_to_all_flex(x, comm=comm, split_axis=0, concat_axis=0), "all_to_all_flex", "ndim", "17")
     still_works(comm)
+
+
+def test_non_native_byte_order_is_rejected():
+    """A byte-swapped array must not be read as the native dtype of the same name."""
+    comm = a2a.Comm.from_mpi()
+    swapped = np.arange(4, dtype=np.dtype(np.float32).newbyteorder())
+    with pytest.raises(a2a.InvalidArgumentError, match="non-native byte order"):
+        a2a.all_to_all(swapped, comm=comm)
