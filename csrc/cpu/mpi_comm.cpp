@@ -75,17 +75,29 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
     irregular.clear();
   else
     local_size = detected;
-  // Every rank must see the same local_size (the env or argument could differ).
-  int64_t bounds[3] = {setting_error.empty() ? 0 : 1, local_size, -static_cast<int64_t>(local_size)};
-  transport->allreduce_int64(bounds, 3, ReduceOp::kMax);
+  // A given local_size must be given, and equal, on every rank; detected
+  // node sizes may differ (then only 2DH is refused).
+  const int64_t given = explicit_local ? 1 : 0;
+  int64_t bounds[5] = {setting_error.empty() ? 0 : 1, local_size, -static_cast<int64_t>(local_size), given, -given};
+  transport->allreduce_int64(bounds, 5, ReduceOp::kMax);
   if (!setting_error.empty()) fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, ": ", setting_error);
   if (bounds[0] != 0)
     fail(A2A_ERROR_REMOTE, "rank ", rank, ": another rank rejected its settings while creating the communicator "
          "(see the error on that rank)");
-  if (bounds[1] != -bounds[2])
-    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size differs across ranks (from ", -bounds[2], " to ", bounds[1],
-         "; this rank has ", local_size, explicit_local ? " from local_size= / A2A_LOCAL_SIZE" : " detected",
-         "); pass the same local_size on every rank");
+  if (bounds[3] != -bounds[4])
+    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size is given (local_size= / A2A_LOCAL_SIZE) on some ranks but "
+         "not on others; this rank ", explicit_local ? "has " : "does not have ", "one");
+  if (bounds[1] != -bounds[2]) {
+    if (explicit_local)
+      fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size differs across ranks (from ", -bounds[2], " to ",
+           bounds[1], "; this rank has ", local_size, " from local_size= / A2A_LOCAL_SIZE); pass the same local_size "
+           "on every rank");
+    // Nodes of different sizes: the comm works for linear algorithms.
+    if (irregular.empty())
+      irregular = cat("MPI shared-memory nodes have different sizes (from ", -bounds[2], " to ", bounds[1],
+                      " ranks); pass local_size= or set A2A_LOCAL_SIZE");
+    local_size = 1;
+  }
   Topology topo;
   if (size % local_size == 0 && irregular.empty()) {
     topo = make_topology(rank, size, local_size);

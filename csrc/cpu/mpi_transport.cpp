@@ -91,8 +91,9 @@ MpiTransport::~MpiTransport() {
 }
 
 void MpiTransport::group_start() {
-  requests_.clear();
-  pending_.clear();
+  // A group that failed halfway (a post threw) must not leave active
+  // requests behind.
+  abandon(requests_, pending_);
 }
 
 void MpiTransport::post(const Span& span, int peer, bool is_send, int tag) {

@@ -23,11 +23,11 @@ except a2a.A2AError as e:
 """
 
 
-def run_two_ranks(rank0_env: dict[str, str]) -> dict[int, str]:
-    """Runs SCRIPT on 2 ranks, rank 0 with rank0_env; returns each rank's line."""
+def run_two_ranks(rank0_env: dict[str, str], rank1_env: dict[str, str] | None = None) -> dict[int, str]:
+    """Runs SCRIPT on 2 ranks with the given extra environments; returns each rank's line."""
     python = sys.executable
     first = mpirun_command(1, ["env", *(f"{k}={v}" for k, v in rank0_env.items()), python, "-c", SCRIPT])
-    second = [":", "-np", "1", python, "-c", SCRIPT]
+    second = [":", "-np", "1", "env", *(f"{k}={v}" for k, v in (rank1_env or {}).items()), python, "-c", SCRIPT]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("A2A_", "OMPI_", "PMIX_"))}
     result = subprocess.run(first + second, capture_output=True, text=True, timeout=120, env=env, check=False)
     lines = {}
@@ -53,8 +53,15 @@ def test_bad_setting_on_one_rank_fails_every_rank():
     assert lines[1].startswith("RemoteError") and "rejected its settings" in lines[1]
 
 
-def test_local_size_differing_across_ranks_is_a_mismatch():
+def test_local_size_given_on_one_rank_only_is_a_mismatch():
     lines = run_two_ranks({"A2A_LOCAL_SIZE": "1"})
+    for rank in (0, 1):
+        assert lines[rank].startswith("MismatchError"), lines[rank]
+        assert "given (local_size= / A2A_LOCAL_SIZE) on some ranks but not on others" in lines[rank]
+
+
+def test_local_size_differing_across_ranks_is_a_mismatch():
+    lines = run_two_ranks({"A2A_LOCAL_SIZE": "1"}, {"A2A_LOCAL_SIZE": "2"})
     for rank in (0, 1):
         assert lines[rank].startswith("MismatchError"), lines[rank]
         assert "local_size differs across ranks (from 1 to 2" in lines[rank]

@@ -81,7 +81,7 @@ class Communicator {
   // See a2a_comm_report_invalid: fails the collective on every rank.
   [[noreturn]] void report_invalid(const char* op, const std::string& message) {
     a2a_status_t status = a2a_comm_report_invalid(handle_, op, message.c_str());
-    throw Error(status, message);
+    throw Error(status, a2a_get_last_error());  // message itself, or why the comm could not take part
   }
 
  private:
