@@ -88,13 +88,8 @@ void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes
 
 namespace {
 
-struct FlexBuffers {
-  const char* send_chunks;  // [world][chunk] contiguous send data
-  char* recv_chunks;        // [world][chunk] contiguous receive target
-  char* rest;               // workspace left for the exchange itself
-};
-
 bool pack_send(const FlexLayout& layout) { return layout.split_outer > 1; }
+bool unpack_recv(const FlexLayout& layout) { return layout.concat_outer > 1; }
 
 // Strided spans straight to the transport: the linear algorithm on a
 // transport that takes them, while MPI's int block count is enough.
@@ -103,7 +98,6 @@ bool direct_spans(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {
   return algo == A2A_ALGO_LINEAR && comm.strided_spans() && layout.split_outer <= kMaxBlocks &&
          layout.concat_outer <= kMaxBlocks;
 }
-bool unpack_recv(const FlexLayout& layout) { return layout.concat_outer > 1; }
 
 }  // namespace
 

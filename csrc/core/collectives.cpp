@@ -178,19 +178,14 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
   size_t row_bytes = 0;
   check.require(!multiply_overflows(row_elements, dtype_size(dtype), &row_bytes) && row_bytes <= INT64_MAX,
                 "row of ", row_elements, " elements overflows");
-  if (check.error().empty()) {
-    for (int peer = 0; peer < world; ++peer) {
-      size_t bytes = 0;
-      check.require(send_counts[peer] >= 0, "send count for peer ", peer, " is negative (", send_counts[peer], ")");
-      check.require(send_counts[peer] < 0 ||
-                        !multiply_overflows(static_cast<size_t>(send_counts[peer]), row_bytes, &bytes),
-                    "send count for peer ", peer, " (", send_counts[peer], " rows of ", row_bytes, " bytes) overflows");
-    }
-  }
   size_t send_total = 0;
-  for (int peer = 0; peer < world && check.error().empty(); ++peer)
-    check.require(!__builtin_add_overflow(send_total, static_cast<size_t>(send_counts[peer]) * row_bytes, &send_total),
-                  "total send size overflows");
+  for (int peer = 0; peer < world && check.error().empty(); ++peer) {
+    size_t bytes = 0;
+    check.require(send_counts[peer] >= 0, "send count for peer ", peer, " is negative (", send_counts[peer], ")");
+    check.require(send_counts[peer] < 0 || !multiply_overflows(static_cast<size_t>(send_counts[peer]), row_bytes, &bytes),
+                  "send count for peer ", peer, " (", send_counts[peer], " rows of ", row_bytes, " bytes) overflows");
+    check.require(!__builtin_add_overflow(send_total, bytes, &send_total), "total send size overflows");
+  }
   comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"row elements", static_cast<int64_t>(row_elements)}},
              check.error());
   id_ = comm.sequence();

@@ -33,10 +33,6 @@ std::string describe(const char* name, int64_t value) {
   return std::to_string(value);
 }
 
-}  // namespace
-
-namespace {
-
 constexpr size_t kMaxFields = 24;
 constexpr size_t kOpBytes = 40;
 
@@ -45,7 +41,6 @@ constexpr size_t kOpBytes = 40;
 // still meet in one allgather.
 struct Signature {
   int64_t rejected;  // 1 when this rank rejected its own input
-  int64_t field_count;
   int64_t fields[kMaxFields];
   char op[kOpBytes];
 };
@@ -62,7 +57,6 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   }
   Signature mine{};
   mine.rejected = local_error.empty() ? 0 : 1;
-  mine.field_count = static_cast<int64_t>(fields.size());
   for (size_t i = 0; i < fields.size(); ++i) mine.fields[i] = fields[i].value;
   std::strncpy(mine.op, op, kOpBytes - 1);
 

@@ -1,5 +1,6 @@
 #include "cpu/mpi_comm.hpp"
 
+#include <climits>
 #include <cstdlib>
 #include <string>
 
@@ -56,7 +57,7 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   };
   const double timeout_s = setting([&] { return timeout_from(config); }, kDefaultTimeoutS);
   const long env_local = setting([] { return env_int("A2A_LOCAL_SIZE"); }, -1L);
-  const size_t max_count = setting([] { return max_int_count(); }, max_int_count_default());
+  const size_t max_count = setting([] { return max_int_count(); }, static_cast<size_t>(INT_MAX));
   int use_datatypes = config.use_mpi_datatypes;
   if (use_datatypes < 0) use_datatypes = setting([] { return env_int("A2A_MPI_DATATYPES"); }, -1L) == 0 ? 0 : 1;
 

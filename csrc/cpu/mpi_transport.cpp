@@ -58,8 +58,6 @@ MPI_Datatype contiguous_bytes_type(size_t bytes, size_t unit) {
 
 }  // namespace
 
-size_t max_int_count_default() { return INT_MAX; }
-
 size_t max_int_count() {
   const char* text = std::getenv("A2A_MPI_MAX_COUNT");
   if (text == nullptr || *text == '\0') return INT_MAX;
@@ -206,9 +204,10 @@ void MpiTransport::allgather(const void* send, void* recv, size_t bytes_per_rank
   auto* out = static_cast<char*>(recv);
   std::memcpy(out + static_cast<size_t>(rank_) * bytes_per_rank, send, bytes_per_rank);
   group_start();
-  for (int step = 1; step < size_; ++step)
-    post(Span::contiguous(out + static_cast<size_t>((rank_ - step + size_) % size_) * bytes_per_rank, bytes_per_rank),
-         (rank_ - step + size_) % size_, false, kGatherTag);
+  for (int step = 1; step < size_; ++step) {
+    const int from = (rank_ - step + size_) % size_;
+    post(Span::contiguous(out + static_cast<size_t>(from) * bytes_per_rank, bytes_per_rank), from, false, kGatherTag);
+  }
   for (int step = 1; step < size_; ++step)
     post(Span::contiguous(send, bytes_per_rank), (rank_ + step) % size_, true, kGatherTag);
   wait_all(requests_, pending_, "argument check (allgather)");

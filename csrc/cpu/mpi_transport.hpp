@@ -15,14 +15,13 @@ namespace a2a {
 
 // INT_MAX, or less from A2A_MPI_MAX_COUNT (an integer in [1, INT_MAX]) so that
 // tests reach the large-message path with small buffers.
-size_t max_int_count_default();
 size_t max_int_count();
 
 class MpiTransport final : public Transport {
  public:
   // Takes ownership of `comm` (a duplicate made for this transport).
   // max_count: the largest byte count passed to MPI as a plain int.
-  MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count = max_int_count_default());
+  MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count);
   ~MpiTransport() override;
 
   const char* name() const override { return "mpi"; }
@@ -51,9 +50,10 @@ class MpiTransport final : public Transport {
   // Waits for `requests` with the timeout; on expiry abandons them and throws
   // A2A_ERROR_TIMEOUT listing the unfinished operations.
   void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
-  // Waits for one collective request (allreduce, allgather, barrier).
+  // Waits for one nonblocking-collective request (allreduce, barrier).
   void wait_one(MPI_Request request, const char* what);
-  // Cancels unmatched receives and releases every request.
+  // Cancels unmatched receives and frees the point-to-point requests;
+  // nonblocking-collective requests are dropped unfreed (MPI forbids it).
   static void abandon(std::vector<MPI_Request>& requests, std::vector<Pending>& pending);
 
   MPI_Comm comm_;
