@@ -1,5 +1,7 @@
 # make bench   build, then run `python -m a2a.bench` on 4 MPI ranks
-# make test    build, then run the whole suite (unit + mpirun + C program)
+# make test    build, then run the whole suite (unit + mpirun + C program; the
+#              GPU tests skip themselves without a GPU)
+# make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
 # Both set up .venv from PyPI on first use (tools/bootstrap.sh).
 
 VENV   := .venv
@@ -8,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 
-.PHONY: all build bench test test-unit test-mpi test-c lint clean
+.PHONY: all build bench test test-unit test-mpi test-c test-gpu lint clean
 
 all: build
 
@@ -26,7 +28,7 @@ build: $(VENV)/.built
 bench: build
 	$(PY) -m a2a.bench $(BENCH_ARGS)
 
-test: test-unit test-mpi test-c
+test: test-unit test-mpi test-c test-gpu
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
@@ -36,6 +38,9 @@ test-mpi: build
 
 test-c: build
 	$(PY) tests/c/run_c_test.py
+
+test-gpu: build
+	$(PY) -m pytest -q -rs tests/gpu
 
 lint: build
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,4 @@
-"""a2a: all-to-all collectives for Mixture-of-Experts, over MPI (CPU; NCCL for GPUs is planned).
+"""a2a: all-to-all collectives and MoE dispatch/combine kernels, over MPI (CPU; NCCL for GPUs is planned).
 
 >>> import numpy as np, a2a
 >>> comm = a2a.Comm.from_mpi()                     # over mpi4py's COMM_WORLD
@@ -23,6 +23,7 @@ from ._errors import (
     TransportError,
     UnsupportedError,
 )
+from ._moe import Routing, fast_decode, fast_encode, permute, route, unpermute
 
 __version__ = "0.1.0"
 
@@ -34,14 +35,20 @@ __all__ = [
     "InvalidArgumentError",
     "MismatchError",
     "RemoteError",
+    "Routing",
     "TransportError",
     "UnsupportedError",
     "all_to_all",
     "all_to_all_flex",
     "all_to_all_v",
     "config",
+    "fast_decode",
+    "fast_encode",
     "get_cmake_dir",
     "get_include",
+    "permute",
+    "route",
+    "unpermute",
 ]
 
 # The native files (module, lib/, include/) sit beside _C, which in an

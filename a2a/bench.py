@@ -63,6 +63,10 @@ Only rank 0 prints. The footer gives nccl-tests' ``Out of bounds values``
 rows), then the mean busbw of each algorithm and the geometric mean of its
 ``vs MPI`` ratios. ``--json FILE`` writes every row (baseline included) as a
 JSON list. The exit code is 1 when any element was wrong.
+
+``--op encode|decode|permute|unpermute|all`` switches to the MoE kernel
+benchmark (one process, no mpirun; :mod:`a2a._kernel_bench`, its own flags:
+``python -m a2a.bench --op all --help``).
 """
 
 from __future__ import annotations
@@ -562,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m a2a.bench",
         description="nccl-tests alltoall_perf-compatible sweep of the a2a all-to-all collectives, "
         "with an MPI_Alltoall baseline measured in the same run.",
+        epilog="--op encode|decode|permute|unpermute|all benchmarks the MoE kernels instead, in this process "
+        "(see python -m a2a.bench --op all --help).",
         allow_abbrev=False,
     )
     p.add_argument(
@@ -698,6 +704,10 @@ def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from . import _kernel_bench
+
+    if _kernel_bench.is_kernel_mode(argv):  # --op: the MoE kernels, in this process
+        return _kernel_bench.main(argv)
     args = parse_args(argv)
     from . import launch
 

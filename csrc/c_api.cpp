@@ -9,6 +9,7 @@
 #include "core/collectives.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/moe.hpp"
 #include "cpu/mpi_comm.hpp"
 
 struct a2a_comm {
@@ -77,9 +78,16 @@ const char* a2a_status_string(a2a_status_t status) {
 size_t a2a_dtype_size(a2a_dtype_t dtype) { return a2a::dtype_size(dtype); }
 
 const char* a2a_build_config(void) {
+#if A2A_HAVE_CUDA
+  const char* cuda = "1";
+  const char* cuda_archs = A2A_CUDA_ARCHS_STRING;
+#else
+  const char* cuda = "0";
+  const char* cuda_archs = "";
+#endif
   static const std::string text = a2a::cat("version=", A2A_VERSION_MAJOR, ".", A2A_VERSION_MINOR, ".",
                                             A2A_VERSION_PATCH, ";mpi=1;mpi_version=", MPI_VERSION, ".",
-                                            MPI_SUBVERSION, ";cuda=0;nccl=0;cuda_archs=");
+                                            MPI_SUBVERSION, ";cuda=", cuda, ";nccl=0;cuda_archs=", cuda_archs);
   return text.c_str();
 }
 
@@ -191,6 +199,43 @@ a2a_status_t a2a_comm_report_invalid(a2a_comm_t comm, const char* op, const char
   return guarded([&] {
     a2a::report_invalid(*require_handle(comm, "comm")->impl, op ? op : "collective", message ? message : "");
   });
+}
+
+a2a_status_t a2a_route_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                      size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = a2a::moe::route_workspace_size(exec, num_tokens, top_k, num_experts);
+  });
+}
+
+a2a_status_t a2a_route(const a2a_exec_t* exec, a2a_comm_t comm, const void* indices, a2a_dtype_t index_dtype,
+                       int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
+                       int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
+                       int64_t* locations, int64_t* counts, int64_t* expert_offsets, a2a_route_info_t* info) {
+  return guarded([&] {
+    require_out(info, "info");
+    a2a::Comm* impl = comm == nullptr ? nullptr : require_handle(comm, "comm")->impl.get();
+    *info = a2a::moe::route(exec, impl, indices, index_dtype, num_tokens, top_k, num_experts, token_order, capacity,
+                            capacity_setting, workspace, workspace_bytes, locations, counts, expert_offsets);
+  });
+}
+
+a2a_status_t a2a_moe_dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,
+                              int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
+  return guarded([&] { a2a::moe::dispatch(exec, routing, x, dtype, model_dim, gates, gate_dtype, rows); });
+}
+
+a2a_status_t a2a_moe_combine(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* rows, a2a_dtype_t dtype,
+                             int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* y) {
+  return guarded([&] { a2a::moe::combine(exec, routing, rows, dtype, model_dim, gates, gate_dtype, y); });
+}
+
+a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* tokens,
+                               const void* rows, a2a_dtype_t dtype, int64_t model_dim, a2a_dtype_t gate_dtype,
+                               void* grad_gates) {
+  return guarded(
+      [&] { a2a::moe::gate_grad(exec, routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates); });
 }
 
 }  // extern "C"

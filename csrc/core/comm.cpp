@@ -30,6 +30,11 @@ namespace {
 std::string describe(const char* name, int64_t value) {
   if (std::strcmp(name, "dtype") == 0) return dtype_name(value);
   if (std::strcmp(name, "algo") == 0) return algo_name(value);
+  if (std::strcmp(name, "capacity_setting") == 0) {  // a float64 carried as its bits
+    double setting;
+    std::memcpy(&setting, &value, sizeof setting);
+    return cat(setting);
+  }
   return std::to_string(value);
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "a2a/a2a.hpp"
@@ -68,6 +69,34 @@ py::object all_to_all_numpy(a2a::Communicator& comm, const py::array& x, const p
 }
 void* as_mutable(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// exec = (device_type, stream address, num_threads) from the Python layer.
+a2a_exec_t make_exec(const std::tuple<int, uintptr_t, int>& exec) {
+  a2a_exec_t e = A2A_EXEC_CPU_INIT;
+  e.device_type = std::get<0>(exec);
+  e.stream = as_mutable(std::get<1>(exec));
+  e.num_threads = std::get<2>(exec);
+  return e;
+}
+
+// routing = (T, k, E, indices, index dtype, locations, counts, offsets,
+// capacity, num_rows), addresses as integers.
+using RoutingTuple = std::tuple<int64_t, int64_t, int64_t, uintptr_t, int, uintptr_t, uintptr_t, uintptr_t, int64_t, int64_t>;
+
+a2a_routing_t make_routing(const RoutingTuple& r) {
+  a2a_routing_t routing{};
+  routing.num_tokens = std::get<0>(r);
+  routing.top_k = std::get<1>(r);
+  routing.num_experts = std::get<2>(r);
+  routing.indices = as_pointer(std::get<3>(r));
+  routing.index_dtype = static_cast<a2a_dtype_t>(std::get<4>(r));
+  routing.locations = static_cast<const int64_t*>(as_pointer(std::get<5>(r)));
+  routing.counts = static_cast<const int64_t*>(as_pointer(std::get<6>(r)));
+  routing.expert_offsets = static_cast<const int64_t*>(as_pointer(std::get<7>(r)));
+  routing.capacity = std::get<8>(r);
+  routing.num_rows = std::get<9>(r);
+  return routing;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -91,6 +120,53 @@ PYBIND11_MODULE(_C, m) {
                           array.writeable());
   });
   m.def("dtype_size", [](int dtype) { return a2a_dtype_size(static_cast<a2a_dtype_t>(dtype)); });
+
+  using Exec = std::tuple<int, uintptr_t, int>;
+  m.def("route_workspace_size", [](const Exec& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+    return a2a::route_workspace_size(make_exec(exec), num_tokens, top_k, num_experts);
+  });
+  // Returns (capacity, num_rows, num_dropped).
+  m.def(
+      "route",
+      [](const Exec& exec, const a2a::Communicator* comm, uintptr_t indices, int index_dtype, int64_t num_tokens,
+         int64_t top_k, int64_t num_experts, uintptr_t token_order, int64_t capacity, double capacity_setting,
+         uintptr_t workspace, size_t workspace_bytes, uintptr_t locations, uintptr_t counts, uintptr_t offsets) {
+        const a2a_route_info_t info = a2a::route(
+            make_exec(exec), comm, as_pointer(indices), static_cast<a2a_dtype_t>(index_dtype), num_tokens, top_k,
+            num_experts, static_cast<const int64_t*>(as_pointer(token_order)), capacity, capacity_setting,
+            as_mutable(workspace), workspace_bytes, static_cast<int64_t*>(as_mutable(locations)),
+            static_cast<int64_t*>(as_mutable(counts)), static_cast<int64_t*>(as_mutable(offsets)));
+        return std::make_tuple(info.capacity, info.num_rows, info.num_dropped);
+      },
+      py::arg("exec"), py::arg("comm").none(true), py::arg("indices"), py::arg("index_dtype"), py::arg("num_tokens"),
+      py::arg("top_k"), py::arg("num_experts"), py::arg("token_order"), py::arg("capacity"),
+      py::arg("capacity_setting"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("locations"),
+      py::arg("counts"), py::arg("offsets"), py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "moe_dispatch",
+      [](const Exec& exec, const RoutingTuple& routing, uintptr_t x, int dtype, int64_t model_dim, uintptr_t gates,
+         int gate_dtype, uintptr_t rows) {
+        a2a::moe_dispatch(make_exec(exec), make_routing(routing), as_pointer(x), static_cast<a2a_dtype_t>(dtype),
+                          model_dim, as_pointer(gates), static_cast<a2a_dtype_t>(gate_dtype), as_mutable(rows));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "moe_combine",
+      [](const Exec& exec, const RoutingTuple& routing, uintptr_t rows, int dtype, int64_t model_dim, uintptr_t gates,
+         int gate_dtype, uintptr_t y) {
+        a2a::moe_combine(make_exec(exec), make_routing(routing), as_pointer(rows), static_cast<a2a_dtype_t>(dtype),
+                         model_dim, as_pointer(gates), static_cast<a2a_dtype_t>(gate_dtype), as_mutable(y));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "moe_gate_grad",
+      [](const Exec& exec, const RoutingTuple& routing, uintptr_t tokens, uintptr_t rows, int dtype, int64_t model_dim,
+         int gate_dtype, uintptr_t grad_gates) {
+        a2a::moe_gate_grad(make_exec(exec), make_routing(routing), as_pointer(tokens), as_pointer(rows),
+                           static_cast<a2a_dtype_t>(dtype), model_dim, static_cast<a2a_dtype_t>(gate_dtype),
+                           as_mutable(grad_gates));
+      },
+      py::call_guard<py::gil_scoped_release>());
 
   py::class_<a2a::Communicator>(m, "Comm")
       .def(py::init([](uintptr_t mpi_comm_address, int local_size, double timeout_s, int use_mpi_datatypes) {

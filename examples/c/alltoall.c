@@ -6,6 +6,7 @@
  * exits non-zero if anything is wrong. */
 #include <a2a/a2a.h>
 #include <mpi.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -78,6 +79,69 @@ int main(int argc, char** argv) {
   MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, world);
   if (rank == 0) printf("a2a_all_to_all_v linear ranks %d  #wrong %ld\n", size, wrong);
   failures += wrong;
+
+  /* An MoE layer with identity experts: route (capacity agreed across ranks,
+   * nothing dropped), dispatch into (E, C, M), all-to-all to the experts' ranks
+   * and back, combine with the gates. Then y[t] = (g0 + g1) * x[t], and the
+   * gate gradient against the dispatched rows is |x[t]|^2. */
+  {
+    const int64_t experts = 2 * size, top_k = 2, model_dim = 5, tokens = 6 + rank;
+    a2a_exec_t exec = A2A_EXEC_CPU_INIT;
+    int32_t* indices = malloc(sizeof(int32_t) * tokens * top_k);
+    float* gates = malloc(sizeof(float) * tokens * top_k);
+    float* x = malloc(sizeof(float) * tokens * model_dim);
+    for (int64_t t = 0; t < tokens; ++t) {
+      indices[t * top_k] = (int32_t)((t + rank) % experts);
+      indices[t * top_k + 1] = (int32_t)((3 * t + 1) % experts);
+      if (indices[t * top_k + 1] == indices[t * top_k]) indices[t * top_k + 1] = (indices[t * top_k] + 1) % experts;
+      gates[t * top_k] = 0.75f;
+      gates[t * top_k + 1] = 0.25f;
+      for (int64_t m = 0; m < model_dim; ++m) x[t * model_dim + m] = (float)(rank * 100 + t) + 0.5f * (float)m;
+    }
+    int64_t* locations = malloc(sizeof(int64_t) * tokens * top_k);
+    int64_t* counts = malloc(sizeof(int64_t) * experts);
+    int64_t* offsets = malloc(sizeof(int64_t) * (experts + 1));
+    size_t route_bytes = 0;
+    CHECK(a2a_route_workspace_size(&exec, tokens, top_k, experts, &route_bytes));
+    void* route_workspace = malloc(route_bytes ? route_bytes : 1);
+    a2a_route_info_t info;
+    CHECK(a2a_route(&exec, comm, indices, A2A_INT32, tokens, top_k, experts, NULL, 0, 0.0, route_workspace,
+                    route_bytes, locations, counts, offsets, &info));
+    a2a_routing_t routing = {tokens, top_k, experts, indices, A2A_INT32, locations, counts, offsets,
+                             info.capacity, info.num_rows};
+    const size_t rows_elements = (size_t)(info.num_rows * model_dim);
+    float* dispatched = malloc(sizeof(float) * rows_elements + 1);
+    float* expert_in = malloc(sizeof(float) * rows_elements + 1);
+    float* y = malloc(sizeof(float) * tokens * model_dim);
+    float* grad_gates = malloc(sizeof(float) * tokens * top_k);
+    CHECK(a2a_moe_dispatch(&exec, &routing, x, A2A_FLOAT32, model_dim, NULL, A2A_FLOAT32, dispatched));
+    const size_t per_rank = rows_elements / size; /* 2 experts' rows go to each rank */
+    CHECK(a2a_all_to_all(comm, dispatched, expert_in, per_rank, A2A_FLOAT32, A2A_ALGO_LINEAR, NULL, 0));
+    CHECK(a2a_all_to_all(comm, expert_in, dispatched, per_rank, A2A_FLOAT32, A2A_ALGO_LINEAR, NULL, 0));
+    CHECK(a2a_moe_combine(&exec, &routing, dispatched, A2A_FLOAT32, model_dim, gates, A2A_FLOAT32, y));
+    CHECK(a2a_moe_gate_grad(&exec, &routing, x, dispatched, A2A_FLOAT32, model_dim, A2A_FLOAT32, grad_gates));
+    long moe_wrong = info.num_dropped != 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      float norm = 0.0f;
+      for (int64_t m = 0; m < model_dim; ++m) {
+        const float v = x[t * model_dim + m];
+        norm += v * v;
+        moe_wrong += fabsf(y[t * model_dim + m] - v) > 1e-5f * fabsf(v);
+      }
+      for (int64_t j = 0; j < top_k; ++j) moe_wrong += fabsf(grad_gates[t * top_k + j] - norm) > 1e-4f * norm;
+    }
+    /* An expert index out of range is reported with its position. */
+    indices[1] = (int32_t)experts;
+    const a2a_status_t bad = a2a_route(&exec, NULL, indices, A2A_INT32, tokens, top_k, experts, NULL, 0, 0.0,
+                                       route_workspace, route_bytes, locations, counts, offsets, &info);
+    moe_wrong += bad != A2A_ERROR_INVALID_ARGUMENT;
+    MPI_Allreduce(MPI_IN_PLACE, &moe_wrong, 1, MPI_LONG, MPI_SUM, world);
+    if (rank == 0) printf("a2a_route + dispatch + all_to_all + combine ranks %d  #wrong %ld\n", size, moe_wrong);
+    if (rank == 0) printf("index out of range rejected: %s\n", a2a_get_last_error());
+    failures += moe_wrong;
+    free(indices); free(gates); free(x); free(locations); free(counts); free(offsets); free(route_workspace);
+    free(dispatched); free(expert_in); free(y); free(grad_gates);
+  }
 
   /* Bad input is an error code and a message, never a crash. */
   a2a_status_t status = a2a_all_to_all(comm, send, send, count, A2A_FLOAT32, A2A_ALGO_LINEAR, NULL, 0);

@@ -119,3 +119,89 @@ def test_torch_conversion_keeps_bits():
     assert t.dtype == torch.bfloat16 and tuple(t.shape) == (3, 4)
     assert ref.raw_bytes(t).tolist() == bits.view(np.uint8).reshape(-1).tolist()
     ref.assert_bitwise_equal(t, bits)
+
+
+# ---------------------------------------------------------------------------
+# The MoE reference (ref_route and the sparse kernels) against hand-worked
+# cases and GShard's dense formulation.
+
+
+def test_moe_route_reference_by_hand():
+    """Tutel's order: all first choices, then all second choices."""
+    r = ref.ref_route(np.array([[0, 1], [0, 0], [1, 0]]), 2, capacity=2)
+    assert r.locations.tolist() == [[0, 1], [1, 2], [0, 3]]
+    assert r.counts.tolist() == [2, 2] and r.offsets.tolist() == [0, 2, 4]
+    assert r.row_map.tolist() == [[0, 3], [1, -1], [2, -1]]
+    assert (r.capacity, r.num_dropped, r.num_rows) == (2, 2, 4)
+    # Prioritized: token 2 first, then 1, then 0.
+    r = ref.ref_route(np.array([[0, -1], [0, 1], [0, 1]]), 2, capacity=2, order=[2, 1, 0])
+    assert r.locations.tolist() == [[2, -1], [1, 1], [0, 0]]
+    assert r.row_map.tolist() == [[-1, -1], [1, 3], [0, 2]]
+    # Dropless: experts packed, nothing dropped.
+    r = ref.ref_route(np.array([[2, 0], [0, 2], [1, -1], [2, 2]]), 3, dropless=True)
+    assert r.capacity is None and r.num_dropped == 0
+    assert r.offsets.tolist() == [0, 2, 3, 7] and r.row_map.tolist() == [[3, 1], [0, 5], [2, -1], [4, 6]]
+
+
+@pytest.mark.parametrize(
+    "setting, demand, expected",
+    [
+        (None, [7, 1], 4),
+        (1.0, [7, 1], 4),
+        (0.5, [7, 1], 2),
+        (0, [7, 1], 7),
+        (-0.5, [7, 1], 2),
+        (-4, [7, 1], 7),
+    ],
+)
+def test_moe_capacity_rule(setting, demand, expected):
+    # T = 4, k = 2, E = 2: ceil(k * x * T / E) = ceil(4x)
+    assert ref.ref_capacity(np.array(demand), 4, 2, 2, capacity_setting=setting) == expected
+    assert ref.ref_capacity(np.array(demand), 4, 2, 2, capacity=5, capacity_setting=setting) == 5
+
+
+def test_moe_capacity_uses_float64_as_written():
+    assert ref.ref_capacity(np.array([0]), 60000, 2, 24, capacity_setting=0.9) == 4500
+
+
+@SETTINGS
+@given(st.integers(0, 40), st.integers(1, 3), st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**16))
+def test_moe_sparse_reference_matches_gshard_einsum(num_tokens, top_k, num_experts, capacity, seed):
+    indices = ref.moe_indices(f"r{seed}", num_tokens, top_k, num_experts, unrouted=0.2, skew=0.5)
+    routing = ref.ref_route(indices, num_experts, capacity=capacity)
+    x = ref.moe_data(f"r{seed}", (num_tokens, 3), "float64")
+    g = ref.moe_gates(f"r{seed}", indices.shape, "float64")
+    mask, weights = ref.ref_dense_routing(routing, g)
+    np.testing.assert_array_equal(ref.ref_encode(x, routing, g), ref.ref_gshard_dispatch(x, weights))
+    np.testing.assert_array_equal(ref.ref_encode(x, routing), ref.ref_gshard_dispatch(x, mask))
+    out = ref.moe_data(f"o{seed}", (num_experts, capacity, 3), "float64")
+    dense = ref.ref_gshard_combine(weights, out)
+    np.testing.assert_allclose(ref.ref_decode(out, routing, g), dense, rtol=1e-13, atol=1e-13)
+    # Mass conservation.
+    assert routing.counts.sum() + routing.num_dropped == (indices >= 0).sum() == routing.demand.sum()
+    assert mask.sum() == routing.counts.sum()
+
+
+def test_bfloat16_conversion_matches_torch():
+    torch = pytest.importorskip("torch")
+    values = np.concatenate(
+        [
+            np.random.default_rng(0).standard_normal(5000) * 10.0 ** np.arange(-20, 30, 0.01)[:5000],
+            [0.0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40],
+        ]
+    ).astype(np.float32)
+    bits = ref.float32_to_bfloat16_bits(values)
+    expected = torch.from_numpy(values).bfloat16().view(torch.int16).numpy()
+    np.testing.assert_array_equal(bits, expected)
+    back = ref.bfloat16_bits_to_float32(bits)
+    np.testing.assert_array_equal(back, torch.from_numpy(expected).view(torch.bfloat16).float().numpy())
+    nan_bits = ref.float32_to_bfloat16_bits(np.array([np.nan], np.float32))
+    assert np.isnan(ref.bfloat16_bits_to_float32(nan_bits))[0]
+
+
+def test_moe_dyadic_data_are_exact_in_every_dtype():
+    for dtype in ref.MOE_DTYPES:
+        x = ref.to_float(ref.moe_data("d", (50, 7), dtype, "dyadic"), dtype)
+        assert (x != 0).all() and (np.abs(x) <= 4).all() and (x * 2 == np.round(x * 2)).all()
+        g = ref.to_float(ref.moe_gates("d", (50, 2), dtype, "dyadic"), dtype)
+        assert ((g * 8) == np.round(g * 8)).all() and (g > 0).all() and (g <= 1).all()

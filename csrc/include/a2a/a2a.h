@@ -129,6 +129,112 @@ A2A_API a2a_status_t a2a_all_to_all_v(a2a_v_plan_t plan, const void* send, void*
                                       size_t workspace_bytes);
 A2A_API a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan);
 
+/* ------------------------------------------------------------------------
+ * MoE routing and dispatch/combine kernels (Tutel's fast encode/decode and the
+ * dropless permute). docs/moe_kernels.md shows the layouts.
+ *
+ * These run on one process's data; only a2a_route with a comm talks to other
+ * ranks (to agree on the capacity). Every pointer argument points to memory of
+ * the execution device (host memory for A2A_DEVICE_CPU, device memory for
+ * A2A_DEVICE_CUDA) unless it says "host". Kernels on CUDA are enqueued on
+ * exec->stream and return without waiting, except a2a_route, which reads the
+ * per-expert counts back to the host (one stream synchronization).
+ * ------------------------------------------------------------------------ */
+
+typedef enum { A2A_DEVICE_CPU = 0, A2A_DEVICE_CUDA = 1 } a2a_device_type_t;
+
+/* Where a kernel runs. CPU: a pool of threads (num_threads; 0 = env
+ * A2A_NUM_THREADS, else every core). CUDA: the calling thread's current
+ * device, on `stream` (a cudaStream_t; NULL = the legacy default stream). */
+typedef struct {
+  size_t struct_size; /* sizeof(a2a_exec_t) */
+  int device_type;    /* a2a_device_type_t */
+  void* stream;
+  int num_threads;
+} a2a_exec_t;
+
+#define A2A_EXEC_CPU_INIT {sizeof(a2a_exec_t), A2A_DEVICE_CPU, NULL, 0}
+
+/* `capacity` argument of a2a_route: the dropless (packed) layout. */
+#define A2A_CAPACITY_DROPLESS (-1)
+
+/* What a2a_route decided (host). */
+typedef struct {
+  int64_t capacity;    /* rows per expert (padded layout); -1 for the dropless layout */
+  int64_t num_rows;    /* rows of the dispatched buffer: E * capacity, or the routed choices */
+  int64_t num_dropped; /* routed choices that did not fit their expert's capacity */
+} a2a_route_info_t;
+
+/* The routing that the dispatch/combine kernels follow: choice (t, j) of
+ * token t (j < top_k) goes to expert e = indices[t, j] (negative: not routed)
+ * at slot locations[t, j] of that expert. A choice is kept when
+ * 0 <= e and locations[t, j] < counts[e]; it then occupies row
+ * expert_offsets[e] + locations[t, j] of the (num_rows, M) dispatched buffer.
+ * The rows of expert e past counts[e], up to its capacity, are padding.
+ * a2a_route fills locations, counts and expert_offsets. */
+typedef struct {
+  int64_t num_tokens;             /* T */
+  int64_t top_k;                  /* k */
+  int64_t num_experts;            /* E */
+  const void* indices;            /* (T, k), A2A_INT32 or A2A_INT64 */
+  a2a_dtype_t index_dtype;
+  const int64_t* locations;       /* (T, k) */
+  const int64_t* counts;          /* (E) kept choices per expert */
+  const int64_t* expert_offsets;  /* (E + 1) first row of each expert; [E] = num_rows */
+  int64_t capacity;               /* rows per expert, or -1 for the dropless layout */
+  int64_t num_rows;
+} a2a_routing_t;
+
+A2A_API a2a_status_t a2a_route_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k,
+                                              int64_t num_experts, size_t* bytes);
+
+/* Computes where every (token, choice) goes. Slots are taken in Tutel's
+ * order: all first choices before any second choice, tokens in order, or in
+ * token_order (a permutation of 0..T-1, e.g. a stable argsort of descending
+ * scores: Batch Prioritized Routing) when it is not NULL.
+ *
+ * capacity > 0: that many rows per expert. capacity == 0: from
+ * capacity_setting x as in Tutel: x > 0: ceil(k * x * T / E); x == 0: the
+ * smallest capacity that drops nothing; x < 0: like 0 but at most
+ * ceil(k * -x * T / E). capacity == A2A_CAPACITY_DROPLESS: no capacity,
+ * experts' rows packed back to back (expert_offsets are the prefix sums of
+ * counts).
+ *
+ * comm (may be NULL) makes the call collective: every rank must pass the same
+ * num_experts, top_k, capacity and capacity_setting, and the capacity becomes
+ * the maximum over ranks, so that every rank's dispatched buffer has the same
+ * shape. Outputs: locations (T, k), counts (E), expert_offsets (E + 1), and
+ * info (host). Indices >= num_experts fail with A2A_ERROR_INVALID_ARGUMENT. */
+A2A_API a2a_status_t a2a_route(const a2a_exec_t* exec, a2a_comm_t comm, const void* indices,
+                               a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k,
+                               int64_t num_experts, const int64_t* token_order, int64_t capacity,
+                               double capacity_setting, void* workspace, size_t workspace_bytes,
+                               int64_t* locations, int64_t* counts, int64_t* expert_offsets,
+                               a2a_route_info_t* info);
+
+/* Dispatch (fast encode; the dropless permute): for every kept choice,
+ * rows[row(t, j)] = gate(t, j) * x[t]; padding rows are zeroed. x is (T, M),
+ * rows (num_rows, M), both of `dtype` (float32, float64, float16, bfloat16).
+ * gates (T, k) of gate_dtype (float32, or the same as dtype) may be NULL for
+ * a gate of 1. Products are formed in float32 (float64 for float64). */
+A2A_API a2a_status_t a2a_moe_dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x,
+                                      a2a_dtype_t dtype, int64_t model_dim, const void* gates,
+                                      a2a_dtype_t gate_dtype, void* rows);
+
+/* Combine (fast decode; unpermute): y[t] = sum over kept choices j of
+ * gate(t, j) * rows[row(t, j)], accumulated in float32 (float64 for float64);
+ * a token with no kept choice gets zeros. */
+A2A_API a2a_status_t a2a_moe_combine(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* rows,
+                                     a2a_dtype_t dtype, int64_t model_dim, const void* gates,
+                                     a2a_dtype_t gate_dtype, void* y);
+
+/* Gradient of the gates (Tutel's K2): grad_gates[t, j] = dot(tokens[t], rows[row(t, j)])
+ * for kept choices, 0 otherwise, accumulated in float32 (float64 for
+ * float64) and stored as gate_dtype. tokens is (T, M), rows (num_rows, M). */
+A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing,
+                                       const void* tokens, const void* rows, a2a_dtype_t dtype,
+                                       int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates);
+
 /* Makes every rank of the collective fail with A2A_ERROR_REMOTE instead of
  * waiting: a binding that rejects its input before reaching the core calls
  * this in place of the collective (op: "all_to_all", "all_to_all_flex",

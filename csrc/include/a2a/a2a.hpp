@@ -127,4 +127,38 @@ class VPlan {
   int size_;
 };
 
+// MoE routing and kernels (see a2a.h). `comm` may be nullptr for a local call.
+inline size_t route_workspace_size(const a2a_exec_t& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+  size_t bytes = 0;
+  check(a2a_route_workspace_size(&exec, num_tokens, top_k, num_experts, &bytes));
+  return bytes;
+}
+
+inline a2a_route_info_t route(const a2a_exec_t& exec, const Communicator* comm, const void* indices,
+                              a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                              const int64_t* token_order, int64_t capacity, double capacity_setting,
+                              void* workspace, size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                              int64_t* expert_offsets) {
+  a2a_route_info_t info{};
+  check(a2a_route(&exec, comm ? comm->get() : nullptr, indices, index_dtype, num_tokens, top_k, num_experts,
+                  token_order, capacity, capacity_setting, workspace, workspace_bytes, locations, counts,
+                  expert_offsets, &info));
+  return info;
+}
+
+inline void moe_dispatch(const a2a_exec_t& exec, const a2a_routing_t& routing, const void* x, a2a_dtype_t dtype,
+                         int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
+  check(a2a_moe_dispatch(&exec, &routing, x, dtype, model_dim, gates, gate_dtype, rows));
+}
+
+inline void moe_combine(const a2a_exec_t& exec, const a2a_routing_t& routing, const void* rows, a2a_dtype_t dtype,
+                        int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* y) {
+  check(a2a_moe_combine(&exec, &routing, rows, dtype, model_dim, gates, gate_dtype, y));
+}
+
+inline void moe_gate_grad(const a2a_exec_t& exec, const a2a_routing_t& routing, const void* tokens, const void* rows,
+                          a2a_dtype_t dtype, int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates) {
+  check(a2a_moe_gate_grad(&exec, &routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates));
+}
+
 }  // namespace a2a

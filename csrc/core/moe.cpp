@@ -1,0 +1,204 @@
+#include "core/moe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/moe_kernels.hpp"
+
+namespace a2a::moe {
+
+#if !A2A_HAVE_CUDA
+std::unique_ptr<Kernels> make_cuda_kernels(void*) {
+  fail(A2A_ERROR_UNSUPPORTED, "this a2a was built without CUDA (a2a.config()['cuda'] is False); rebuild with nvcc "
+                              "available, or A2A_WITH_CUDA=1 to make that a requirement");
+}
+#endif
+
+namespace {
+
+std::unique_ptr<Kernels> make_kernels(const a2a_exec_t* exec) {
+  if (exec == nullptr) return make_cpu_kernels(0);
+  if (exec->struct_size < offsetof(a2a_exec_t, stream) + sizeof(void*) || exec->struct_size > sizeof(a2a_exec_t))
+    fail(A2A_ERROR_INVALID_ARGUMENT, "exec->struct_size ", exec->struct_size,
+         " is not a size this library knows; start from A2A_EXEC_CPU_INIT");
+  a2a_exec_t e = A2A_EXEC_CPU_INIT;
+  std::memcpy(&e, exec, exec->struct_size);
+  switch (e.device_type) {
+    case A2A_DEVICE_CPU:
+      if (e.num_threads < 0) fail(A2A_ERROR_INVALID_ARGUMENT, "exec->num_threads is ", e.num_threads);
+      return make_cpu_kernels(e.num_threads);
+    case A2A_DEVICE_CUDA: return make_cuda_kernels(e.stream);
+  }
+  fail(A2A_ERROR_INVALID_ARGUMENT, "exec->device_type ", e.device_type, " is neither A2A_DEVICE_CPU nor A2A_DEVICE_CUDA");
+}
+
+bool is_float(a2a_dtype_t dtype) {
+  return dtype == A2A_FLOAT32 || dtype == A2A_FLOAT64 || dtype == A2A_FLOAT16 || dtype == A2A_BFLOAT16;
+}
+
+bool is_index(a2a_dtype_t dtype) { return dtype == A2A_INT32 || dtype == A2A_INT64; }
+
+int64_t checked_product(int64_t a, int64_t b, const char* what) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64");
+  return product;
+}
+
+void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+  if (num_tokens < 0) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_tokens is ", num_tokens);
+  if (top_k < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": top_k is ", top_k, "; every token needs at least one choice");
+  if (num_experts < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_experts is ", num_experts);
+  checked_product(num_tokens, top_k, "num_tokens * top_k");
+}
+
+template <typename... Args>
+void require(bool ok, Args&&... args) {
+  if (!ok) fail(A2A_ERROR_INVALID_ARGUMENT, std::forward<Args>(args)...);
+}
+
+// Checks a routing and the data arguments of dispatch / combine / gate_grad.
+void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype, int64_t model_dim,
+                       bool has_gates, a2a_dtype_t gate_dtype) {
+  require(r != nullptr, op, ": routing is NULL");
+  check_shape(op, r->num_tokens, r->top_k, r->num_experts);
+  require(is_index(r->index_dtype), op, ": routing index dtype is ", dtype_name(r->index_dtype),
+          "; expected int32 or int64");
+  const bool any_choice = r->num_tokens > 0;
+  require(!any_choice || (r->indices != nullptr && r->locations != nullptr), op,
+          ": routing indices or locations is NULL");
+  require(r->counts != nullptr && r->expert_offsets != nullptr, op, ": routing counts or expert_offsets is NULL");
+  require(r->capacity >= -1, op, ": routing capacity is ", r->capacity);
+  require(r->num_rows >= 0, op, ": routing num_rows is ", r->num_rows);
+  if (r->capacity >= 0)
+    require(r->num_rows == checked_product(r->num_experts, r->capacity, "num_experts * capacity"), op,
+            ": routing num_rows ", r->num_rows, " != num_experts ", r->num_experts, " * capacity ", r->capacity);
+  require(is_float(dtype), op, ": data dtype ", dtype_name(dtype), " is not supported (float32, float64, float16, bfloat16)");
+  require(model_dim >= 0, op, ": model_dim is ", model_dim);
+  checked_product(std::max(r->num_tokens, r->num_rows), model_dim, "rows * model_dim");
+  if (has_gates)
+    require(gate_dtype == A2A_FLOAT32 || gate_dtype == dtype, op, ": gate dtype ", dtype_name(gate_dtype),
+            " must be float32 or the data dtype ", dtype_name(dtype));
+}
+
+}  // namespace
+
+int64_t capacity_from_setting(double setting, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                              int64_t max_demand) {
+  auto by_factor = [&](double factor) {
+    // Same evaluation order as the documented formula ceil(k * x * T / E).
+    const double exact = static_cast<double>(top_k) * factor * static_cast<double>(num_tokens) /
+                         static_cast<double>(num_experts);
+    const double rows = std::ceil(exact);
+    if (!(rows < 9.0e15)) fail(A2A_ERROR_INVALID_ARGUMENT, "capacity_setting ", setting, " gives a capacity of ", rows, " rows");
+    return static_cast<int64_t>(rows);
+  };
+  if (setting > 0) return by_factor(setting);
+  if (setting == 0) return max_demand;
+  return std::min(max_demand, by_factor(-setting));
+}
+
+size_t route_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+  check_shape("route", num_tokens, top_k, num_experts);
+  return make_kernels(exec)->locate_workspace_size(num_tokens, top_k, num_experts);
+}
+
+a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
+                       int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
+                       int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
+                       int64_t* locations, int64_t* counts, int64_t* expert_offsets) {
+  const char* op = "route";
+  const bool dropless = capacity == A2A_CAPACITY_DROPLESS;
+  std::unique_ptr<Kernels> kernels;
+  std::vector<int64_t> demand;
+  int64_t local_capacity = 0;
+  // A local problem is held back until every rank has heard of it (Comm::agree).
+  std::exception_ptr local_failure;
+  std::string local_error;
+  try {
+    check_shape(op, num_tokens, top_k, num_experts);
+    require(is_index(index_dtype), op, ": indices dtype ", dtype_name(index_dtype), " is not int32 or int64");
+    require(num_tokens == 0 || (indices != nullptr && locations != nullptr), op, ": indices or locations is NULL");
+    require(counts != nullptr && expert_offsets != nullptr, op, ": counts or expert_offsets is NULL");
+    require(capacity >= -1, op, ": capacity ", capacity, " is negative (A2A_CAPACITY_DROPLESS is -1)");
+    require(std::isfinite(capacity_setting), op, ": capacity_setting is not finite");
+    kernels = make_kernels(exec);
+    kernels->locate({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace, workspace_bytes,
+                    locations, demand);
+    const int64_t max_demand = *std::max_element(demand.begin(), demand.end());
+    local_capacity = dropless   ? -1
+                     : capacity ? capacity
+                                : capacity_from_setting(capacity_setting, num_tokens, top_k, num_experts, max_demand);
+  } catch (const Failure& failure) {
+    if (comm == nullptr) throw;
+    // Name the rank, as the collectives do, and keep the status.
+    std::string message = failure.what();
+    const std::string prefix = cat(op, ": ");
+    if (message.compare(0, prefix.size(), prefix) == 0) message.erase(0, prefix.size());
+    local_error = cat(op, " on rank ", comm->rank(), " of ", comm->size(), ": ", message);
+    local_failure = std::make_exception_ptr(Failure(failure.status(), local_error));
+  }
+  int64_t final_capacity = local_capacity;
+  if (comm != nullptr) {
+    int64_t setting_bits = 0;
+    std::memcpy(&setting_bits, &capacity_setting, sizeof setting_bits);
+    try {
+      comm->agree(op, {{"num_experts", num_experts}, {"top_k", top_k}, {"capacity", capacity},
+                       {"capacity_setting", setting_bits}}, local_error);
+    } catch (const Failure& failure) {
+      if (local_failure) std::rethrow_exception(local_failure);  // keep this rank's own status and message
+      throw;
+    }
+    if (!dropless) comm->run(op, [&] { comm->transport().allreduce_int64(&final_capacity, 1, ReduceOp::kMax); });
+  }
+
+  // Counts and offsets of the layout, on the host, then to the device.
+  const int64_t E = num_experts;
+  std::vector<int64_t> kept(static_cast<size_t>(E)), offsets(static_cast<size_t>(E) + 1, 0);
+  int64_t num_dropped = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    kept[e] = dropless ? demand[e] : std::min(demand[e], final_capacity);
+    num_dropped += demand[e] - kept[e];
+    offsets[e + 1] = offsets[e] + (dropless ? kept[e] : final_capacity);
+  }
+  if (!dropless) checked_product(E, final_capacity, "num_experts * capacity");
+  kernels->upload(counts, kept.data(), kept.size() * sizeof(int64_t));
+  kernels->upload(expert_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
+  return a2a_route_info_t{final_capacity, offsets[E], num_dropped};
+}
+
+void dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,
+              int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
+  check_kernel_args("dispatch", routing, dtype, model_dim, gates != nullptr, gate_dtype);
+  const bool has_data = model_dim > 0;
+  require(!has_data || routing->num_tokens == 0 || x != nullptr, "dispatch: x is NULL");
+  require(!has_data || routing->num_rows == 0 || rows != nullptr, "dispatch: rows is NULL");
+  if (has_data) make_kernels(exec)->dispatch(*routing, x, dtype, model_dim, gates, gate_dtype, rows);
+}
+
+void combine(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* rows, a2a_dtype_t dtype,
+             int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* y) {
+  check_kernel_args("combine", routing, dtype, model_dim, gates != nullptr, gate_dtype);
+  const bool has_data = model_dim > 0;
+  require(!has_data || routing->num_rows == 0 || rows != nullptr, "combine: rows is NULL");
+  require(!has_data || routing->num_tokens == 0 || y != nullptr, "combine: y is NULL");
+  if (has_data) make_kernels(exec)->combine(*routing, rows, dtype, model_dim, gates, gate_dtype, y);
+}
+
+void gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* tokens, const void* rows,
+               a2a_dtype_t dtype, int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates) {
+  check_kernel_args("gate_grad", routing, dtype, model_dim, true, gate_dtype);
+  const bool has_data = model_dim > 0;
+  require(!has_data || routing->num_tokens == 0 || tokens != nullptr, "gate_grad: tokens is NULL");
+  require(!has_data || routing->num_rows == 0 || rows != nullptr, "gate_grad: rows is NULL");
+  require(routing->num_tokens == 0 || grad_gates != nullptr, "gate_grad: grad_gates is NULL");
+  // With model_dim 0 every dot product is 0, which the kernel also writes.
+  make_kernels(exec)->gate_grad(*routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates);
+}
+
+}  // namespace a2a::moe

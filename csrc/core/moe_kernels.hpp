@@ -1,0 +1,66 @@
+// The MoE kernel backend interface: routing (locations and counts), dispatch,
+// combine and the gate gradient. The CPU backend is csrc/cpu/moe_cpu.cpp, the
+// CUDA one csrc/cuda/moe_cuda.cu; both build their per-element arithmetic from
+// core/moe_elementwise.hpp. The host-side logic around them (argument checks,
+// capacity, cross-rank agreement) is written once in core/moe.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "a2a/a2a.h"
+
+namespace a2a::moe {
+
+// Input of the location scan. Pointers are in the backend's memory.
+struct RouteProblem {
+  const void* indices;  // (T, k) int32 or int64; negative = not routed
+  a2a_dtype_t index_dtype;
+  int64_t num_tokens;  // T
+  int64_t top_k;       // k
+  int64_t num_experts; // E
+  const int64_t* token_order;  // NULL or a permutation of 0..T-1
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual const char* name() const = 0;
+
+  virtual size_t locate_workspace_size(int64_t num_tokens, int64_t top_k, int64_t num_experts) const = 0;
+
+  // The location scan. Walks the T*k choices in Tutel's order (position
+  // p = j * T + r is choice j of token t = token_order[r], or r without an
+  // order) and gives each routed choice the number of earlier routed choices
+  // of the same expert: locations[t * k + j] (-1 when not routed). Returns the
+  // per-expert totals ("demand", ignoring any capacity) on the host in
+  // `demand` (resized to E). Throws A2A_ERROR_INVALID_ARGUMENT naming the
+  // first offending (t, j) when an index is >= E, or when token_order is not
+  // a permutation. On CUDA this synchronizes the stream once.
+  virtual void locate(const RouteProblem& problem, void* workspace, size_t workspace_bytes, int64_t* locations,
+                      std::vector<int64_t>& demand) = 0;
+
+  // Copies host bytes into the backend's memory (ordered on the stream; the
+  // host buffer may be reused when this returns).
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+
+  // See a2a_moe_dispatch / a2a_moe_combine / a2a_moe_gate_grad in a2a.h.
+  // Arguments are already checked; routing's arrays are in backend memory.
+  // gates may be NULL (a gate of 1).
+  virtual void dispatch(const a2a_routing_t& routing, const void* x, a2a_dtype_t dtype, int64_t model_dim,
+                        const void* gates, a2a_dtype_t gate_dtype, void* rows) = 0;
+  virtual void combine(const a2a_routing_t& routing, const void* rows, a2a_dtype_t dtype, int64_t model_dim,
+                       const void* gates, a2a_dtype_t gate_dtype, void* y) = 0;
+  virtual void gate_grad(const a2a_routing_t& routing, const void* tokens, const void* rows, a2a_dtype_t dtype,
+                         int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates) = 0;
+};
+
+// CPU backend with `num_threads` threads (0 = A2A_NUM_THREADS, else all cores).
+std::unique_ptr<Kernels> make_cpu_kernels(int num_threads);
+// CUDA backend on the calling thread's current device and `stream`
+// (a cudaStream_t). Throws A2A_ERROR_UNSUPPORTED when CUDA was not built in.
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream);
+
+}  // namespace a2a::moe

@@ -1,0 +1,777 @@
+// CUDA backend of the MoE kernels (core/moe_kernels.hpp): everything runs on
+// the caller's stream on the current device, with the per-element arithmetic
+// of core/moe_elementwise.hpp, so the CPU tests vouch for the conversions.
+// No allocation: the location scan's scratch is the caller's workspace.
+//
+// Location scan (locate). The T*k choices in Tutel's slot order are cut into
+// tiles of `tile` positions (a multiple of 32), one warp per tile:
+//   1. tile_histogram: per-tile expert counts, counts[e][tile], one atomic per
+//      group of lanes that share an expert (__match_any_sync); also records the
+//      first index >= E.
+//   2. tile_scan: per expert, an exclusive Blelloch scan of its counts over the
+//      tiles (in shared-memory chunks with a carry), giving each tile's first
+//      location of that expert and the expert's demand.
+//   3. tile_assign: each warp walks its tile in order, 32 positions a step;
+//      a choice's location is its tile's next location for the expert plus the
+//      number of lower lanes with the same expert, and the lowest such lane
+//      advances the tile's counter. Slots are thus handed out in slot order.
+// A token_order is checked first (first_seen + order_check: the first entry
+// token_order[r] that is out of range or repeats an earlier one), and the scan skips
+// any position whose token is out of range, so a bad order cannot make it
+// read out of bounds. Then demand and the error record come back to the host
+// in one copy, followed by the only stream synchronization.
+//
+// Data kernels (dispatch, combine, gate_grad). A group of `lanes` threads
+// (a power of two up to a warp, sized to the row) handles one row: a scalar
+// head up to a 16-byte boundary, 16-byte vector loads and stores, a scalar
+// tail; rows whose pointers are misaligned differently go scalar.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/moe_elementwise.hpp"
+#include "core/moe_kernels.hpp"
+#include "core/moe_messages.hpp"
+
+#ifndef A2A_CUDA_ARCHS_STRING
+#define A2A_CUDA_ARCHS_STRING "unknown"
+#endif
+
+namespace a2a::moe {
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Errors
+
+// Errors that mean "no usable CUDA here" rather than a bug.
+bool means_unsupported(cudaError_t status) {
+  switch (status) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorDevicesUnavailable: return true;
+    default: return false;
+  }
+}
+
+void check_cuda(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear a non-sticky error so that later calls are not blamed for it
+  const char* hint = status == cudaErrorNoKernelImageForDevice || status == cudaErrorUnsupportedPtxVersion
+                         ? "; this a2a was built for CUDA architectures " A2A_CUDA_ARCHS_STRING
+                           " (A2A_CUDA_ARCHS when building)"
+                         : "";
+  fail(means_unsupported(status) ? A2A_ERROR_UNSUPPORTED : A2A_ERROR_INTERNAL, "CUDA call ", call, " failed: ",
+       cudaGetErrorString(status), " (", cudaGetErrorName(status), ")", hint);
+}
+
+void check_launch(const char* kernel) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) check_cuda(status, cat("<<<>>> launch of ", kernel).c_str());
+}
+
+// ---------------------------------------------------------------------------
+// Launch shapes
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+// Threads per block of every kernel but the scan.
+constexpr int kThreads = 256;
+// Grid-stride kernels launch at most this many blocks per SM (at most 8 of
+// 256 threads are resident on sm_80 / sm_90): enough to balance uneven rows.
+constexpr int kBlocksPerSm = 16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for `items` work items of which one block takes `per_block`.
+unsigned grid_for(int64_t items, int64_t per_block, int max_blocks) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(items, per_block), max_blocks)));
+}
+
+__device__ __forceinline__ int64_t global_thread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t thread_count() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// ---------------------------------------------------------------------------
+// Location scan
+
+// Positions per tile: 512, doubled until there are at most kMaxTiles tiles
+// (which keeps >= 2048 warps busy on big inputs) and the per-tile counts,
+// E * tiles * 8 bytes, fit in kMaxTileCountBytes (many experts get fewer,
+// longer tiles instead of a huge workspace).
+constexpr int64_t kMinTile = 512;
+constexpr int64_t kMaxTiles = 4096;
+constexpr int64_t kMaxTileCountBytes = int64_t{64} << 20;
+// The scan: one block per expert, kScanChunk tiles per round.
+constexpr int kScanThreads = 512;
+constexpr int kScanChunk = 2 * kScanThreads;
+
+// The error record at the head of the host-bound block; unset entries stay
+// all ones (the memset), which atomicMin leaves to the smallest offender.
+enum : int { kBadChoice = 0, kBadChoiceValue = 1, kBadOrderEntry = 2, kBadOrderValue = 3, kRecordSize = 4 };
+constexpr unsigned long long kUnset = ~0ull;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Where everything lives in the locate workspace (offsets from its first
+// 256-byte boundary; the size includes the slack to reach it).
+struct LocateLayout {
+  int64_t positions = 0;
+  int64_t tile = kMinTile;
+  int64_t tiles = 0;
+  size_t record = 0;       // kRecordSize error words, then demand[E]: copied to the host together
+  size_t tile_counts = 0;  // int64 [E][tiles]: counts, then each tile's next location
+  size_t first_seen = 0;   // uint64 [T]: the first rank of each token in token_order
+  size_t total = 0;
+};
+
+LocateLayout locate_layout(int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+  LocateLayout layout;
+  layout.positions = num_tokens * top_k;
+  const int64_t max_tiles =
+      std::max<int64_t>(1, std::min<int64_t>(kMaxTiles, kMaxTileCountBytes / (8 * std::max<int64_t>(1, num_experts))));
+  while (ceil_div(layout.positions, layout.tile) > max_tiles) layout.tile *= 2;
+  layout.tiles = ceil_div(layout.positions, layout.tile);
+  const size_t E = static_cast<size_t>(num_experts);
+  layout.record = 0;
+  layout.tile_counts = layout.record + align_up((kRecordSize + E) * sizeof(int64_t));
+  layout.first_seen = layout.tile_counts + align_up(E * static_cast<size_t>(layout.tiles) * sizeof(int64_t));
+  layout.total = kAlign + layout.first_seen + align_up(static_cast<size_t>(num_tokens) * sizeof(int64_t));
+  return layout;
+}
+
+// The choice at slot position p, or -1 when token_order maps it to a token
+// out of range (the order check reports that; skipping keeps reads in bounds).
+__device__ __forceinline__ int64_t choice_in_range(int64_t p, int64_t T, int64_t k, const int64_t* order) {
+  if (order != nullptr) {
+    const int64_t t = order[p % T];
+    if (t < 0 || t >= T) return -1;
+  }
+  return choice_at(p, T, k, order);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    first_seen_kernel(const int64_t* __restrict__ order, int64_t T, unsigned long long* __restrict__ first_seen) {
+  for (int64_t r = global_thread(); r < T; r += thread_count()) {
+    const int64_t t = order[r];
+    if (t >= 0 && t < T) atomicMin(&first_seen[t], static_cast<unsigned long long>(r));
+  }
+}
+
+// Entry r of token_order is bad when it is out of range or an earlier entry holds the same token.
+__global__ void __launch_bounds__(kThreads)
+    order_check_kernel(const int64_t* __restrict__ order, int64_t T,
+                       const unsigned long long* __restrict__ first_seen, unsigned long long* record) {
+  for (int64_t r = global_thread(); r < T; r += thread_count()) {
+    const int64_t t = order[r];
+    if (t < 0 || t >= T || first_seen[t] != static_cast<unsigned long long>(r))
+      atomicMin(&record[kBadOrderEntry], static_cast<unsigned long long>(r));
+  }
+}
+
+// Every loop below is uniform across a warp (tile and step depend only on the
+// warp), as __match_any_sync with a full mask requires.
+__global__ void __launch_bounds__(kThreads)
+    tile_histogram_kernel(const void* __restrict__ indices, a2a_dtype_t index_dtype, int64_t T, int64_t k,
+                          int64_t E, const int64_t* __restrict__ order, int64_t positions, int64_t tile,
+                          int64_t tiles, unsigned long long* __restrict__ tile_counts, unsigned long long* record) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = thread_count() / kWarp;
+  for (int64_t w = global_thread() / kWarp; w < tiles; w += warps) {
+    const int64_t end = min(w * tile + tile, positions);
+    for (int64_t base = w * tile; base < end; base += kWarp) {
+      const int64_t p = base + lane;
+      int64_t expert = -1;  // -1: nothing to count on this lane
+      if (p < end) {
+        const int64_t choice = choice_in_range(p, T, k, order);
+        if (choice >= 0) {
+          const int64_t e = load_index(indices, index_dtype, choice);
+          if (e >= E)
+            atomicMin(&record[kBadChoice], static_cast<unsigned long long>(choice));
+          else if (e >= 0)
+            expert = e;
+        }
+      }
+      const unsigned same = __match_any_sync(kFullMask, static_cast<unsigned long long>(expert));
+      if (expert >= 0 && lane == __ffs(same) - 1)
+        atomicAdd(&tile_counts[expert * tiles + w], static_cast<unsigned long long>(__popc(same)));
+    }
+  }
+}
+
+// In place over counts[e][0..tiles): exclusive prefix sums, per expert; the
+// expert's total goes to demand[e]. Work-efficient (Blelloch) up-sweep and
+// down-sweep over kScanChunk tiles at a time; a carry joins the chunks.
+__global__ void __launch_bounds__(kScanThreads)
+    tile_scan_kernel(int64_t* __restrict__ tile_counts, int64_t tiles, int64_t E, int64_t* __restrict__ demand) {
+  __shared__ int64_t sums[kScanChunk];
+  const int tid = threadIdx.x;
+  for (int64_t e = blockIdx.x; e < E; e += gridDim.x) {  // uniform across the block
+    int64_t* counts = tile_counts + e * tiles;
+    int64_t carry = 0;
+    for (int64_t first = 0; first < tiles; first += kScanChunk) {
+      const int n = static_cast<int>(min(static_cast<int64_t>(kScanChunk), tiles - first));
+      for (int i = tid; i < kScanChunk; i += kScanThreads) sums[i] = i < n ? counts[first + i] : 0;
+      __syncthreads();
+      int stride = 1;
+      for (int active = kScanChunk / 2; active > 0; active /= 2) {  // up-sweep: partial sums in a tree
+        if (tid < active) sums[stride * (2 * tid + 2) - 1] += sums[stride * (2 * tid + 1) - 1];
+        stride *= 2;
+        __syncthreads();
+      }
+      const int64_t chunk_total = sums[kScanChunk - 1];
+      __syncthreads();
+      if (tid == 0) sums[kScanChunk - 1] = 0;
+      __syncthreads();
+      for (int active = 1; active < kScanChunk; active *= 2) {  // down-sweep: tree to exclusive sums
+        stride /= 2;
+        if (tid < active) {
+          const int left = stride * (2 * tid + 1) - 1, right = stride * (2 * tid + 2) - 1;
+          const int64_t left_sum = sums[left];
+          sums[left] = sums[right];
+          sums[right] += left_sum;
+        }
+        __syncthreads();
+      }
+      for (int i = tid; i < n; i += kScanThreads) counts[first + i] = carry + sums[i];
+      carry += chunk_total;
+      __syncthreads();  // before the next chunk overwrites sums
+    }
+    if (tid == 0) demand[e] = carry;
+  }
+}
+
+// next[e][tile]: the tile's next location of expert e (from tile_scan); the
+// warp owning the tile advances it as it hands locations out.
+__global__ void __launch_bounds__(kThreads)
+    tile_assign_kernel(const void* __restrict__ indices, a2a_dtype_t index_dtype, int64_t T, int64_t k, int64_t E,
+                       const int64_t* __restrict__ order, int64_t positions, int64_t tile, int64_t tiles,
+                       int64_t* next, int64_t* __restrict__ locations) {
+  const int lane = threadIdx.x % kWarp;
+  const unsigned lower_lanes = (1u << lane) - 1u;
+  const int64_t warps = thread_count() / kWarp;
+  for (int64_t w = global_thread() / kWarp; w < tiles; w += warps) {
+    const int64_t end = min(w * tile + tile, positions);
+    for (int64_t base = w * tile; base < end; base += kWarp) {
+      const int64_t p = base + lane;
+      int64_t choice = -1, expert = -1;
+      if (p < end) {
+        choice = choice_in_range(p, T, k, order);
+        if (choice >= 0) {
+          const int64_t e = load_index(indices, index_dtype, choice);
+          if (e >= 0 && e < E) expert = e;  // >= E is reported from the histogram pass
+        }
+      }
+      const unsigned same = __match_any_sync(kFullMask, static_cast<unsigned long long>(expert));
+      volatile int64_t* counter = expert >= 0 ? next + expert * tiles + w : nullptr;
+      const int64_t start = expert >= 0 ? *counter : 0;
+      if (choice >= 0) locations[choice] = expert >= 0 ? start + __popc(same & lower_lanes) : -1;
+      __syncwarp();  // every lane has read its counter before the leaders advance them
+      if (expert >= 0 && (same & lower_lanes) == 0) *counter = start + __popc(same);
+      __syncwarp();  // and the advance is visible to the next step
+    }
+  }
+}
+
+// Fills in the offending values of the error record (one thread).
+__global__ void error_values_kernel(const void* __restrict__ indices, a2a_dtype_t index_dtype,
+                                    const int64_t* __restrict__ order, unsigned long long* record) {
+  if (record[kBadChoice] != kUnset)
+    record[kBadChoiceValue] =
+        static_cast<unsigned long long>(load_index(indices, index_dtype, static_cast<int64_t>(record[kBadChoice])));
+  if (order != nullptr && record[kBadOrderEntry] != kUnset)
+    record[kBadOrderValue] = static_cast<unsigned long long>(order[record[kBadOrderEntry]]);
+}
+
+// ---------------------------------------------------------------------------
+// Rows: scalar head, 16-byte vectors, scalar tail
+
+template <typename T>
+struct Vec {
+  static_assert(16 % sizeof(T) == 0, "element size must divide 16");
+  static constexpr int kSize = static_cast<int>(16 / sizeof(T));
+  T v[kSize];
+};
+
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* src) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  Vec<T> out;
+  memcpy(&out, &raw, sizeof raw);
+  return out;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* dst, const Vec<T>& in) {
+  uint4 raw;
+  memcpy(&raw, &in, sizeof raw);
+  // __stwb: a plain (write-back) store, but one 16-byte instruction; a
+  // dereference gets split into per-element stores once the values are floats.
+  __stwb(reinterpret_cast<uint4*>(dst), raw);
+}
+
+// Address mod 16, or kMixed when rows that are read or written together
+// disagree (then there is no common vector boundary).
+constexpr unsigned kMixed = 16;
+
+template <typename T>
+__device__ __forceinline__ unsigned misalignment(const T* p) {
+  return static_cast<unsigned>(reinterpret_cast<uintptr_t>(p) % 16);
+}
+
+__device__ __forceinline__ unsigned common_misalignment(unsigned a, unsigned b) { return a == b ? a : kMixed; }
+
+// A row of n elements: elements [0, head) scalar, then `vectors` 16-byte
+// vectors, then scalar to n.
+struct RowSplit {
+  int64_t head;
+  int64_t vectors;
+};
+
+template <typename T>
+__device__ __forceinline__ RowSplit split_row(unsigned misaligned, int64_t n) {
+  constexpr int64_t kSize = Vec<T>::kSize;
+  if (misaligned >= 16 || misaligned % sizeof(T) != 0) return {n, 0};
+  const int64_t head = min(static_cast<int64_t>((16 - misaligned) % 16 / sizeof(T)), n);
+  return {head, (n - head) / kSize};
+}
+
+// The products are rounded on their own (never fused into an FMA with the
+// sum that follows), as on the CPU, so a one-term sum is bitwise the CPU's.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+template <typename T>
+__device__ __forceinline__ T scale(T value, typename Num<T>::Acc gate) {
+  return Num<T>::store(mul_rn(gate, Num<T>::load(value)));
+}
+
+// Threads per row: enough for one vector each, at most a warp.
+int lanes_for(int64_t model_dim, size_t element_size) {
+  const int64_t vectors = ceil_div(model_dim, static_cast<int64_t>(16 / element_size));
+  int lanes = 1;
+  while (lanes < kWarp && lanes < vectors) lanes *= 2;
+  return lanes;
+}
+
+__device__ __forceinline__ int64_t group_index(int lanes) { return global_thread() / lanes; }
+__device__ __forceinline__ int64_t group_count(int lanes) { return thread_count() / lanes; }
+
+// ---------------------------------------------------------------------------
+// Dispatch: rows[row(t, j)] = g(t, j) * x[t]; then the padding rows are zeroed.
+
+template <typename T, bool kScaled>
+__global__ void __launch_bounds__(kThreads)
+    dispatch_kernel(const a2a_routing_t r, const T* __restrict__ x, int64_t M, const void* __restrict__ gates,
+                    bool gate_is_data, T* __restrict__ rows, int lanes) {
+  using Acc = typename Num<T>::Acc;
+  constexpr int64_t kSize = Vec<T>::kSize;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t choices = r.num_tokens * r.top_k;
+  for (int64_t choice = group_index(lanes); choice < choices; choice += group_count(lanes)) {
+    const int64_t row = kept_row(r, choice);
+    if (row < 0) continue;
+    const T* src = x + choice / r.top_k * M;
+    T* dst = rows + row * M;
+    const Acc gate = kScaled ? load_gate<T>(gates, gate_is_data, choice) : Acc(1);
+    const RowSplit split = split_row<T>(common_misalignment(misalignment(src), misalignment(dst)), M);
+    for (int64_t i = lane; i < split.head; i += lanes) dst[i] = kScaled ? scale(src[i], gate) : src[i];
+    for (int64_t v = lane; v < split.vectors; v += lanes) {
+      const int64_t i = split.head + v * kSize;
+      if (kScaled) {
+        Vec<T> values = load_vec(src + i);
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) values.v[e] = scale(values.v[e], gate);
+        store_vec(dst + i, values);
+      } else {
+        *reinterpret_cast<uint4*>(dst + i) = *reinterpret_cast<const uint4*>(src + i);
+      }
+    }
+    for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes)
+      dst[i] = kScaled ? scale(src[i], gate) : src[i];
+  }
+}
+
+// Slots counts[e] .. capacity-1 of every expert (padded layout only).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    zero_padding_kernel(const a2a_routing_t r, int64_t M, T* __restrict__ rows, int lanes) {
+  constexpr int64_t kSize = Vec<T>::kSize;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t slots = r.num_experts * r.capacity;
+  for (int64_t slot = group_index(lanes); slot < slots; slot += group_count(lanes)) {
+    const int64_t expert = slot / r.capacity;
+    const int64_t location = slot - expert * r.capacity;
+    if (location < r.counts[expert]) continue;  // a kept row: dispatch_kernel writes it
+    T* dst = rows + (r.expert_offsets[expert] + location) * M;
+    const RowSplit split = split_row<T>(misalignment(dst), M);
+    for (int64_t i = lane; i < split.head; i += lanes) dst[i] = T{};
+    for (int64_t v = lane; v < split.vectors; v += lanes)
+      *reinterpret_cast<uint4*>(dst + split.head + v * kSize) = make_uint4(0, 0, 0, 0);
+    for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes) dst[i] = T{};
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Combine: y[t] = sum over kept j, in j order, of g(t, j) * rows[row(t, j)].
+
+// Up to kChunk of a token's choices at a time: the rows and gates of the kept
+// ones (src NULL for the others). The first kChunk are looked up once per
+// token and stay in registers; top_k beyond that is rare and is looked up
+// again per element.
+constexpr int kChunk = 8;
+
+template <typename T>
+struct Sources {
+  const T* src[kChunk];
+  typename Num<T>::Acc gate[kChunk];
+};
+
+// Loads the kept choices among t's choices [first, first + kChunk) and folds
+// their rows' misalignment into `misaligned`.
+template <typename T>
+__device__ __forceinline__ Sources<T> gather_sources(const a2a_routing_t& r, const T* rows, int64_t M,
+                                                      const void* gates, bool gate_is_data, int64_t t, int64_t first,
+                                                      unsigned& misaligned) {
+  Sources<T> s;
+#pragma unroll
+  for (int c = 0; c < kChunk; ++c) {
+    const int64_t j = first + c;
+    const int64_t row = j < r.top_k ? kept_row(r, t * r.top_k + j) : -1;
+    s.src[c] = nullptr;
+    s.gate[c] = 0;
+    if (row >= 0) {
+      s.src[c] = rows + row * M;
+      s.gate[c] = load_gate<T>(gates, gate_is_data, t * r.top_k + j);
+      misaligned = common_misalignment(misaligned, misalignment(s.src[c]));
+    }
+  }
+  return s;
+}
+
+// acc[e] += sum over the sources, in order, of gate * row[i + e].
+template <typename T, int kWidth>
+__device__ __forceinline__ void accumulate(const Sources<T>& s, int64_t i, typename Num<T>::Acc (&acc)[kWidth]) {
+#pragma unroll
+  for (int c = 0; c < kChunk; ++c) {
+    if (s.src[c] == nullptr) continue;
+    if (kWidth == 1) {
+      acc[0] += mul_rn(s.gate[c], Num<T>::load(s.src[c][i]));
+    } else {
+      const Vec<T> values = load_vec(s.src[c] + i);
+#pragma unroll
+      for (int e = 0; e < kWidth; ++e) acc[e] += mul_rn(s.gate[c], Num<T>::load(values.v[e]));
+    }
+  }
+}
+
+// Elements [i, i + kWidth) of y[t] (kWidth 1: scalar; else one vector).
+// kMany: top_k > kChunk.
+template <typename T, int kWidth, bool kMany>
+__device__ __forceinline__ void combine_elements(const a2a_routing_t& r, const T* rows, int64_t M, const void* gates,
+                                                 bool gate_is_data, int64_t t, const Sources<T>& cached, T* dst,
+                                                 int64_t i) {
+  using Acc = typename Num<T>::Acc;
+  Acc acc[kWidth];
+#pragma unroll
+  for (int e = 0; e < kWidth; ++e) acc[e] = Acc(0);
+  accumulate<T, kWidth>(cached, i, acc);
+  // top_k > kChunk: the later choices are looked up again for every element.
+  for (int64_t first = kChunk; kMany && first < r.top_k; first += kChunk) {
+    unsigned unused = 0;
+    accumulate<T, kWidth>(gather_sources(r, rows, M, gates, gate_is_data, t, first, unused), i, acc);
+  }
+  if (kWidth == 1) {
+    dst[i] = Num<T>::store(acc[0]);
+  } else {
+    Vec<T> out;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) out.v[e] = Num<T>::store(acc[e]);
+    store_vec(dst + i, out);
+  }
+}
+
+// kMany (top_k > kChunk) is a separate instantiation, so that the common
+// case carries no registers for the rare one.
+template <typename T, bool kMany>
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const a2a_routing_t r, const T* __restrict__ rows, int64_t M, const void* __restrict__ gates,
+                   bool gate_is_data, T* __restrict__ y, int lanes) {
+  constexpr int kSize = Vec<T>::kSize;
+  const int lane = threadIdx.x & (lanes - 1);
+  for (int64_t t = group_index(lanes); t < r.num_tokens; t += group_count(lanes)) {
+    T* dst = y + t * M;
+    unsigned misaligned = misalignment(dst);
+    const Sources<T> cached = gather_sources(r, rows, M, gates, gate_is_data, t, 0, misaligned);
+    for (int64_t first = kChunk; kMany && first < r.top_k; first += kChunk)  // only the alignment of the rest
+      (void)gather_sources(r, rows, M, gates, gate_is_data, t, first, misaligned);
+    const RowSplit split = split_row<T>(misaligned, M);
+    for (int64_t i = lane; i < split.head; i += lanes)
+      combine_elements<T, 1, kMany>(r, rows, M, gates, gate_is_data, t, cached, dst, i);
+    for (int64_t v = lane; v < split.vectors; v += lanes)
+      combine_elements<T, kSize, kMany>(r, rows, M, gates, gate_is_data, t, cached, dst, split.head + v * kSize);
+    for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes)
+      combine_elements<T, 1, kMany>(r, rows, M, gates, gate_is_data, t, cached, dst, i);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Gate gradient: grad[t*k + j] = dot(tokens[t], rows[row(t, j)]), 0 when not kept.
+
+// `lanes` threads per choice; the loop runs warp by warp (every lane takes
+// part in the shuffles, also past the last choice).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gate_grad_kernel(const a2a_routing_t r, const T* __restrict__ tokens, const T* __restrict__ rows, int64_t M,
+                     bool gate_is_data, void* __restrict__ grad_gates, int lanes) {
+  using Acc = typename Num<T>::Acc;
+  constexpr int64_t kSize = Vec<T>::kSize;
+  const int lane = threadIdx.x & (lanes - 1);
+  const int64_t per_warp = kWarp / lanes;
+  const int64_t choices = r.num_tokens * r.top_k;
+  const int64_t warps = thread_count() / kWarp;
+  for (int64_t first = global_thread() / kWarp * per_warp; first < choices; first += warps * per_warp) {
+    const int64_t choice = first + (threadIdx.x % kWarp) / lanes;
+    const int64_t row = choice < choices ? kept_row(r, choice) : -1;
+    Acc acc = Acc(0);
+    if (row >= 0) {
+      const T* a = tokens + choice / r.top_k * M;
+      const T* b = rows + row * M;
+      const RowSplit split = split_row<T>(common_misalignment(misalignment(a), misalignment(b)), M);
+      for (int64_t i = lane; i < split.head; i += lanes) acc += Num<T>::load(a[i]) * Num<T>::load(b[i]);
+      for (int64_t v = lane; v < split.vectors; v += lanes) {
+        const int64_t i = split.head + v * kSize;
+        const Vec<T> va = load_vec(a + i), vb = load_vec(b + i);
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) acc += Num<T>::load(va.v[e]) * Num<T>::load(vb.v[e]);
+      }
+      for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes)
+        acc += Num<T>::load(a[i]) * Num<T>::load(b[i]);
+    }
+    for (int offset = lanes / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(kFullMask, acc, offset);
+    if (choice < choices && lane == 0) store_gate<T>(grad_gates, gate_is_data, choice, acc);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side
+
+template <typename Fn>
+void with_float_type(const char* op, a2a_dtype_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case A2A_FLOAT32: return fn(float{});
+    case A2A_FLOAT64: return fn(double{});
+    case A2A_FLOAT16: return fn(half_t{});
+    case A2A_BFLOAT16: return fn(bfloat16_t{});
+    default: break;
+  }
+  fail(A2A_ERROR_INVALID_ARGUMENT, op, ": data dtype ", dtype_name(dtype),
+       " is not supported (float32, float64, float16, bfloat16)");
+}
+
+// Whether gates of gate_dtype are stored as the data dtype (else float32).
+bool gates_are_data(const char* op, a2a_dtype_t dtype, a2a_dtype_t gate_dtype) {
+  if (gate_dtype != A2A_FLOAT32 && gate_dtype != dtype)
+    fail(A2A_ERROR_INVALID_ARGUMENT, op, ": gate dtype ", dtype_name(gate_dtype), " must be float32 or the data dtype ",
+         dtype_name(dtype));
+  return gate_dtype == dtype;
+}
+
+class CudaKernels final : public Kernels {
+ public:
+  // Touches no CUDA API (a workspace size query needs no device).
+  explicit CudaKernels(cudaStream_t stream) : stream_(stream) {}
+
+  const char* name() const override { return "cuda"; }
+
+  size_t locate_workspace_size(int64_t num_tokens, int64_t top_k, int64_t num_experts) const override {
+    return locate_layout(num_tokens, top_k, num_experts).total;
+  }
+
+  void locate(const RouteProblem& p, void* workspace, size_t workspace_bytes, int64_t* locations,
+              std::vector<int64_t>& demand) override {
+    const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts;
+    if (p.index_dtype != A2A_INT32 && p.index_dtype != A2A_INT64)
+      fail(A2A_ERROR_INVALID_ARGUMENT, "route: indices dtype ", dtype_name(p.index_dtype), " is not int32 or int64");
+    const LocateLayout layout = locate_layout(T, k, E);
+    if (workspace_bytes < layout.total)
+      fail(A2A_ERROR_INVALID_ARGUMENT, "route: workspace of ", workspace_bytes, " bytes is smaller than the ",
+           layout.total, " bytes required");
+    if (workspace == nullptr)
+      fail(A2A_ERROR_INVALID_ARGUMENT, "route: workspace is NULL; it needs ", layout.total, " bytes of device memory");
+    demand.assign(static_cast<size_t>(E), 0);
+    const bool check_order = p.token_order != nullptr && T > 0;
+    if (layout.tiles == 0 && !check_order) return;  // nothing to scan or check
+
+    const uintptr_t start = (reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
+    char* base = reinterpret_cast<char*>(start);
+    auto* record = reinterpret_cast<unsigned long long*>(base + layout.record);
+    auto* demand_device = reinterpret_cast<int64_t*>(record + kRecordSize);
+    auto* tile_counts = reinterpret_cast<int64_t*>(base + layout.tile_counts);
+    auto* first_seen = reinterpret_cast<unsigned long long*>(base + layout.first_seen);
+    const unsigned warp_blocks = grid_for(layout.tiles, kThreads / kWarp, max_blocks());
+
+    check_cuda(cudaMemsetAsync(record, 0xff, kRecordSize * sizeof(unsigned long long), stream_), "cudaMemsetAsync");
+    if (check_order) {
+      check_cuda(cudaMemsetAsync(first_seen, 0xff, static_cast<size_t>(T) * sizeof(unsigned long long), stream_),
+                 "cudaMemsetAsync");
+      const unsigned blocks = grid_for(T, kThreads, max_blocks());
+      first_seen_kernel<<<blocks, kThreads, 0, stream_>>>(p.token_order, T, first_seen);
+      check_launch("first_seen_kernel");
+      order_check_kernel<<<blocks, kThreads, 0, stream_>>>(p.token_order, T, first_seen, record);
+      check_launch("order_check_kernel");
+    }
+    if (layout.tiles > 0) {
+      check_cuda(cudaMemsetAsync(tile_counts, 0, static_cast<size_t>(E * layout.tiles) * sizeof(int64_t), stream_),
+                 "cudaMemsetAsync");
+      tile_histogram_kernel<<<warp_blocks, kThreads, 0, stream_>>>(
+          p.indices, p.index_dtype, T, k, E, p.token_order, layout.positions, layout.tile, layout.tiles,
+          reinterpret_cast<unsigned long long*>(tile_counts), record);
+      check_launch("tile_histogram_kernel");
+      tile_scan_kernel<<<grid_for(E, 1, max_blocks()), kScanThreads, 0, stream_>>>(tile_counts, layout.tiles, E,
+                                                                                   demand_device);
+      check_launch("tile_scan_kernel");
+      tile_assign_kernel<<<warp_blocks, kThreads, 0, stream_>>>(p.indices, p.index_dtype, T, k, E, p.token_order,
+                                                                layout.positions, layout.tile, layout.tiles,
+                                                                tile_counts, locations);
+      check_launch("tile_assign_kernel");
+    }
+    error_values_kernel<<<1, 1, 0, stream_>>>(p.indices, p.index_dtype, p.token_order, record);
+    check_launch("error_values_kernel");
+
+    // The record and (when scanned) the demand, in one copy; then the one sync.
+    std::vector<unsigned long long> host(kRecordSize + (layout.tiles > 0 ? static_cast<size_t>(E) : 0));
+    check_cuda(cudaMemcpyAsync(host.data(), record, host.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                               stream_),
+               "cudaMemcpyAsync (device to host)");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after the location scan)");
+
+    if (host[kBadOrderEntry] != kUnset)
+      fail(A2A_ERROR_INVALID_ARGUMENT, route_token_order_message(static_cast<int64_t>(host[kBadOrderEntry]),
+                                                                 static_cast<int64_t>(host[kBadOrderValue]), T));
+    if (host[kBadChoice] != kUnset) {
+      const int64_t choice = static_cast<int64_t>(host[kBadChoice]);
+      fail(A2A_ERROR_INVALID_ARGUMENT,
+           route_index_message(choice / k, choice % k, static_cast<int64_t>(host[kBadChoiceValue]), E));
+    }
+    if (layout.tiles > 0)
+      for (int64_t e = 0; e < E; ++e) demand[e] = static_cast<int64_t>(host[kRecordSize + e]);
+  }
+
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    // From pageable memory, cudaMemcpyAsync returns once the bytes are staged;
+    // from page-locked memory it returns at once, and since the caller may
+    // reuse host_src when this returns, the copy is waited for then.
+    cudaPointerAttributes attributes{};
+    bool page_locked = false;
+    if (cudaPointerGetAttributes(&attributes, host_src) == cudaSuccess)
+      page_locked = attributes.type == cudaMemoryTypeHost;
+    else
+      (void)cudaGetLastError();  // unknown to CUDA: treated as pageable; the copy below reports real trouble
+    check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync (host to device)");
+    if (page_locked) check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after an upload)");
+  }
+
+  void dispatch(const a2a_routing_t& r, const void* x, a2a_dtype_t dtype, int64_t model_dim, const void* gates,
+                a2a_dtype_t gate_dtype, void* rows) override {
+    const bool gate_is_data = gates != nullptr && gates_are_data("dispatch", dtype, gate_dtype);
+    with_float_type("dispatch", dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (model_dim == 0) return;
+      const int lanes = lanes_for(model_dim, sizeof(T));
+      const int64_t per_block = kThreads / lanes;
+      const int64_t choices = r.num_tokens * r.top_k;
+      if (choices > 0) {
+        const unsigned blocks = grid_for(choices, per_block, max_blocks());
+        if (gates != nullptr)
+          dispatch_kernel<T, true><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(x), model_dim, gates,
+                                                                      gate_is_data, static_cast<T*>(rows), lanes);
+        else
+          dispatch_kernel<T, false><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(x), model_dim, nullptr,
+                                                                       false, static_cast<T*>(rows), lanes);
+        check_launch("dispatch_kernel");
+      }
+      if (r.capacity > 0) {  // padded layout: zero the rows past each expert's count
+        zero_padding_kernel<T><<<grid_for(r.num_experts * r.capacity, per_block, max_blocks()), kThreads, 0, stream_>>>(
+            r, model_dim, static_cast<T*>(rows), lanes);
+        check_launch("zero_padding_kernel");
+      }
+    });
+  }
+
+  void combine(const a2a_routing_t& r, const void* rows, a2a_dtype_t dtype, int64_t model_dim, const void* gates,
+               a2a_dtype_t gate_dtype, void* y) override {
+    const bool gate_is_data = gates != nullptr && gates_are_data("combine", dtype, gate_dtype);
+    with_float_type("combine", dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (model_dim == 0 || r.num_tokens == 0) return;
+      const int lanes = lanes_for(model_dim, sizeof(T));
+      const unsigned blocks = grid_for(r.num_tokens, kThreads / lanes, max_blocks());
+      if (r.top_k <= kChunk)
+        combine_kernel<T, false><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(rows), model_dim, gates,
+                                                                    gate_is_data, static_cast<T*>(y), lanes);
+      else
+        combine_kernel<T, true><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(rows), model_dim, gates,
+                                                                   gate_is_data, static_cast<T*>(y), lanes);
+      check_launch("combine_kernel");
+    });
+  }
+
+  void gate_grad(const a2a_routing_t& r, const void* tokens, const void* rows, a2a_dtype_t dtype, int64_t model_dim,
+                 a2a_dtype_t gate_dtype, void* grad_gates) override {
+    const bool gate_is_data = gates_are_data("gate_grad", dtype, gate_dtype);
+    with_float_type("gate_grad", dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const int64_t choices = r.num_tokens * r.top_k;
+      if (choices == 0) return;  // with model_dim 0 the kernel still writes the zeros
+      const int lanes = lanes_for(model_dim, sizeof(T));
+      gate_grad_kernel<T><<<grid_for(choices, kThreads / lanes, max_blocks()), kThreads, 0, stream_>>>(
+          r, static_cast<const T*>(tokens), static_cast<const T*>(rows), model_dim, gate_is_data, grad_gates, lanes);
+      check_launch("gate_grad_kernel");
+    });
+  }
+
+ private:
+  // The grid cap of the current device, found on the first launch; its
+  // errors are the first to say that there is no usable device or driver.
+  int max_blocks() {
+    if (max_blocks_ == 0) {
+      int devices = 0;
+      check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+      if (devices < 1) fail(A2A_ERROR_UNSUPPORTED, "CUDA: no CUDA device is visible");
+      int device = 0;
+      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+      int sms = 0;
+      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                 "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+      max_blocks_ = std::max(1, sms) * kBlocksPerSm;
+    }
+    return max_blocks_;
+  }
+
+  cudaStream_t stream_;
+  int max_blocks_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream) {
+  return std::make_unique<CudaKernels>(static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace a2a::moe

@@ -1,0 +1,478 @@
+"""The CUDA backend of the MoE kernels against the CPU backend, with torch
+CUDA tensors.
+
+route must agree exactly (locations, counts, offsets, capacity, drops).
+fast_encode and permute form one product per element, converted the same
+way on both sides (core/moe_elementwise.hpp), so they are compared bitwise in
+every dtype. Sums (fast_decode, unpermute) and gradients are compared within
+float32 accumulation tolerance (float64 for float64). Skipped without a GPU
+or a CUDA build of a2a (conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import a2a
+import a2a.torch
+
+DEVICE = "cuda"
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+MODEL_DIMS = (1, 7, 8, 1000, 4096)
+GATES = ("none", "float32", "same")
+# (rtol, atol) of one sum of a few products, rounded once to the dtype.
+SUM_TOLERANCE = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-12, 1e-12),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+# Unit roundoff of each dtype as a storage type.
+STORE_EPS = {
+    torch.float32: 2.0**-24,
+    torch.float64: 2.0**-53,
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+}
+
+
+def generator(*key: int) -> torch.Generator:
+    seed = 0
+    for part in key:
+        seed = (seed * 1_000_003 + int(part)) % (2**61 - 1)
+    return torch.Generator().manual_seed(seed)
+
+
+def make_indices(T, k, E, *, dtype=torch.int64, unrouted=0.1, skew=0.0, seed=0):
+    """(T, k) expert choices on the CPU: k distinct experts per token (k <= E;
+    random choices with repeats otherwise), low experts favoured by `skew` so
+    that some overflow, and a fraction `unrouted` of negative (-1..-3) entries."""
+    g = generator(T, k, E, seed)
+    if k <= E:
+        scores = torch.rand(T, E, generator=g) - skew * torch.arange(E) / max(E, 1)
+        indices = scores.topk(k, dim=1).indices
+    else:
+        indices = torch.randint(0, E, (T, k), generator=g)
+    negative = torch.rand(T, k, generator=g) < unrouted
+    indices = torch.where(negative, -torch.randint(1, 4, (T, k), generator=g), indices)
+    return indices.to(dtype).contiguous()
+
+
+def make_data(shape, dtype, *key):
+    return torch.randn(*shape, generator=generator(*shape, *key)).to(dtype)
+
+
+def make_gates(mode, T, k, dtype, *key):
+    if mode == "none":
+        return None
+    gate_dtype = torch.float32 if mode == "float32" else dtype
+    return (0.05 + 0.95 * torch.rand(T, k, generator=generator(T, k, 7, *key))).to(gate_dtype)
+
+
+def on_device(x):
+    return None if x is None else x.to(DEVICE)
+
+
+def route_both(indices, num_experts, **kwargs):
+    """(cpu routing, gpu routing), checked equal."""
+    cpu = a2a.route(indices, num_experts, **kwargs)
+    gpu_kwargs = {name: on_device(v) if torch.is_tensor(v) else v for name, v in kwargs.items()}
+    gpu = a2a.route(indices.to(DEVICE), num_experts, **gpu_kwargs)
+    assert_same_routing(gpu, cpu)
+    return cpu, gpu
+
+
+def assert_equal_tensors(got, want, what):
+    assert got.device.type == DEVICE, f"{what} is on {got.device}"
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{what}: {got.dtype} {got.shape} vs {want.dtype} {want.shape}"
+    )
+    if not torch.equal(got, want):
+        first = tuple((got != want).nonzero()[0].tolist())
+        raise AssertionError(
+            f"{what} differs first at {first}: gpu {got[first].item()} cpu {want[first].item()}"
+        )
+
+
+def assert_same_routing(gpu, cpu):
+    for name in ("locations", "counts", "offsets"):
+        assert_equal_tensors(getattr(gpu, name), getattr(cpu, name), name)
+    assert (gpu.capacity, gpu.num_rows, gpu.num_dropped) == (cpu.capacity, cpu.num_rows, cpu.num_dropped)
+
+
+def bits(t):
+    t = t.detach().cpu().contiguous()
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def assert_bitwise(got, want, what):
+    assert got.device.type == DEVICE, f"{what} is on {got.device}"
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{what}: {got.dtype} {got.shape} vs {want.dtype} {want.shape}"
+    )
+    g, w = bits(got), bits(want)
+    if not torch.equal(g, w):
+        first = tuple((g != w).nonzero()[0].tolist())
+        raise AssertionError(
+            f"{what} differs first at {first}: gpu {got.cpu()[first].item()!r} cpu {want[first].item()!r} "
+            f"({int((g != w).sum())} elements differ)"
+        )
+
+
+def assert_close_sum(got, want, what):
+    assert got.device.type == DEVICE, f"{what} is on {got.device}"
+    rtol, atol = SUM_TOLERANCE[want.dtype]
+    torch.testing.assert_close(
+        got.detach().cpu(), want.detach(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def assert_close_dot(got, want, magnitude, terms, what):
+    """Gate gradients (dot products of `terms` elements): each side is within
+    the worst-case accumulation error terms * eps * sum_i |a_i b_i|
+    (`magnitude`, per choice) plus the rounding of the result to its dtype."""
+    assert got.device.type == DEVICE and got.dtype == want.dtype, (
+        f"{what}: {got.device} {got.dtype} vs {want.dtype}"
+    )
+    acc_eps = 2.0**-53 if want.dtype == torch.float64 else 2.0**-24
+    store_eps = STORE_EPS[want.dtype]
+    got, want = got.detach().cpu().double(), want.detach().double()
+    slack = 2 * terms * acc_eps * magnitude + 2 * store_eps * want.abs() + 1e-30
+    excess = (got - want).abs() - slack
+    assert bool((excess <= 0).all()), f"{what}: largest excess {excess.max().item()} over the bound"
+
+
+# --- route ---------------------------------------------------------------------------------
+
+# name: (T, k, E, index dtype, route kwargs, unrouted, skew)
+ROUTE_CASES = {
+    "top2-not-tile-multiple": (1000, 2, 8, torch.int64, {}, 0.1, 0.0),
+    "one-token-one-expert": (1, 1, 1, torch.int32, {}, 0.0, 0.0),
+    "one-expert": (777, 2, 1, torch.int64, {"capacity_setting": 0}, 0.2, 0.0),
+    "e300-no-drop": (513, 3, 300, torch.int64, {"capacity_setting": 0}, 0.1, 0.0),
+    "e300-capacity-5": (4097, 4, 300, torch.int32, {"capacity": 5}, 0.05, 2.0),
+    "skewed-negative-setting": (3000, 2, 16, torch.int64, {"capacity_setting": -0.5}, 0.1, 3.0),
+    "factor-drops": (2048, 2, 16, torch.int32, {"capacity_setting": 0.7}, 0.0, 1.0),
+    "all-unrouted": (300, 2, 4, torch.int64, {"capacity": 3}, 1.0, 0.0),
+    "no-tokens": (0, 2, 4, torch.int64, {"capacity": 2}, 0.0, 0.0),
+    "top10": (600, 10, 16, torch.int64, {}, 0.1, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", ROUTE_CASES)
+def test_route_matches_cpu(name):
+    T, k, E, index_dtype, kwargs, unrouted, skew = ROUTE_CASES[name]
+    indices = make_indices(T, k, E, dtype=index_dtype, unrouted=unrouted, skew=skew)
+    route_both(indices, E, **kwargs)
+
+
+@pytest.mark.parametrize("score_shape", ["tokens", "tokens-by-4"])
+def test_route_batch_prioritized_matches_cpu(score_shape):
+    T, k, E = 5000, 2, 32
+    indices = make_indices(T, k, E, skew=1.0)
+    shape = (T,) if score_shape == "tokens" else (T, 4)
+    scores = torch.round(torch.rand(*shape, generator=generator(T, 3)) * 10) / 10  # many ties
+    cpu, _ = route_both(indices, E, scores=scores, batch_prioritized=True, capacity_setting=0.8)
+    plain = a2a.route(indices, E, capacity_setting=0.8)
+    assert not torch.equal(plain.locations, cpu.locations), "the scores did not change the slot order"
+
+
+def test_route_big_matches_cpu():
+    # 140000 choices: hundreds of tiles; with scores, a token order over all of them.
+    indices = make_indices(70000, 2, 64, unrouted=0.05, skew=1.0)
+    route_both(indices, 64, capacity_setting=1.0)
+    scores = torch.rand(70000, generator=generator(70000, 5))
+    route_both(indices, 64, scores=scores, batch_prioritized=True, capacity_setting=0.0)
+
+
+def test_route_many_tiles_matches_cpu():
+    # 2.2M choices: more than 4096 tiles of 512, so tiles grow, and the scan
+    # over tiles takes several chunks.
+    indices = make_indices(1_100_000, 2, 8, dtype=torch.int32, unrouted=0.01)
+    route_both(indices, 8, capacity_setting=0.9)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_index_out_of_range_raises_like_cpu(index_dtype, prioritized):
+    T, k, E = 1000, 2, 8
+    indices = make_indices(T, k, E, dtype=index_dtype)
+    indices[700, 1] = E
+    indices[300, 1] = E + 3  # the first offender in (token, choice) order
+    indices[900, 0] = 1000
+    kwargs = (
+        {"scores": torch.rand(T, generator=generator(T, 9)), "batch_prioritized": True} if prioritized else {}
+    )
+    with pytest.raises(a2a.InvalidArgumentError) as cpu_error:
+        a2a.route(indices, E, **kwargs)
+    gpu_kwargs = {name: on_device(v) if torch.is_tensor(v) else v for name, v in kwargs.items()}
+    with pytest.raises(a2a.InvalidArgumentError) as gpu_error:
+        a2a.route(indices.to(DEVICE), E, **gpu_kwargs)
+    assert str(gpu_error.value) == str(cpu_error.value)
+    assert f"indices[300, 1] = {E + 3} is out of range for num_experts {E}" in str(gpu_error.value)
+    # The device and stream are still usable afterwards.
+    indices[indices >= E] = -1
+    route_both(indices, E)
+
+
+# --- encode / decode -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gates", GATES)
+@pytest.mark.parametrize("M", MODEL_DIMS)
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_encode_bitwise_and_decode_close(dtype_name, M, gates):
+    dtype = DTYPES[dtype_name]
+    T, k, E = (96 if M >= 1000 else 300), 2, 6
+    indices = make_indices(T, k, E, unrouted=0.1, skew=1.0, seed=M)
+    cpu_routing, gpu_routing = route_both(indices, E, capacity_setting=0.8)
+    assert cpu_routing.num_dropped > 0 and int((cpu_routing.counts < cpu_routing.capacity).sum()) > 0
+    x = make_data((T, M), dtype, 1)
+    g = make_gates(gates, T, k, dtype, M)
+
+    want = a2a.fast_encode(x, cpu_routing, g)
+    got = a2a.fast_encode(x.to(DEVICE), gpu_routing, on_device(g))
+    assert_bitwise(got, want, "fast_encode")
+
+    want_y = a2a.fast_decode(want, cpu_routing, g)
+    got_y = a2a.fast_decode(got, gpu_routing, on_device(g))
+    assert_close_sum(got_y, want_y, "fast_decode")
+
+
+def test_encode_writes_every_row():
+    # out= prefilled with NaN: padding and kept rows must all be written.
+    T, k, E, M = 500, 2, 8, 96
+    indices = make_indices(T, k, E, unrouted=0.2, skew=2.0)
+    cpu_routing, gpu_routing = route_both(indices, E, capacity_setting=1.0)
+    x = make_data((T, M), torch.float16, 2)
+    out = torch.full((E, cpu_routing.capacity, M), float("nan"), dtype=torch.float16, device=DEVICE)
+    got = a2a.fast_encode(x.to(DEVICE), gpu_routing, out=out)
+    assert_bitwise(got, a2a.fast_encode(x, cpu_routing), "fast_encode into a NaN-filled out")
+
+
+def test_top_k_above_eight():
+    # Token sums with more choices than the kernel keeps in registers.
+    T, k, E, M = 400, 10, 16, 40
+    indices = make_indices(T, k, E, unrouted=0.1)
+    cpu_routing, gpu_routing = route_both(indices, E, capacity_setting=0.9)
+    x = make_data((T, M), torch.float32, 3)
+    g = make_gates("float32", T, k, torch.float32, 3)
+    want = a2a.fast_encode(x, cpu_routing, g)
+    got = a2a.fast_encode(x.to(DEVICE), gpu_routing, on_device(g))
+    assert_bitwise(got, want, "fast_encode")
+    assert_close_sum(
+        a2a.fast_decode(got, gpu_routing, on_device(g)), a2a.fast_decode(want, cpu_routing, g), "fast_decode"
+    )
+
+
+def test_no_tokens():
+    indices = make_indices(0, 2, 4)
+    _, gpu_routing = route_both(indices, 4, capacity=3)
+    x = torch.empty(0, 16, device=DEVICE)
+    dispatched = a2a.fast_encode(x, gpu_routing)
+    assert_bitwise(dispatched, torch.zeros(4, 3, 16), "fast_encode of no tokens")
+    assert a2a.fast_decode(dispatched, gpu_routing).shape == (0, 16)
+
+
+# --- permute / unpermute -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("M", (1, 7, 1000))
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_permute_bitwise_and_unpermute_close(dtype_name, M):
+    dtype = DTYPES[dtype_name]
+    T, k, E = 700, 2, 12
+    indices = make_indices(T, k, E, unrouted=0.15, skew=1.0, seed=M)
+    x = make_data((T, M), dtype, 4)
+    want_sorted, want_perm = a2a.permute(x, indices, E)
+    got_sorted, got_perm = a2a.permute(x.to(DEVICE), indices.to(DEVICE), E)
+    assert_same_routing(got_perm, want_perm)
+    assert got_perm.capacity is None
+    assert_bitwise(got_sorted, want_sorted, "permute")
+    for gates in ("none", "float32", "same"):
+        g = make_gates(gates, T, k, dtype, M)
+        assert_close_sum(
+            a2a.unpermute(got_sorted, got_perm, on_device(g)),
+            a2a.unpermute(want_sorted, want_perm, g),
+            f"unpermute {gates}",
+        )
+
+
+# --- gradients -----------------------------------------------------------------------------
+
+
+def _forward(op, data, gates, routing):
+    if op == "encode":
+        return a2a.fast_encode(data, routing, gates)
+    if op == "decode":
+        return a2a.fast_decode(data, routing, gates)
+    if op == "permute":
+        return a2a.torch.permute(data, routing)[0]
+    return a2a.unpermute(data, routing, gates)
+
+
+def _dot_magnitude(op, data, upstream, routing):
+    """sum_i |a_i * b_i| of each gate gradient's dot product, in float64 (CPU)."""
+    if op == "encode":  # dot(x[t], grad_rows[row])
+        tokens, rows = data, upstream.reshape(-1, data.shape[1])
+    else:  # dot(grad_y[t], rows[row])
+        tokens, rows = upstream, data.reshape(-1, upstream.shape[1])
+    row_map = routing.row_map
+    safe = row_map.clamp(min=0)
+    products = tokens.double().abs()[:, None, :] * rows.double().abs()[safe]
+    return torch.where(row_map >= 0, products.sum(-1), torch.zeros(()))
+
+
+@pytest.mark.parametrize("op", ["encode", "decode", "permute", "unpermute"])
+@pytest.mark.parametrize("dtype_name", ["float32", "float64", "bfloat16"])
+def test_gradients_match_cpu(dtype_name, op):
+    dtype = DTYPES[dtype_name]
+    T, k, E, M = 400, 2, 8, 1000
+    indices = make_indices(T, k, E, unrouted=0.1, skew=1.0)
+    if op in ("encode", "decode"):
+        cpu_routing, gpu_routing = route_both(indices, E, capacity_setting=0.8)
+        rows = E * cpu_routing.capacity
+    else:
+        _, cpu_routing = a2a.permute(torch.zeros(T, 1), indices, E)
+        _, gpu_routing = a2a.permute(torch.zeros(T, 1, device=DEVICE), indices.to(DEVICE), E)
+        assert_same_routing(gpu_routing, cpu_routing)
+        rows = cpu_routing.num_rows
+    if op == "encode" or op == "permute":
+        data = make_data((T, M), dtype, 5)
+    elif op == "decode":
+        data = make_data((E, cpu_routing.capacity, M), dtype, 5)
+    else:
+        data = make_data((rows, M), dtype, 5)
+    gates = (
+        None
+        if op == "permute"
+        else make_gates("float32" if dtype == torch.bfloat16 else "same", T, k, dtype, 5)
+    )
+
+    results = {}
+    for device, routing in (("cpu", cpu_routing), (DEVICE, gpu_routing)):
+        d = data.to(device, copy=True).requires_grad_()
+        g = None if gates is None else gates.to(device, copy=True).requires_grad_()
+        out = _forward(op, d, g, routing)
+        upstream = make_data(tuple(out.shape), dtype, 6).to(device)
+        out.backward(upstream)
+        results[device] = (out.detach(), d.grad, None if g is None else g.grad, upstream.cpu())
+
+    out_cpu, data_grad_cpu, gate_grad_cpu, upstream = results["cpu"]
+    out_gpu, data_grad_gpu, gate_grad_gpu, _ = results[DEVICE]
+    # One product per element where the op dispatches (bitwise), a sum where it combines.
+    if op in ("encode", "permute"):
+        assert_bitwise(out_gpu, out_cpu, f"{op} forward")
+        assert_close_sum(data_grad_gpu, data_grad_cpu, f"{op} data gradient")
+    else:
+        assert_close_sum(out_gpu, out_cpu, f"{op} forward")
+        assert_bitwise(data_grad_gpu, data_grad_cpu, f"{op} data gradient")
+    if gates is not None:
+        assert gate_grad_gpu.dtype == gates.dtype and gate_grad_gpu.device.type == DEVICE
+        magnitude = _dot_magnitude(op, data, upstream, cpu_routing)
+        assert_close_dot(gate_grad_gpu, gate_grad_cpu, magnitude, M, f"{op} gate gradient")
+
+
+# --- alignment -----------------------------------------------------------------------------
+
+
+def unaligned(shape, dtype, offset=1, fill=None):
+    """A contiguous CUDA tensor whose data starts `offset` elements past a
+    16-byte boundary (a slice of a bigger buffer)."""
+    count = 1
+    for n in shape:
+        count *= n
+    big = torch.empty(count + offset + 8, dtype=dtype, device=DEVICE)
+    view = big[offset : offset + count].view(*shape)
+    if fill is not None:
+        view.copy_(fill)
+    return view
+
+
+@pytest.mark.parametrize("M", (7, 8, 1000))
+@pytest.mark.parametrize("dtype_name", ["float32", "float64", "float16", "bfloat16"])
+def test_unaligned_inputs_and_outputs(dtype_name, M):
+    dtype = DTYPES[dtype_name]
+    T, k, E = 200, 2, 4
+    indices = make_indices(T, k, E, unrouted=0.1, skew=1.0, seed=M)
+    cpu_routing, gpu_routing = route_both(indices, E, capacity_setting=0.9)
+    C = cpu_routing.capacity
+    x = make_data((T, M), dtype, 7)
+    g = make_gates("float32", T, k, dtype, 7)
+    want = a2a.fast_encode(x, cpu_routing, g)
+    x_dev = unaligned((T, M), dtype, fill=x)
+    g_dev = unaligned((T, k), torch.float32, fill=g)
+    assert x_dev.is_contiguous() and x_dev.data_ptr() % 16 != 0
+
+    # Unaligned source, aligned destination: the rows cannot share vectors.
+    assert_bitwise(a2a.fast_encode(x_dev, gpu_routing, g_dev), want, "fast_encode, unaligned x")
+    # Source and destination off by the same amount: a scalar head, then vectors.
+    out = unaligned((E, C, M), dtype)
+    assert_bitwise(a2a.fast_encode(x_dev, gpu_routing, g_dev, out=out), want, "fast_encode, both unaligned")
+
+    want_y = a2a.fast_decode(want, cpu_routing, g)
+    dispatched = unaligned((E, C, M), dtype, fill=want.to(DEVICE))
+    assert_close_sum(a2a.fast_decode(dispatched, gpu_routing, g_dev), want_y, "fast_decode, unaligned input")
+    y_out = unaligned((T, M), dtype)
+    assert_close_sum(
+        a2a.fast_decode(dispatched, gpu_routing, g_dev, out=y_out),
+        want_y,
+        "fast_decode, unaligned input and output",
+    )
+
+    # Gradients through unaligned leaves: the gate gradient's dot products
+    # read unaligned tokens.
+    base = torch.zeros(T * M + 1, dtype=dtype, device=DEVICE)
+    base[1:].copy_(x.flatten())
+    base.requires_grad_()
+    g_leaf = g.detach().to(DEVICE, copy=True).requires_grad_()
+    x_view = base[1:].view(T, M)
+    upstream = make_data((E, C, M), dtype, 8)
+    a2a.fast_encode(x_view, gpu_routing, g_leaf).backward(
+        unaligned((E, C, M), dtype, fill=upstream.to(DEVICE))
+    )
+    x_cpu, g_cpu = x.detach().clone().requires_grad_(), g.detach().clone().requires_grad_()
+    a2a.fast_encode(x_cpu, cpu_routing, g_cpu).backward(upstream)
+    assert_close_sum(base.grad[1:].view(T, M), x_cpu.grad, "data gradient, unaligned")
+    magnitude = _dot_magnitude("encode", x, upstream, cpu_routing)
+    assert_close_dot(g_leaf.grad, g_cpu.grad, magnitude, M, "gate gradient, unaligned")
+
+
+# --- streams -------------------------------------------------------------------------------
+
+
+def test_kernels_run_on_the_current_stream():
+    """Inputs produced late on a side stream (after a long sleep there) must
+    be what the kernels read: they are ordered on that stream."""
+    T, k, E, M = 5000, 2, 16, 256
+    indices = make_indices(T, k, E, unrouted=0.05, skew=1.0)
+    x = make_data((T, M), torch.float32, 9)
+    g = make_gates("float32", T, k, torch.float32, 9)
+    cpu_routing = a2a.route(indices, E, capacity_setting=1.0)
+    want = a2a.fast_encode(x * 2, cpu_routing, g)
+    want_y = a2a.fast_decode(want, cpu_routing, g)
+
+    indices_dev, x_dev, g_dev = indices.to(DEVICE), x.to(DEVICE), g.to(DEVICE)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(100_000_000)  # tens of milliseconds of GPU time before the inputs exist
+        late_indices = indices_dev + 0
+        late_x = x_dev * 2
+        routing = a2a.route(late_indices, E, capacity_setting=1.0)
+        dispatched = a2a.fast_encode(late_x, routing, g_dev)
+        y = a2a.fast_decode(dispatched, routing, g_dev)
+    side.synchronize()
+    assert_same_routing(routing, cpu_routing)
+    assert_bitwise(dispatched, want, "fast_encode on a side stream")
+    assert_close_sum(y, want_y, "fast_decode on a side stream")
