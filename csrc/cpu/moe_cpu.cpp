@@ -30,7 +30,7 @@ using cpu::slice_count;
 constexpr int64_t kGrainElements = 1 << 15;
 // Choices per slice of the location scan.
 constexpr int64_t kScanGrain = 1 << 14;
-// Elements per accumulator block in combine (stays in L1).
+// Elements per L1 block: accumulators in combine, staging for non-temporal stores.
 constexpr int64_t kBlock = 512;
 
 int64_t token_grain(int64_t elements_per_token) {

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+
+#include <pthread.h>
 #include <thread>
 #include <vector>
 
@@ -23,8 +25,19 @@ class ThreadPool {
   static ThreadPool& instance() {
     // Leaked on purpose: joining threads during static destruction can
     // deadlock when the process exits from another thread.
-    static ThreadPool* pool = new ThreadPool();
-    return *pool;
+    static const bool registered = [] {
+      // A forked child has none of the parent's workers (and its mutexes may
+      // be held by threads that do not exist there): it starts a new pool
+      // instead of waiting forever for the old one. The old one is leaked.
+      pthread_atfork(nullptr, nullptr, [] { current_.store(new ThreadPool()); });
+      return true;
+    }();
+    (void)registered;
+    if (current_.load() == nullptr) {
+      static std::once_flag once;
+      std::call_once(once, [] { current_.store(new ThreadPool()); });
+    }
+    return *current_.load();
   }
 
   void run(int slices, int threads, const std::function<void(int)>& slice_body) {
@@ -97,6 +110,8 @@ class ThreadPool {
   uint64_t generation_ = 0;
   std::mutex error_mutex_;
   std::exception_ptr error_;
+
+  static inline std::atomic<ThreadPool*> current_{nullptr};
 };
 
 }  // namespace

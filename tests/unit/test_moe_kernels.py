@@ -741,3 +741,25 @@ def test_read_only_inputs_are_fine(case):
 
 def test_non_native_byte_order_rejected(case):
     raises_invalid(lambda: a2a.fast_encode(case.x.astype(">f4"), case.routing), "byte order")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_kernels_work_in_a_forked_child():
+    """The CPU thread pool does not survive fork (e.g. DataLoader workers): a
+    child that calls the kernels after the parent did must get a new pool,
+    not wait forever for workers it does not have."""
+    script = """
+import os, numpy as np, a2a
+indices = np.random.default_rng(0).integers(0, 8, (100000, 2))
+x = np.ones((100000, 64), np.float32)
+a2a.fast_encode(x, a2a.route(indices, 8))           # starts the parent's workers
+pid = os.fork()
+if pid == 0:
+    out = a2a.fast_encode(x, a2a.route(indices, 8))
+    os._exit(0 if out.sum() == 2 * 100000 * 64 - 64 * a2a.route(indices, 8).num_dropped else 3)
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"""
+    env = dict(os.environ, A2A_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
