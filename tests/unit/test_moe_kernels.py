@@ -761,5 +761,5 @@ _, status = os.waitpid(pid, 0)
 raise SystemExit(os.waitstatus_to_exitcode(status))
 """
     env = dict(os.environ, A2A_NUM_THREADS="2")
-    result = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", script], check=False, env=env, timeout=60, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
