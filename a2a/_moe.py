@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import is_torch_tensor, view
+from ._arrays import DTYPE_CODES, is_torch_tensor, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
 __all__ = ["Routing", "fast_decode", "fast_encode", "permute", "route", "unpermute"]
 
-_CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int32": 5, "int64": 6}
 _FLOATS = ("float32", "float64", "float16", "bfloat16")
 _INDICES = ("int32", "int64")
 _DEVICE_CPU, _DEVICE_CUDA = 0, 1
@@ -51,14 +50,12 @@ class _Array:
 
     def __init__(self, x: Any, what: str, op: str):
         if is_torch_tensor(x):
-            torch = _torch()
             if x.device.type not in ("cpu", "cuda"):
                 raise InvalidArgumentError(f"{op}: {what} is a torch tensor on {x.device}; a2a runs on cpu and cuda")
             x = x.contiguous()
             self.framework, self.device = "torch", x.device
             self.dtype = str(x.dtype).removeprefix("torch.")
             self.address = x.data_ptr()
-            del torch
         else:
             try:
                 v = view(x, what)  # NumPy, DLPack and buffer objects; rejects other memory
@@ -185,7 +182,7 @@ class Routing:
             self.top_k,
             self.num_experts,
             self._indices.address,
-            _CODES[self._indices.dtype],
+            DTYPE_CODES[self._indices.dtype],
             _address(self.locations),
             _address(self.counts),
             _address(self.offsets),
@@ -287,7 +284,7 @@ def _route(idx: _Array, num_experts: int, capacity: int, setting: float, order: 
             execution,
             None if comm is None else comm._native,
             idx.address,
-            _CODES[idx.dtype],
+            DTYPE_CODES[idx.dtype],
             num_tokens,
             top_k,
             num_experts,
@@ -358,8 +355,8 @@ def _gated_kernel(kernel, data: Any, what: str, rows_in: int, rows_out: int, rou
     result = _output(out, a, (rows_out, a.shape[1]), op)
     with _device_guard(a):
         kernel(
-            _exec(a), routing._native(), a.address, _CODES[a.dtype], a.shape[1],
-            0 if g is None else g.address, _CODES[g.dtype if g else a.dtype], _address(result),
+            _exec(a), routing._native(), a.address, DTYPE_CODES[a.dtype], a.shape[1],
+            0 if g is None else g.address, DTYPE_CODES[g.dtype if g else a.dtype], _address(result),
         )
     return result
 
@@ -383,7 +380,7 @@ def _gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: st
     grad = _empty(t, (routing.num_tokens, routing.top_k), gate_dtype)
     with _device_guard(t):
         _C.moe_gate_grad(
-            _exec(t), routing._native(), t.address, r.address, _CODES[t.dtype], t.shape[1], _CODES[gate_dtype],
+            _exec(t), routing._native(), t.address, r.address, DTYPE_CODES[t.dtype], t.shape[1], DTYPE_CODES[gate_dtype],
             _address(grad),
         )
     return grad

@@ -128,6 +128,10 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
     require(capacity >= -1, op, ": capacity ", capacity, " is negative (A2A_CAPACITY_DROPLESS is -1)");
     require(std::isfinite(capacity_setting), op, ": capacity_setting is not finite");
     kernels = make_kernels(exec);
+    const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
+    require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
+            " bytes required");
+    require(needed == 0 || workspace != nullptr, op, ": workspace is NULL; it needs ", needed, " bytes");
     kernels->locate({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace, workspace_bytes,
                     locations, demand);
     const int64_t max_demand = *std::max_element(demand.begin(), demand.end());
@@ -159,6 +163,7 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
 
   // Counts and offsets of the layout, on the host, then to the device.
   const int64_t E = num_experts;
+  if (!dropless) checked_product(E, final_capacity, "num_experts * capacity");  // bounds every offset below
   std::vector<int64_t> kept(static_cast<size_t>(E)), offsets(static_cast<size_t>(E) + 1, 0);
   int64_t num_dropped = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -166,7 +171,6 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
     num_dropped += demand[e] - kept[e];
     offsets[e + 1] = offsets[e] + (dropless ? kept[e] : final_capacity);
   }
-  if (!dropless) checked_product(E, final_capacity, "num_experts * capacity");
   kernels->upload(counts, kept.data(), kept.size() * sizeof(int64_t));
   kernels->upload(expert_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
   return a2a_route_info_t{final_capacity, offsets[E], num_dropped};

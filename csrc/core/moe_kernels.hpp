@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "a2a/a2a.h"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/moe_elementwise.hpp"
 
 namespace a2a::moe {
 
@@ -24,6 +27,21 @@ struct RouteProblem {
   const int64_t* token_order;  // NULL or a permutation of 0..T-1
 };
 
+// Calls fn with a value of the storage type of a float dtype (float, double,
+// half_t, bfloat16_t): how both backends pick a kernel template.
+template <typename Fn>
+void with_float_type(const char* op, a2a_dtype_t dtype, Fn&& fn) {
+  switch (dtype) {
+    case A2A_FLOAT32: return fn(float{});
+    case A2A_FLOAT64: return fn(double{});
+    case A2A_FLOAT16: return fn(half_t{});
+    case A2A_BFLOAT16: return fn(bfloat16_t{});
+    default: break;
+  }
+  fail(A2A_ERROR_INVALID_ARGUMENT, op, ": data dtype ", dtype_name(dtype),
+       " is not supported (float32, float64, float16, bfloat16)");
+}
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -36,7 +54,8 @@ class Kernels {
   // order) and gives each routed choice the number of earlier routed choices
   // of the same expert: locations[t * k + j] (-1 when not routed). Returns the
   // per-expert totals ("demand", ignoring any capacity) on the host in
-  // `demand` (resized to E). Throws A2A_ERROR_INVALID_ARGUMENT naming the
+  // `demand` (resized to E). The workspace holds at least
+  // locate_workspace_size() bytes (core/moe.cpp checks). Throws A2A_ERROR_INVALID_ARGUMENT naming the
   // first offending (t, j) when an index is >= E, or when token_order is not
   // a permutation. On CUDA this synchronizes the stream once.
   virtual void locate(const RouteProblem& problem, void* workspace, size_t workspace_bytes, int64_t* locations,

@@ -37,17 +37,6 @@ int64_t token_grain(int64_t elements_per_token) {
   return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, elements_per_token));
 }
 
-template <typename Fn>
-void with_float_type(a2a_dtype_t dtype, Fn&& fn) {
-  switch (dtype) {
-    case A2A_FLOAT32: return fn(float{});
-    case A2A_FLOAT64: return fn(double{});
-    case A2A_FLOAT16: return fn(half_t{});
-    case A2A_BFLOAT16: return fn(bfloat16_t{});
-    default: fail(A2A_ERROR_INVALID_ARGUMENT, "MoE kernels take float32, float64, float16 or bfloat16 data");
-  }
-}
-
 // The per-row loops. On x86-64 each is compiled twice: for the baseline ISA
 // and, through the `flatten` wrappers below, for AVX2 (picked at run time).
 // Both run the same per-element operations in the same order, so they give
@@ -431,12 +420,9 @@ class CpuKernels final : public Kernels {
            static_cast<size_t>(num_tokens);
   }
 
-  void locate(const RouteProblem& p, void* workspace, size_t workspace_bytes, int64_t* locations,
-              std::vector<int64_t>& demand) override {
+  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by core/moe.cpp*/,
+              int64_t* locations, std::vector<int64_t>& demand) override {
     const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, n = T * k;
-    if (workspace_bytes < locate_workspace_size(T, k, E))
-      fail(A2A_ERROR_INVALID_ARGUMENT, "route: workspace of ", workspace_bytes, " bytes is smaller than the ",
-           locate_workspace_size(T, k, E), " bytes required");
     const int slices = std::max(1, slice_count(n, kScanGrain, threads_));
     int64_t* histogram = static_cast<int64_t*>(workspace);  // [slice][expert]
     std::fill(histogram, histogram + static_cast<size_t>(slices) * E, 0);
@@ -494,7 +480,7 @@ class CpuKernels final : public Kernels {
 
   void dispatch(const a2a_routing_t& r, const void* x, a2a_dtype_t dtype, int64_t model_dim, const void* gates,
                 a2a_dtype_t gate_dtype, void* rows) override {
-    with_float_type(dtype, [&](auto tag) {
+    with_float_type("dispatch", dtype, [&](auto tag) {
       using T = decltype(tag);
       dispatch_typed<T>(r, static_cast<const T*>(x), model_dim, gates, gate_dtype == dtype, static_cast<T*>(rows),
                         threads_);
@@ -503,7 +489,7 @@ class CpuKernels final : public Kernels {
 
   void combine(const a2a_routing_t& r, const void* rows, a2a_dtype_t dtype, int64_t model_dim, const void* gates,
                a2a_dtype_t gate_dtype, void* y) override {
-    with_float_type(dtype, [&](auto tag) {
+    with_float_type("combine", dtype, [&](auto tag) {
       using T = decltype(tag);
       combine_typed<T>(r, static_cast<const T*>(rows), model_dim, gates, gate_dtype == dtype, static_cast<T*>(y),
                        threads_);
@@ -512,7 +498,7 @@ class CpuKernels final : public Kernels {
 
   void gate_grad(const a2a_routing_t& r, const void* tokens, const void* rows, a2a_dtype_t dtype, int64_t model_dim,
                  a2a_dtype_t gate_dtype, void* grad_gates) override {
-    with_float_type(dtype, [&](auto tag) {
+    with_float_type("gate_grad", dtype, [&](auto tag) {
       using T = decltype(tag);
       gate_grad_typed<T>(r, static_cast<const T*>(tokens), static_cast<const T*>(rows), model_dim,
                          gate_dtype == dtype, grad_gates, threads_);
