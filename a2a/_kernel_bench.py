@@ -486,19 +486,13 @@ def header_lines() -> list[str]:
     return [line([a for a, _ in _NAMES]), line([b for _, b in _NAMES])]
 
 
-def _format_time(us: float) -> str:
-    if us >= 10000.0:
-        return f"{us:.0f}"
-    if us >= 100.0:
-        return f"{us:.1f}"
-    return f"{us:.2f}"
-
-
 def _ratio(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def format_row(row: dict) -> str:
+    from .bench import _format_time
+
     return _COLUMNS.format(
         row["op"],
         row["tokens"],
@@ -508,7 +502,7 @@ def format_row(row: dict) -> str:
         row["dtype"],
         "-" if row["capacity"] is None else row["capacity"],
         row["bytes"],
-        _format_time(row["time_us"]),
+        _format_time(row["time_us"], width=0),
         f"{row['gbps']:.2f}",
         f"{row['memcpy_gbps']:.2f}",
         _ratio(row["vs_memcpy"]),

@@ -492,12 +492,10 @@ def _check(case: Case, args: argparse.Namespace) -> int | None:
 # Output
 
 
-def _format_time(us: float) -> str:
-    if us >= 10000.0:
-        return f"{us:7.0f}"
-    if us >= 100.0:
-        return f"{us:7.1f}"
-    return f"{us:7.2f}"
+def _format_time(us: float, width: int = 7) -> str:
+    """Microseconds with fewer decimals as they grow, right-aligned in `width` (0: unpadded)."""
+    decimals = 0 if us >= 10000.0 else 1 if us >= 100.0 else 2
+    return f"{us:{width}.{decimals}f}"
 
 
 _COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>7}"
