@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import reference as ref
+from checks import names_choice, raises_invalid
 
 import a2a
 
@@ -394,20 +395,6 @@ def test_permute_equals_encode_with_no_drop_capacity():
 
 # ---------------------------------------------------------------------------
 # Bad input.
-
-
-def raises_invalid(call, *fragments):
-    with pytest.raises(a2a.InvalidArgumentError) as info:
-        call()
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
-
-
-def names_choice(message, token, choice):
-    """The message points at the offending choice: indices[token, choice]."""
-    return f"indices[{token}, {choice}]" in message
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference as ref
+from checks import names_choice, raises_invalid
 
 import a2a
 
@@ -270,20 +271,6 @@ def test_non_contiguous_indices():
 
 # ---------------------------------------------------------------------------
 # Bad input: a2a.InvalidArgumentError (also a ValueError) saying what is wrong.
-
-
-def raises_invalid(call, *fragments):
-    with pytest.raises(a2a.InvalidArgumentError) as info:
-        call()
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
-
-
-def names_choice(message, token, choice):
-    """The message points at the offending choice: indices[token, choice]."""
-    return f"indices[{token}, {choice}]" in message
 
 
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])

@@ -8,19 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from checks import raises_invalid
 from reference import UNSUPPORTED_NUMPY_DTYPES, assert_bitwise_equal
 
 import a2a
-
-
-def raises_invalid(call, *fragments):
-    with pytest.raises(a2a.InvalidArgumentError) as info:
-        call()
-    message = str(info.value)
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    assert info.value.status == a2a.InvalidArgumentError.status
-    return message
 
 
 def still_works(comm):
