@@ -39,21 +39,58 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def _cupy():
+    """cupy if the caller already imported it."""
+    return sys.modules.get("cupy")
+
+
+def is_cupy_array(x: Any) -> bool:
+    cupy = _cupy()
+    return cupy is not None and isinstance(x, cupy.ndarray)
+
+
 class ArrayView:
     """What the core needs to know about one array (built on every call, so
     kept to plain attributes)."""
 
-    __slots__ = ("address", "contiguous", "dtype_name", "framework", "itemsize", "obj", "shape", "writeable")
+    __slots__ = (
+        "address",
+        "contiguous",
+        "cuda_device",
+        "dtype_name",
+        "framework",
+        "itemsize",
+        "keepalive",
+        "obj",
+        "shape",
+        "writeable",
+    )
 
-    def __init__(self, obj, framework, shape, dtype_name, itemsize, address, contiguous, writeable):
+    def __init__(self, obj, framework, shape, dtype_name, itemsize, address, contiguous, writeable, cuda_device=None):
         self.obj = obj  # the array itself, kept alive for the call
-        self.framework = framework  # "numpy" or "torch"
+        self.framework = framework  # "numpy", "torch" or "cupy"
         self.shape = shape
         self.dtype_name = dtype_name
         self.itemsize = itemsize
         self.address = address
         self.contiguous = contiguous
         self.writeable = writeable
+        self.cuda_device = cuda_device  # CUDA device ordinal, None for host memory
+        self.keepalive = None  # a DLPack capsule that owns the memory, for the call
+
+    @property
+    def device_text(self) -> str:
+        return "cpu" if self.cuda_device is None else f"cuda:{self.cuda_device}"
+
+    def stream(self) -> int:
+        """The framework's current CUDA stream on this array's device (a
+        cudaStream_t as an int; 0 is the legacy default stream)."""
+        if self.framework == "torch":
+            return _torch().cuda.current_stream(self.cuda_device).cuda_stream
+        if self.framework == "cupy":
+            with _cupy().cuda.Device(self.cuda_device):
+                return _cupy().cuda.get_current_stream().ptr
+        return 0
 
     @property
     def nbytes(self) -> int:
@@ -64,20 +101,23 @@ class ArrayView:
         return DTYPE_CODES[self.dtype_name]
 
     def describe(self) -> str:
-        return f"{self.framework} array of shape {self.shape} and dtype {self.dtype_name}"
+        where = "" if self.cuda_device is None else f" on cuda:{self.cuda_device}"
+        return f"{self.framework} array of shape {self.shape} and dtype {self.dtype_name}{where}"
 
 
 def view(x: Any, what: str) -> ArrayView:
     """Inspects `x` without copying it. Raises InvalidArgumentError for anything
-    the core cannot take: unknown objects, non-CPU memory."""
+    the core cannot take: unknown objects, memory that is neither host nor CUDA."""
     if type(x) is not np.ndarray:
         if is_torch_tensor(x):
             return _torch_view(x, what)
+        if is_cupy_array(x):
+            return _cupy_view(x, what)
         try:
             x = np.from_dlpack(x) if hasattr(x, "__dlpack__") else np.asarray(memoryview(x))
         except (TypeError, BufferError, RuntimeError, ValueError) as error:
             raise InvalidArgumentError(
-                f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, "
+                f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, a CuPy array, "
                 f"a DLPack-capable CPU array nor a buffer: {error}"
             ) from None
     address, contiguous, writeable = _C.numpy_layout(x)
@@ -95,13 +135,47 @@ def _numpy_dtype_name(dtype: np.dtype) -> str:
 
 
 def _torch_view(x: Any, what: str) -> ArrayView:
-    if x.device.type != "cpu":
-        raise InvalidArgumentError(
-            f"{what} is a torch tensor on {x.device}; this communicator moves host memory "
-            "(CUDA support is not built into this a2a)"
-        )
+    if x.device.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"{what} is a torch tensor on {x.device}; a2a takes host or CUDA memory")
     name = str(x.dtype).removeprefix("torch.")
-    return ArrayView(x, "torch", tuple(x.shape), name, x.element_size(), x.data_ptr(), x.is_contiguous(), True)
+    device = x.device.index if x.device.type == "cuda" else None
+    if device is None and x.device.type == "cuda":
+        device = _torch().cuda.current_device()
+    return ArrayView(x, "torch", tuple(x.shape), name, x.element_size(), x.data_ptr(), x.is_contiguous(), True, device)
+
+
+# DLPack (code, bits) -> dtype name.
+_DLPACK_DTYPES = {
+    (2, 32): "float32",
+    (2, 64): "float64",
+    (2, 16): "float16",
+    (4, 16): "bfloat16",
+    (0, 8): "int8",
+    (0, 32): "int32",
+    (0, 64): "int64",
+    (1, 8): "uint8",
+}
+_DLPACK_CUDA = 2
+
+
+def _cupy_view(x: Any, what: str) -> ArrayView:
+    """A CuPy array through its DLPack capsule: address, shape, dtype and
+    device as the exporter states them."""
+    cupy = _cupy()
+    with cupy.cuda.Device(x.device.id):
+        stream = cupy.cuda.get_current_stream().ptr
+    try:
+        # DLPack: 1 names the legacy default stream (0 is ambiguous).
+        capsule = x.__dlpack__(stream=stream if stream != 0 else 1)
+    except (TypeError, BufferError, RuntimeError, ValueError) as error:
+        raise InvalidArgumentError(f"{what}: the CuPy array cannot be exported through DLPack: {error}") from None
+    address, shape, contiguous, code, bits, lanes, device_type, device_id = _C.dlpack_view(capsule)
+    if device_type != _DLPACK_CUDA:
+        raise InvalidArgumentError(f"{what} is a CuPy array in DLPack device type {device_type}; a2a takes CUDA memory")
+    name = _DLPACK_DTYPES.get((code, bits), f"DLPack type code {code} of {bits} bits") if lanes == 1 else "vector"
+    v = ArrayView(x, "cupy", tuple(shape), name, max(1, bits // 8), address, contiguous, True, device_id)
+    v.keepalive = capsule
+    return v
 
 
 def check_supported(v: ArrayView, what: str) -> str | None:
@@ -117,7 +191,32 @@ def empty_like(v: ArrayView, shape: tuple[int, ...]) -> Any:
     """A new uninitialised array of `shape` with the dtype and framework of `v`."""
     if v.framework == "torch":
         return _torch().empty(shape, dtype=v.obj.dtype, device=v.obj.device)
+    if v.framework == "cupy":
+        cupy = _cupy()
+        with cupy.cuda.Device(v.cuda_device):
+            return cupy.empty(shape, dtype=v.obj.dtype)
     return np.empty(shape, dtype=v.obj.dtype)
+
+
+def empty_bytes(like: ArrayView, nbytes: int) -> Any:
+    """An uninitialised uint8 buffer of nbytes in like's framework and memory
+    (workspaces)."""
+    if like.framework == "torch":
+        return _torch().empty(nbytes, dtype=_torch().uint8, device=like.obj.device)
+    if like.framework == "cupy":
+        cupy = _cupy()
+        with cupy.cuda.Device(like.cuda_device):
+            return cupy.empty(nbytes, dtype=cupy.uint8)
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def address_of(buffer: Any) -> int:
+    """The data address of a buffer made by empty_bytes."""
+    if is_torch_tensor(buffer):
+        return buffer.data_ptr()
+    if is_cupy_array(buffer):
+        return buffer.data.ptr
+    return buffer.ctypes.data
 
 
 def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "out") -> tuple[ArrayView | None, str | None]:
@@ -129,6 +228,8 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
     reason = check_supported(o, what)
     if reason is None and o.framework != like.framework:
         reason = f"{what} is a {o.framework} array but the input is a {like.framework} array"
+    if reason is None and o.cuda_device != like.cuda_device:
+        reason = f"{what} is on {o.device_text} but the input is on {like.device_text}"
     if reason is None and (o.shape != shape or o.dtype_name != like.dtype_name):
         reason = f"{what} has shape {o.shape} and dtype {o.dtype_name}; expected shape {shape} and dtype {like.dtype_name}"
     if reason is None and not o.writeable:

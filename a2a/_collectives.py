@@ -66,6 +66,8 @@ def _prepare(comm: Comm, op: str, x: Any, algo: str) -> ArrayView:
         reason = str(error)
     if reason is None and (not isinstance(algo, str) or algo not in ALGORITHMS):
         reason = f"unknown algo {algo!r}; expected one of {sorted(ALGORITHMS)}"
+    if reason is None:
+        reason = comm._bind(v)
     if reason is not None:
         _reject(comm, op, reason)
     return v
@@ -91,7 +93,13 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
     intra-node then inter-node; bitwise identical output).
     """
     op = "all_to_all"
-    if type(x) is np.ndarray and (out is None or type(out) is np.ndarray) and type(comm) is Comm and algo in _ALGO_NAMES:
+    if (
+        type(x) is np.ndarray
+        and (out is None or type(out) is np.ndarray)
+        and type(comm) is Comm
+        and comm.cuda_device is None
+        and algo in _ALGO_NAMES
+    ):
         result = comm._native.all_to_all_numpy(x, out, ALGORITHMS[algo], comm._workspace)
         if result is not None:
             return result
@@ -107,7 +115,7 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
         result, o = _output(comm, op, v, v.shape, out)
         count = v.nbytes // v.itemsize // comm.size
         algo_code = ALGORITHMS[algo]
-        ws, ws_bytes = comm.workspace(comm._native.all_to_all_workspace_size(count, v.dtype_code, algo_code))
+        ws, ws_bytes = comm.workspace(comm._native.all_to_all_workspace_size(count, v.dtype_code, algo_code), v)
     comm._native.all_to_all(v.address, o.address, count, v.dtype_code, algo_code, ws, ws_bytes)
     return result
 
@@ -160,7 +168,7 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
             ws_bytes = comm._native.all_to_all_flex_workspace_size(list(v.shape), split, concat, v.dtype_code, algo_code)
         except InvalidArgumentError as error:  # e.g. too many dims: tell the other ranks too
             _reject(comm, op, str(error))
-        ws, ws_bytes = comm.workspace(ws_bytes)
+        ws, ws_bytes = comm.workspace(ws_bytes, v)
     comm._native.all_to_all_flex(v.address, o.address, list(v.shape), split, concat, v.dtype_code, algo_code, ws, ws_bytes)
     return result
 
@@ -208,6 +216,6 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     # (e.g. allocating a receive buffer sized by their counts) goes to them.
     with _ReportToAllRanks(comm, op):
         result, o = _output(comm, op, v, (int(recv_counts.sum()), *row_shape), out)
-        ws, ws_bytes = comm.workspace(plan.workspace_size)
+        ws, ws_bytes = comm.workspace(plan.workspace_size, v)
     plan.execute(v.address, o.address, ws, ws_bytes)
     return result, recv_counts

@@ -1,41 +1,71 @@
-"""a2a.Comm: a communicator over an mpi4py communicator."""
+"""a2a.Comm: a communicator over MPI (host or CUDA buffers) or NCCL."""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import numpy as np
 
 from . import _C
+from ._arrays import ArrayView, address_of, empty_bytes
+
+DEVICES = ("cpu", "cuda")
+TRANSPORTS = ("mpi", "nccl")
 
 
 class Comm:
     """A communicator for the a2a collectives.
 
     Attributes: ``rank``, ``size``, ``local_rank``, ``local_size``, ``node``,
-    ``num_nodes``. Nodes are blocks of ``local_size`` consecutive ranks
+    ``num_nodes``; ``device`` (``"cpu"`` or ``"cuda"``), ``cuda_device`` (the
+    CUDA ordinal, None on the CPU) and ``transport`` (``"mpi"`` or ``"nccl"``).
+    Nodes are blocks of ``local_size`` consecutive ranks
     (``rank = node * local_size + local_rank``); 2DH needs them to be equal.
 
-    Create it with :meth:`from_mpi`. The MPI communicator is duplicated, so the
-    collectives never interfere with the caller's own messages.
+    Create it with :meth:`from_mpi` or :meth:`from_torch`. Every communicator
+    has its own MPI duplicate and its own NCCL communicator, so it never
+    interferes with the caller's messages or other communicators.
+
+    On a CUDA communicator the collectives take torch CUDA tensors and CuPy
+    arrays on its device and run on the framework's current stream: they are
+    enqueued and return without waiting (see docs/gpu.md for where a call
+    waits). The workspace is cached per communicator, so calls on one
+    communicator must stay ordered on one stream (as with NCCL itself).
     """
 
-    def __init__(self, native: Any, mpi_comm: Any):
+    def __init__(self, native: Any, mpi_comm: Any = None):
         self._native = native
         self.mpi_comm = mpi_comm
         (self.rank, self.size, self.local_rank, self.local_size, self.node, self.num_nodes) = native.topology
-        self._workspace = np.empty(0, dtype=np.uint8)
+        device_type, transport, cuda_device = native.device
+        self.device = DEVICES[device_type]
+        self.transport = TRANSPORTS[transport]
+        self.cuda_device = cuda_device if cuda_device >= 0 else None
+        self._workspace = np.empty(0, dtype=np.uint8)  # host; the fast NumPy path passes it to the core
+        self._device_workspaces: dict[str, Any] = {}  # framework -> CUDA buffer
+        self._stream = None
 
     @classmethod
     def from_mpi(
         cls,
         comm: Any = None,
         *,
+        device: str = "cpu",
+        transport: str | None = None,
+        cuda_device: int | None = None,
         local_size: int | None = None,
         timeout_s: float | None = None,
         use_mpi_datatypes: bool | None = None,
     ) -> Comm:
         """Wraps an mpi4py communicator (default ``MPI.COMM_WORLD``). Collective.
+
+        ``device="cuda"`` makes the collectives take CUDA buffers, moved by
+        ``transport="nccl"`` (the default for CUDA; the NCCL unique id is
+        broadcast over MPI) or ``transport="mpi"`` (staged through page-locked
+        host memory: for clusters without NCCL, and several ranks sharing one
+        GPU, which NCCL refuses). ``cuda_device`` defaults to the current device.
 
         ``local_size`` (ranks per node) overrides the topology from
         ``MPI_Comm_split_type(SHARED)``, as does the environment variable
@@ -43,7 +73,7 @@ class Comm:
         machine. ``timeout_s`` bounds every wait (default: ``A2A_TIMEOUT_S``,
         else 300 s). ``use_mpi_datatypes=False`` packs strided layouts with
         copies instead of MPI derived datatypes (default: ``A2A_MPI_DATATYPES``,
-        else True).
+        else True; host communicators only).
         """
         from mpi4py import MPI
 
@@ -55,20 +85,139 @@ class Comm:
             raise ValueError("comm is MPI.COMM_NULL")
         if local_size is not None and int(local_size) <= 0:
             raise ValueError(f"local_size must be a positive integer, got {local_size}")
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+        if transport is None:
+            transport = "nccl" if device == "cuda" else "mpi"
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if transport == "nccl" and device != "cuda":
+            raise ValueError("transport='nccl' moves CUDA memory: pass device='cuda'")
         datatypes = -1 if use_mpi_datatypes is None else int(bool(use_mpi_datatypes))
-        native = _C.Comm(MPI._addressof(comm), int(local_size or 0), float(timeout_s or 0.0), datatypes)
+        native = _C.Comm(
+            MPI._addressof(comm),
+            int(local_size or 0),
+            float(timeout_s or 0.0),
+            datatypes,
+            DEVICES.index(device),
+            TRANSPORTS.index(transport),
+            -1 if cuda_device is None else int(cuda_device),
+        )
         return cls(native, comm)
 
-    def workspace(self, nbytes: int) -> tuple[int, int]:
-        """(address, size) of a cached host workspace of at least nbytes."""
+    @classmethod
+    def from_torch(
+        cls,
+        group: Any = None,
+        *,
+        cuda_device: int | None = None,
+        local_size: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Comm:
+        """A NCCL communicator over the ranks of a ``torch.distributed`` group
+        (default: the whole world). Collective over the group; works under
+        torchrun with any backend that can broadcast Python objects.
+
+        The group's first rank creates the NCCL unique id and broadcasts it
+        over the group. ``cuda_device`` defaults to torch's current device.
+        ``local_size``: given, else ``A2A_LOCAL_SIZE``, else for the world
+        group ``LOCAL_WORLD_SIZE`` (torchrun) or ``OMPI_COMM_WORLD_LOCAL_SIZE``,
+        else counted from the hosts of the group's ranks.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("Comm.from_torch needs torch.distributed.init_process_group() first")
+        if group is None:
+            group = dist.group.WORLD
+        if local_size is not None and int(local_size) <= 0:
+            raise ValueError(f"local_size must be a positive integer, got {local_size}")
+        size = dist.get_world_size(group)
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError("Comm.from_torch: this process is not a member of the group")
+        if cuda_device is None:
+            cuda_device = torch.cuda.current_device()
+        first = dist.get_global_rank(group, 0)
+        box = [_C.nccl_unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=first, group=group, device=_object_device(group, cuda_device))
+        if local_size is None:
+            local_size = _torch_local_size(group, size)
+        native = _C.Comm.from_nccl_id(box[0], size, rank, int(local_size or 0), float(timeout_s or 0.0), int(cuda_device))
+        return cls(native)
+
+    def _bind(self, v: ArrayView) -> str | None:
+        """Checks that v lives where this communicator moves memory; on CUDA,
+        sets the stream of the next collective to v's current stream. Returns
+        the reason v cannot be used, or None."""
+        if self.device == "cpu":
+            if v.cuda_device is not None:
+                return (
+                    f"input is a {v.framework} array on {v.device_text} but this communicator moves host memory; "
+                    "create it with a2a.Comm.from_mpi(..., device='cuda') or Comm.from_torch()"
+                )
+            return None
+        if v.cuda_device != self.cuda_device:
+            return (
+                f"input is a {v.framework} array on {v.device_text} but this communicator moves memory of "
+                f"cuda:{self.cuda_device}"
+            )
+        stream = v.stream()
+        if stream != self._stream:
+            self._native.set_stream(stream)
+            self._stream = stream
+        return None
+
+    def workspace(self, nbytes: int, like: ArrayView | None = None) -> tuple[int, int]:
+        """(address, size) of a cached workspace of at least nbytes: host
+        memory, or CUDA memory allocated with like's framework."""
         if nbytes == 0:
             return 0, 0
-        if self._workspace.nbytes < nbytes:
-            self._workspace = np.empty(nbytes, dtype=np.uint8)
-        return self._workspace.ctypes.data, self._workspace.nbytes
+        if like is None or like.cuda_device is None:
+            if self._workspace.nbytes < nbytes:
+                self._workspace = np.empty(nbytes, dtype=np.uint8)
+            return self._workspace.ctypes.data, self._workspace.nbytes
+        buffer = self._device_workspaces.get(like.framework)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = empty_bytes(like, nbytes)
+            self._device_workspaces[like.framework] = buffer
+        return address_of(buffer), int(buffer.nbytes)
 
     def __repr__(self) -> str:
+        where = "cpu" if self.cuda_device is None else f"cuda:{self.cuda_device}"
         return (
             f"a2a.Comm(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, "
-            f"local_size={self.local_size}, node={self.node}, num_nodes={self.num_nodes})"
+            f"local_size={self.local_size}, node={self.node}, num_nodes={self.num_nodes}, "
+            f"device={where}, transport={self.transport})"
         )
+
+
+def _object_device(group: Any, cuda_device: int) -> Any:
+    """Where broadcast_object_list stages the pickled id: the GPU for NCCL
+    groups, the host otherwise."""
+    import torch
+    import torch.distributed as dist
+
+    return torch.device("cuda", cuda_device) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def _torch_local_size(group: Any, size: int) -> int:
+    """0 (let the core read A2A_LOCAL_SIZE) when that is set; the launcher's
+    local world size for the world group; else the ranks per host, when the
+    hosts are equal blocks of consecutive group ranks (1 otherwise: 2DH then
+    runs as the linear algorithm)."""
+    import torch.distributed as dist
+
+    if os.environ.get("A2A_LOCAL_SIZE"):
+        return 0
+    if size == dist.get_world_size():
+        for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+            if os.environ.get(name):
+                return 0  # the core reads it and reports a bad value
+    hosts: list[Any] = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    per_host = hosts.count(hosts[0])
+    blocks = [hosts[i : i + per_host] for i in range(0, size, per_host)]
+    regular = size % per_host == 0 and all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == len(blocks)
+    return per_host if regular else 1

@@ -55,8 +55,16 @@ What one row reports (out-of-place only; in-place is not supported):
   ``mpi``: the baseline, ``MPI_Alltoall`` through mpi4py on NumPy buffers
   (for half and bfloat16 as 16-bit integers: the same bytes), measured the
   same way in the same run, just before the a2a rows of the same size.
-* ``vs MPI``: busbw of the row divided by the busbw of the ``mpi`` row of
-  the same size.
+* ``vs MPI``: algbw of the row divided by the algbw of the ``mpi`` row of
+  the same size (the same as the busbw ratio: both rows have the same ranks).
+
+``--device cuda`` moves torch CUDA tensors (one GPU per rank, by local rank;
+one rank by default, where mpirun is not needed) over ``--transport nccl``
+(default) or ``mpi`` (staged through page-locked host memory; ranks may share
+a GPU). Every timed loop ends in ``torch.cuda.synchronize()``. The baseline
+row ``d2d`` is one device-to-device copy of the same bytes, and the last
+column becomes ``vs D2D``: on one GPU, the 1-rank exchange against a plain
+copy. (The layout kernels alone: ``python -m a2a.bench --layout``.)
 
 Only rank 0 prints. The footer gives nccl-tests' ``Out of bounds values``
 (total wrong elements) and ``Avg bus bandwidth`` (mean busbw over all a2a
@@ -105,7 +113,9 @@ __all__ = [
 DEFAULT_NP = 4
 DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
 ALGOS = ("linear", "2dh", "flex", "v")
-BASELINE = "mpi"
+BASELINE = "mpi"  # MPI_Alltoall on host buffers
+D2D_BASELINE = "d2d"  # --device cuda: a device-to-device copy of the same bytes
+BASELINES = (BASELINE, D2D_BASELINE)
 _COMMAND_ENV = "A2A_BENCH_COMMAND"  # the command line the user typed, for --json
 
 
@@ -128,6 +138,11 @@ class DType:
     @property
     def needs_torch(self) -> bool:
         return self.storage == "bfloat16"
+
+    @property
+    def fill_storage(self) -> str:
+        """The NumPy dtype that carries fill values into a torch tensor."""
+        return "float32" if self.needs_torch else self.storage
 
 
 _BIG_PRIME = 16_777_213  # largest prime below 2**24: exact in float32
@@ -281,9 +296,10 @@ def block_values(src: int, dst: int, n: int, modulus: int, start: int = 0) -> np
 class _Arrays:
     """Creates, fills and reads buffers of one DType."""
 
-    def __init__(self, dtype: DType):
+    def __init__(self, dtype: DType, device: str = "cpu"):
         self.dtype = dtype
-        if dtype.needs_torch:
+        self.device = device
+        if dtype.needs_torch or device == "cuda":  # CUDA buffers are torch tensors
             import torch
 
             self._torch = torch
@@ -293,7 +309,7 @@ class _Arrays:
 
     def empty(self, shape: tuple[int, ...]) -> Any:
         if self._torch is not None:
-            return self._torch.empty(shape, dtype=self._torch.bfloat16)
+            return self._torch.empty(shape, dtype=getattr(self._torch, self.dtype.storage), device=self.device)
         return np.empty(shape, dtype=self._np_dtype)
 
     def fill_blocks(self, out: Any, blocks: list[tuple[int, int, int]]) -> None:
@@ -303,7 +319,7 @@ class _Arrays:
         for src, dst, n in blocks:
             values = block_values(src, dst, n, self.dtype.modulus)
             if self._torch is not None:
-                flat[offset : offset + n] = self._torch.from_numpy(values.astype(np.float32))
+                flat[offset : offset + n] = self._torch.from_numpy(values.astype(self.dtype.fill_storage))
             else:
                 flat[offset : offset + n] = values
             offset += n
@@ -317,7 +333,8 @@ class _Arrays:
     def comparable(self, x: Any) -> np.ndarray:
         """A NumPy array whose values compare equal to block_values where x is right."""
         if self._torch is not None:
-            return x.float().numpy()
+            x = x.cpu()
+            return x.float().numpy() if self.dtype.needs_torch else x.numpy()
         return x
 
     def raw(self, x: Any) -> np.ndarray:
@@ -325,6 +342,11 @@ class _Arrays:
         if self._torch is not None:
             return x.view(self._torch.int16).numpy()
         return x
+
+    def synchronize(self) -> None:
+        """Waits for the GPU (CUDA calls return before the data moved)."""
+        if self.device == "cuda":
+            self._torch.cuda.synchronize()
 
 
 def _count_wrong(got: np.ndarray, expected_blocks: list[tuple[int, int, int]], modulus: int) -> int:
@@ -354,6 +376,7 @@ class Case:
     poison: Callable[[], None]
     wrong: Callable[[], int]
     shape: tuple[int, ...] = ()
+    synchronize: Callable[[], None] = lambda: None
 
 
 def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argparse.Namespace) -> Case:
@@ -361,7 +384,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
 
     import a2a
 
-    arrays = _Arrays(dtype)
+    arrays = _Arrays(dtype, args.device)
     world, rank = comm.size, comm.rank
     count = per_peer_count(requested, world, dtype.itemsize)
     mod = dtype.modulus
@@ -390,6 +413,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
             lambda: arrays.poison(recv),
             wrong,
             (experts, capacity, hidden),
+            arrays.synchronize,
         )
 
     if algo == "v":
@@ -417,7 +441,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
             return bad_counts + _count_wrong(arrays.comparable(recv), blocks, mod)
 
         shape = (sum(send_counts),)
-        return Case(algo, world * count * dtype.itemsize, count, run, poison, wrong, shape)
+        return Case(algo, world * count * dtype.itemsize, count, run, poison, wrong, shape, arrays.synchronize)
 
     # linear, 2dh and the MPI baseline: the 1-D layout of MPI_Alltoall.
     send = arrays.empty((world * count,))
@@ -433,16 +457,27 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
         def run() -> None:
             MPI.COMM_WORLD.Alltoall(msg, rmsg)
 
+    elif algo == D2D_BASELINE:
+        # The same bytes as one device-to-device copy: what a GPU exchange
+        # (or layout kernel) is measured against. Only the local block
+        # lands where all_to_all puts it, so #wrong is not defined.
+        def run() -> None:
+            recv.copy_(send)
+
     else:
 
         def run() -> None:
             a2a.all_to_all(send, comm=comm, algo=algo, out=recv)
 
     def wrong() -> int:
+        if algo == D2D_BASELINE:
+            return 0 if np.array_equal(arrays.comparable(recv), arrays.comparable(send)) else world * count
         return _count_wrong(arrays.comparable(recv), [(src, rank, count) for src in range(world)], mod)
 
     shape = (world * count,)
-    return Case(algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape)
+    return Case(
+        algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape, arrays.synchronize
+    )
 
 
 def _time(case: Case, args: argparse.Namespace) -> float:
@@ -450,10 +485,12 @@ def _time(case: Case, args: argparse.Namespace) -> float:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
+    case.synchronize()
     world.Barrier()
     start = time.perf_counter()
     for _ in range(args.iters):
         case.run()
+    case.synchronize()  # CUDA: the calls only enqueued their work
     elapsed = (time.perf_counter() - start) / args.iters
     return world.allreduce(elapsed, op=MPI.MAX)
 
@@ -482,8 +519,10 @@ def _check(case: Case, args: argparse.Namespace) -> int | None:
     wrong = 0
     for _ in range(args.check):
         case.poison()
+        case.synchronize()
         world.Barrier()  # nobody's data arrives before every receive buffer is poisoned
         case.run()
+        case.synchronize()
         wrong += case.wrong()
     return world.allreduce(wrong, op=MPI.SUM)
 
@@ -501,14 +540,18 @@ def _format_time(us: float, width: int = 7) -> str:
 _COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>7}"
 
 
-def header_lines() -> list[str]:
+def baseline_label(baseline: str) -> str:
+    return "vs D2D" if baseline == D2D_BASELINE else "vs MPI"
+
+
+def header_lines(baseline: str = BASELINE) -> list[str]:
     def line(*cells: str) -> str:
         return "#" + _COLUMNS.format(*cells)[1:]
 
     return [
         "#" + " " * 61 + "out-of-place",
-        line("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "algo", "vs MPI"),
-        line("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(busbw)"),
+        line("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "algo", baseline_label(baseline)),
+        line("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(algbw)"),
     ]
 
 
@@ -530,7 +573,7 @@ def format_row(row: dict) -> str:
     )
 
 
-def footer_lines(rows: list[dict], algos: list[str]) -> list[str]:
+def footer_lines(rows: list[dict], algos: list[str], baseline: str = BASELINE) -> list[str]:
     ours = [r for r in rows if not r["baseline"]]
     wrong = sum(r["wrong"] or 0 for r in rows)
     avg = sum(r["busbw"] for r in ours) / len(ours) if ours else 0.0
@@ -539,14 +582,15 @@ def footer_lines(rows: list[dict], algos: list[str]) -> list[str]:
         f"# Avg bus bandwidth    : {avg:g} ",
         "#",
     ]
-    for algo in [*algos, BASELINE]:
+    for algo in [*algos, baseline]:
         mine = [r for r in rows if r["algo"] == algo]
         if not mine:
             continue
         mean = sum(r["busbw"] for r in mine) / len(mine)
         ratios = [r["ratio"] for r in mine if r["ratio"]]
         vs = (
-            f"   vs MPI (geomean of ratios): {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x"
+            f"   {baseline_label(baseline)} (geomean of ratios): "
+            f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x"
             if ratios
             else ""
         )
@@ -565,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="nccl-tests alltoall_perf-compatible sweep of the a2a all-to-all collectives, "
         "with an MPI_Alltoall baseline measured in the same run.",
         epilog="--op encode|decode|permute|unpermute|all benchmarks the MoE kernels instead, in this process "
-        "(see python -m a2a.bench --op all --help).",
+        "(see python -m a2a.bench --op all --help); --layout the layout kernels (--layout --help).",
         allow_abbrev=False,
     )
     p.add_argument(
@@ -615,7 +659,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hidden", type=int, default=1024, help="flex: model dim M (default 1024; less for small sizes)"
     )
-    p.add_argument("--no-baseline", action="store_true", help="skip the MPI_Alltoall rows")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: host buffers over MPI; cuda: torch CUDA tensors, one GPU per rank (local_rank %% GPUs), "
+        "1 rank by default, baseline a device-to-device copy (default cpu)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=("nccl", "mpi"),
+        default=None,
+        help="--device cuda: nccl (default) or mpi (staged through host memory; ranks may share a GPU)",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the baseline rows (MPI_Alltoall, or D2D copy)")
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE (rank 0)")
     return p
 
@@ -651,6 +708,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{flag} must be at least {low}, got {value}")
     if args.np is not None and args.np < 1:
         parser.error(f"--np must be positive, got {args.np}")
+    if args.transport is not None and args.device != "cuda":
+        parser.error("--transport chooses how CUDA buffers move: it needs --device cuda")
+    if args.device == "cuda" and args.transport is None:
+        args.transport = "nccl"
+    args.baseline = D2D_BASELINE if args.device == "cuda" else BASELINE
     if args.local_size is not None:
         if args.local_size < 1:
             parser.error(f"--local-size must be positive, got {args.local_size}")
@@ -702,14 +764,18 @@ def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from . import _kernel_bench
+    from . import _kernel_bench, _layout_bench
 
+    if _layout_bench.is_layout_mode(argv):  # --layout: the layout kernels, in this process
+        return _layout_bench.main(argv)
     if _kernel_bench.is_kernel_mode(argv):  # --op: the MoE kernels, in this process
         return _kernel_bench.main(argv)
     args = parse_args(argv)
     from . import launch
 
-    if not launch.under_mpirun() and (args.np is None or args.np > 1):
+    # One GPU is the CUDA default: a 1-rank run needs no mpirun.
+    default_np = 1 if args.device == "cuda" else DEFAULT_NP
+    if not launch.under_mpirun() and (args.np if args.np is not None else default_np) > 1:
         return _self_launch(args, argv)
     from mpi4py import MPI
 
@@ -735,7 +801,18 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     import a2a
 
     world = MPI.COMM_WORLD
-    comm = a2a.Comm.from_mpi(world, local_size=args.local_size)
+    device_text = "cpu"
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("a2a.bench: --device cuda needs a CUDA device (torch.cuda.is_available() is False)")
+        local_rank = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device_text = f"cuda:{torch.cuda.current_device()}"
+        comm = a2a.Comm.from_mpi(world, local_size=args.local_size, device="cuda", transport=args.transport)
+    else:
+        comm = a2a.Comm.from_mpi(world, local_size=args.local_size)
     rank, nranks = comm.rank, comm.size
     lead = rank == 0
 
@@ -743,7 +820,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         if lead:
             print(text, flush=True)
 
-    ranks_info = world.gather((os.getpid(), socket.gethostname(), comm.node, comm.local_rank), root=0)
+    ranks_info = world.gather((os.getpid(), socket.gethostname(), comm.node, comm.local_rank, device_text), root=0)
     command = os.environ.get(_COMMAND_ENV) or shlex.join(["python", "-m", "a2a.bench", *argv])
     if lead and args.np is not None and args.np != nranks:
         print(f"# note: --np {args.np} ignored: running on the {nranks} ranks of mpirun", flush=True)
@@ -756,9 +833,10 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     say("#")
     say("# Using devices")
     if lead:
-        for r, (pid, host, node, local_rank) in enumerate(ranks_info):
+        for r, (pid, host, node, local_rank, where) in enumerate(ranks_info):
             print(
-                f"#  Rank {r:2d} Group  0 Pid {pid:6d} on {host:>10s} device  cpu node {node} local_rank {local_rank}"
+                f"#  Rank {r:2d} Group  0 Pid {pid:6d} on {host:>10s} device {where:>4s} node {node} "
+                f"local_rank {local_rank}"
             )
     say("#")
     emulated = (
@@ -781,35 +859,43 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         )
     if "v" in args.algos:
         say("# v: per-peer counts vary with (rank+peer) % ranks, every rank sends and receives `size` bytes")
+    if args.device == "cuda":
+        say(f"# device: CUDA ({_gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
     baseline = not args.no_baseline
-    if baseline:
+    if baseline and args.device == "cuda":
+        say("# baseline: d2d = one device-to-device copy of the same bytes (torch copy_); vs D2D = algbw / its algbw")
+    elif baseline:
         say(f"# baseline: MPI_Alltoall via mpi4py {_mpi4py_version()} on {_mpi_library()}")
     say("# time: max over ranks of the mean over -n calls; busbw = algbw * (ranks-1)/ranks; GB = 1e9 B")
     say("#")
 
     rows: list[dict] = []
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    for line in header_lines():
+    for line in header_lines(args.baseline):
         say(line)
     for dtype in args.dtypes:
         for requested in args.sizes:
             group: list[dict] = []
-            base_busbw = None
-            cases = [_make_case(algo, requested, dtype, comm, args) for algo in ([BASELINE] if baseline else []) + args.algos]
+            base_algbw = None
+            algos = ([args.baseline] if baseline else []) + args.algos
+            cases = [_make_case(algo, requested, dtype, comm, args) for algo in algos]
             for case, seconds in zip(cases, _measure_group(cases, args)):
                 row = _row(case, requested, dtype, seconds, _check(case, args), nranks)
-                if case.algo == BASELINE:
-                    base_busbw = row["busbw"]
+                if row["baseline"]:
+                    base_algbw = row["algbw"]
                 group.append(row)
             del cases  # frees the buffers before the next size
             for row in group:
-                row["baseline_busbw"] = base_busbw
-                row["ratio"] = (row["busbw"] / base_busbw) if (base_busbw and not row["baseline"]) else None
+                row["baseline_algbw"] = base_algbw
+                # algbw ratios equal busbw ratios (same ranks), and exist on one rank too.
+                row["ratio"] = (row["algbw"] / base_algbw) if (base_algbw and not row["baseline"]) else None
                 row.update(
                     ranks=nranks,
                     local_size=comm.local_size,
                     num_nodes=comm.num_nodes,
                     inner_algo=args.inner_algo if row["algo"] in ("flex", "v") else None,
+                    device=args.device,
+                    transport=comm.transport,
                     iters=args.iters,
                     repeats=args.repeats,
                     warmup_iters=args.warmup_iters,
@@ -820,7 +906,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             for row in [r for r in group if not r["baseline"]] + [r for r in group if r["baseline"]]:
                 say(format_row(row))
                 rows.append(row)
-    for line in footer_lines(rows, args.algos):
+    for line in footer_lines(rows, args.algos, args.baseline):
         say(line)
     total_wrong = sum(r["wrong"] or 0 for r in rows)
     if lead and args.json:
@@ -843,7 +929,7 @@ def _row(case: Case, requested: int, dtype: DType, seconds: float, wrong: int | 
         "busbw": busbw,
         "wrong": wrong,
         "algo": case.algo,
-        "baseline": case.algo == BASELINE,
+        "baseline": case.algo in BASELINES,
         "requested_size": requested,
         "shape": list(case.shape),
     }
@@ -853,6 +939,12 @@ def _mpi_library() -> str:
     from mpi4py import MPI
 
     return MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def _mpi4py_version() -> str:

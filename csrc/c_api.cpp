@@ -6,10 +6,13 @@
 #include <string>
 
 #include "a2a/a2a.h"
+#include "core/backends.hpp"
 #include "core/collectives.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/exec.hpp"
 #include "core/moe.hpp"
+#include "core/nccl_comm.hpp"
 #include "cpu/mpi_comm.hpp"
 
 struct a2a_comm {
@@ -85,28 +88,74 @@ const char* a2a_build_config(void) {
   const char* cuda = "0";
   const char* cuda_archs = "";
 #endif
+#if A2A_HAVE_NCCL
+  const std::string nccl = a2a::cat("1;nccl_version=", A2A_NCCL_VERSION_STRING);
+#else
+  const std::string nccl = "0";
+#endif
   static const std::string text = a2a::cat("version=", A2A_VERSION_MAJOR, ".", A2A_VERSION_MINOR, ".",
                                             A2A_VERSION_PATCH, ";mpi=1;mpi_version=", MPI_VERSION, ".",
-                                            MPI_SUBVERSION, ";cuda=", cuda, ";nccl=0;cuda_archs=", cuda_archs);
+                                            MPI_SUBVERSION, ";cuda=", cuda, ";nccl=", nccl, ";cuda_archs=", cuda_archs);
   return text.c_str();
 }
+
+namespace {
+
+a2a_comm_config_t read_config(const a2a_comm_config_t* config) {
+  a2a_comm_config_t options = A2A_COMM_CONFIG_INIT;
+  if (config != nullptr) {
+    if (config->struct_size < offsetof(a2a_comm_config_t, local_size) + sizeof(int) ||
+        config->struct_size > sizeof(a2a_comm_config_t))
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "config->struct_size ", config->struct_size,
+                " is not a size this library knows; start from A2A_COMM_CONFIG_INIT");
+    std::memcpy(&options, config, config->struct_size);
+  }
+  return options;
+}
+
+}  // namespace
 
 a2a_status_t a2a_comm_create_mpi(const void* mpi_comm, const a2a_comm_config_t* config, a2a_comm_t* comm) {
   return guarded([&] {
     require_out(comm, "comm");
     *comm = nullptr;
     if (mpi_comm == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "mpi_comm must point to an MPI_Comm");
-    a2a_comm_config_t options = A2A_COMM_CONFIG_INIT;
-    if (config != nullptr) {
-      if (config->struct_size < offsetof(a2a_comm_config_t, local_size) + sizeof(int) ||
-          config->struct_size > sizeof(a2a_comm_config_t))
-        a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "config->struct_size ", config->struct_size,
-                  " is not a size this library knows; start from A2A_COMM_CONFIG_INIT");
-      std::memcpy(&options, config, config->struct_size);
-    }
+    const a2a_comm_config_t options = read_config(config);
     auto handle = std::make_unique<a2a_comm>();
     handle->impl = a2a::create_mpi_comm(*static_cast<const MPI_Comm*>(mpi_comm), options);
     *comm = handle.release();
+  });
+}
+
+a2a_status_t a2a_nccl_unique_id(void* id) {
+  return guarded([&] {
+    require_out(id, "id");
+    a2a::nccl_unique_id(id);
+  });
+}
+
+a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_comm_config_t* config,
+                                  a2a_comm_t* comm) {
+  return guarded([&] {
+    require_out(comm, "comm");
+    *comm = nullptr;
+    const a2a_comm_config_t options = read_config(config);
+    auto handle = std::make_unique<a2a_comm>();
+    handle->impl = a2a::create_nccl_comm(id, size, rank, options);
+    *comm = handle.release();
+  });
+}
+
+a2a_status_t a2a_comm_set_stream(a2a_comm_t comm, void* stream) {
+  return guarded([&] { require_handle(comm, "comm")->impl->set_stream(stream); });
+}
+
+a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* transport, int* cuda_device) {
+  return guarded([&] {
+    a2a::Comm& impl = *require_handle(comm, "comm")->impl;
+    if (device_type) *device_type = impl.device_type();
+    if (transport) *transport = impl.transport_kind();
+    if (cuda_device) *cuda_device = a2a::cuda_device_of(impl.device());
   });
 }
 
@@ -236,6 +285,37 @@ a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* rout
                                void* grad_gates) {
   return guarded(
       [&] { a2a::moe::gate_grad(exec, routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates); });
+}
+
+a2a_status_t a2a_transpose_chunks(const a2a_exec_t* exec, void* dst, const void* src, size_t rows, size_t cols,
+                                  size_t chunk_bytes) {
+  return guarded([&] {
+    size_t bytes = 0;
+    if (__builtin_mul_overflow(rows, cols, &bytes) || __builtin_mul_overflow(bytes, chunk_bytes, &bytes))
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "transpose_chunks: ", rows, " x ", cols, " chunks of ", chunk_bytes,
+                " bytes overflow the address space");
+    if (bytes != 0 && (dst == nullptr || src == nullptr))
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "transpose_chunks: dst or src is NULL but ", bytes, " bytes are to move");
+    const char* d = static_cast<const char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    if (bytes != 0 && d < s + bytes && s < d + bytes)
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "transpose_chunks: dst and src overlap");
+    a2a::make_device(a2a::read_exec(exec))->transpose_chunks(dst, src, rows, cols, chunk_bytes);
+  });
+}
+
+a2a_status_t a2a_copy_ranges(const a2a_exec_t* exec, void* dst, const void* src, const a2a_copy_range_t* ranges,
+                             size_t count) {
+  static_assert(sizeof(a2a_copy_range_t) == sizeof(a2a::CopyRange), "a2a_copy_range_t and CopyRange differ");
+  return guarded([&] {
+    if (count != 0 && ranges == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "copy_ranges: ranges is NULL");
+    for (size_t i = 0; i < count; ++i)
+      if (ranges[i].bytes != 0 && (dst == nullptr || src == nullptr))
+        a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "copy_ranges: dst or src is NULL but range ", i, " moves ",
+                  ranges[i].bytes, " bytes");
+    a2a::make_device(a2a::read_exec(exec))
+        ->copy_ranges(dst, src, reinterpret_cast<const a2a::CopyRange*>(ranges), count);
+  });
 }
 
 }  // extern "C"

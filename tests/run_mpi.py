@@ -34,7 +34,20 @@ MPI_TESTS = os.path.join("tests", "mpi")
 TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
 
 # Variables of the library that a developer's shell must not leak into a run.
-A2A_VARIABLES = ("A2A_LOCAL_SIZE", "A2A_TIMEOUT_S", "A2A_MPI_DATATYPES", "A2A_MPI_MAX_COUNT", "A2A_TEST_TIMEOUT")
+A2A_VARIABLES = (
+    "A2A_LOCAL_SIZE",
+    "A2A_TIMEOUT_S",
+    "A2A_MPI_DATATYPES",
+    "A2A_MPI_MAX_COUNT",
+    "A2A_TEST_TIMEOUT",
+    "A2A_TEST_STAGING",
+)
+# Every test file but the timeout ones (which run in their own configurations).
+COLLECTIVE_TESTS = [
+    os.path.join(MPI_TESTS, name)
+    for name in sorted(os.listdir(os.path.join(ROOT, MPI_TESTS)))
+    if name.startswith("test_") and name.endswith(".py") and name != os.path.basename(TIMEOUT_TESTS)
+]
 
 
 @dataclass
@@ -63,6 +76,13 @@ CONFIGS = [
     Config("2x4", 8, 4, note="2 nodes x 4 ranks"),
     Config("3x1", 3, 1, note="3 nodes x 1 rank"),
     Config("np3-local2", 3, 2, note="irregular: 2dh must be rejected"),
+    # The code of the CUDA communicators with host copies for device ones
+    # (A2A_TEST_STAGING, cpu/mpi_comm.cpp): data staged through host buffers
+    # as with transport="mpi", device="cuda"; control messages through a
+    # device buffer as on a communicator made from a NCCL unique id.
+    Config("staged-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),
+    Config("staged-np3", 3, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),
+    Config("control-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "control"}, note="control via device"),
     Config("timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
     Config("timeout-np3", 3, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
 ]

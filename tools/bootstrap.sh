@@ -16,6 +16,11 @@ packages=(numpy mpi4py pytest hypothesis ruff "scikit-build-core>=0.10" "pybind1
 # torch is optional for the library; the tests cover torch CPU tensors. The
 # pin matters: an unpinned torch pulls several GB of CUDA wheels.
 packages+=("torch==2.13.0")
+# NCCL headers and libnccl.so.2 for the NCCL transport, where CUDA code is
+# built (nvcc on PATH); CMake finds them in the venv (CMakeLists.txt).
+if command -v nvcc >/dev/null 2>&1; then
+  packages+=("nvidia-nccl-cu13>=2.19")
+fi
 
 if [ -x "$VENV/bin/mpicc" ]; then
   echo "bootstrap: using the MPI in $VENV"

@@ -16,7 +16,11 @@ PeerGroup rail_group(const Topology& topo) {
 
 void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span) {
-  Transport& transport = comm.transport();
+  exchange(comm.transport(), group, send_span, recv_span);
+}
+
+void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
+              const std::function<Span(int)>& recv_span) {
   transport.group_start();
   // Receives first, so that arriving messages find a posted buffer.
   for (int step = 0; step < group.count; ++step) {

@@ -30,6 +30,9 @@ PeerGroup rail_group(const Topology& topo);  // my local_rank on every node, ind
 // One all-to-all exchange inside `group`: member i receives recv_span(j) from
 // member j and sends send_span(i) to every member i. Peers are visited in the
 // shifted order me+1, me+2, ... so that not every rank starts at rank 0.
+void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
+              const std::function<Span(int)>& recv_span);
+// The same over the comm's data transport (the collectives' buffers).
 void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span);
 

@@ -193,8 +193,12 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
   // recv_counts: one int64 from every rank, in rows; bytes follow.
   std::vector<int64_t> send_rows(send_counts, send_counts + world);
   recv_counts_.assign(world, 0);
+  // Counts live on the host: they go over the control transport.
   comm.run(op, [&] {
-    all_to_all_linear(comm, send_rows.data(), recv_counts_.data(), sizeof(int64_t));
+    exchange(
+        comm.control(), world_group(comm.topology()),
+        [&](int i) { return Span::contiguous(&send_rows[i], sizeof(int64_t)); },
+        [&](int j) { return Span::contiguous(&recv_counts_[j], sizeof(int64_t)); });
   });
   const int64_t row = static_cast<int64_t>(row_bytes);
   bytes_.send.resize(world);
@@ -214,7 +218,8 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
     const size_t row_of_nodes = nodes * sizeof(int64_t);
     comm.run(op, [&] {
       exchange(
-          comm, node_group(topo), [&](int l) { return Span::contiguous(&by_local[l * nodes], row_of_nodes); },
+          comm.control(), node_group(topo),
+          [&](int l) { return Span::contiguous(&by_local[l * nodes], row_of_nodes); },
           [&](int l) { return Span::contiguous(&bytes_.relay[l * nodes], row_of_nodes); });
     });
   }

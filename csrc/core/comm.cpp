@@ -7,12 +7,41 @@
 
 namespace a2a {
 
+namespace {
+
+CommParts single_transport(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device) {
+  CommParts parts;
+  parts.device = std::move(device);
+  parts.data = parts.control = transport.get();
+  parts.transports.push_back(std::move(transport));
+  return parts;
+}
+
+}  // namespace
+
 Comm::Comm(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device, Topology topology,
            bool use_strided_spans)
-    : transport_(std::move(transport)),
-      device_(std::move(device)),
+    : Comm(single_transport(std::move(transport), std::move(device)), std::move(topology), use_strided_spans) {}
+
+Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
+    : device_(std::move(parts.device)),
+      transports_(std::move(parts.transports)),
+      data_(parts.data),
+      control_(parts.control),
+      control_waits_for_stream_(parts.control_waits_for_stream),
+      device_type_(parts.device_type),
+      transport_kind_(parts.transport),
       topology_(std::move(topology)),
-      use_strided_spans_(use_strided_spans && transport_->supports_strided()) {}
+      use_strided_spans_(use_strided_spans && data_->supports_strided()) {}
+
+Comm::~Comm() {
+  while (!transports_.empty()) transports_.pop_back();  // wrappers before what they wrap
+}
+
+void Comm::set_stream(void* stream) {
+  device_->set_stream(stream);
+  for (auto& transport : transports_) transport->set_stream(stream);
+}
 
 void Comm::mark_broken(const std::string& why) {
   if (broken_reason_.empty()) broken_reason_ = why;
@@ -52,12 +81,22 @@ struct Signature {
 
 }  // namespace
 
-void Comm::agree(const char* op, const std::vector<Field>& fields, const std::string& local_error) {
+void Comm::agree(const char* op, const std::vector<Field>& fields, const std::string& input_error) {
   check_usable(op);
   ++sequence_;
+  std::string local_error = input_error;
+  // A transport that waits for the stream cannot be captured: refused like bad
+  // input (every rank hears of it), with its own status.
+  const bool capture_refused = local_error.empty() && !data_->supports_capture() && device_->capturing();
+  const a2a_status_t local_status = capture_refused ? A2A_ERROR_UNSUPPORTED : A2A_ERROR_INVALID_ARGUMENT;
+  if (capture_refused)
+    local_error = cat(op, " on rank ", rank(), ": the ", data_->name(), " transport waits for the stream, which cannot "
+                      "happen while it is being captured into a CUDA graph; capture with a NCCL communicator instead");
   if (fields.size() > kMaxFields) fail(A2A_ERROR_INTERNAL, op, ": too many fields to agree on");
-  if (size() == 1) {  // nobody to disagree with
-    if (!local_error.empty()) fail(A2A_ERROR_INVALID_ARGUMENT, local_error);
+  // Nobody to disagree with; or the check would wait for a stream that is
+  // being captured into a CUDA graph (then only local checks run).
+  if (size() == 1 || (control_waits_for_stream_ && device_->capturing())) {
+    if (!local_error.empty()) fail(local_status, local_error);
     return;
   }
   Signature mine{};
@@ -66,13 +105,13 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   std::strncpy(mine.op, op, kOpBytes - 1);
 
   std::vector<Signature> all(size());
-  run(op, [&] { transport_->allgather(&mine, all.data(), sizeof(Signature)); });
+  run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
 
   // Every rank holds every signature, so every rank reaches the same verdict.
   std::string rejecting;
   for (int r = 0; r < size(); ++r)
     if (all[r].rejected) rejecting += cat(rejecting.empty() ? "" : ", ", r);
-  if (!local_error.empty()) fail(A2A_ERROR_INVALID_ARGUMENT, local_error);
+  if (!local_error.empty()) fail(local_status, local_error);
   if (!rejecting.empty())
     fail(A2A_ERROR_REMOTE, op, " on rank ", rank(), ": rank(s) ", rejecting,
          " rejected their input (see the error on those ranks); no data was exchanged");
@@ -97,14 +136,21 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   }
 }
 
+void Comm::abort_transports() {
+  if (!broken_reason_.empty()) return;  // already retired once
+  for (auto& transport : transports_) transport->abort();
+}
+
 void Comm::retire(const char* op) {
   try {
     throw;
   } catch (const Failure& e) {
+    abort_transports();
     const std::string message = std::strncmp(e.what(), op, std::strlen(op)) == 0 ? e.what() : cat(op, ": ", e.what());
     mark_broken(message);
     throw Failure(e.status(), message);
   } catch (const std::exception& e) {
+    abort_transports();
     mark_broken(cat(op, ": ", e.what()));
     throw;
   }

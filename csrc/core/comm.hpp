@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "a2a/a2a.h"
 #include "core/device.hpp"
 #include "core/topology.hpp"
 #include "core/transport.hpp"
@@ -21,12 +22,39 @@ struct Field {
   int64_t value;
 };
 
+// What a communicator is built from. `data` moves the collectives' buffers
+// (memory of `device`); `control` moves small host messages (the argument
+// check, all-to-all-v counts, the MoE capacity). They are one MPI transport on
+// the CPU; MPI under NCCL or a staged transport; or, for a communicator made
+// from a NCCL unique id alone, NCCL itself through a device buffer
+// (control_waits_for_stream: each control message waits for the stream).
+struct CommParts {
+  std::unique_ptr<Device> device;
+  // Owned transports, in construction order; a later one may wrap an
+  // earlier one, so they are destroyed last to first.
+  std::vector<std::unique_ptr<Transport>> transports;
+  Transport* data = nullptr;
+  Transport* control = nullptr;
+  bool control_waits_for_stream = false;
+  int device_type = A2A_DEVICE_CPU;     // a2a_device_type_t
+  int transport = A2A_TRANSPORT_MPI;    // a2a_transport_t
+};
+
 class Comm {
  public:
   Comm(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device, Topology topology,
        bool use_strided_spans);
+  Comm(CommParts parts, Topology topology, bool use_strided_spans);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
-  Transport& transport() { return *transport_; }
+  Transport& transport() { return *data_; }
+  Transport& control() { return *control_; }
+  int device_type() const { return device_type_; }
+  int transport_kind() const { return transport_kind_; }
+  // The stream of the following calls (CUDA communicators).
+  void set_stream(void* stream);
   Device& device() { return *device_; }
   const Topology& topology() const { return topology_; }
   int rank() const { return topology_.rank; }
@@ -67,9 +95,15 @@ class Comm {
   // Called with an exception in flight: marks the comm broken and rethrows
   // the error with op's name.
   [[noreturn]] void retire(const char* op);
+  void abort_transports();
 
-  std::unique_ptr<Transport> transport_;
   std::unique_ptr<Device> device_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  Transport* data_;
+  Transport* control_;
+  bool control_waits_for_stream_;
+  int device_type_;
+  int transport_kind_;
   Topology topology_;
   bool use_strided_spans_;
   std::string broken_reason_;

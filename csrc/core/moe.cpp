@@ -9,33 +9,17 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/exec.hpp"
 #include "core/moe_kernels.hpp"
 
 namespace a2a::moe {
 
-#if !A2A_HAVE_CUDA
-std::unique_ptr<Kernels> make_cuda_kernels(void*) {
-  fail(A2A_ERROR_UNSUPPORTED, "this a2a was built without CUDA (a2a.config()['cuda'] is False); rebuild with nvcc "
-                              "available, or A2A_WITH_CUDA=1 to make that a requirement");
-}
-#endif
-
 namespace {
 
 std::unique_ptr<Kernels> make_kernels(const a2a_exec_t* exec) {
-  if (exec == nullptr) return make_cpu_kernels(0);
-  if (exec->struct_size < offsetof(a2a_exec_t, stream) + sizeof(void*) || exec->struct_size > sizeof(a2a_exec_t))
-    fail(A2A_ERROR_INVALID_ARGUMENT, "exec->struct_size ", exec->struct_size,
-         " is not a size this library knows; start from A2A_EXEC_CPU_INIT");
-  a2a_exec_t e = A2A_EXEC_CPU_INIT;
-  std::memcpy(&e, exec, exec->struct_size);
-  switch (e.device_type) {
-    case A2A_DEVICE_CPU:
-      if (e.num_threads < 0) fail(A2A_ERROR_INVALID_ARGUMENT, "exec->num_threads is ", e.num_threads);
-      return make_cpu_kernels(e.num_threads);
-    case A2A_DEVICE_CUDA: return make_cuda_kernels(e.stream);
-  }
-  fail(A2A_ERROR_INVALID_ARGUMENT, "exec->device_type ", e.device_type, " is neither A2A_DEVICE_CPU nor A2A_DEVICE_CUDA");
+  const a2a_exec_t e = read_exec(exec);
+  if (e.device_type == A2A_DEVICE_CUDA) return make_cuda_kernels(e.stream);
+  return make_cpu_kernels(e.num_threads);
 }
 
 bool is_float(a2a_dtype_t dtype) {
@@ -158,7 +142,7 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
       if (local_failure) std::rethrow_exception(local_failure);  // keep this rank's own status and message
       throw;
     }
-    if (!dropless) comm->run(op, [&] { comm->transport().allreduce_int64(&final_capacity, 1, ReduceOp::kMax); });
+    if (!dropless) comm->run(op, [&] { comm->control().allreduce_int64(&final_capacity, 1, ReduceOp::kMax); });
   }
 
   // Counts and offsets of the layout, on the host, then to the device.

@@ -38,6 +38,17 @@ class Transport {
   // True when send/recv accept non-contiguous Spans; otherwise the algorithms
   // pack layouts with the Device first.
   virtual bool supports_strided() const = 0;
+  // Stream-ordered transports (NCCL) enqueue on the stream set here (a
+  // cudaStream_t) and return before the data moved; others ignore it.
+  virtual void set_stream(void* /*stream*/) {}
+  // Whether its operations can be captured into a CUDA graph (they must not
+  // wait for the stream). Comm::agree refuses a capture otherwise, on every rank.
+  virtual bool supports_capture() const { return true; }
+  // Raises an error the transport reported asynchronously (NCCL), if any.
+  virtual void check_async_error() {}
+  // Called once when the communicator is retired after a failure: releases
+  // whatever may still wait for peers (ncclCommAbort).
+  virtual void abort() {}
 
   // Point-to-point group: the sends and receives posted between group_start()
   // and group_end() progress together; group_end() returns when all of them

@@ -38,48 +38,11 @@
 #include "core/moe_elementwise.hpp"
 #include "core/moe_kernels.hpp"
 #include "core/moe_messages.hpp"
-
-#ifndef A2A_CUDA_ARCHS_STRING
-#define A2A_CUDA_ARCHS_STRING "unknown"
-#endif
+#include "cuda/cuda_check.hpp"
 
 namespace a2a::moe {
 
 namespace {
-
-// ---------------------------------------------------------------------------
-// Errors
-
-// Errors that mean "no usable CUDA here" rather than a bug.
-bool means_unsupported(cudaError_t status) {
-  switch (status) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorStubLibrary:
-    case cudaErrorNoKernelImageForDevice:
-    case cudaErrorUnsupportedPtxVersion:
-    case cudaErrorSystemDriverMismatch:
-    case cudaErrorCompatNotSupportedOnDevice:
-    case cudaErrorDevicesUnavailable: return true;
-    default: return false;
-  }
-}
-
-void check_cuda(cudaError_t status, const char* call) {
-  if (status == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear a non-sticky error so that later calls are not blamed for it
-  const char* hint = status == cudaErrorNoKernelImageForDevice || status == cudaErrorUnsupportedPtxVersion
-                         ? "; this a2a was built for CUDA architectures " A2A_CUDA_ARCHS_STRING
-                           " (A2A_CUDA_ARCHS when building)"
-                         : "";
-  fail(means_unsupported(status) ? A2A_ERROR_UNSUPPORTED : A2A_ERROR_INTERNAL, "CUDA call ", call, " failed: ",
-       cudaGetErrorString(status), " (", cudaGetErrorName(status), ")", hint);
-}
-
-void check_launch(const char* kernel) {
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) check_cuda(status, cat("<<<>>> launch of ", kernel).c_str());
-}
 
 // ---------------------------------------------------------------------------
 // Launch shapes
@@ -722,17 +685,7 @@ class CudaKernels final : public Kernels {
   // The grid cap of the current device, found on the first launch; its
   // errors are the first to say that there is no usable device or driver.
   int max_blocks() {
-    if (max_blocks_ == 0) {
-      int devices = 0;
-      check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-      if (devices < 1) fail(A2A_ERROR_UNSUPPORTED, "CUDA: no CUDA device is visible");
-      int device = 0;
-      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-      int sms = 0;
-      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                 "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-      max_blocks_ = std::max(1, sms) * kBlocksPerSm;
-    }
+    if (max_blocks_ == 0) max_blocks_ = multiprocessor_count(current_cuda_device()) * kBlocksPerSm;
     return max_blocks_;
   }
 

@@ -97,6 +97,65 @@ a2a_routing_t make_routing(const RoutingTuple& r) {
   return routing;
 }
 
+// DLPack's C structures (dlpack.h, a stable ABI; spelled out here so the
+// build needs no DLPack header). A "dltensor" capsule holds a DLManagedTensor.
+struct DLDevice {
+  int32_t device_type;  // 1 CPU, 2 CUDA, 3 CUDA host (pinned), 13 CUDA managed
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements; NULL = C-contiguous
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor*);
+};
+
+// What the Python layer needs from a DLPack capsule, without consuming it:
+// the capsule (kept alive by the caller) still owns the tensor.
+// Returns (address, shape, C-contiguous, dtype code, bits, lanes, device type, device id).
+py::tuple dlpack_view(const py::capsule& capsule) {
+  if (std::string(capsule.name() ? capsule.name() : "") != "dltensor")
+    throw py::value_error("not an unconsumed DLPack capsule (name 'dltensor')");
+  const auto* managed = capsule.get_pointer<DLManagedTensor>();
+  const DLTensor& t = managed->dl_tensor;
+  py::tuple shape(t.ndim);
+  bool contiguous = true;
+  int64_t expected = 1;
+  for (int32_t i = t.ndim - 1; i >= 0; --i) {
+    shape[i] = py::int_(t.shape[i]);
+    if (t.strides != nullptr && t.shape[i] != 1 && t.strides[i] != expected) contiguous = false;
+    expected *= t.shape[i];
+  }
+  const uintptr_t address = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+  return py::make_tuple(address, shape, contiguous, t.dtype.code, t.dtype.bits, t.dtype.lanes, t.device.device_type,
+                        t.device.device_id);
+}
+
+a2a_comm_config_t make_config(int local_size, double timeout_s, int use_mpi_datatypes, int device_type, int transport,
+                              int cuda_device) {
+  a2a_comm_config_t config = A2A_COMM_CONFIG_INIT;
+  config.local_size = local_size;
+  config.timeout_s = timeout_s;
+  config.use_mpi_datatypes = use_mpi_datatypes;
+  config.device_type = device_type;
+  config.transport = transport;
+  config.cuda_device = cuda_device;
+  return config;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -168,16 +227,56 @@ PYBIND11_MODULE(_C, m) {
       },
       py::call_guard<py::gil_scoped_release>());
 
+  m.def("dlpack_view", &dlpack_view);
+  m.def("nccl_unique_id", [] {
+    const std::vector<char> id = a2a::nccl_unique_id();
+    return py::bytes(id.data(), id.size());
+  });
+  m.def(
+      "transpose_chunks",
+      [](const Exec& exec, uintptr_t dst, uintptr_t src, size_t rows, size_t cols, size_t chunk_bytes) {
+        a2a::transpose_chunks(make_exec(exec), as_mutable(dst), as_pointer(src), rows, cols, chunk_bytes);
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "copy_ranges",
+      [](const Exec& exec, uintptr_t dst, uintptr_t src, const std::vector<std::tuple<size_t, size_t, size_t>>& ranges) {
+        std::vector<a2a_copy_range_t> list;
+        list.reserve(ranges.size());
+        for (const auto& r : ranges) list.push_back({std::get<0>(r), std::get<1>(r), std::get<2>(r)});
+        a2a::copy_ranges(make_exec(exec), as_mutable(dst), as_pointer(src), list);
+      },
+      py::call_guard<py::gil_scoped_release>());
+
   py::class_<a2a::Communicator>(m, "Comm")
-      .def(py::init([](uintptr_t mpi_comm_address, int local_size, double timeout_s, int use_mpi_datatypes) {
-             a2a_comm_config_t config = A2A_COMM_CONFIG_INIT;
-             config.local_size = local_size;
-             config.timeout_s = timeout_s;
-             config.use_mpi_datatypes = use_mpi_datatypes;
-             return new a2a::Communicator(as_pointer(mpi_comm_address), config);
+      .def(py::init([](uintptr_t mpi_comm_address, int local_size, double timeout_s, int use_mpi_datatypes,
+                       int device_type, int transport, int cuda_device) {
+             return new a2a::Communicator(as_pointer(mpi_comm_address),
+                                          make_config(local_size, timeout_s, use_mpi_datatypes, device_type,
+                                                      transport, cuda_device));
            }),
            py::arg("mpi_comm_address"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
-           py::arg("use_mpi_datatypes") = -1, py::call_guard<py::gil_scoped_release>())
+           py::arg("use_mpi_datatypes") = -1, py::arg("device_type") = 0, py::arg("transport") = 0,
+           py::arg("cuda_device") = -1, py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "from_nccl_id",
+          [](const std::string& id, int size, int rank, int local_size, double timeout_s, int cuda_device) {
+            if (id.size() != A2A_NCCL_UNIQUE_ID_BYTES)
+              throw py::value_error("a NCCL unique id has " + std::to_string(A2A_NCCL_UNIQUE_ID_BYTES) + " bytes, got " +
+                                    std::to_string(id.size()));
+            a2a_comm_config_t config =
+                make_config(local_size, timeout_s, -1, A2A_DEVICE_CUDA, A2A_TRANSPORT_NCCL, cuda_device);
+            py::gil_scoped_release release;
+            return new a2a::Communicator(id.data(), size, rank, config);
+          },
+          py::arg("id"), py::arg("size"), py::arg("rank"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
+          py::arg("cuda_device") = -1)
+      .def("set_stream", [](a2a::Communicator& c, uintptr_t stream) { c.set_stream(as_mutable(stream)); })
+      .def_property_readonly("device",
+                             [](const a2a::Communicator& c) {
+                               const auto d = c.device();
+                               return py::make_tuple(d.device_type, d.transport, d.cuda_device);
+                             })
       .def_property_readonly("topology",
                              [](const a2a::Communicator& c) {
                                a2a::Topology t = c.topology();

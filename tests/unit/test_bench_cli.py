@@ -394,7 +394,7 @@ def test_self_launched_sweep_on_two_ranks(tmp_path):
         assert all(r["wrong"] == 0 and r["ranks"] == 2 and r["time_us"] > 0 for r in mine)
         assert all((r["ratio"] is None) == (algo == "mpi") for r in mine)
         assert all(r["baseline"] == (algo == "mpi") for r in mine)
-    assert all(r["baseline_busbw"] > 0 and "--np 2" in r["command"] for r in rows)
+    assert all(r["baseline_algbw"] > 0 and "--np 2" in r["command"] for r in rows)
     table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
     assert len(table) == len(rows) == 5 * len(sizes)
     assert all(fields[8] == "0" for fields in table)  # the #wrong column

@@ -17,8 +17,10 @@ def test_config_reports_what_was_built():
     for key in ("version", "mpi", "cuda", "nccl", "cuda_archs", "library"):
         assert key in cfg, f"a2a.config() lacks {key!r}: {cfg}"
     assert cfg["mpi"] is True
-    assert cfg["nccl"] is False
-    assert isinstance(cfg["cuda"], bool)
+    assert isinstance(cfg["cuda"], bool) and isinstance(cfg["nccl"], bool)
+    if cfg["nccl"]:
+        assert cfg["cuda"], "NCCL is built only with CUDA"
+        assert cfg["nccl_version"].count(".") == 2, cfg
     if cfg["cuda"]:
         assert cfg["cuda_archs"] and all(arch.isdigit() for arch in cfg["cuda_archs"]), cfg
     else:
@@ -33,6 +35,14 @@ def test_cuda_is_built_wherever_nvcc_is_found():
     if shutil.which("nvcc") is None or os.environ.get("A2A_WITH_CUDA", "").upper() in ("0", "OFF"):
         pytest.skip("no nvcc on PATH, or CUDA switched off")
     assert a2a.config()["cuda"] is True, a2a.config()
+
+
+def test_nccl_is_built_wherever_ci_asks_for_it():
+    # .ci/run sets A2A_WITH_NCCL=1 wherever nvcc is found and tools/bootstrap.sh installs
+    # nvidia-nccl-cu13 there, so CI compiles the NCCL transport on every run.
+    if os.environ.get("A2A_WITH_NCCL", "").upper() not in ("1", "ON"):
+        pytest.skip("A2A_WITH_NCCL is not set to 1")
+    assert a2a.config()["nccl"] is True, a2a.config()
 
 
 def test_config_returns_a_fresh_dict():

@@ -55,7 +55,7 @@ def test_unsupported_torch_dtype(comm, torch, dtype):
 
 def test_torch_tensor_not_on_the_cpu(comm, torch):
     x = torch.empty(4, device="meta")
-    raises_invalid(lambda: a2a.all_to_all(x, comm=comm), "meta", "host memory")
+    raises_invalid(lambda: a2a.all_to_all(x, comm=comm), "meta", "host or CUDA memory")
 
 
 @pytest.mark.parametrize(

@@ -65,17 +65,29 @@ typedef enum {
 typedef struct a2a_comm* a2a_comm_t;
 typedef struct a2a_v_plan* a2a_v_plan_t;
 
+/* Where buffers live: host memory, or device memory of one CUDA device. */
+typedef enum { A2A_DEVICE_CPU = 0, A2A_DEVICE_CUDA = 1 } a2a_device_type_t;
+
+/* What moves the bytes between ranks. A2A_TRANSPORT_MPI with A2A_DEVICE_CUDA
+ * stages device buffers through page-locked host memory (for clusters
+ * without NCCL, and for several ranks sharing one GPU). */
+typedef enum { A2A_TRANSPORT_MPI = 0, A2A_TRANSPORT_NCCL = 1 } a2a_transport_t;
+
 /* Versioned communicator options. Always start from A2A_COMM_CONFIG_INIT so
  * fields added later keep their defaults. */
 typedef struct {
   size_t struct_size;    /* sizeof(a2a_comm_config_t) */
-  int local_size;        /* ranks per node; 0 = env A2A_LOCAL_SIZE, else MPI shared-memory split */
+  int local_size;        /* ranks per node; 0 = env A2A_LOCAL_SIZE, else detected (MPI shared-memory split;
+                            for a2a_comm_create_nccl: LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, else all) */
   double timeout_s;      /* bound on every wait; <= 0 = env A2A_TIMEOUT_S, else 300 */
   int use_mpi_datatypes; /* 1: strided layouts go on the wire as MPI datatypes; 0: packed by copies;
-                            -1: env A2A_MPI_DATATYPES (default 1) */
+                            -1: env A2A_MPI_DATATYPES (default 1). Host MPI communicators only. */
+  int device_type;       /* a2a_device_type_t of the collectives' buffers (default CPU) */
+  int transport;         /* a2a_transport_t (default MPI; NCCL needs device_type CUDA) */
+  int cuda_device;       /* CUDA device ordinal; -1 = the calling thread's current device */
 } a2a_comm_config_t;
 
-#define A2A_COMM_CONFIG_INIT {sizeof(a2a_comm_config_t), 0, 0.0, -1}
+#define A2A_COMM_CONFIG_INIT {sizeof(a2a_comm_config_t), 0, 0.0, -1, A2A_DEVICE_CPU, A2A_TRANSPORT_MPI, -1}
 
 A2A_API const char* a2a_get_last_error(void);
 A2A_API const char* a2a_status_string(a2a_status_t status);
@@ -88,7 +100,28 @@ A2A_API const char* a2a_build_config(void);
  * communicator is duplicated; it may be freed after this call. Collective. */
 A2A_API a2a_status_t a2a_comm_create_mpi(const void* mpi_comm, const a2a_comm_config_t* config,
                                          a2a_comm_t* comm);
+/* NCCL bootstrap without MPI (e.g. through torch.distributed): one rank calls
+ * a2a_nccl_unique_id, every rank receives those A2A_NCCL_UNIQUE_ID_BYTES
+ * bytes by its own means, then all `size` ranks call a2a_comm_create_nccl
+ * (collective; bounded by the timeout). config may be NULL; its device_type
+ * and transport are taken as CUDA and NCCL. The argument check of every
+ * collective then runs over NCCL too, through a small device buffer, and
+ * waits for the stream (communicators made over MPI check over MPI instead;
+ * inside CUDA-graph capture only the local checks run). */
+#define A2A_NCCL_UNIQUE_ID_BYTES 128
+A2A_API a2a_status_t a2a_nccl_unique_id(void* id);
+A2A_API a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_comm_config_t* config,
+                                          a2a_comm_t* comm);
 A2A_API a2a_status_t a2a_comm_destroy(a2a_comm_t comm);
+/* The CUDA stream (a cudaStream_t; NULL = the legacy default stream) of the
+ * following collectives on a CUDA communicator. They are enqueued on it and
+ * return without waiting for the data, except: creating an all-to-all-v plan
+ * (the counts come back to the host) and the staged MPI transport (which
+ * waits for the stream before each exchange). Ignored on the CPU. */
+A2A_API a2a_status_t a2a_comm_set_stream(a2a_comm_t comm, void* stream);
+/* device_type (a2a_device_type_t), transport (a2a_transport_t) and CUDA
+ * device ordinal (-1 on the CPU) of a communicator; any may be NULL. */
+A2A_API a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* transport, int* cuda_device);
 /* Topology: rank, size, local_rank, local_size, node, num_nodes (any may be NULL). */
 A2A_API a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local_rank,
                                        int* local_size, int* node, int* num_nodes);
@@ -141,7 +174,6 @@ A2A_API a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan);
  * per-expert counts back to the host (one stream synchronization).
  * ------------------------------------------------------------------------ */
 
-typedef enum { A2A_DEVICE_CPU = 0, A2A_DEVICE_CUDA = 1 } a2a_device_type_t;
 
 /* Where a kernel runs. CPU: a pool of threads (num_threads; 0 = env
  * A2A_NUM_THREADS, else every core). CUDA: the calling thread's current
@@ -234,6 +266,23 @@ A2A_API a2a_status_t a2a_moe_combine(const a2a_exec_t* exec, const a2a_routing_t
 A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing,
                                        const void* tokens, const void* rows, a2a_dtype_t dtype,
                                        int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates);
+
+/* The layout kernels the collectives use, for frameworks that need them
+ * alone. transpose_chunks views src as a rows x cols grid of chunk_bytes
+ * chunks and writes its transpose: chunk (r, c) of src lands at chunk (c, r)
+ * of dst (Tutel's strideMemcpy). copy_ranges makes `count` independent copies
+ * dst + ranges[i].dst_offset <- src + ranges[i].src_offset of ranges[i].bytes;
+ * `ranges` is host memory. dst and src are memory of exec's device and must
+ * not overlap. On CUDA both are enqueued on exec->stream. */
+typedef struct {
+  size_t src_offset;
+  size_t dst_offset;
+  size_t bytes;
+} a2a_copy_range_t;
+A2A_API a2a_status_t a2a_transpose_chunks(const a2a_exec_t* exec, void* dst, const void* src, size_t rows,
+                                          size_t cols, size_t chunk_bytes);
+A2A_API a2a_status_t a2a_copy_ranges(const a2a_exec_t* exec, void* dst, const void* src,
+                                     const a2a_copy_range_t* ranges, size_t count);
 
 /* Makes every rank of the collective fail with A2A_ERROR_REMOTE instead of
  * waiting: a binding that rejects its input before reaching the core calls

@@ -36,6 +36,11 @@ class Communicator {
   explicit Communicator(const void* mpi_comm, const a2a_comm_config_t& config = A2A_COMM_CONFIG_INIT) {
     check(a2a_comm_create_mpi(mpi_comm, &config, &handle_));
   }
+  // A NCCL communicator from a unique id that every rank received (see
+  // a2a_comm_create_nccl). Collective.
+  Communicator(const void* nccl_id, int size, int rank, const a2a_comm_config_t& config) {
+    check(a2a_comm_create_nccl(nccl_id, size, rank, &config, &handle_));
+  }
   ~Communicator() {
     if (handle_ != nullptr) a2a_comm_destroy(handle_);
   }
@@ -52,6 +57,17 @@ class Communicator {
     Topology t{};
     check(a2a_comm_topology(handle_, &t.rank, &t.size, &t.local_rank, &t.local_size, &t.node, &t.num_nodes));
     return t;
+  }
+
+  // The CUDA stream of the following collectives (a cudaStream_t).
+  void set_stream(void* stream) { check(a2a_comm_set_stream(handle_, stream)); }
+  struct Device {
+    int device_type, transport, cuda_device;
+  };
+  Device device() const {
+    Device d{};
+    check(a2a_comm_device(handle_, &d.device_type, &d.transport, &d.cuda_device));
+    return d;
   }
 
   size_t all_to_all_workspace_size(size_t count, a2a_dtype_t dtype, a2a_algo_t algo) const {
@@ -159,6 +175,21 @@ inline void moe_combine(const a2a_exec_t& exec, const a2a_routing_t& routing, co
 inline void moe_gate_grad(const a2a_exec_t& exec, const a2a_routing_t& routing, const void* tokens, const void* rows,
                           a2a_dtype_t dtype, int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates) {
   check(a2a_moe_gate_grad(&exec, &routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates));
+}
+
+inline std::vector<char> nccl_unique_id() {
+  std::vector<char> id(A2A_NCCL_UNIQUE_ID_BYTES);
+  check(a2a_nccl_unique_id(id.data()));
+  return id;
+}
+
+inline void transpose_chunks(const a2a_exec_t& exec, void* dst, const void* src, size_t rows, size_t cols,
+                             size_t chunk_bytes) {
+  check(a2a_transpose_chunks(&exec, dst, src, rows, cols, chunk_bytes));
+}
+
+inline void copy_ranges(const a2a_exec_t& exec, void* dst, const void* src, const std::vector<a2a_copy_range_t>& ranges) {
+  check(a2a_copy_ranges(&exec, dst, src, ranges.data(), ranges.size()));
 }
 
 }  // namespace a2a

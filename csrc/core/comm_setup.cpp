@@ -1,0 +1,85 @@
+#include "core/comm_setup.hpp"
+
+#include <cstdlib>
+
+#include "core/error.hpp"
+
+namespace a2a {
+
+long env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return -1;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 0)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "environment variable ", name, "='", text, "' is not a non-negative integer");
+  return value;
+}
+
+double timeout_from(const a2a_comm_config_t& config) {
+  if (config.timeout_s > 0) return config.timeout_s;
+  const char* text = std::getenv("A2A_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return kDefaultTimeoutS;
+  char* end = nullptr;
+  double value = std::strtod(text, &end);
+  if (end == text || *end != '\0' || value <= 0)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_TIMEOUT_S='", text, "' is not a positive number of seconds");
+  return value;
+}
+
+namespace {
+
+const char* device_name(int device_type) { return device_type == A2A_DEVICE_CUDA ? "cuda" : "cpu"; }
+const char* transport_name(int transport) { return transport == A2A_TRANSPORT_NCCL ? "nccl" : "mpi"; }
+
+}  // namespace
+
+Topology agree_topology(Transport& control, const LocalSizeProposal& proposal, const a2a_comm_config_t& config,
+                        const SettingReader& settings) {
+  const std::string& setting_error = settings.error();
+  const int rank = control.rank(), size = control.size();
+  int local_size = proposal.local_size;
+  const int64_t given = proposal.explicit_size ? 1 : 0;
+  const int64_t kind = config.device_type * 16 + config.transport;
+  // Maxima of (x, -x) give max and min in one allreduce.
+  int64_t bounds[7] = {setting_error.empty() ? 0 : 1, local_size, -static_cast<int64_t>(local_size), given, -given,
+                       kind, -kind};
+  control.allreduce_int64(bounds, 7, ReduceOp::kMax);
+  if (!setting_error.empty()) fail(settings.status(), "rank ", rank, ": ", setting_error);
+  if (bounds[0] != 0)
+    fail(A2A_ERROR_REMOTE, "rank ", rank, ": another rank rejected its settings while creating the communicator "
+         "(see the error on that rank)");
+  if (bounds[5] != -bounds[6])
+    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": ranks asked for different devices or transports; this rank asked for "
+         "device=", device_name(config.device_type), ", transport=", transport_name(config.transport));
+  if (bounds[3] != -bounds[4])
+    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size is given (", proposal.source, ") on some ranks but "
+         "not on others; this rank ", proposal.explicit_size ? "has " : "does not have ", "one");
+  std::string irregular = proposal.irregular_reason;
+  if (bounds[1] != -bounds[2]) {
+    if (proposal.explicit_size)
+      fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size differs across ranks (from ", -bounds[2], " to ",
+           bounds[1], "; this rank has ", local_size, " from ", proposal.source, "); pass the same local_size "
+           "on every rank");
+    // Nodes of different sizes: the comm works for linear algorithms.
+    if (irregular.empty())
+      irregular = cat("nodes have different sizes (from ", -bounds[2], " to ", bounds[1],
+                      " ranks); pass local_size= or set A2A_LOCAL_SIZE");
+    local_size = 1;
+  }
+  if (size % local_size == 0 && irregular.empty()) return make_topology(rank, size, local_size);
+  // Still usable for linear algorithms; 2DH reports why it cannot run.
+  Topology topo;
+  topo.rank = rank;
+  topo.size = size;
+  topo.local_size = local_size;
+  topo.local_rank = rank % local_size;
+  topo.node = rank / local_size;
+  topo.num_nodes = (size + local_size - 1) / local_size;
+  topo.irregular_reason = irregular.empty() ? cat("world size ", size, " is not divisible by local_size ", local_size,
+                                                  proposal.explicit_size ? cat(" (from ", proposal.source, ")") : "")
+                                            : irregular;
+  return topo;
+}
+
+}  // namespace a2a

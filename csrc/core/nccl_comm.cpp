@@ -1,0 +1,65 @@
+#include "core/nccl_comm.hpp"
+
+#include "core/backends.hpp"
+#include "core/comm_setup.hpp"
+#include "core/error.hpp"
+#include "core/staging.hpp"
+
+namespace a2a {
+
+namespace {
+
+// local_size, else A2A_LOCAL_SIZE, else the launcher's LOCAL_WORLD_SIZE
+// (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE (mpirun), else one node.
+LocalSizeProposal local_size_from(const a2a_comm_config_t& config, int size, SettingReader& settings) {
+  LocalSizeProposal proposal;
+  proposal.local_size = size;
+  if (config.local_size > 0) {
+    proposal.local_size = config.local_size;
+    proposal.explicit_size = true;
+    proposal.source = "local_size=";
+    return proposal;
+  }
+  for (const char* name : {"A2A_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    const long value = settings.read([name] { return env_int(name); }, -1L);
+    if (value > 0) {
+      proposal.local_size = static_cast<int>(value);
+      proposal.explicit_size = true;
+      proposal.source = cat("the environment variable ", name);
+      return proposal;
+    }
+  }
+  return proposal;
+}
+
+}  // namespace
+
+std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const a2a_comm_config_t& config) {
+  if (id == nullptr) fail(A2A_ERROR_INVALID_ARGUMENT, "the NCCL unique id is NULL");
+  if (size < 1 || rank < 0 || rank >= size)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, " is not in [0, size=", size, ")");
+  // Settings that would fail on one rank only fail before NCCL's creation,
+  // which the other ranks would otherwise wait for until the timeout.
+  const double timeout_s = timeout_from(config);
+  SettingReader settings;
+  const LocalSizeProposal proposal = local_size_from(config, size, settings);
+  if (!settings.error().empty()) fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, ": ", settings.error());
+
+  a2a_comm_config_t kind = config;
+  kind.device_type = A2A_DEVICE_CUDA;
+  kind.transport = A2A_TRANSPORT_NCCL;
+  CommParts parts;
+  parts.device = make_cuda_device(config.cuda_device);
+  parts.device_type = A2A_DEVICE_CUDA;
+  parts.transport = A2A_TRANSPORT_NCCL;
+  parts.data =
+      parts.transports.emplace_back(make_nccl_transport(id, size, rank, cuda_device_of(*parts.device), timeout_s)).get();
+  parts.control =
+      parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(*parts.data, *parts.device, timeout_s))
+          .get();
+  parts.control_waits_for_stream = true;
+  const Topology topo = agree_topology(*parts.control, proposal, kind, SettingReader());
+  return std::make_unique<Comm>(std::move(parts), topo, false);
+}
+
+}  // namespace a2a

@@ -1,0 +1,217 @@
+#include "core/staging.hpp"
+
+#include <algorithm>
+
+#include "core/error.hpp"
+
+namespace a2a {
+
+namespace {
+
+PostedMessage posted(const Span& span, int peer, const char* transport, const char* kind) {
+  if (!span.is_contiguous())
+    fail(A2A_ERROR_INTERNAL, transport, ": ", kind, " of a strided span (the algorithms pack layouts for it)");
+  return PostedMessage{span.data, span.bytes(), peer};
+}
+
+size_t total_bytes(const std::vector<PostedMessage>& messages) {
+  size_t total = 0;
+  for (const auto& m : messages) total += m.bytes;
+  return total;
+}
+
+// Pairs the first send to oneself with the first receive from oneself, as
+// the exchange posts them, and takes both out of the lists.
+bool take_self_pair(std::vector<PostedMessage>& sends, std::vector<PostedMessage>& recvs, int me,
+                    PostedMessage* send, PostedMessage* recv) {
+  auto is_me = [me](const PostedMessage& m) { return m.peer == me; };
+  auto s = std::find_if(sends.begin(), sends.end(), is_me);
+  auto r = std::find_if(recvs.begin(), recvs.end(), is_me);
+  if (s == sends.end() || r == recvs.end()) return false;
+  *send = *s;
+  *recv = *r;
+  sends.erase(s);
+  recvs.erase(r);
+  return true;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// StagedTransport
+
+StagedTransport::StagedTransport(Transport& host, Device& device, double timeout_s)
+    : host_(host), device_(device), timeout_s_(timeout_s), staging_(device, DeviceBuffer::Kind::kHost) {}
+
+void StagedTransport::require_not_capturing(const char* what) const {
+  if (device_.capturing())
+    fail(A2A_ERROR_UNSUPPORTED, what, " on rank ", rank(), ": the staged MPI transport waits for the stream, which "
+         "cannot happen while it is being captured into a CUDA graph; capture with a NCCL communicator instead");
+}
+
+void StagedTransport::group_start() {
+  sends_.clear();
+  recvs_.clear();
+}
+
+void StagedTransport::send(const Span& span, int peer) { sends_.push_back(posted(span, peer, name(), "send")); }
+void StagedTransport::recv(const Span& span, int peer) { recvs_.push_back(posted(span, peer, name(), "recv")); }
+
+void StagedTransport::group_end() {
+  require_not_capturing("a staged exchange");
+  PostedMessage self_send{}, self_recv{};
+  if (take_self_pair(sends_, recvs_, rank(), &self_send, &self_recv)) {
+    if (self_send.bytes != self_recv.bytes)
+      fail(A2A_ERROR_INTERNAL, name(), ": rank ", rank(), " sends ", self_send.bytes, " bytes to itself but expects ",
+           self_recv.bytes);
+    device_.copy(self_recv.data, self_send.data, self_send.bytes);
+  }
+  const size_t send_total = total_bytes(sends_);
+  char* staging = staging_.reserve(send_total + total_bytes(recvs_), timeout_s_);
+  // 1. device -> staging
+  size_t offset = 0;
+  for (const auto& m : sends_) {
+    device_.copy_to_host(staging + offset, m.data, m.bytes);
+    offset += m.bytes;
+  }
+  // 2. the sends' bytes are on the host, and the previous group's receives
+  //    have left the staging buffer.
+  device_.synchronize(timeout_s_);
+  // 3. the exchange between staging buffers
+  host_.group_start();
+  offset = send_total;
+  for (const auto& m : recvs_) {
+    host_.recv(Span::contiguous(staging + offset, m.bytes), m.peer);
+    offset += m.bytes;
+  }
+  offset = 0;
+  for (const auto& m : sends_) {
+    host_.send(Span::contiguous(staging + offset, m.bytes), m.peer);
+    offset += m.bytes;
+  }
+  host_.group_end();
+  // 4. staging -> device, left in flight
+  offset = send_total;
+  for (const auto& m : recvs_) {
+    device_.copy_from_host(m.data, staging + offset, m.bytes);
+    offset += m.bytes;
+  }
+  sends_.clear();
+  recvs_.clear();
+}
+
+void StagedTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
+  require_not_capturing("a staged allgather");
+  const size_t total = bytes_per_rank * size();
+  char* staging = staging_.reserve(bytes_per_rank + total, timeout_s_);
+  device_.copy_to_host(staging, send, bytes_per_rank);
+  device_.synchronize(timeout_s_);
+  host_.allgather(staging, staging + bytes_per_rank, bytes_per_rank);
+  device_.copy_from_host(recv, staging + bytes_per_rank, total);
+}
+
+void StagedTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
+  require_not_capturing("a staged allreduce");
+  const size_t bytes = count * sizeof(int64_t);
+  char* staging = staging_.reserve(bytes, timeout_s_);
+  device_.copy_to_host(staging, values, bytes);
+  device_.synchronize(timeout_s_);
+  host_.allreduce_int64(reinterpret_cast<int64_t*>(staging), count, op);
+  device_.copy_from_host(values, staging, bytes);
+}
+
+void StagedTransport::barrier() {
+  require_not_capturing("a staged barrier");
+  device_.synchronize(timeout_s_);
+  host_.barrier();
+}
+
+// ---------------------------------------------------------------------------
+// DeviceControlTransport
+
+DeviceControlTransport::DeviceControlTransport(Transport& device_transport, Device& device, double timeout_s)
+    : data_(device_transport), device_(device), timeout_s_(timeout_s), scratch_(device, DeviceBuffer::Kind::kDevice) {}
+
+void DeviceControlTransport::require_not_capturing(const char* what) const {
+  if (device_.capturing())
+    fail(A2A_ERROR_UNSUPPORTED, what, " on rank ", rank(), ": a communicator made from a NCCL unique id exchanges "
+         "host values (all-to-all-v counts, the MoE capacity) by waiting for the stream, which cannot happen while "
+         "it is being captured into a CUDA graph; do this outside the capture (e.g. plan all-to-all-v first)");
+}
+
+void DeviceControlTransport::wait(const char* what) {
+  try {
+    device_.synchronize(timeout_s_, [this] { data_.check_async_error(); });
+  } catch (const Failure& e) {
+    if (e.status() != A2A_ERROR_TIMEOUT) throw;
+    fail(A2A_ERROR_TIMEOUT, "rank ", rank(), " of ", size(), ": timed out after ", timeout_s_, " s in ", what,
+         " over ", data_.name(), ": another rank did not make the same call (it may have failed, be stuck, or be "
+         "calling a different collective); raise A2A_TIMEOUT_S if it is only slow");
+  }
+}
+
+void DeviceControlTransport::group_start() {
+  sends_.clear();
+  recvs_.clear();
+}
+
+void DeviceControlTransport::send(const Span& span, int peer) { sends_.push_back(posted(span, peer, name(), "send")); }
+void DeviceControlTransport::recv(const Span& span, int peer) { recvs_.push_back(posted(span, peer, name(), "recv")); }
+
+void DeviceControlTransport::group_end() {
+  require_not_capturing("a control exchange");
+  const size_t send_total = total_bytes(sends_);
+  char* scratch = scratch_.reserve(send_total + total_bytes(recvs_), timeout_s_);
+  size_t offset = 0;
+  for (const auto& m : sends_) {
+    device_.copy_from_host(scratch + offset, m.data, m.bytes);
+    offset += m.bytes;
+  }
+  data_.group_start();
+  offset = send_total;
+  for (const auto& m : recvs_) {
+    data_.recv(Span::contiguous(scratch + offset, m.bytes), m.peer);
+    offset += m.bytes;
+  }
+  offset = 0;
+  for (const auto& m : sends_) {
+    data_.send(Span::contiguous(scratch + offset, m.bytes), m.peer);
+    offset += m.bytes;
+  }
+  data_.group_end();
+  offset = send_total;
+  for (const auto& m : recvs_) {
+    device_.copy_to_host(m.data, scratch + offset, m.bytes);
+    offset += m.bytes;
+  }
+  wait("a control exchange");
+  sends_.clear();
+  recvs_.clear();
+}
+
+void DeviceControlTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
+  require_not_capturing("the argument check");
+  const size_t total = bytes_per_rank * size();
+  char* scratch = scratch_.reserve(bytes_per_rank + total, timeout_s_);
+  device_.copy_from_host(scratch, send, bytes_per_rank);
+  data_.allgather(scratch, scratch + bytes_per_rank, bytes_per_rank);
+  device_.copy_to_host(recv, scratch + bytes_per_rank, total);
+  wait("the argument check (allgather)");
+}
+
+void DeviceControlTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
+  require_not_capturing("an allreduce of host values");
+  const size_t bytes = count * sizeof(int64_t);
+  char* scratch = scratch_.reserve(bytes, timeout_s_);
+  device_.copy_from_host(scratch, values, bytes);
+  data_.allreduce_int64(reinterpret_cast<int64_t*>(scratch), count, op);
+  device_.copy_to_host(values, scratch, bytes);
+  wait("an allreduce");
+}
+
+void DeviceControlTransport::barrier() {
+  int64_t token = 0;
+  allreduce_int64(&token, 1, ReduceOp::kSum);
+}
+
+}  // namespace a2a

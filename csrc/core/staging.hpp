@@ -1,0 +1,95 @@
+// Two transports that carry one kind of memory over a transport made for the
+// other, through a staging buffer:
+//
+//   StagedTransport         device buffers over a host transport (MPI): the
+//                           `transport="mpi", device="cuda"` communicator.
+//   DeviceControlTransport  host messages over a device transport (NCCL): the
+//                           argument check and count exchange of a
+//                           communicator made from a NCCL unique id alone.
+//
+// Both are written against Device, so the CPU tests run them too (with host
+// copies for the staging; A2A_TEST_STAGING, see cpu/mpi_comm.cpp).
+#pragma once
+
+#include <vector>
+
+#include "core/device.hpp"
+#include "core/transport.hpp"
+
+namespace a2a {
+
+// One message of a point-to-point group, as posted.
+struct PostedMessage {
+  void* data;
+  size_t bytes;
+  int peer;
+};
+
+// Device memory over a host transport. A group:
+//   1. copies every send device -> page-locked staging, on the stream;
+//   2. waits for the stream (the sends' data, and anything before, is ready);
+//   3. runs the group on the host transport between staging buffers;
+//   4. copies every receive staging -> device, on the stream, and returns.
+// Step 4 is still in flight on return; the next group's step 2 waits for it
+// before the staging buffer is written again. Messages to oneself are a
+// device copy. Waiting for the stream is a host synchronization, so this
+// transport cannot run inside CUDA-graph capture (it says so).
+class StagedTransport final : public Transport {
+ public:
+  StagedTransport(Transport& host, Device& device, double timeout_s);
+  const char* name() const override { return "mpi-staged"; }
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  bool supports_strided() const override { return false; }
+  bool supports_capture() const override { return false; }
+
+  void group_start() override;
+  void send(const Span& span, int peer) override;
+  void recv(const Span& span, int peer) override;
+  void group_end() override;
+
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
+  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
+  void barrier() override;
+
+ private:
+  void require_not_capturing(const char* what) const;
+  Transport& host_;
+  Device& device_;
+  double timeout_s_;
+  DeviceBuffer staging_;
+  std::vector<PostedMessage> sends_, recvs_;
+};
+
+// Host memory over a stream-ordered device transport: every call copies the
+// host bytes into a small device buffer, runs the device transport on the
+// stream, copies back and waits for the stream (polling the transport's
+// asynchronous errors, bounded by the timeout).
+class DeviceControlTransport final : public Transport {
+ public:
+  DeviceControlTransport(Transport& device_transport, Device& device, double timeout_s);
+  const char* name() const override { return "control-over-device"; }
+  int rank() const override { return data_.rank(); }
+  int size() const override { return data_.size(); }
+  bool supports_strided() const override { return false; }
+
+  void group_start() override;
+  void send(const Span& span, int peer) override;
+  void recv(const Span& span, int peer) override;
+  void group_end() override;
+
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
+  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
+  void barrier() override;
+
+ private:
+  void wait(const char* what);
+  void require_not_capturing(const char* what) const;
+  Transport& data_;
+  Device& device_;
+  double timeout_s_;
+  DeviceBuffer scratch_;
+  std::vector<PostedMessage> sends_, recvs_;
+};
+
+}  // namespace a2a

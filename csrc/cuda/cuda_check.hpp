@@ -1,0 +1,25 @@
+// Turning CUDA runtime errors into a2a failures, shared by every CUDA source.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace a2a {
+
+// Errors that mean "no usable CUDA here" (A2A_ERROR_UNSUPPORTED) rather than
+// a bug (A2A_ERROR_INTERNAL).
+bool cuda_means_unsupported(cudaError_t status);
+
+// Throws a Failure naming `call` unless status is cudaSuccess; clears a
+// non-sticky error first so that later calls are not blamed for it.
+void check_cuda(cudaError_t status, const char* call);
+
+// check_cuda on cudaGetLastError() after a kernel launch.
+void check_launch(const char* kernel);
+
+// The calling thread's current device, after checking that one exists.
+int current_cuda_device();
+
+// The SM count of `device`, cached per device (it sizes grid-stride grids).
+int multiprocessor_count(int device);
+
+}  // namespace a2a

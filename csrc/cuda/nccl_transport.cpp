@@ -1,0 +1,211 @@
+// Transport over NCCL: grouped ncclSend/ncclRecv and the dense collectives,
+// enqueued on the stream of the call (set_stream). One ncclComm_t per
+// transport, so every a2a communicator, sub-groups included, has its own.
+//
+// The communicator is non-blocking (ncclConfig_t.blocking = 0): NCCL calls
+// return ncclInProgress instead of blocking the host while peers connect, and
+// settle() polls ncclCommGetAsyncError with the communicator's timeout. So a
+// missing peer turns into A2A_ERROR_TIMEOUT (and ncclCommAbort) rather than
+// a hang, also during creation and the first exchange with each peer.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "core/backends.hpp"
+#include "core/error.hpp"
+#include "cuda/cuda_check.hpp"
+
+namespace a2a {
+
+namespace {
+
+static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes, "ncclUniqueId changed size");
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// Makes `device` current for the lifetime of the object.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    else previous_ = -1;
+  }
+  ~CurrentDevice() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+class NcclTransport final : public Transport {
+ public:
+  NcclTransport(const void* id, int size, int rank, int cuda_device, double timeout_s)
+      : rank_(rank), size_(size), device_(cuda_device), timeout_s_(timeout_s) {
+    if (size < 1 || rank < 0 || rank >= size)
+      fail(A2A_ERROR_INVALID_ARGUMENT, "NCCL communicator: rank ", rank, " is not in [0, ", size, ")");
+    ncclUniqueId unique_id;
+    std::memcpy(&unique_id, id, sizeof unique_id);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const CurrentDevice current(device_);
+    const ncclResult_t result = ncclCommInitRankConfig(&comm_, size, unique_id, rank, &config);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      comm_ = nullptr;
+      fail(A2A_ERROR_TRANSPORT, "rank ", rank, " of ", size, ": ncclCommInitRankConfig failed: ",
+           ncclGetErrorString(result), "; ", ncclGetLastError(nullptr));
+    }
+    try {
+      settle(result, "creating the NCCL communicator (ncclCommInitRankConfig)");
+    } catch (...) {
+      abort();
+      throw;
+    }
+  }
+
+  ~NcclTransport() override {
+    if (comm_ == nullptr) return;
+    // Finalize flushes what is still enqueued; a peer that never comes must
+    // not hang the destructor, so the wait is bounded and falls back to abort.
+    try {
+      const CurrentDevice current(device_);
+      settle(ncclCommFinalize(comm_), "finalizing the NCCL communicator (ncclCommFinalize)");
+      (void)ncclCommDestroy(comm_);
+    } catch (...) {
+      (void)ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool supports_strided() const override { return false; }
+  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+
+  void group_start() override {
+    check_usable();
+    call(ncclGroupStart(), "ncclGroupStart");
+  }
+  void send(const Span& span, int peer) override {
+    require_contiguous(span, "send to", peer);
+    call(ncclSend(span.data, span.bytes(), ncclUint8, peer, comm_, stream_), "ncclSend", peer);
+  }
+  void recv(const Span& span, int peer) override {
+    require_contiguous(span, "recv from", peer);
+    call(ncclRecv(span.data, span.bytes(), ncclUint8, peer, comm_, stream_), "ncclRecv", peer);
+  }
+  void group_end() override {
+    const CurrentDevice current(device_);
+    settle(ncclGroupEnd(), "ncclGroupEnd (the grouped sends and receives)");
+  }
+
+  void allgather(const void* send, void* recv, size_t bytes_per_rank) override {
+    check_usable();
+    const CurrentDevice current(device_);
+    settle(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_), "ncclAllGather");
+  }
+  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override {
+    check_usable();
+    const CurrentDevice current(device_);
+    settle(ncclAllReduce(values, values, count, ncclInt64, nccl_op(op), comm_, stream_), "ncclAllReduce");
+  }
+  // Stream-ordered: the barrier is reached when the stream gets there.
+  // (DeviceControlTransport::barrier waits for it on the host.)
+  void barrier() override {
+    fail(A2A_ERROR_INTERNAL, "NcclTransport::barrier: use the control transport, which waits for the stream");
+  }
+
+  void check_async_error() override {
+    if (comm_ == nullptr) return;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t result = ncclCommGetAsyncError(comm_, &state);
+    if (result != ncclSuccess) state = result;
+    if (state != ncclSuccess && state != ncclInProgress) raise(state, "an asynchronous NCCL operation", -1);
+  }
+
+  void abort() override {
+    if (comm_ == nullptr) return;
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  void check_usable() const {
+    if (comm_ == nullptr)
+      fail(A2A_ERROR_TRANSPORT, "rank ", rank_, ": the NCCL communicator was aborted after an earlier failure");
+  }
+  void require_contiguous(const Span& span, const char* kind, int peer) const {
+    if (!span.is_contiguous())
+      fail(A2A_ERROR_INTERNAL, "nccl: ", kind, " peer ", peer, " with a strided span (the algorithms pack it)");
+  }
+  [[noreturn]] void raise(ncclResult_t result, const char* what, int peer) const {
+    const char* detail = comm_ != nullptr ? ncclGetLastError(comm_) : "";
+    const std::string on_peer = peer >= 0 ? cat(" (peer ", peer, ")") : std::string();
+    fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, on_peer, " failed on CUDA device ", device_,
+         ": ", ncclGetErrorString(result), (detail && *detail) ? cat("; ", detail) : std::string());
+  }
+  // For calls inside a group, which only record the operation.
+  void call(ncclResult_t result, const char* what, int peer = -1) const {
+    if (result != ncclSuccess && result != ncclInProgress) raise(result, what, peer);
+  }
+  // Waits, bounded, until a call that may return ncclInProgress has finished
+  // (been enqueued, for the stream-ordered operations).
+  void settle(ncclResult_t result, const char* what) {
+    if (result != ncclSuccess && result != ncclInProgress) raise(result, what, -1);
+    const auto start = std::chrono::steady_clock::now();
+    for (int round = 0;; ++round) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+      if (query != ncclSuccess) raise(query, "ncclCommGetAsyncError", -1);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) raise(state, what, -1);
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_)
+        fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s in ", what,
+             ": another rank did not take part (it may have failed, be stuck, or be calling something else); raise "
+             "A2A_TIMEOUT_S if it is only slow");
+      if (round < 1000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  int rank_;
+  int size_;
+  int device_;
+  double timeout_s_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+void nccl_unique_id(void* id) {
+  ncclUniqueId unique_id;
+  const ncclResult_t result = ncclGetUniqueId(&unique_id);
+  if (result != ncclSuccess)
+    fail(A2A_ERROR_TRANSPORT, "ncclGetUniqueId failed: ", ncclGetErrorString(result), "; ", ncclGetLastError(nullptr));
+  std::memcpy(id, &unique_id, sizeof unique_id);
+}
+
+std::unique_ptr<Transport> make_nccl_transport(const void* id, int size, int rank, int cuda_device, double timeout_s) {
+  return std::make_unique<NcclTransport>(id, size, rank, cuda_device < 0 ? current_cuda_device() : cuda_device,
+                                         timeout_s);
+}
+
+}  // namespace a2a

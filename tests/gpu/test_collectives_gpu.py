@@ -1,0 +1,199 @@
+"""The collectives on CUDA buffers, bitwise against the host communicator on
+the same data: every algorithm on a 1-rank NCCL communicator (made over MPI
+and through torch.distributed), torch CUDA tensors and CuPy arrays, the
+caller's stream, CUDA-graph capture, and the errors of mixing memories.
+Skipped without a GPU, a CUDA build, or (for NCCL) a NCCL build of a2a."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import reference as ref
+from checks import raises_invalid
+
+import a2a
+
+torch = pytest.importorskip("torch")
+
+DTYPES = ("float32", "bfloat16", "int8", "float64")
+FLEX_CASES = {
+    "moe-dispatch": ((2, 3, 5), 0, 1),
+    "moe-combine": ((2, 3, 5), 1, 0),
+    "odd-middle": ((3, 7, 5), 1, 2),
+    "last-to-first": ((2, 1, 3, 1), 3, 0),
+    "1d": ((5,), 0, 0),
+    "zero-leading": ((0, 2), 1, 0),
+}
+
+
+def _need_nccl() -> None:
+    if not a2a.config()["nccl"]:
+        pytest.skip("a2a was built without NCCL (a2a.config()['nccl'] is False)")
+
+
+@pytest.fixture(scope="module")
+def host_comm():
+    from mpi4py import MPI
+
+    return a2a.Comm.from_mpi(MPI.COMM_SELF)
+
+
+@pytest.fixture(scope="module")
+def nccl_comm(cuda_available):
+    _need_nccl()
+    from mpi4py import MPI
+
+    return a2a.Comm.from_mpi(MPI.COMM_SELF, device="cuda")
+
+
+@pytest.fixture(scope="module")
+def staged_comm(cuda_available):
+    from mpi4py import MPI
+
+    return a2a.Comm.from_mpi(MPI.COMM_SELF, device="cuda", transport="mpi")
+
+
+@pytest.fixture(scope="module")
+def torch_comm(cuda_available):
+    """A NCCL communicator bootstrapped through a 1-rank gloo process group."""
+    _need_nccl()
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    return a2a.Comm.from_torch()
+
+
+def _cuda(a: np.ndarray, dtype: str):
+    return ref.to_framework(a, dtype, "torch").cuda()
+
+
+def _host(t) -> np.ndarray:
+    return ref.raw_bytes(t.cpu())
+
+
+def test_comm_reports_device_and_transport(nccl_comm, staged_comm, host_comm):
+    assert (nccl_comm.device, nccl_comm.transport, nccl_comm.cuda_device) == ("cuda", "nccl", torch.cuda.current_device())
+    assert (staged_comm.device, staged_comm.transport) == ("cuda", "mpi")
+    assert (host_comm.device, host_comm.transport, host_comm.cuda_device) == ("cpu", "mpi", None)
+    assert "cuda:" in repr(nccl_comm)
+
+
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm", "torch_comm"])
+@pytest.mark.parametrize("algo", ["linear", "2dh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_to_all_matches_the_host(request, comm_name, algo, dtype, host_comm):
+    comm = request.getfixturevalue(comm_name)
+    x = ref.a2a_input("gpu-a2a", 0, 1, (1000, 3), dtype)
+    want = a2a.all_to_all(ref.to_framework(x, dtype, "torch"), comm=host_comm, algo=algo)
+    got = a2a.all_to_all(_cuda(x, dtype), comm=comm, algo=algo)
+    assert got.is_cuda and got.dtype == want.dtype and got.shape == want.shape
+    ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {algo} {dtype}")
+
+
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm"])
+@pytest.mark.parametrize("algo", ["linear", "2dh"])
+@pytest.mark.parametrize("case", sorted(FLEX_CASES))
+def test_all_to_all_flex_matches_the_host(request, comm_name, algo, case, host_comm):
+    comm = request.getfixturevalue(comm_name)
+    shape, split, concat = FLEX_CASES[case]
+    x = ref.flex_input("gpu-flex", 0, 1, shape, split, "float32")
+    want = a2a.all_to_all_flex(x, comm=host_comm, split_axis=split, concat_axis=concat, algo=algo)
+    got = a2a.all_to_all_flex(_cuda(x, "float32"), comm=comm, split_axis=split, concat_axis=concat, algo=algo)
+    ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {algo} {case}")
+
+
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm", "torch_comm"])
+@pytest.mark.parametrize("algo", ["linear", "2dh"])
+@pytest.mark.parametrize("rows", [0, 1, 37])
+def test_all_to_all_v_matches_the_host(request, comm_name, algo, rows, host_comm):
+    comm = request.getfixturevalue(comm_name)
+    counts = np.array([rows])
+    x = ref.v_input("gpu-v", 0, counts.reshape(1, 1), (5,), "float16")
+    want, want_counts = a2a.all_to_all_v(ref.to_framework(x, "float16", "torch"), counts, comm=host_comm, algo=algo)
+    got, got_counts = a2a.all_to_all_v(_cuda(x, "float16"), torch.tensor(counts).cuda(), comm=comm, algo=algo)
+    np.testing.assert_array_equal(got_counts, want_counts)
+    ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {algo} rows={rows}")
+
+
+def test_out_and_a_non_default_stream(nccl_comm, host_comm):
+    x = ref.a2a_input("gpu-stream", 0, 1, (1 << 16,), "float32")
+    want = a2a.all_to_all(x, comm=host_comm)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        src = _cuda(x, "float32")
+        out = torch.empty_like(src)
+        result = a2a.all_to_all(src, comm=nccl_comm, out=out)
+        assert result is out
+    stream.synchronize()
+    ref.assert_bitwise_equal(out.cpu(), want, "on a side stream")
+
+
+def test_cuda_graph_capture_of_the_fixed_size_collectives(nccl_comm, host_comm):
+    # NCCL communicators made over MPI check arguments over MPI (host), so
+    # all_to_all and all_to_all_flex can be captured and replayed.
+    x = ref.flex_input("gpu-graph", 0, 1, (4, 6, 8), 1, "float32")
+    want = a2a.all_to_all_flex(x, comm=host_comm, split_axis=1, concat_axis=0)
+    src = _cuda(x, "float32")
+    out = torch.empty((4, 6, 8), device="cuda")
+    a2a.all_to_all_flex(src, comm=nccl_comm, split_axis=1, concat_axis=0, out=out)  # warm-up: workspace, connections
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a2a.all_to_all_flex(src, comm=nccl_comm, split_axis=1, concat_axis=0, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref.assert_bitwise_equal(out.cpu(), want, "graph replay")
+
+
+def test_staged_transport_refuses_graph_capture(staged_comm):
+    src = torch.arange(8.0, device="cuda")
+    out = torch.empty_like(src)
+    a2a.all_to_all(src, comm=staged_comm, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(a2a.UnsupportedError, match="captured into a CUDA graph"):
+        with torch.cuda.graph(graph):
+            a2a.all_to_all(src, comm=staged_comm, out=out)
+    # Refused before anything was enqueued: the communicator is still usable.
+    out.zero_()
+    a2a.all_to_all(src, comm=staged_comm, out=out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, src)
+
+
+def test_cupy_arrays(nccl_comm, host_comm):
+    cupy = pytest.importorskip("cupy")
+    x = ref.a2a_input("gpu-cupy", 0, 1, (64, 5), "float32")
+    want = a2a.all_to_all(x, comm=host_comm, algo="2dh")
+    got = a2a.all_to_all(cupy.asarray(x), comm=nccl_comm, algo="2dh")
+    assert isinstance(got, cupy.ndarray)
+    ref.assert_bitwise_equal(cupy.asnumpy(got), want, "cupy")
+    got = a2a.all_to_all_flex(cupy.asarray(x), comm=nccl_comm, split_axis=0, concat_axis=1)
+    ref.assert_bitwise_equal(
+        cupy.asnumpy(got), a2a.all_to_all_flex(x, comm=host_comm, split_axis=0, concat_axis=1), "cupy flex"
+    )
+
+
+def test_host_memory_on_a_cuda_comm_is_rejected(nccl_comm):
+    raises_invalid(lambda: a2a.all_to_all(np.zeros(4, np.float32), comm=nccl_comm), "numpy", "on cpu", "cuda:")
+    raises_invalid(lambda: a2a.all_to_all(torch.zeros(4), comm=nccl_comm), "cpu", "cuda:")
+
+
+def test_cuda_memory_on_a_host_comm_is_rejected(host_comm):
+    raises_invalid(lambda: a2a.all_to_all(torch.zeros(4, device="cuda"), comm=host_comm), "cuda:", "host memory")
+
+
+def test_out_on_another_device_is_rejected(nccl_comm):
+    raises_invalid(
+        lambda: a2a.all_to_all(torch.zeros(4, device="cuda"), comm=nccl_comm, out=torch.zeros(4)), "out", "cpu"
+    )
+
+
+def test_transport_nccl_needs_cuda():
+    from mpi4py import MPI
+
+    with pytest.raises(ValueError, match="device='cuda'"):
+        a2a.Comm.from_mpi(MPI.COMM_SELF, transport="nccl")
