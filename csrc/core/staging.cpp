@@ -20,22 +20,45 @@ size_t total_bytes(const std::vector<PostedMessage>& messages) {
   return total;
 }
 
-// Pairs the first send to oneself with the first receive from oneself, as
-// the exchange posts them, and takes both out of the lists.
-bool take_self_pair(std::vector<PostedMessage>& sends, std::vector<PostedMessage>& recvs, int me,
-                    PostedMessage* send, PostedMessage* recv) {
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// StagedGroup
+
+void StagedGroup::clear() {
+  sends_.clear();
+  recvs_.clear();
+}
+
+void StagedGroup::add_send(const Span& span, int peer, const char* transport) {
+  sends_.push_back(posted(span, peer, transport, "send"));
+}
+
+void StagedGroup::add_recv(const Span& span, int peer, const char* transport) {
+  recvs_.push_back(posted(span, peer, transport, "recv"));
+}
+
+bool StagedGroup::take_self_pair(int me, PostedMessage* send, PostedMessage* recv) {
   auto is_me = [me](const PostedMessage& m) { return m.peer == me; };
-  auto s = std::find_if(sends.begin(), sends.end(), is_me);
-  auto r = std::find_if(recvs.begin(), recvs.end(), is_me);
-  if (s == sends.end() || r == recvs.end()) return false;
+  auto s = std::find_if(sends_.begin(), sends_.end(), is_me);
+  auto r = std::find_if(recvs_.begin(), recvs_.end(), is_me);
+  if (s == sends_.end() || r == recvs_.end()) return false;
   *send = *s;
   *recv = *r;
-  sends.erase(s);
-  recvs.erase(r);
+  sends_.erase(s);
+  recvs_.erase(r);
   return true;
 }
 
-}  // namespace
+size_t StagedGroup::send_bytes() const { return total_bytes(sends_); }
+size_t StagedGroup::bytes() const { return send_bytes() + total_bytes(recvs_); }
+
+void StagedGroup::exchange(Transport& transport, char* staging) const {
+  transport.group_start();
+  each_recv(staging, [&](const PostedMessage& m, char* place) { transport.recv(Span::contiguous(place, m.bytes), m.peer); });
+  each_send(staging, [&](const PostedMessage& m, char* place) { transport.send(Span::contiguous(place, m.bytes), m.peer); });
+  transport.group_end();
+}
 
 // ---------------------------------------------------------------------------
 // StagedTransport
@@ -49,55 +72,30 @@ void StagedTransport::require_not_capturing(const char* what) const {
          "cannot happen while it is being captured into a CUDA graph; capture with a NCCL communicator instead");
 }
 
-void StagedTransport::group_start() {
-  sends_.clear();
-  recvs_.clear();
-}
-
-void StagedTransport::send(const Span& span, int peer) { sends_.push_back(posted(span, peer, name(), "send")); }
-void StagedTransport::recv(const Span& span, int peer) { recvs_.push_back(posted(span, peer, name(), "recv")); }
+void StagedTransport::group_start() { group_.clear(); }
+void StagedTransport::send(const Span& span, int peer) { group_.add_send(span, peer, name()); }
+void StagedTransport::recv(const Span& span, int peer) { group_.add_recv(span, peer, name()); }
 
 void StagedTransport::group_end() {
   require_not_capturing("a staged exchange");
   PostedMessage self_send{}, self_recv{};
-  if (take_self_pair(sends_, recvs_, rank(), &self_send, &self_recv)) {
+  if (group_.take_self_pair(rank(), &self_send, &self_recv)) {
     if (self_send.bytes != self_recv.bytes)
       fail(A2A_ERROR_INTERNAL, name(), ": rank ", rank(), " sends ", self_send.bytes, " bytes to itself but expects ",
            self_recv.bytes);
     device_.copy(self_recv.data, self_send.data, self_send.bytes);
   }
-  const size_t send_total = total_bytes(sends_);
-  char* staging = staging_.reserve(send_total + total_bytes(recvs_), timeout_s_);
+  char* staging = staging_.reserve(group_.bytes(), timeout_s_);
   // 1. device -> staging
-  size_t offset = 0;
-  for (const auto& m : sends_) {
-    device_.copy_to_host(staging + offset, m.data, m.bytes);
-    offset += m.bytes;
-  }
+  group_.each_send(staging, [&](const PostedMessage& m, char* place) { device_.copy_to_host(place, m.data, m.bytes); });
   // 2. the sends' bytes are on the host, and the previous group's receives
   //    have left the staging buffer.
   device_.synchronize(timeout_s_);
-  // 3. the exchange between staging buffers
-  host_.group_start();
-  offset = send_total;
-  for (const auto& m : recvs_) {
-    host_.recv(Span::contiguous(staging + offset, m.bytes), m.peer);
-    offset += m.bytes;
-  }
-  offset = 0;
-  for (const auto& m : sends_) {
-    host_.send(Span::contiguous(staging + offset, m.bytes), m.peer);
-    offset += m.bytes;
-  }
-  host_.group_end();
+  // 3. the exchange between staging places
+  group_.exchange(host_, staging);
   // 4. staging -> device, left in flight
-  offset = send_total;
-  for (const auto& m : recvs_) {
-    device_.copy_from_host(m.data, staging + offset, m.bytes);
-    offset += m.bytes;
-  }
-  sends_.clear();
-  recvs_.clear();
+  group_.each_recv(staging, [&](const PostedMessage& m, char* place) { device_.copy_from_host(m.data, place, m.bytes); });
+  group_.clear();
 }
 
 void StagedTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
@@ -150,43 +148,18 @@ void DeviceControlTransport::wait(const char* what) {
   }
 }
 
-void DeviceControlTransport::group_start() {
-  sends_.clear();
-  recvs_.clear();
-}
-
-void DeviceControlTransport::send(const Span& span, int peer) { sends_.push_back(posted(span, peer, name(), "send")); }
-void DeviceControlTransport::recv(const Span& span, int peer) { recvs_.push_back(posted(span, peer, name(), "recv")); }
+void DeviceControlTransport::group_start() { group_.clear(); }
+void DeviceControlTransport::send(const Span& span, int peer) { group_.add_send(span, peer, name()); }
+void DeviceControlTransport::recv(const Span& span, int peer) { group_.add_recv(span, peer, name()); }
 
 void DeviceControlTransport::group_end() {
   require_not_capturing("a control exchange");
-  const size_t send_total = total_bytes(sends_);
-  char* scratch = scratch_.reserve(send_total + total_bytes(recvs_), timeout_s_);
-  size_t offset = 0;
-  for (const auto& m : sends_) {
-    device_.copy_from_host(scratch + offset, m.data, m.bytes);
-    offset += m.bytes;
-  }
-  data_.group_start();
-  offset = send_total;
-  for (const auto& m : recvs_) {
-    data_.recv(Span::contiguous(scratch + offset, m.bytes), m.peer);
-    offset += m.bytes;
-  }
-  offset = 0;
-  for (const auto& m : sends_) {
-    data_.send(Span::contiguous(scratch + offset, m.bytes), m.peer);
-    offset += m.bytes;
-  }
-  data_.group_end();
-  offset = send_total;
-  for (const auto& m : recvs_) {
-    device_.copy_to_host(m.data, scratch + offset, m.bytes);
-    offset += m.bytes;
-  }
+  char* scratch = scratch_.reserve(group_.bytes(), timeout_s_);
+  group_.each_send(scratch, [&](const PostedMessage& m, char* place) { device_.copy_from_host(place, m.data, m.bytes); });
+  group_.exchange(data_, scratch);
+  group_.each_recv(scratch, [&](const PostedMessage& m, char* place) { device_.copy_to_host(m.data, place, m.bytes); });
   wait("a control exchange");
-  sends_.clear();
-  recvs_.clear();
+  group_.clear();
 }
 
 void DeviceControlTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {

@@ -25,6 +25,43 @@ struct PostedMessage {
   int peer;
 };
 
+// The messages of one point-to-point group, and their places in a staging
+// buffer laid out [all sends | all receives], in posting order.
+class StagedGroup {
+ public:
+  void clear();
+  void add_send(const Span& span, int peer, const char* transport);
+  void add_recv(const Span& span, int peer, const char* transport);
+  // Takes the first send to `me` and the first receive from `me` out of the
+  // group (the exchange posts one of each); false when there is none.
+  bool take_self_pair(int me, PostedMessage* send, PostedMessage* recv);
+  size_t bytes() const;
+  // fn(message, its place in staging) for every send / every receive.
+  template <typename Fn>
+  void each_send(char* staging, Fn&& fn) const {
+    size_t offset = 0;
+    for (const auto& m : sends_) {
+      fn(m, staging + offset);
+      offset += m.bytes;
+    }
+  }
+  template <typename Fn>
+  void each_recv(char* staging, Fn&& fn) const {
+    size_t offset = send_bytes();
+    for (const auto& m : recvs_) {
+      fn(m, staging + offset);
+      offset += m.bytes;
+    }
+  }
+  // The group on `transport` between the staging places, receives first as
+  // exchange() posts them.
+  void exchange(Transport& transport, char* staging) const;
+
+ private:
+  size_t send_bytes() const;
+  std::vector<PostedMessage> sends_, recvs_;
+};
+
 // Device memory over a host transport. A group:
 //   1. copies every send device -> page-locked staging, on the stream;
 //   2. waits for the stream (the sends' data, and anything before, is ready);
@@ -58,7 +95,7 @@ class StagedTransport final : public Transport {
   Device& device_;
   double timeout_s_;
   DeviceBuffer staging_;
-  std::vector<PostedMessage> sends_, recvs_;
+  StagedGroup group_;
 };
 
 // Host memory over a stream-ordered device transport: every call copies the
@@ -89,7 +126,7 @@ class DeviceControlTransport final : public Transport {
   Device& device_;
   double timeout_s_;
   DeviceBuffer scratch_;
-  std::vector<PostedMessage> sends_, recvs_;
+  StagedGroup group_;
 };
 
 }  // namespace a2a

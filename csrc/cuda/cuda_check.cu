@@ -65,4 +65,16 @@ int multiprocessor_count(int device) {
   return counts[device];
 }
 
+CurrentDevice::CurrentDevice(int device) {
+  check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device)
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  else
+    previous_ = -1;
+}
+
+CurrentDevice::~CurrentDevice() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
 }  // namespace a2a

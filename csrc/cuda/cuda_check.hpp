@@ -22,4 +22,17 @@ int current_cuda_device();
 // The SM count of `device`, cached per device (it sizes grid-stride grids).
 int multiprocessor_count(int device);
 
+// Makes `device` the calling thread's current device for the guard's
+// lifetime and restores the caller's afterwards.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device);
+  ~CurrentDevice();
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
 }  // namespace a2a

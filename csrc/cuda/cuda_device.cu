@@ -29,33 +29,33 @@ class CudaDevice final : public Device {
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (device to device)");
   }
   void transpose_chunks(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) override {
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     check_cuda(static_cast<cudaError_t>(cuda_transpose_chunks(dst, src, rows, cols, chunk_bytes, stream_)),
                "transpose_chunks kernel");
   }
   void copy_ranges(void* dst, const void* src, const CopyRange* ranges, size_t count) override {
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     check_cuda(static_cast<cudaError_t>(cuda_copy_ranges(dst, src, ranges, count, stream_)), "copy_ranges kernel");
   }
   void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     check_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (to host)");
   }
   void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (from host)");
   }
 
   // Polls instead of cudaStreamSynchronize, which could wait forever for a
   // NCCL kernel whose peer never comes.
   void synchronize(double timeout_s, const std::function<void()>& poll) override {
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     const auto start = std::chrono::steady_clock::now();
     for (int round = 0;; ++round) {
       const cudaError_t status = cudaStreamQuery(stream_);
@@ -79,14 +79,14 @@ class CudaDevice final : public Device {
   }
 
   void* allocate_host(size_t bytes) override {
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     void* pointer = nullptr;
     check_cuda(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable), "cudaHostAlloc (staging buffer)");
     return pointer;
   }
   void free_host(void* pointer) override { (void)cudaFreeHost(pointer); }
   void* allocate_device(size_t bytes) override {
-    const Activation active = activate();
+    const CurrentDevice active = activate();
     void* pointer = nullptr;
     check_cuda(cudaMalloc(&pointer, bytes), "cudaMalloc (control buffer)");
     return pointer;
@@ -94,25 +94,8 @@ class CudaDevice final : public Device {
   void free_device(void* pointer) override { (void)cudaFree(pointer); }
 
  private:
-  // Makes the communicator's device current for one call and restores the
-  // caller's current device afterwards.
-  class Activation {
-   public:
-    explicit Activation(int device) {
-      check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-      if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-      else previous_ = -1;
-    }
-    ~Activation() {
-      if (previous_ >= 0) (void)cudaSetDevice(previous_);
-    }
-    Activation(const Activation&) = delete;
-    Activation& operator=(const Activation&) = delete;
-
-   private:
-    int previous_ = -1;
-  };
-  Activation activate() const { return Activation(device_); }
+  // Makes the communicator's device current for one call.
+  CurrentDevice activate() const { return CurrentDevice(device_); }
 
   int device_;
   cudaStream_t stream_ = nullptr;

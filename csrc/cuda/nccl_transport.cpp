@@ -33,24 +33,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// Makes `device` current for the lifetime of the object.
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-    else previous_ = -1;
-  }
-  ~CurrentDevice() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
 class NcclTransport final : public Transport {
  public:
   NcclTransport(const void* id, int size, int rank, int cuda_device, double timeout_s)
