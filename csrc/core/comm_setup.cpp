@@ -69,17 +69,10 @@ Topology agree_topology(Transport& control, const LocalSizeProposal& proposal, c
   }
   if (size % local_size == 0 && irregular.empty()) return make_topology(rank, size, local_size);
   // Still usable for linear algorithms; 2DH reports why it cannot run.
-  Topology topo;
-  topo.rank = rank;
-  topo.size = size;
-  topo.local_size = local_size;
-  topo.local_rank = rank % local_size;
-  topo.node = rank / local_size;
-  topo.num_nodes = (size + local_size - 1) / local_size;
-  topo.irregular_reason = irregular.empty() ? cat("world size ", size, " is not divisible by local_size ", local_size,
-                                                  proposal.explicit_size ? cat(" (from ", proposal.source, ")") : "")
-                                            : irregular;
-  return topo;
+  return block_topology(rank, size, local_size,
+                            irregular.empty() ? cat("world size ", size, " is not divisible by local_size ", local_size,
+                                                    proposal.explicit_size ? cat(" (from ", proposal.source, ")") : "")
+                                              : irregular);
 }
 
 }  // namespace a2a

@@ -26,4 +26,9 @@ struct Topology {
 // divisible by local_size.
 Topology make_topology(int rank, int size, int local_size);
 
+// Blocks of local_size consecutive ranks, without make_topology's checks;
+// `reason` (empty when the blocks are regular) says why 2DH cannot run on a
+// communicator that is usable by the linear algorithms only.
+Topology block_topology(int rank, int size, int local_size, const std::string& reason);
+
 }  // namespace a2a
