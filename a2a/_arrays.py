@@ -162,13 +162,15 @@ def _cupy_view(x: Any, what: str) -> ArrayView:
     """A CuPy array through its DLPack capsule: address, shape, dtype and
     device as the exporter states them."""
     cupy = _cupy()
+    # CuPy orders the export after work on the current stream of the current
+    # device: make that the array's device.
     with cupy.cuda.Device(x.device.id):
         stream = cupy.cuda.get_current_stream().ptr
-    try:
-        # DLPack: 1 names the legacy default stream (0 is ambiguous).
-        capsule = x.__dlpack__(stream=stream if stream != 0 else 1)
-    except (TypeError, BufferError, RuntimeError, ValueError) as error:
-        raise InvalidArgumentError(f"{what}: the CuPy array cannot be exported through DLPack: {error}") from None
+        try:
+            # DLPack: 1 names the legacy default stream (0 is ambiguous).
+            capsule = x.__dlpack__(stream=stream if stream != 0 else 1)
+        except (TypeError, BufferError, RuntimeError, ValueError) as error:
+            raise InvalidArgumentError(f"{what}: the CuPy array cannot be exported through DLPack: {error}") from None
     address, shape, contiguous, code, bits, lanes, device_type, device_id = _C.dlpack_view(capsule)
     if device_type != _DLPACK_CUDA:
         raise InvalidArgumentError(f"{what} is a CuPy array in DLPack device type {device_type}; a2a takes CUDA memory")

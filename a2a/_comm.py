@@ -139,12 +139,21 @@ class Comm:
             raise ValueError("Comm.from_torch: this process is not a member of the group")
         if cuda_device is None:
             cuda_device = torch.cuda.current_device()
+        # Every member makes the same torch.distributed calls whatever fails
+        # locally, so that a failure on one rank is raised on all of them.
         first = dist.get_global_rank(group, 0)
-        box = [_C.nccl_unique_id() if rank == 0 else None]
+        box: list[Any] = [(None, None)]  # (unique id, or the reason there is none)
+        if rank == 0:
+            try:
+                box[0] = (_C.nccl_unique_id(), None)
+            except Exception as error:  # noqa: BLE001 - sent to the other ranks, then raised everywhere
+                box[0] = (None, f"{type(error).__name__}: {error}")
         dist.broadcast_object_list(box, src=first, group=group, device=_object_device(group, cuda_device))
-        if local_size is None:
-            local_size = _torch_local_size(group, size)
-        native = _C.Comm.from_nccl_id(box[0], size, rank, int(local_size or 0), float(timeout_s or 0.0), int(cuda_device))
+        local_size = _torch_local_size(group, size, local_size)
+        unique_id, problem = box[0]
+        if problem is not None:
+            raise RuntimeError(f"Comm.from_torch: the group's first rank could not create a NCCL unique id: {problem}")
+        native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device))
         return cls(native)
 
     def _bind(self, v: ArrayView) -> str | None:
@@ -202,21 +211,23 @@ def _object_device(group: Any, cuda_device: int) -> Any:
     return torch.device("cuda", cuda_device) if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
-def _torch_local_size(group: Any, size: int) -> int:
-    """0 (let the core read A2A_LOCAL_SIZE) when that is set; the launcher's
-    local world size for the world group; else the ranks per host, when the
-    hosts are equal blocks of consecutive group ranks (1 otherwise: 2DH then
-    runs as the linear algorithm)."""
+def _torch_local_size(group: Any, size: int, given: int | None) -> int:
+    """The local_size to pass to the core: `given`; 0 (the core reads
+    A2A_LOCAL_SIZE, or for the world group LOCAL_WORLD_SIZE /
+    OMPI_COMM_WORLD_LOCAL_SIZE, and checks them across ranks); else the
+    ranks per host when hosts are equal blocks of consecutive group ranks,
+    1 otherwise (2DH then runs as the linear algorithm). Every member
+    gathers the hosts, so no rank waits for another that decided otherwise."""
     import torch.distributed as dist
 
-    if os.environ.get("A2A_LOCAL_SIZE"):
-        return 0
-    if size == dist.get_world_size():
-        for name in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-            if os.environ.get(name):
-                return 0  # the core reads it and reports a bad value
     hosts: list[Any] = [None] * size
     dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if given is not None:
+        return int(given)
+    if os.environ.get("A2A_LOCAL_SIZE"):
+        return 0
+    if size == dist.get_world_size() and any(os.environ.get(n) for n in ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
+        return 0
     per_host = hosts.count(hosts[0])
     blocks = [hosts[i : i + per_host] for i in range(0, size, per_host)]
     regular = size % per_host == 0 and all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == len(blocks)

@@ -25,7 +25,8 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -168,11 +169,11 @@ def main(argv: list[str]) -> int:
         ]
         want = buffers.host(buffers.src).reshape(rows, args.cols, chunk).transpose(1, 0, 2).reshape(-1)
 
-        def transpose() -> None:
-            _C.transpose_chunks(buffers.exec(), buffers.dst_address, buffers.src_address, rows, args.cols, chunk)
+        def transpose(b: _Buffers = buffers, rows: int = rows, chunk: int = chunk) -> None:
+            _C.transpose_chunks(b.exec(), b.dst_address, b.src_address, rows, args.cols, chunk)
 
-        def copy_ranges() -> None:
-            _C.copy_ranges(buffers.exec(), buffers.dst_address, buffers.src_address, ranges)
+        def copy_ranges(b: _Buffers = buffers, ranges: list = ranges) -> None:
+            _C.copy_ranges(b.exec(), b.dst_address, b.src_address, ranges)
 
         copy_s, *kernel_s = _measure(buffers, [buffers.copy, transpose, copy_ranges], args)
         for name, call, seconds in (("transpose", transpose, kernel_s[0]), ("ranges", copy_ranges, kernel_s[1])):

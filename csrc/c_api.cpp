@@ -2,6 +2,8 @@
 // a2a_get_last_error() and returns a status code.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -108,7 +110,13 @@ a2a_comm_config_t read_config(const a2a_comm_config_t* config) {
         config->struct_size > sizeof(a2a_comm_config_t))
       a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "config->struct_size ", config->struct_size,
                 " is not a size this library knows; start from A2A_COMM_CONFIG_INIT");
-    std::memcpy(&options, config, config->struct_size);
+    // A field the caller's struct ends inside of (e.g. device_type in the
+    // padding of the older 32-byte struct) keeps its default.
+    size_t bytes = config->struct_size;
+    for (size_t field : {offsetof(a2a_comm_config_t, device_type), offsetof(a2a_comm_config_t, transport),
+                         offsetof(a2a_comm_config_t, cuda_device)})
+      if (bytes < field + sizeof(int)) bytes = std::min(bytes, field);
+    std::memcpy(&options, config, bytes);
   }
   return options;
 }

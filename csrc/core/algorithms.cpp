@@ -22,14 +22,19 @@ void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>
 void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span) {
   transport.group_start();
-  // Receives first, so that arriving messages find a posted buffer.
-  for (int step = 0; step < group.count; ++step) {
-    const int from = (group.me - step + group.count) % group.count;
-    transport.recv(recv_span(from), group.member(from));
-  }
-  for (int step = 0; step < group.count; ++step) {
-    const int to = (group.me + step) % group.count;
-    transport.send(send_span(to), group.member(to));
+  try {
+    // Receives first, so that arriving messages find a posted buffer.
+    for (int step = 0; step < group.count; ++step) {
+      const int from = (group.me - step + group.count) % group.count;
+      transport.recv(recv_span(from), group.member(from));
+    }
+    for (int step = 0; step < group.count; ++step) {
+      const int to = (group.me + step) % group.count;
+      transport.send(send_span(to), group.member(to));
+    }
+  } catch (...) {
+    transport.cancel_group();
+    throw;
   }
   transport.group_end();
 }

@@ -171,6 +171,7 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
 VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo)
     : comm_(comm), dtype_(dtype), algo_(algo) {
   const char* op = "all_to_all_v (count exchange)";
+  comm.require_control_outside_capture(op);
   const int world = comm.size();
   Checker check(comm, op);
   check.dtype_and_algo(dtype, algo);

@@ -9,6 +9,9 @@ namespace a2a {
 
 namespace {
 
+// How long destroying a communicator waits for its stream before aborting.
+constexpr double kDestroyWaitS = 30.0;
+
 CommParts single_transport(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device) {
   CommParts parts;
   parts.device = std::move(device);
@@ -35,7 +38,22 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       use_strided_spans_(use_strided_spans && data_->supports_strided()) {}
 
 Comm::~Comm() {
+  // Work still on the stream may be a NCCL kernel waiting for a peer that
+  // never comes; freeing buffers would then wait for it forever. Give it a
+  // bounded while, then abort the transports to release it.
+  try {
+    device_->synchronize(kDestroyWaitS, [this] { data_->check_async_error(); });
+  } catch (...) {
+    abort_transports();
+  }
   while (!transports_.empty()) transports_.pop_back();  // wrappers before what they wrap
+}
+
+void Comm::require_control_outside_capture(const char* op) const {
+  if (control_waits_for_stream_ && device_->capturing())
+    fail(A2A_ERROR_UNSUPPORTED, op, " on rank ", rank(), ": this communicator (made from a NCCL unique id) exchanges "
+         "host values by waiting for the stream, which cannot happen while it is being captured into a CUDA graph; "
+         "do this outside the capture (e.g. plan all_to_all_v first)");
 }
 
 void Comm::set_stream(void* stream) {

@@ -55,6 +55,10 @@ class Comm {
   int transport_kind() const { return transport_kind_; }
   // The stream of the following calls (CUDA communicators).
   void set_stream(void* stream);
+  // Fails with A2A_ERROR_UNSUPPORTED, before anything is enqueued, when the
+  // control transport would have to wait for a stream that is being captured
+  // into a CUDA graph (a communicator made from a NCCL unique id).
+  void require_control_outside_capture(const char* op) const;
   Device& device() { return *device_; }
   const Topology& topology() const { return topology_; }
   int rank() const { return topology_.rank; }

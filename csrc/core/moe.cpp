@@ -132,6 +132,7 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
     local_failure = std::make_exception_ptr(Failure(failure.status(), local_error));
   }
   int64_t final_capacity = local_capacity;
+  if (comm != nullptr && !dropless) comm->require_control_outside_capture(op);
   if (comm != nullptr) {
     int64_t setting_bits = 0;
     std::memcpy(&setting_bits, &capacity_setting, sizeof setting_bits);

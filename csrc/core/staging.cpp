@@ -1,6 +1,7 @@
 #include "core/staging.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.hpp"
 
@@ -128,7 +129,11 @@ void StagedTransport::barrier() {
 // DeviceControlTransport
 
 DeviceControlTransport::DeviceControlTransport(Transport& device_transport, Device& device, double timeout_s)
-    : data_(device_transport), device_(device), timeout_s_(timeout_s), scratch_(device, DeviceBuffer::Kind::kDevice) {}
+    : data_(device_transport),
+      device_(device),
+      timeout_s_(timeout_s),
+      scratch_(device, DeviceBuffer::Kind::kDevice),
+      bounce_(device, DeviceBuffer::Kind::kHost) {}
 
 void DeviceControlTransport::require_not_capturing(const char* what) const {
   if (device_.capturing())
@@ -154,11 +159,15 @@ void DeviceControlTransport::recv(const Span& span, int peer) { group_.add_recv(
 
 void DeviceControlTransport::group_end() {
   require_not_capturing("a control exchange");
-  char* scratch = scratch_.reserve(group_.bytes(), timeout_s_);
-  group_.each_send(scratch, [&](const PostedMessage& m, char* place) { device_.copy_from_host(place, m.data, m.bytes); });
+  const size_t bytes = group_.bytes(), sent = group_.send_bytes();
+  char* scratch = scratch_.reserve(bytes, timeout_s_);
+  char* bounce = bounce_.reserve(bytes, timeout_s_);
+  group_.each_send(bounce, [](const PostedMessage& m, char* place) { std::memcpy(place, m.data, m.bytes); });
+  device_.copy_from_host(scratch, bounce, sent);
   group_.exchange(data_, scratch);
-  group_.each_recv(scratch, [&](const PostedMessage& m, char* place) { device_.copy_to_host(m.data, place, m.bytes); });
+  device_.copy_to_host(bounce + sent, scratch + sent, bytes - sent);
   wait("a control exchange");
+  group_.each_recv(bounce, [](const PostedMessage& m, char* place) { std::memcpy(m.data, place, m.bytes); });
   group_.clear();
 }
 
@@ -166,20 +175,26 @@ void DeviceControlTransport::allgather(const void* send, void* recv, size_t byte
   require_not_capturing("the argument check");
   const size_t total = bytes_per_rank * size();
   char* scratch = scratch_.reserve(bytes_per_rank + total, timeout_s_);
-  device_.copy_from_host(scratch, send, bytes_per_rank);
+  char* bounce = bounce_.reserve(bytes_per_rank + total, timeout_s_);
+  std::memcpy(bounce, send, bytes_per_rank);
+  device_.copy_from_host(scratch, bounce, bytes_per_rank);
   data_.allgather(scratch, scratch + bytes_per_rank, bytes_per_rank);
-  device_.copy_to_host(recv, scratch + bytes_per_rank, total);
+  device_.copy_to_host(bounce + bytes_per_rank, scratch + bytes_per_rank, total);
   wait("the argument check (allgather)");
+  std::memcpy(recv, bounce + bytes_per_rank, total);
 }
 
 void DeviceControlTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
   require_not_capturing("an allreduce of host values");
   const size_t bytes = count * sizeof(int64_t);
   char* scratch = scratch_.reserve(bytes, timeout_s_);
-  device_.copy_from_host(scratch, values, bytes);
+  char* bounce = bounce_.reserve(bytes, timeout_s_);
+  std::memcpy(bounce, values, bytes);
+  device_.copy_from_host(scratch, bounce, bytes);
   data_.allreduce_int64(reinterpret_cast<int64_t*>(scratch), count, op);
-  device_.copy_to_host(values, scratch, bytes);
+  device_.copy_to_host(bounce, scratch, bytes);
   wait("an allreduce");
+  std::memcpy(values, bounce, bytes);
 }
 
 void DeviceControlTransport::barrier() {

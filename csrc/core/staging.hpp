@@ -36,6 +36,7 @@ class StagedGroup {
   // group (the exchange posts one of each); false when there is none.
   bool take_self_pair(int me, PostedMessage* send, PostedMessage* recv);
   size_t bytes() const;
+  size_t send_bytes() const;
   // fn(message, its place in staging) for every send / every receive.
   template <typename Fn>
   void each_send(char* staging, Fn&& fn) const {
@@ -58,7 +59,6 @@ class StagedGroup {
   void exchange(Transport& transport, char* staging) const;
 
  private:
-  size_t send_bytes() const;
   std::vector<PostedMessage> sends_, recvs_;
 };
 
@@ -84,6 +84,7 @@ class StagedTransport final : public Transport {
   void send(const Span& span, int peer) override;
   void recv(const Span& span, int peer) override;
   void group_end() override;
+  void cancel_group() override { group_.clear(); }
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
@@ -101,7 +102,9 @@ class StagedTransport final : public Transport {
 // Host memory over a stream-ordered device transport: every call copies the
 // host bytes into a small device buffer, runs the device transport on the
 // stream, copies back and waits for the stream (polling the transport's
-// asynchronous errors, bounded by the timeout).
+// asynchronous errors, bounded by the timeout). The copies go through a
+// page-locked bounce buffer: a device-to-pageable copy would block the host
+// until the NCCL kernel before it finished, unbounded if a peer never comes.
 class DeviceControlTransport final : public Transport {
  public:
   DeviceControlTransport(Transport& device_transport, Device& device, double timeout_s);
@@ -114,6 +117,7 @@ class DeviceControlTransport final : public Transport {
   void send(const Span& span, int peer) override;
   void recv(const Span& span, int peer) override;
   void group_end() override;
+  void cancel_group() override { group_.clear(); }
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
@@ -125,7 +129,8 @@ class DeviceControlTransport final : public Transport {
   Transport& data_;
   Device& device_;
   double timeout_s_;
-  DeviceBuffer scratch_;
+  DeviceBuffer scratch_;  // device
+  DeviceBuffer bounce_;   // page-locked host, laid out as scratch_
   StagedGroup group_;
 };
 

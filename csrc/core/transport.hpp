@@ -58,6 +58,10 @@ class Transport {
   virtual void send(const Span& span, int peer) = 0;
   virtual void recv(const Span& span, int peer) = 0;
   virtual void group_end() = 0;
+  // Called instead of group_end() when posting a group failed halfway:
+  // drops what was posted (and closes an NCCL group, whose depth is per
+  // thread). Must not throw.
+  virtual void cancel_group() {}
 
   // Dense collectives, bounded by the same timeout. allgather is also how
   // Comm::agree() checks arguments, so a timeout in it must name the ranks

@@ -33,6 +33,7 @@ class MpiTransport final : public Transport {
   void send(const Span& span, int peer) override;
   void recv(const Span& span, int peer) override;
   void group_end() override;
+  void cancel_group() override { abandon(requests_, pending_); }
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;

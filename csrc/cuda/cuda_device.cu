@@ -74,7 +74,13 @@ class CudaDevice final : public Device {
   }
   bool capturing() const override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    check_cuda(cudaStreamIsCapturing(stream_, &status), "cudaStreamIsCapturing");
+    const cudaError_t error = cudaStreamIsCapturing(stream_, &status);
+    // The legacy stream, while another stream is captured in global mode.
+    if (error == cudaErrorStreamCaptureImplicit) {
+      (void)cudaGetLastError();
+      return true;
+    }
+    check_cuda(error, "cudaStreamIsCapturing");
     return status != cudaStreamCaptureStatusNone;
   }
 

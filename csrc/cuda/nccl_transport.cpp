@@ -46,6 +46,7 @@ class NcclTransport final : public Transport {
     const CurrentDevice current(device_);
     const ncclResult_t result = ncclCommInitRankConfig(&comm_, size, unique_id, rank, &config);
     if (result != ncclSuccess && result != ncclInProgress) {
+      if (comm_ != nullptr) (void)ncclCommAbort(comm_);  // a non-blocking init may have made one
       comm_ = nullptr;
       fail(A2A_ERROR_TRANSPORT, "rank ", rank, " of ", size, ": ncclCommInitRankConfig failed: ",
            ncclGetErrorString(result), "; ", ncclGetLastError(nullptr));
@@ -90,6 +91,9 @@ class NcclTransport final : public Transport {
     require_contiguous(span, "recv from", peer);
     call(ncclRecv(span.data, span.bytes(), ncclUint8, peer, comm_, stream_), "ncclRecv", peer);
   }
+  // NCCL's group depth is per thread: a group left open would swallow every
+  // later NCCL call of this thread (creating a new communicator included).
+  void cancel_group() override { (void)ncclGroupEnd(); }
   void group_end() override {
     const CurrentDevice current(device_);
     settle(ncclGroupEnd(), "ncclGroupEnd (the grouped sends and receives)");

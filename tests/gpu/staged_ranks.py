@@ -10,12 +10,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
-import reference as ref  # noqa: E402
-import torch  # noqa: E402
-from mpi4py import MPI  # noqa: E402
+import numpy as np
+import reference as ref
+import torch
+from mpi4py import MPI
 
-import a2a  # noqa: E402
+import a2a
 
 
 def main() -> int:

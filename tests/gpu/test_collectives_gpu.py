@@ -148,15 +148,40 @@ def test_cuda_graph_capture_of_the_fixed_size_collectives(nccl_comm, host_comm):
     ref.assert_bitwise_equal(out.cpu(), want, "graph replay")
 
 
+def test_capture_on_a_nccl_only_communicator(torch_comm, host_comm):
+    # Made through torch.distributed, the communicator checks arguments over
+    # NCCL by waiting for the stream: under capture only the local checks run
+    # and the fixed-size collectives are captured; an all_to_all_v plan needs
+    # the counts on the host and is refused, leaving the communicator usable.
+    x = ref.a2a_input("gpu-graph-torch", 0, 1, (64, 3), "float32")
+    want = a2a.all_to_all(x, comm=host_comm)
+    src = _cuda(x, "float32")
+    out = torch.empty_like(src)
+    a2a.all_to_all(src, comm=torch_comm, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        a2a.all_to_all(src, comm=torch_comm, out=out)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref.assert_bitwise_equal(out.cpu(), want, "graph replay on a from_torch communicator")
+    refused = torch.cuda.CUDAGraph()
+    with pytest.raises(a2a.UnsupportedError, match="captured into a CUDA graph"), torch.cuda.graph(refused):
+        a2a.all_to_all_v(src, [64], comm=torch_comm)
+    got, counts = a2a.all_to_all_v(src, [64], comm=torch_comm)
+    assert list(counts) == [64]
+    ref.assert_bitwise_equal(got.cpu(), want, "all_to_all_v after the refused capture")
+
+
 def test_staged_transport_refuses_graph_capture(staged_comm):
     src = torch.arange(8.0, device="cuda")
     out = torch.empty_like(src)
     a2a.all_to_all(src, comm=staged_comm, out=out)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(a2a.UnsupportedError, match="captured into a CUDA graph"):
-        with torch.cuda.graph(graph):
-            a2a.all_to_all(src, comm=staged_comm, out=out)
+    with pytest.raises(a2a.UnsupportedError, match="captured into a CUDA graph"), torch.cuda.graph(graph):
+        a2a.all_to_all(src, comm=staged_comm, out=out)
     # Refused before anything was enqueued: the communicator is still usable.
     out.zero_()
     a2a.all_to_all(src, comm=staged_comm, out=out)

@@ -20,7 +20,7 @@ def test_staged_mpi_on_one_gpu_matches_the_host(np_, local_size):
     env = dict(os.environ, STAGED_LOCAL_SIZE=str(local_size), A2A_TIMEOUT_S="120")
     env.pop("A2A_LOCAL_SIZE", None)
     command = launch.mpirun_command(np_, [sys.executable, os.path.join(HERE, "staged_ranks.py")])
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
     print(result.stdout[-6000:])
     assert result.returncode == 0, f"mpirun exited {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     assert "total #wrong 0" in result.stdout

@@ -125,3 +125,36 @@ def test_bench_device_cuda_defaults():
     assert bench_module.parse_args([]).baseline == "mpi"
     assert "vs D2D" in bench_module.header_lines("d2d")[1]
     assert "vs MPI" in bench_module.header_lines()[1]
+
+
+FROM_TORCH_SCRIPT = """
+import torch.distributed as dist
+import a2a
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+try:
+    a2a.Comm.from_torch(cuda_device=0)
+except a2a.UnsupportedError as error:
+    print("UnsupportedError:", error)
+except RuntimeError as error:
+    print("RuntimeError:", error)
+"""
+
+
+def test_from_torch_bootstraps_until_the_device():
+    # On a machine without a GPU, from_torch runs the id broadcast and the
+    # host gather over a 1-rank gloo group, then stops at the CUDA device
+    # (or, in a build without NCCL, at the unique id) with a clear error.
+    pytest.importorskip("torch")
+    if _gpu_present():
+        pytest.skip("a GPU is present (tests/gpu covers from_torch)")
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", FROM_TORCH_SCRIPT], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    if a2a.config()["nccl"]:
+        assert result.stdout.startswith("UnsupportedError:") and "CUDA" in result.stdout, result.stdout
+    else:
+        assert "could not create a NCCL unique id" in result.stdout, result.stdout
