@@ -31,8 +31,8 @@ class Comm:
     On a CUDA communicator the collectives take torch CUDA tensors and CuPy
     arrays on its device and run on the framework's current stream: they are
     enqueued and return without waiting (see docs/gpu.md for where a call
-    waits). The workspace is cached per communicator, so calls on one
-    communicator must stay ordered on one stream (as with NCCL itself).
+    waits). The workspace is cached per communicator; when its calls move to
+    another stream, the core orders the new stream after the old one.
     """
 
     def __init__(self, native: Any, mpi_comm: Any = None):

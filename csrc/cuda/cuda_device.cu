@@ -25,7 +25,29 @@ class CudaDevice final : public Device {
   }
   const char* name() const override { return "cuda"; }
   int device() const { return device_; }
-  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  ~CudaDevice() override {
+    if (switch_event_ != nullptr) (void)cudaEventDestroy(switch_event_);
+  }
+
+  // The communicator's buffers (workspace, staging) may still be in use by
+  // work on the previous stream: the new stream is ordered after it with an
+  // event, without waiting on the host. Not while either stream is being
+  // captured: a capture may not wait for work outside it (and a captured
+  // call's buffers are the graph's business).
+  void set_stream(void* stream) override {
+    const auto next = static_cast<cudaStream_t>(stream);
+    if (next == stream_) return;
+    // The first stream given needs no ordering: creation waited for its own work.
+    if (stream_set_ && !is_capturing(stream_) && !is_capturing(next)) {
+      const CurrentDevice active = activate();
+      if (switch_event_ == nullptr)
+        check_cuda(cudaEventCreateWithFlags(&switch_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check_cuda(cudaEventRecord(switch_event_, stream_), "cudaEventRecord (previous stream)");
+      check_cuda(cudaStreamWaitEvent(next, switch_event_, 0), "cudaStreamWaitEvent (next stream)");
+    }
+    stream_ = next;
+    stream_set_ = true;
+  }
 
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -72,9 +94,10 @@ class CudaDevice final : public Device {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  bool capturing() const override {
+  bool capturing() const override { return is_capturing(stream_); }
+  static bool is_capturing(cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const cudaError_t error = cudaStreamIsCapturing(stream_, &status);
+    const cudaError_t error = cudaStreamIsCapturing(stream, &status);
     // The legacy stream, while another stream is captured in global mode.
     if (error == cudaErrorStreamCaptureImplicit) {
       (void)cudaGetLastError();
@@ -105,6 +128,8 @@ class CudaDevice final : public Device {
 
   int device_;
   cudaStream_t stream_ = nullptr;
+  bool stream_set_ = false;
+  cudaEvent_t switch_event_ = nullptr;  // orders a new stream after the previous one
 };
 
 }  // namespace
