@@ -130,6 +130,25 @@ def test_out_and_a_non_default_stream(nccl_comm, host_comm):
     ref.assert_bitwise_equal(out.cpu(), want, "on a side stream")
 
 
+def test_switching_streams_keeps_the_shared_workspace_ordered(nccl_comm, host_comm):
+    # all_to_all_flex with split_axis=1 packs through the communicator's
+    # workspace; back-to-back calls on two streams reuse it.
+    shape = (64, 8, 1024)
+    inputs = [ref.flex_input(f"gpu-streams{i}", 0, 1, shape, 1, "float32") for i in range(2)]
+    wants = [a2a.all_to_all_flex(x, comm=host_comm, split_axis=1, concat_axis=0) for x in inputs]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    srcs = [_cuda(x, "float32") for x in inputs]
+    torch.cuda.synchronize()
+    outs = []
+    for _ in range(3):
+        for stream, src in zip(streams, srcs):
+            with torch.cuda.stream(stream):
+                outs.append(a2a.all_to_all_flex(src, comm=nccl_comm, split_axis=1, concat_axis=0))
+    torch.cuda.synchronize()
+    for i, out in enumerate(outs):
+        ref.assert_bitwise_equal(out.cpu(), wants[i % 2], f"call {i}")
+
+
 def test_cuda_graph_capture_of_the_fixed_size_collectives(nccl_comm, host_comm):
     # NCCL communicators made over MPI check arguments over MPI (host), so
     # all_to_all and all_to_all_flex can be captured and replayed.
