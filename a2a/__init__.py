@@ -12,7 +12,16 @@ from __future__ import annotations
 import os
 
 from . import _C
-from ._collectives import ALGORITHMS, all_to_all, all_to_all_flex, all_to_all_v
+from ._collectives import (
+    ALGORITHMS,
+    REDUCE_OPS,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    all_to_all_flex,
+    all_to_all_v,
+    reduce_scatter,
+)
 from ._comm import Comm
 from ._errors import (
     A2AError,
@@ -29,6 +38,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS",
+    "REDUCE_OPS",
     "A2AError",
     "A2ATimeoutError",
     "Comm",
@@ -38,6 +48,8 @@ __all__ = [
     "Routing",
     "TransportError",
     "UnsupportedError",
+    "all_gather",
+    "all_reduce",
     "all_to_all",
     "all_to_all_flex",
     "all_to_all_v",
@@ -47,6 +59,7 @@ __all__ = [
     "get_cmake_dir",
     "get_include",
     "permute",
+    "reduce_scatter",
     "route",
     "unpermute",
 ]

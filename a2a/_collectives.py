@@ -18,9 +18,19 @@ from ._arrays import ArrayView, check_out, check_supported, empty_like, is_torch
 from ._comm import Comm
 from ._errors import A2AError, InvalidArgumentError
 
-__all__ = ["ALGORITHMS", "all_to_all", "all_to_all_flex", "all_to_all_v"]
+__all__ = [
+    "ALGORITHMS",
+    "REDUCE_OPS",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_flex",
+    "all_to_all_v",
+    "reduce_scatter",
+]
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}  # a2a_reduce_op_t
 _ALGO_NAMES = ("linear", "2dh")  # a tuple: `in` must not hash an unhashable algo
 
 
@@ -219,3 +229,65 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
         ws, ws_bytes = comm.workspace(plan.workspace_size, v)
     plan.execute(v.address, o.address, ws, ws_bytes)
     return result, recv_counts
+
+
+# ---------------------------------------------------------------------------
+# Dense collectives
+
+
+def _reduce_op_code(comm: Comm, name: str, op: Any) -> int:
+    if not isinstance(op, str) or op not in REDUCE_OPS:
+        _reject(comm, name, f"unknown op {op!r}; expected one of {sorted(REDUCE_OPS)}")
+    return REDUCE_OPS[op]
+
+
+def all_gather(x: Any, *, comm: Comm, out: Any = None) -> Any:
+    """``torch.distributed.all_gather_into_tensor`` / ``MPI_Allgather`` along dim 0.
+
+    Every rank passes ``x`` of the same shape ``(n, ...)``; the result has
+    shape ``(size * n, ...)`` with rank i's ``x`` at rows ``[i*n, (i+1)*n)``.
+    """
+    op = "all_gather"
+    _check_comm(comm, op)
+    with _ReportToAllRanks(comm, op):
+        v = _prepare(comm, op, x, "linear")
+        if len(v.shape) == 0:
+            _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
+        result, o = _output(comm, op, v, (comm.size * v.shape[0], *v.shape[1:]), out)
+    comm._native.all_gather(v.address, o.address, v.nbytes // v.itemsize, v.dtype_code)
+    return result
+
+
+def all_reduce(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> Any:
+    """``MPI_Allreduce`` / ``torch.distributed.all_reduce``: element-wise
+    ``op`` ("sum", "max", "min") of ``x`` over ranks, same shape and dtype.
+
+    ``out=x`` reduces in place. float16 and bfloat16 are reduced in float32
+    and rounded back at every step (as NCCL does).
+    """
+    name = "all_reduce"
+    _check_comm(comm, name)
+    with _ReportToAllRanks(comm, name):
+        v = _prepare(comm, name, x, "linear")
+        code = _reduce_op_code(comm, name, op)
+        result, o = _output(comm, name, v, v.shape, out)
+    comm._native.all_reduce(v.address, o.address, v.nbytes // v.itemsize, v.dtype_code, code)
+    return result
+
+
+def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> Any:
+    """``torch.distributed.reduce_scatter_tensor`` / ``MPI_Reduce_scatter_block``
+    along dim 0: ``x`` has shape ``(size * n, ...)``; rank i gets the
+    element-wise ``op`` over ranks of rows ``[i*n, (i+1)*n)``, shape ``(n, ...)``.
+    """
+    name = "reduce_scatter"
+    _check_comm(comm, name)
+    with _ReportToAllRanks(comm, name):
+        v = _prepare(comm, name, x, "linear")
+        code = _reduce_op_code(comm, name, op)
+        if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
+            dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
+            _reject(comm, name, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}")
+        result, o = _output(comm, name, v, (v.shape[0] // comm.size, *v.shape[1:]), out)
+    comm._native.reduce_scatter(v.address, o.address, v.nbytes // v.itemsize // comm.size, v.dtype_code, code)
+    return result

@@ -252,6 +252,20 @@ a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan) {
   return guarded([&] { delete plan; });
 }
 
+a2a_status_t a2a_all_gather(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype) {
+  return guarded([&] { a2a::all_gather(*require_handle(comm, "comm")->impl, send, recv, count, dtype); });
+}
+
+a2a_status_t a2a_all_reduce(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
+                            a2a_reduce_op_t op) {
+  return guarded([&] { a2a::all_reduce(*require_handle(comm, "comm")->impl, send, recv, count, dtype, op); });
+}
+
+a2a_status_t a2a_reduce_scatter(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
+                                a2a_reduce_op_t op) {
+  return guarded([&] { a2a::reduce_scatter(*require_handle(comm, "comm")->impl, send, recv, count, dtype, op); });
+}
+
 a2a_status_t a2a_comm_report_invalid(a2a_comm_t comm, const char* op, const char* message) {
   return guarded([&] {
     a2a::report_invalid(*require_handle(comm, "comm")->impl, op ? op : "collective", message ? message : "");

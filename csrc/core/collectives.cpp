@@ -81,6 +81,66 @@ void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
 }
 
 // ---------------------------------------------------------------------------
+// Dense collectives: allgather, allreduce, reduce-scatter
+
+namespace {
+
+enum class Dense { kAllGather, kAllReduce, kReduceScatter };
+
+// Checks and agrees on one dense collective; returns the bytes of one
+// rank's block (count elements).
+size_t check_dense(Comm& comm, const char* op, Dense kind, const void* send, void* recv, size_t count,
+                   a2a_dtype_t dtype, int reduce_op) {
+  Checker check(comm, op);
+  check.require(dtype_size(dtype) != 0, "unsupported dtype code ", static_cast<int>(dtype),
+                " (supported: float32, float64, float16, bfloat16, int8, int32, int64, uint8)");
+  if (kind != Dense::kAllGather)
+    check.require(reduce_op == A2A_SUM || reduce_op == A2A_MAX || reduce_op == A2A_MIN, "unknown reduction code ",
+                  reduce_op, " (supported: sum, max, min)");
+  size_t block = 0, total = 0;
+  check.require(!multiply_overflows(count, dtype_size(dtype), &block) &&
+                    !multiply_overflows(block, comm.size(), &total),
+                count, " elements per rank overflow the address space");
+  if (check.error().empty()) {
+    const size_t send_bytes = kind == Dense::kReduceScatter ? total : block;
+    const size_t recv_bytes = kind == Dense::kAllGather ? total : block;
+    if (kind == Dense::kAllReduce && send == recv)  // in place
+      check.buffers(send, nullptr, send_bytes, 0);
+    else
+      check.buffers(send, recv, send_bytes, recv_bytes);
+    check.require(recv_bytes == 0 || recv != nullptr, "recv buffer is NULL but must hold ", recv_bytes, " bytes");
+  }
+  comm.agree(op, {{"dtype", dtype}, {"count", static_cast<int64_t>(count)}, {"reduce_op", reduce_op}}, check.error());
+  return block;
+}
+
+}  // namespace
+
+void all_gather(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype) {
+  const char* op = "all_gather";
+  const size_t block = check_dense(comm, op, Dense::kAllGather, send, recv, count, dtype, A2A_SUM);
+  comm.run(op, [&] {
+    if (block != 0) comm.transport().allgather(send, recv, block);
+  });
+}
+
+void all_reduce(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t reduce) {
+  const char* op = "all_reduce";
+  check_dense(comm, op, Dense::kAllReduce, send, recv, count, dtype, reduce);
+  comm.run(op, [&] {
+    if (count != 0) comm.transport().allreduce(send, recv, count, dtype, static_cast<ReduceOp>(reduce));
+  });
+}
+
+void reduce_scatter(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t reduce) {
+  const char* op = "reduce_scatter";
+  check_dense(comm, op, Dense::kReduceScatter, send, recv, count, dtype, reduce);
+  comm.run(op, [&] {
+    if (count != 0) comm.transport().reduce_scatter(send, recv, count, dtype, static_cast<ReduceOp>(reduce));
+  });
+}
+
+// ---------------------------------------------------------------------------
 
 namespace {
 

@@ -22,6 +22,10 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
                      int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
                      size_t workspace_bytes);
 
+void all_gather(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype);
+void all_reduce(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op);
+void reduce_scatter(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op);
+
 class VPlan {
  public:
   // Collective: exchanges the counts (in rows of row_elements elements).

@@ -77,6 +77,7 @@ namespace {
 std::string describe(const char* name, int64_t value) {
   if (std::strcmp(name, "dtype") == 0) return dtype_name(value);
   if (std::strcmp(name, "algo") == 0) return algo_name(value);
+  if (std::strcmp(name, "reduce_op") == 0) return value == A2A_SUM ? "sum" : value == A2A_MAX ? "max" : value == A2A_MIN ? "min" : "invalid-op";
   if (std::strcmp(name, "capacity_setting") == 0) {  // a float64 carried as its bits
     double setting;
     std::memcpy(&setting, &value, sizeof setting);

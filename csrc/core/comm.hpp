@@ -15,8 +15,8 @@
 namespace a2a {
 
 // One argument that must be equal on every rank, e.g. {"count", 1024}.
-// Errors print "dtype", "algo" and "capacity_setting" (a float64 given as its
-// bits) by meaning, the rest as integers.
+// Errors print "dtype", "algo", "reduce_op" and "capacity_setting" (a float64
+// given as its bits) by meaning, the rest as integers.
 struct Field {
   const char* name;
   int64_t value;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 
 namespace a2a {
@@ -109,14 +110,25 @@ void StagedTransport::allgather(const void* send, void* recv, size_t bytes_per_r
   device_.copy_from_host(recv, staging + bytes_per_rank, total);
 }
 
-void StagedTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
+void StagedTransport::allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) {
   require_not_capturing("a staged allreduce");
-  const size_t bytes = count * sizeof(int64_t);
+  const size_t bytes = count * dtype_size(dtype);
   char* staging = staging_.reserve(bytes, timeout_s_);
-  device_.copy_to_host(staging, values, bytes);
+  device_.copy_to_host(staging, send, bytes);
   device_.synchronize(timeout_s_);
-  host_.allreduce_int64(reinterpret_cast<int64_t*>(staging), count, op);
-  device_.copy_from_host(values, staging, bytes);
+  host_.allreduce(staging, staging, count, dtype, op);
+  device_.copy_from_host(recv, staging, bytes);
+}
+
+void StagedTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
+                                     ReduceOp op) {
+  require_not_capturing("a staged reduce_scatter");
+  const size_t block = count_per_rank * dtype_size(dtype), total = block * size();
+  char* staging = staging_.reserve(total + block, timeout_s_);
+  device_.copy_to_host(staging, send, total);
+  device_.synchronize(timeout_s_);
+  host_.reduce_scatter(staging, staging + total, count_per_rank, dtype, op);
+  device_.copy_from_host(recv, staging + total, block);
 }
 
 void StagedTransport::barrier() {
@@ -184,17 +196,31 @@ void DeviceControlTransport::allgather(const void* send, void* recv, size_t byte
   std::memcpy(recv, bounce + bytes_per_rank, total);
 }
 
-void DeviceControlTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
+void DeviceControlTransport::allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) {
   require_not_capturing("an allreduce of host values");
-  const size_t bytes = count * sizeof(int64_t);
+  const size_t bytes = count * dtype_size(dtype);
   char* scratch = scratch_.reserve(bytes, timeout_s_);
   char* bounce = bounce_.reserve(bytes, timeout_s_);
-  std::memcpy(bounce, values, bytes);
+  std::memcpy(bounce, send, bytes);
   device_.copy_from_host(scratch, bounce, bytes);
-  data_.allreduce_int64(reinterpret_cast<int64_t*>(scratch), count, op);
+  data_.allreduce(scratch, scratch, count, dtype, op);
   device_.copy_to_host(bounce, scratch, bytes);
   wait("an allreduce");
-  std::memcpy(values, bounce, bytes);
+  std::memcpy(recv, bounce, bytes);
+}
+
+void DeviceControlTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
+                                            ReduceOp op) {
+  require_not_capturing("a reduce_scatter of host values");
+  const size_t block = count_per_rank * dtype_size(dtype), total = block * size();
+  char* scratch = scratch_.reserve(total + block, timeout_s_);
+  char* bounce = bounce_.reserve(total + block, timeout_s_);
+  std::memcpy(bounce, send, total);
+  device_.copy_from_host(scratch, bounce, total);
+  data_.reduce_scatter(scratch, scratch + total, count_per_rank, dtype, op);
+  device_.copy_to_host(bounce + total, scratch + total, block);
+  wait("a reduce_scatter");
+  std::memcpy(recv, bounce + total, block);
 }
 
 void DeviceControlTransport::barrier() {

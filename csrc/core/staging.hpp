@@ -87,7 +87,8 @@ class StagedTransport final : public Transport {
   void cancel_group() override { group_.clear(); }
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
-  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
+  void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype, ReduceOp op) override;
   void barrier() override;
 
  private:
@@ -120,7 +121,8 @@ class DeviceControlTransport final : public Transport {
   void cancel_group() override { group_.clear(); }
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
-  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override;
+  void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
+  void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype, ReduceOp op) override;
   void barrier() override;
 
  private:

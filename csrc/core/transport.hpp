@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "a2a/a2a.h"
+
 namespace a2a {
 
 // A message's memory: num_blocks blocks of block_bytes, block i at
@@ -67,7 +69,14 @@ class Transport {
   // Comm::agree() checks arguments, so a timeout in it must name the ranks
   // that did not contribute.
   virtual void allgather(const void* send, void* recv, size_t bytes_per_rank) = 0;
-  virtual void allreduce_int64(int64_t* values, size_t count, ReduceOp op) = 0;
+  // Element-wise reductions of `count` elements of dtype (send == recv: in
+  // place), and the reduce-scatter of size * count_per_rank elements, rank
+  // i keeping block i (out of place). float16 and bfloat16 are reduced in
+  // float32 and rounded back at every step, as NCCL does.
+  virtual void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
+                              ReduceOp op) = 0;
+  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) { allreduce(values, values, count, A2A_INT64, op); }
   virtual void barrier() = 0;
 };
 

@@ -1,12 +1,15 @@
 #include "cpu/mpi_transport.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
 #include <cstdlib>
 #include <thread>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/moe_elementwise.hpp"
 
 namespace a2a {
 
@@ -213,12 +216,80 @@ void MpiTransport::allgather(const void* send, void* recv, size_t bytes_per_rank
   wait_all(requests_, pending_, "argument check (allgather)");
 }
 
-void MpiTransport::allreduce_int64(int64_t* values, size_t count, ReduceOp op) {
-  MPI_Op mpi_op = op == ReduceOp::kSum ? MPI_SUM : op == ReduceOp::kMax ? MPI_MAX : MPI_MIN;
+namespace {
+
+// float16 / bfloat16 reductions, which MPI lacks: element-wise in float32,
+// rounded back (the conversions of core/moe_elementwise.hpp).
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), ReduceOp Op>
+void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = ToFloat(a[i]), y = ToFloat(b[i]);
+    b[i] = FromFloat(Op == ReduceOp::kSum ? x + y : Op == ReduceOp::kMax ? (x > y ? x : y) : (x < y ? x : y));
+  }
+}
+
+float half_in(uint16_t h) { return moe::half_to_float(h); }
+uint16_t half_out(float f) { return moe::float_to_half(f); }
+float bf16_in(uint16_t b) { return moe::bfloat16_to_float(b); }
+uint16_t bf16_out(float f) { return moe::float_to_bfloat16(f); }
+
+// The MPI datatype and operation of a reduction. The 16-bit float ops are
+// created once per process (MPI_Op_create is local and cheap to keep).
+std::pair<MPI_Datatype, MPI_Op> mpi_reduction(a2a_dtype_t dtype, ReduceOp op) {
+  const MPI_Op builtin = op == ReduceOp::kSum ? MPI_SUM : op == ReduceOp::kMax ? MPI_MAX : MPI_MIN;
+  switch (dtype) {
+    case A2A_FLOAT32: return {MPI_FLOAT, builtin};
+    case A2A_FLOAT64: return {MPI_DOUBLE, builtin};
+    case A2A_INT8: return {MPI_INT8_T, builtin};
+    case A2A_INT32: return {MPI_INT32_T, builtin};
+    case A2A_INT64: return {MPI_INT64_T, builtin};
+    case A2A_UINT8: return {MPI_UINT8_T, builtin};
+    case A2A_FLOAT16:
+    case A2A_BFLOAT16: break;
+  }
+  static MPI_Op ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  static MPI_User_function* const functions[2][3] = {
+      {reduce_16bit<half_in, half_out, ReduceOp::kSum>, reduce_16bit<half_in, half_out, ReduceOp::kMax>,
+       reduce_16bit<half_in, half_out, ReduceOp::kMin>},
+      {reduce_16bit<bf16_in, bf16_out, ReduceOp::kSum>, reduce_16bit<bf16_in, bf16_out, ReduceOp::kMax>,
+       reduce_16bit<bf16_in, bf16_out, ReduceOp::kMin>}};
+  const int kind = dtype == A2A_FLOAT16 ? 0 : 1, which = static_cast<int>(op);
+  if (ops[kind][which] == MPI_OP_NULL) MPI_Op_create(functions[kind][which], 1, &ops[kind][which]);
+  return {MPI_UINT16_T, ops[kind][which]};
+}
+
+}  // namespace
+
+// In pieces of at most max_count_ bytes' worth of elements, so that MPI's int
+// counts never overflow (and tests reach this with A2A_MPI_MAX_COUNT).
+void MpiTransport::allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) {
+  const auto [type, mpi_op] = mpi_reduction(dtype, op);
+  const size_t item = dtype_size(dtype);
+  const size_t piece = std::max<size_t>(1, std::min<size_t>(max_count_ / item, INT_MAX));
+  const bool in_place = send == recv;
+  for (size_t done = 0; done < count; done += piece) {
+    const int n = static_cast<int>(std::min(piece, count - done));
+    char* out = static_cast<char*>(recv) + done * item;
+    const void* in = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + done * item;
+    MPI_Request request;
+    A2A_MPI_CHECK(MPI_Iallreduce(in, out, n, type, mpi_op, comm_, &request), "rank ", rank_, " allreduce");
+    wait_one(request, "allreduce");
+  }
+}
+
+void MpiTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
+                                  ReduceOp op) {
+  const auto [type, mpi_op] = mpi_reduction(dtype, op);
+  if (count_per_rank > static_cast<size_t>(INT_MAX))
+    fail(A2A_ERROR_UNSUPPORTED, "rank ", rank_, ": reduce_scatter over MPI takes at most ", INT_MAX,
+         " elements per rank, got ", count_per_rank);
+  if (count_per_rank == 0) return;
   MPI_Request request;
-  A2A_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_INT64_T, mpi_op, comm_, &request),
-                "rank ", rank_, " allreduce");
-  wait_one(request, "allreduce");
+  A2A_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count_per_rank), type, mpi_op, comm_, &request),
+                "rank ", rank_, " reduce_scatter");
+  wait_one(request, "reduce_scatter");
 }
 
 void MpiTransport::barrier() {

@@ -24,6 +24,20 @@ namespace {
 
 static_assert(sizeof(ncclUniqueId) == kNcclUniqueIdBytes, "ncclUniqueId changed size");
 
+ncclDataType_t nccl_type(a2a_dtype_t dtype) {
+  switch (dtype) {
+    case A2A_FLOAT32: return ncclFloat32;
+    case A2A_FLOAT64: return ncclFloat64;
+    case A2A_FLOAT16: return ncclFloat16;
+    case A2A_BFLOAT16: return ncclBfloat16;
+    case A2A_INT8: return ncclInt8;
+    case A2A_INT32: return ncclInt32;
+    case A2A_INT64: return ncclInt64;
+    case A2A_UINT8: return ncclUint8;
+  }
+  fail(A2A_ERROR_INTERNAL, "nccl: no NCCL type for dtype code ", static_cast<int>(dtype));
+}
+
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return ncclSum;
@@ -104,10 +118,16 @@ class NcclTransport final : public Transport {
     const CurrentDevice current(device_);
     settle(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_), "ncclAllGather");
   }
-  void allreduce_int64(int64_t* values, size_t count, ReduceOp op) override {
+  void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override {
     check_usable();
     const CurrentDevice current(device_);
-    settle(ncclAllReduce(values, values, count, ncclInt64, nccl_op(op), comm_, stream_), "ncclAllReduce");
+    settle(ncclAllReduce(send, recv, count, nccl_type(dtype), nccl_op(op), comm_, stream_), "ncclAllReduce");
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype, ReduceOp op) override {
+    check_usable();
+    const CurrentDevice current(device_);
+    settle(ncclReduceScatter(send, recv, count_per_rank, nccl_type(dtype), nccl_op(op), comm_, stream_),
+           "ncclReduceScatter");
   }
   // Stream-ordered: the barrier is reached when the stream gets there.
   // (DeviceControlTransport::barrier waits for it on the host.)

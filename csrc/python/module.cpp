@@ -295,6 +295,26 @@ PYBIND11_MODULE(_C, m) {
           },
           py::call_guard<py::gil_scoped_release>())
       .def("all_to_all_numpy", &all_to_all_numpy)
+      .def(
+          "all_gather",
+          [](a2a::Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype) {
+            c.all_gather(as_pointer(send), as_mutable(recv), count, static_cast<a2a_dtype_t>(dtype));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_reduce",
+          [](a2a::Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op) {
+            c.all_reduce(as_pointer(send), as_mutable(recv), count, static_cast<a2a_dtype_t>(dtype),
+                         static_cast<a2a_reduce_op_t>(op));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "reduce_scatter",
+          [](a2a::Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype, int op) {
+            c.reduce_scatter(as_pointer(send), as_mutable(recv), count, static_cast<a2a_dtype_t>(dtype),
+                             static_cast<a2a_reduce_op_t>(op));
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("all_to_all_flex_workspace_size",
            [](const a2a::Communicator& c, const std::vector<int64_t>& shape, int split_axis, int concat_axis, int dtype,
               int algo) {

@@ -117,6 +117,30 @@ def test_all_to_all_v_matches_the_host(request, comm_name, algo, rows, host_comm
     ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {algo} rows={rows}")
 
 
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm", "torch_comm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "float16"])
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_dense_collectives_match_the_host(request, comm_name, dtype, op, host_comm):
+    comm = request.getfixturevalue(comm_name)
+    x = ref.a2a_input("gpu-dense", 0, 1, (6, 5), dtype)
+    host_x = ref.to_framework(x, dtype, "torch")
+    cases = [
+        ("all_gather", a2a.all_gather(host_x, comm=host_comm), a2a.all_gather(_cuda(x, dtype), comm=comm)),
+        ("all_reduce", a2a.all_reduce(host_x, comm=host_comm, op=op), a2a.all_reduce(_cuda(x, dtype), comm=comm, op=op)),
+        (
+            "reduce_scatter",
+            a2a.reduce_scatter(host_x, comm=host_comm, op=op),
+            a2a.reduce_scatter(_cuda(x, dtype), comm=comm, op=op),
+        ),
+    ]
+    in_place = _cuda(x, dtype)
+    assert a2a.all_reduce(in_place, comm=comm, op=op, out=in_place) is in_place
+    cases.append(("all_reduce in place", cases[1][1], in_place))
+    for name, want, got in cases:
+        assert got.is_cuda
+        ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {name} {dtype} {op}")
+
+
 def test_out_and_a_non_default_stream(nccl_comm, host_comm):
     x = ref.a2a_input("gpu-stream", 0, 1, (1 << 16,), "float32")
     want = a2a.all_to_all(x, comm=host_comm)

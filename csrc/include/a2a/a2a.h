@@ -62,6 +62,9 @@ typedef enum {
   A2A_ALGO_2DH = 1     /* Tutel Algorithm 2: intra-node then inter-node */
 } a2a_algo_t;
 
+/* Element-wise reduction of the dense collectives. */
+typedef enum { A2A_SUM = 0, A2A_MAX = 1, A2A_MIN = 2 } a2a_reduce_op_t;
+
 typedef struct a2a_comm* a2a_comm_t;
 typedef struct a2a_v_plan* a2a_v_plan_t;
 
@@ -134,6 +137,24 @@ A2A_API a2a_status_t a2a_all_to_all_workspace_size(a2a_comm_t comm, size_t count
 A2A_API a2a_status_t a2a_all_to_all(a2a_comm_t comm, const void* send, void* recv, size_t count,
                                     a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
                                     size_t workspace_bytes);
+
+/* The dense collectives, on the communicator's transport (MPI, NCCL, or
+ * staged MPI) and device, with the same checks as the all-to-alls:
+ * - all_gather: send holds count elements; recv (size * count) receives
+ *   rank i's elements at i * count (MPI_Allgather, ncclAllGather).
+ * - all_reduce: recv[j] = op over ranks of send[j], count elements; send ==
+ *   recv reduces in place (MPI_Allreduce, ncclAllReduce).
+ * - reduce_scatter: send holds size * count elements; rank i receives in
+ *   recv (count) the reduction of block i over ranks
+ *   (MPI_Reduce_scatter_block, ncclReduceScatter).
+ * float16 and bfloat16 are reduced in float32 and rounded back at every step
+ * (over MPI by a user-defined operation), so sums of more than two ranks may
+ * round differently from a single float32 sum. */
+A2A_API a2a_status_t a2a_all_gather(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype);
+A2A_API a2a_status_t a2a_all_reduce(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
+                                    a2a_reduce_op_t op);
+A2A_API a2a_status_t a2a_reduce_scatter(a2a_comm_t comm, const void* send, void* recv, size_t count,
+                                        a2a_dtype_t dtype, a2a_reduce_op_t op);
 
 /* JAX lax.all_to_all(..., tiled=True) semantics on a C-contiguous array of `ndim` dims with the
  * same shape on every rank: split `split_axis` into size blocks, block i goes

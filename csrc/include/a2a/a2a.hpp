@@ -94,6 +94,16 @@ class Communicator {
                               concat_axis, dtype, algo, workspace, workspace_bytes));
   }
 
+  void all_gather(const void* send, void* recv, size_t count, a2a_dtype_t dtype) {
+    check(a2a_all_gather(handle_, send, recv, count, dtype));
+  }
+  void all_reduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op) {
+    check(a2a_all_reduce(handle_, send, recv, count, dtype, op));
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op) {
+    check(a2a_reduce_scatter(handle_, send, recv, count, dtype, op));
+  }
+
   // See a2a_comm_report_invalid: fails the collective on every rank.
   [[noreturn]] void report_invalid(const char* op, const std::string& message) {
     a2a_status_t status = a2a_comm_report_invalid(handle_, op, message.c_str());
