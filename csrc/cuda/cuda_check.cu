@@ -41,6 +41,16 @@ void check_launch(const char* kernel) {
   if (status != cudaSuccess) check_cuda(status, cat("<<<>>> launch of ", kernel).c_str());
 }
 
+bool cuda_is_unloading() {
+  int device = 0;
+  const cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaErrorCudartUnloading || status == cudaErrorContextIsDestroyed) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return false;
+}
+
 int current_cuda_device() {
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");

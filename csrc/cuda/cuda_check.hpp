@@ -16,6 +16,10 @@ void check_cuda(cudaError_t status, const char* call);
 // check_cuda on cudaGetLastError() after a kernel launch.
 void check_launch(const char* kernel);
 
+// True once the CUDA runtime is shutting down (at process exit): destructors
+// then leave CUDA and NCCL objects to the process teardown.
+bool cuda_is_unloading();
+
 // The calling thread's current device, after checking that one exists.
 int current_cuda_device();
 

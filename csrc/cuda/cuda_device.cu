@@ -77,6 +77,7 @@ class CudaDevice final : public Device {
   // Polls instead of cudaStreamSynchronize, which could wait forever for a
   // NCCL kernel whose peer never comes.
   void synchronize(double timeout_s, const std::function<void()>& poll) override {
+    if (cuda_is_unloading()) return;  // process exit: nothing can run any more
     const CurrentDevice active = activate();
     const auto start = std::chrono::steady_clock::now();
     for (int round = 0;; ++round) {

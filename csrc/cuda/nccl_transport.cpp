@@ -74,7 +74,7 @@ class NcclTransport final : public Transport {
   }
 
   ~NcclTransport() override {
-    if (comm_ == nullptr) return;
+    if (comm_ == nullptr || cuda_is_unloading()) return;  // at process exit the teardown frees it
     // Finalize flushes what is still enqueued; a peer that never comes must
     // not hang the destructor, so the wait is bounded and falls back to abort.
     try {
