@@ -6,9 +6,10 @@ scatters tokens into the (E, C, M) buffer that the all-to-all moves and
 do the same without a capacity (rows packed by expert, for
 ``all_to_all_v``). docs/moe_kernels.md shows the layouts.
 
-Inputs are NumPy arrays or torch tensors (CPU, or CUDA when the CUDA backend
-is built; then the kernels run on the current torch stream); outputs have the
-framework and device of the inputs, or go to ``out=`` (C-contiguous, the
+Inputs are NumPy arrays, torch tensors (CPU, or CUDA when the CUDA backend
+is built; then the kernels run on the current torch stream) or CuPy arrays
+(on the current CuPy stream); outputs have the framework and device of the
+inputs, or go to ``out=`` (C-contiguous, the
 result's dtype, element count and device; returned with the result's shape).
 With torch tensors that require grad the ops record autograd through a2a.torch
 (and take no ``out=``).
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import DTYPE_CODES, is_torch_tensor, view
+from ._arrays import DTYPE_CODES, is_cupy_array, is_torch_tensor, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
@@ -42,9 +43,16 @@ def _torch():
     return torch
 
 
+def _cupy():
+    import cupy
+
+    return cupy
+
+
 class _Array:
     """One argument as the core sees it: a C-contiguous array (copied to one
-    if it was not), its dtype name and address, and where it lives."""
+    if it was not), its dtype name and address, and where it lives
+    (`device`: a torch.device, "cuda:N" for CuPy, None for NumPy)."""
 
     __slots__ = ("address", "array", "device", "dtype", "framework", "shape")
 
@@ -56,6 +64,11 @@ class _Array:
             self.framework, self.device = "torch", x.device
             self.dtype = str(x.dtype).removeprefix("torch.")
             self.address = x.data_ptr()
+        elif is_cupy_array(x):
+            x = _cupy().ascontiguousarray(x)
+            self.framework, self.device = "cupy", f"cuda:{x.device.id}"
+            self.dtype = x.dtype.name
+            self.address = x.data.ptr
         else:
             try:
                 v = view(x, what)  # NumPy, DLPack and buffer objects; rejects other memory
@@ -70,10 +83,14 @@ class _Array:
 
     @property
     def on_cuda(self) -> bool:
-        return self.device is not None and self.device.type == "cuda"
+        return self.framework == "cupy" or (self.framework == "torch" and self.device.type == "cuda")
+
+    @property
+    def cuda_index(self) -> int:
+        return int(self.device.split(":")[1]) if self.framework == "cupy" else self.device.index
 
     def place(self) -> str:
-        return "numpy" if self.framework == "numpy" else f"torch {self.device}"
+        return "numpy" if self.framework == "numpy" else f"{self.framework} {self.device}"
 
     def describe(self) -> str:
         return f"{self.place()} array of shape {self.shape} and dtype {self.dtype}"
@@ -93,24 +110,41 @@ def _empty(like: _Array, shape: tuple[int, ...], dtype: str) -> Any:
     if like.framework == "torch":
         torch = _torch()
         return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)
+    if like.framework == "cupy":
+        with _device_guard(like):
+            return _cupy().empty(shape, dtype=dtype)
     return np.empty(shape, dtype=dtype)
 
 
 def _address(array: Any) -> int:
-    return array.data_ptr() if is_torch_tensor(array) else array.ctypes.data
+    if is_torch_tensor(array):
+        return array.data_ptr()
+    if is_cupy_array(array):
+        return array.data.ptr
+    return array.ctypes.data
 
 
 def _exec(like: _Array) -> tuple[int, int, int]:
-    """(device type, stream, threads) for the core: the current torch stream on CUDA."""
+    """(device type, stream, threads) for the core: the framework's current stream on CUDA."""
+    if like.framework == "cupy":
+        with _device_guard(like):
+            return (_DEVICE_CUDA, _cupy().cuda.get_current_stream().ptr, 0)
     if like.on_cuda:
         return (_DEVICE_CUDA, _torch().cuda.current_stream(like.device).cuda_stream, 0)
     return (_DEVICE_CPU, 0, 0)
 
 
 def _device_guard(like: _Array):
+    if like.framework == "cupy":
+        return _cupy().cuda.Device(like.cuda_index)
     if like.on_cuda:
         return _torch().cuda.device(like.device)
     return contextlib.nullcontext()
+
+
+def _xp(like: _Array) -> Any:
+    """The NumPy-like module of a NumPy or CuPy array."""
+    return _cupy() if like.framework == "cupy" else np
 
 
 def _as_int(value: Any, what: str, op: str, minimum: int) -> int:
@@ -171,10 +205,11 @@ class Routing:
             safe = e.clamp(min=0)
             kept = (e >= 0) & (self.locations < self.counts[safe])
             return torch.where(kept, self.offsets[safe] + self.locations, torch.full_like(self.locations, -1))
-        e = e.astype(np.int64)
-        safe = np.maximum(e, 0)
+        xp = _xp(self._indices)
+        e = e.astype(xp.int64)
+        safe = xp.maximum(e, 0)
         kept = (e >= 0) & (self.locations < self.counts[safe])
-        return np.where(kept, self.offsets[safe] + self.locations, -1)
+        return xp.where(kept, self.offsets[safe] + self.locations, -1)
 
     def _native(self) -> tuple:
         return (
@@ -201,7 +236,11 @@ class Routing:
 def _check_indices(indices: Any, op: str) -> _Array:
     # A private copy: the kernels trust the routing, so a later change to the
     # caller's array must not reach them.
-    idx = _Array(indices.clone() if is_torch_tensor(indices) else np.array(indices, copy=True), "indices", op)
+    if is_torch_tensor(indices) or is_cupy_array(indices):
+        private = indices.clone() if is_torch_tensor(indices) else indices.copy()
+    else:
+        private = np.array(indices, copy=True)
+    idx = _Array(private, "indices", op)
     if len(idx.shape) != 2 or idx.dtype not in _INDICES:
         _fail(op, f"indices must be a 2-D (tokens, top_k) array of int32 or int64; got {idx.describe()}")
     if idx.shape[1] == 0:
@@ -223,8 +262,10 @@ def _token_order(scores: Any, idx: _Array, op: str) -> Any:
         torch = _torch()
         priority = s.array if len(s.shape) == 1 else s.array.amax(dim=1)
         return torch.argsort(priority.detach(), descending=True, stable=True).contiguous()
+    xp = _xp(s)
     priority = s.array if len(s.shape) == 1 else s.array.max(axis=1)
-    return np.ascontiguousarray(np.argsort(-priority.astype(np.float64), kind="stable").astype(np.int64))
+    # CuPy's argsort is stable (its kind argument is ignored).
+    return xp.ascontiguousarray(xp.argsort(-priority.astype(xp.float64), kind="stable").astype(xp.int64))
 
 
 def route(
