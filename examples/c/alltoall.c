@@ -80,6 +80,27 @@ int main(int argc, char** argv) {
   if (rank == 0) printf("a2a_all_to_all_v linear ranks %d  #wrong %ld\n", size, wrong);
   failures += wrong;
 
+  /* Dense collectives: gather every rank's id, sum ranks in place, and keep
+   * this rank's block of a reduce-scatter (block i of rank r holds r + i). */
+  {
+    int32_t mine = rank, sum = rank;
+    int32_t* ids = malloc(sizeof(int32_t) * size);
+    int32_t* blocks = malloc(sizeof(int32_t) * size);
+    int32_t reduced = -1;
+    for (int i = 0; i < size; ++i) blocks[i] = rank + i;
+    CHECK(a2a_all_gather(comm, &mine, ids, 1, A2A_INT32));
+    CHECK(a2a_all_reduce(comm, &sum, &sum, 1, A2A_INT32, A2A_SUM));
+    CHECK(a2a_reduce_scatter(comm, blocks, &reduced, 1, A2A_INT32, A2A_MAX));
+    long dense_wrong = sum != size * (size - 1) / 2;
+    dense_wrong += reduced != (size - 1) + rank;
+    for (int i = 0; i < size; ++i) dense_wrong += ids[i] != i;
+    MPI_Allreduce(MPI_IN_PLACE, &dense_wrong, 1, MPI_LONG, MPI_SUM, world);
+    if (rank == 0) printf("a2a_all_gather + all_reduce + reduce_scatter ranks %d  #wrong %ld\n", size, dense_wrong);
+    failures += dense_wrong;
+    free(ids);
+    free(blocks);
+  }
+
   /* An MoE layer with identity experts: route (capacity agreed across ranks,
    * nothing dropped), dispatch into (E, C, M), all-to-all to the experts' ranks
    * and back, combine with the gates. Then y[t] = (g0 + g1) * x[t], and the
