@@ -65,7 +65,9 @@ class _Array:
             self.dtype = str(x.dtype).removeprefix("torch.")
             self.address = x.data_ptr()
         elif is_cupy_array(x):
-            x = _cupy().ascontiguousarray(x)
+            # CuPy makes new arrays on the current device: make it x's.
+            with x.device:
+                x = _cupy().ascontiguousarray(x)
             self.framework, self.device = "cupy", f"cuda:{x.device.id}"
             self.dtype = x.dtype.name
             self.address = x.data.ptr
@@ -206,10 +208,11 @@ class Routing:
             kept = (e >= 0) & (self.locations < self.counts[safe])
             return torch.where(kept, self.offsets[safe] + self.locations, torch.full_like(self.locations, -1))
         xp = _xp(self._indices)
-        e = e.astype(xp.int64)
-        safe = xp.maximum(e, 0)
-        kept = (e >= 0) & (self.locations < self.counts[safe])
-        return xp.where(kept, self.offsets[safe] + self.locations, -1)
+        with _device_guard(self._indices):
+            e = e.astype(xp.int64)
+            safe = xp.maximum(e, 0)
+            kept = (e >= 0) & (self.locations < self.counts[safe])
+            return xp.where(kept, self.offsets[safe] + self.locations, -1)
 
     def _native(self) -> tuple:
         return (
@@ -236,8 +239,11 @@ class Routing:
 def _check_indices(indices: Any, op: str) -> _Array:
     # A private copy: the kernels trust the routing, so a later change to the
     # caller's array must not reach them.
-    if is_torch_tensor(indices) or is_cupy_array(indices):
-        private = indices.clone() if is_torch_tensor(indices) else indices.copy()
+    if is_torch_tensor(indices):
+        private = indices.clone()
+    elif is_cupy_array(indices):
+        with indices.device:  # the copy lands on the current device
+            private = indices.copy()
     else:
         private = np.array(indices, copy=True)
     idx = _Array(private, "indices", op)
@@ -263,9 +269,9 @@ def _token_order(scores: Any, idx: _Array, op: str) -> Any:
         priority = s.array if len(s.shape) == 1 else s.array.amax(dim=1)
         return torch.argsort(priority.detach(), descending=True, stable=True).contiguous()
     xp = _xp(s)
-    priority = s.array if len(s.shape) == 1 else s.array.max(axis=1)
-    # CuPy's argsort is stable (its kind argument is ignored).
-    return xp.ascontiguousarray(xp.argsort(-priority.astype(xp.float64), kind="stable").astype(xp.int64))
+    with _device_guard(s):
+        priority = s.array if len(s.shape) == 1 else s.array.max(axis=1)
+        return xp.ascontiguousarray(xp.argsort(-priority.astype(xp.float64), kind="stable").astype(xp.int64))
 
 
 def route(

@@ -226,7 +226,9 @@ void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
   auto* b = static_cast<uint16_t*>(inout);
   for (int i = 0; i < *len; ++i) {
     const float x = ToFloat(a[i]), y = ToFloat(b[i]);
-    b[i] = FromFloat(Op == ReduceOp::kSum ? x + y : Op == ReduceOp::kMax ? (x > y ? x : y) : (x < y ? x : y));
+    float r = x + y;  // NaN in, NaN out, whatever the order
+    if (Op != ReduceOp::kSum && x == x && y == y) r = Op == ReduceOp::kMax ? (x > y ? x : y) : (x < y ? x : y);
+    b[i] = FromFloat(r);
   }
 }
 
@@ -249,15 +251,26 @@ std::pair<MPI_Datatype, MPI_Op> mpi_reduction(a2a_dtype_t dtype, ReduceOp op) {
     case A2A_FLOAT16:
     case A2A_BFLOAT16: break;
   }
-  static MPI_Op ops[2][3] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}, {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
-  static MPI_User_function* const functions[2][3] = {
-      {reduce_16bit<half_in, half_out, ReduceOp::kSum>, reduce_16bit<half_in, half_out, ReduceOp::kMax>,
-       reduce_16bit<half_in, half_out, ReduceOp::kMin>},
-      {reduce_16bit<bf16_in, bf16_out, ReduceOp::kSum>, reduce_16bit<bf16_in, bf16_out, ReduceOp::kMax>,
-       reduce_16bit<bf16_in, bf16_out, ReduceOp::kMin>}};
-  const int kind = dtype == A2A_FLOAT16 ? 0 : 1, which = static_cast<int>(op);
-  if (ops[kind][which] == MPI_OP_NULL) MPI_Op_create(functions[kind][which], 1, &ops[kind][which]);
-  return {MPI_UINT16_T, ops[kind][which]};
+  // All six at the first use (MPI is initialized by then: a communicator
+  // exists); a function-local static is initialized once, thread-safely.
+  struct Ops {
+    MPI_Op op[2][3];
+    int rc = MPI_SUCCESS;
+    Ops() {
+      MPI_User_function* const functions[2][3] = {
+          {reduce_16bit<half_in, half_out, ReduceOp::kSum>, reduce_16bit<half_in, half_out, ReduceOp::kMax>,
+           reduce_16bit<half_in, half_out, ReduceOp::kMin>},
+          {reduce_16bit<bf16_in, bf16_out, ReduceOp::kSum>, reduce_16bit<bf16_in, bf16_out, ReduceOp::kMax>,
+           reduce_16bit<bf16_in, bf16_out, ReduceOp::kMin>}};
+      for (int kind = 0; kind < 2; ++kind)
+        for (int which = 0; which < 3; ++which)
+          if (rc == MPI_SUCCESS) rc = MPI_Op_create(functions[kind][which], 1, &op[kind][which]);
+    }
+  };
+  static const Ops ops;
+  if (ops.rc != MPI_SUCCESS)
+    fail(A2A_ERROR_TRANSPORT, "MPI_Op_create (float16/bfloat16 reductions) failed: ", mpi_error_text(ops.rc));
+  return {MPI_UINT16_T, ops.op[dtype == A2A_FLOAT16 ? 0 : 1][static_cast<int>(op)]};
 }
 
 }  // namespace
@@ -279,17 +292,31 @@ void MpiTransport::allreduce(const void* send, void* recv, size_t count, a2a_dty
   }
 }
 
+// Directly while a block fits MPI's int counts (and A2A_MPI_MAX_COUNT);
+// otherwise in pieces: piece [o, o + n) of every rank's block is packed into
+// one buffer of size * n elements, whose reduce-scatter gives this rank's
+// elements [o, o + n).
 void MpiTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
                                   ReduceOp op) {
   const auto [type, mpi_op] = mpi_reduction(dtype, op);
-  if (count_per_rank > static_cast<size_t>(INT_MAX))
-    fail(A2A_ERROR_UNSUPPORTED, "rank ", rank_, ": reduce_scatter over MPI takes at most ", INT_MAX,
-         " elements per rank, got ", count_per_rank);
-  if (count_per_rank == 0) return;
-  MPI_Request request;
-  A2A_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, static_cast<int>(count_per_rank), type, mpi_op, comm_, &request),
-                "rank ", rank_, " reduce_scatter");
-  wait_one(request, "reduce_scatter");
+  const size_t item = dtype_size(dtype);
+  const size_t piece = std::max<size_t>(1, std::min<size_t>(max_count_ / item, INT_MAX / size_));
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  std::vector<char> packed(count_per_rank > piece ? piece * item * size_ : 0);
+  for (size_t done = 0; done < count_per_rank; done += piece) {
+    const size_t n = std::min(piece, count_per_rank - done);
+    const void* blocks = in;
+    if (count_per_rank > piece) {
+      for (int r = 0; r < size_; ++r)
+        std::memcpy(packed.data() + r * n * item, in + (r * count_per_rank + done) * item, n * item);
+      blocks = packed.data();
+    }
+    MPI_Request request;
+    A2A_MPI_CHECK(MPI_Ireduce_scatter_block(blocks, out + done * item, static_cast<int>(n), type, mpi_op, comm_, &request),
+                  "rank ", rank_, " reduce_scatter");
+    wait_one(request, "reduce_scatter");
+  }
 }
 
 void MpiTransport::barrier() {

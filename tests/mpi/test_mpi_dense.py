@@ -80,17 +80,22 @@ def test_reduce_scatter(comm, dtype, op):
     np.testing.assert_array_equal(as_int(got), want)
 
 
-def test_all_reduce_in_pieces(world):
+def test_reductions_in_pieces(world):
     # A2A_MPI_MAX_COUNT (read at creation) caps the elements per MPI call:
-    # 64 bytes are 16 float32, so 1000 elements take 63 calls.
+    # 64 bytes are 16 float32, so 1000 elements take 63 calls, and every
+    # reduce-scatter block of 333 is cut into 21 packed pieces.
     os.environ["A2A_MPI_MAX_COUNT"] = "64"
     try:
         comm = a2a.Comm.from_mpi(world)
     finally:
         del os.environ["A2A_MPI_MAX_COUNT"]
     inputs = all_inputs(comm, "pieces", (1000,))
-    got = a2a.all_reduce(inputs[comm.rank].astype(np.float32), comm=comm)
-    np.testing.assert_array_equal(as_int(got), np.sum(np.stack(inputs), axis=0))
+    reduced = a2a.all_reduce(inputs[comm.rank].astype(np.float32), comm=comm)
+    blocks = all_inputs(comm, "scatter-pieces", (comm.size * 333,))
+    scattered = a2a.reduce_scatter(blocks[comm.rank].astype(np.float16), comm=comm, op="max")
+    np.testing.assert_array_equal(as_int(reduced), np.sum(np.stack(inputs), axis=0))
+    want = np.max(np.stack(blocks), axis=0)[comm.rank * 333 : (comm.rank + 1) * 333]
+    np.testing.assert_array_equal(as_int(scattered), want)
 
 
 def test_matches_mpi4py(comm, world):
