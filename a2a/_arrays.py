@@ -213,7 +213,7 @@ def empty_bytes(like: ArrayView, nbytes: int) -> Any:
 
 
 def address_of(buffer: Any) -> int:
-    """The data address of a buffer made by empty_bytes."""
+    """The data address of a C-contiguous NumPy array, torch tensor or CuPy array."""
     if is_torch_tensor(buffer):
         return buffer.data_ptr()
     if is_cupy_array(buffer):

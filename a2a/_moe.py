@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import DTYPE_CODES, is_cupy_array, is_torch_tensor, view
+from ._arrays import DTYPE_CODES, address_of, is_cupy_array, is_torch_tensor, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
@@ -116,14 +116,6 @@ def _empty(like: _Array, shape: tuple[int, ...], dtype: str) -> Any:
         with _device_guard(like):
             return _cupy().empty(shape, dtype=dtype)
     return np.empty(shape, dtype=dtype)
-
-
-def _address(array: Any) -> int:
-    if is_torch_tensor(array):
-        return array.data_ptr()
-    if is_cupy_array(array):
-        return array.data.ptr
-    return array.ctypes.data
 
 
 def _exec(like: _Array) -> tuple[int, int, int]:
@@ -221,9 +213,9 @@ class Routing:
             self.num_experts,
             self._indices.address,
             DTYPE_CODES[self._indices.dtype],
-            _address(self.locations),
-            _address(self.counts),
-            _address(self.offsets),
+            address_of(self.locations),
+            address_of(self.counts),
+            address_of(self.offsets),
             _DROPLESS if self.capacity is None else self.capacity,
             self.num_rows,
         )
@@ -335,14 +327,14 @@ def _route(idx: _Array, num_experts: int, capacity: int, setting: float, order: 
             num_tokens,
             top_k,
             num_experts,
-            0 if order is None else _address(order),
+            0 if order is None else address_of(order),
             capacity,
             setting,
-            _address(workspace),
+            address_of(workspace),
             workspace.nbytes,
-            _address(locations),
-            _address(counts),
-            _address(offsets),
+            address_of(locations),
+            address_of(counts),
+            address_of(offsets),
         )
     return Routing(
         idx, locations, counts, offsets, None if final_capacity < 0 else final_capacity, num_rows, num_dropped,
@@ -403,7 +395,7 @@ def _gated_kernel(kernel, data: Any, what: str, rows_in: int, rows_out: int, rou
     with _device_guard(a):
         kernel(
             _exec(a), routing._native(), a.address, DTYPE_CODES[a.dtype], a.shape[1],
-            0 if g is None else g.address, DTYPE_CODES[g.dtype if g else a.dtype], _address(result),
+            0 if g is None else g.address, DTYPE_CODES[g.dtype if g else a.dtype], address_of(result),
         )
     return result
 
@@ -428,7 +420,7 @@ def _gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: st
     with _device_guard(t):
         _C.moe_gate_grad(
             _exec(t), routing._native(), t.address, r.address, DTYPE_CODES[t.dtype], t.shape[1], DTYPE_CODES[gate_dtype],
-            _address(grad),
+            address_of(grad),
         )
     return grad
 
