@@ -189,27 +189,18 @@ def check_supported(v: ArrayView, what: str) -> str | None:
     return None
 
 
-def empty_like(v: ArrayView, shape: tuple[int, ...]) -> Any:
-    """A new uninitialised array of `shape` with the dtype and framework of `v`."""
+def empty_like(v: ArrayView, shape: tuple[int, ...], *, uint8: bool = False) -> Any:
+    """A new uninitialised array of `shape` in the framework and memory of `v`,
+    with v's dtype (or uint8: workspaces)."""
     if v.framework == "torch":
-        return _torch().empty(shape, dtype=v.obj.dtype, device=v.obj.device)
+        torch = _torch()
+        return torch.empty(shape, dtype=torch.uint8 if uint8 else v.obj.dtype, device=v.obj.device)
+    dtype = np.uint8 if uint8 else v.obj.dtype
     if v.framework == "cupy":
         cupy = _cupy()
         with cupy.cuda.Device(v.cuda_device):
-            return cupy.empty(shape, dtype=v.obj.dtype)
-    return np.empty(shape, dtype=v.obj.dtype)
-
-
-def empty_bytes(like: ArrayView, nbytes: int) -> Any:
-    """An uninitialised uint8 buffer of nbytes in like's framework and memory
-    (workspaces)."""
-    if like.framework == "torch":
-        return _torch().empty(nbytes, dtype=_torch().uint8, device=like.obj.device)
-    if like.framework == "cupy":
-        cupy = _cupy()
-        with cupy.cuda.Device(like.cuda_device):
-            return cupy.empty(nbytes, dtype=cupy.uint8)
-    return np.empty(nbytes, dtype=np.uint8)
+            return cupy.empty(shape, dtype=dtype)
+    return np.empty(shape, dtype=dtype)
 
 
 def address_of(buffer: Any) -> int:

@@ -83,6 +83,19 @@ def _prepare(comm: Comm, op: str, x: Any, algo: str) -> ArrayView:
     return v
 
 
+def _require_rows(comm: Comm, op: str, v: ArrayView) -> None:
+    """Rejects a 0-d input: the collective splits or stacks along dim 0."""
+    if len(v.shape) == 0:
+        _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
+
+
+def _require_rows_per_rank(comm: Comm, op: str, v: ArrayView) -> None:
+    """Rejects an input whose dim 0 does not split into one block per rank."""
+    if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
+        dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
+        _reject(comm, op, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}")
+
+
 def _output(comm: Comm, op: str, v: ArrayView, shape: tuple[int, ...], out: Any) -> tuple[Any, ArrayView]:
     if out is None:
         result = empty_like(v, shape)
@@ -117,11 +130,7 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
         v = _prepare(comm, op, x, algo)
-        if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
-            dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
-            _reject(
-                comm, op, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}"
-            )
+        _require_rows_per_rank(comm, op, v)
         result, o = _output(comm, op, v, v.shape, out)
         count = v.nbytes // v.itemsize // comm.size
         algo_code = ALGORITHMS[algo]
@@ -206,8 +215,7 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     with _ReportToAllRanks(comm, op):
         v = _prepare(comm, op, x, algo)
         counts = _counts_list(send_counts)
-        if len(v.shape) == 0:
-            _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
+        _require_rows(comm, op, v)
         if counts is None or len(counts) != comm.size:
             _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
         if any(c < 0 for c in counts):
@@ -251,8 +259,7 @@ def all_gather(x: Any, *, comm: Comm, out: Any = None) -> Any:
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
         v = _prepare(comm, op, x, "linear")
-        if len(v.shape) == 0:
-            _reject(comm, op, f"input {v.describe()} is 0-d; it needs a row dimension")
+        _require_rows(comm, op, v)
         result, o = _output(comm, op, v, (comm.size * v.shape[0], *v.shape[1:]), out)
     comm._native.all_gather(v.address, o.address, v.nbytes // v.itemsize, v.dtype_code)
     return result
@@ -285,9 +292,7 @@ def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> A
     with _ReportToAllRanks(comm, name):
         v = _prepare(comm, name, x, "linear")
         code = _reduce_op_code(comm, name, op)
-        if len(v.shape) == 0 or v.shape[0] % comm.size != 0:
-            dim0 = v.shape[0] if v.shape else "none (a 0-d array)"
-            _reject(comm, name, f"input {v.describe()}: dim 0 ({dim0}) is not divisible by the world size {comm.size}")
+        _require_rows_per_rank(comm, name, v)
         result, o = _output(comm, name, v, (v.shape[0] // comm.size, *v.shape[1:]), out)
     comm._native.reduce_scatter(v.address, o.address, v.nbytes // v.itemsize // comm.size, v.dtype_code, code)
     return result

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import ArrayView, address_of, empty_bytes
+from ._arrays import ArrayView, address_of, empty_like
 
 DEVICES = ("cpu", "cuda")
 TRANSPORTS = ("mpi", "nccl")
@@ -189,7 +189,7 @@ class Comm:
             return self._workspace.ctypes.data, self._workspace.nbytes
         buffer = self._device_workspaces.get(like.framework)
         if buffer is None or buffer.nbytes < nbytes:
-            buffer = empty_bytes(like, nbytes)
+            buffer = empty_like(like, (nbytes,), uint8=True)
             self._device_workspaces[like.framework] = buffer
         return address_of(buffer), int(buffer.nbytes)
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import _C
+from ._kernel_bench import _Clock
 from .bench import _format_time, parse_size
 
 DEFAULT_CHUNKS = "256,4K,64K,256K,1M,4M"
@@ -87,6 +87,7 @@ class _Buffers:
             self.dst = torch.empty_like(self.src)
             self.src_address, self.dst_address = self.src.data_ptr(), self.dst.data_ptr()
         else:
+            self.torch = None
             self.src = np.random.default_rng(0).integers(0, 256, size=nbytes, dtype=np.uint8)
             self.dst = np.empty_like(self.src)
             self.src_address, self.dst_address = self.src.ctypes.data, self.dst.ctypes.data
@@ -102,21 +103,6 @@ class _Buffers:
         else:
             np.copyto(self.dst, self.src)
 
-    def seconds_per_call(self, call: Callable[[], None], iters: int) -> float:
-        if self.device == "cuda":
-            start = self.torch.cuda.Event(enable_timing=True)
-            end = self.torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                call()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
-        begin = time.perf_counter()
-        for _ in range(iters):
-            call()
-        return (time.perf_counter() - begin) / iters
-
     def host(self, which: Any) -> np.ndarray:
         return which.cpu().numpy() if self.device == "cuda" else which
 
@@ -126,10 +112,11 @@ def _measure(buffers: _Buffers, calls: list[Callable[[], None]], args: argparse.
     for call in calls:
         for _ in range(args.warmup_iters):
             call()
+    clock = _Clock(buffers.torch, buffers.device)  # CUDA events on the current stream, else perf_counter
     samples: list[list[float]] = [[] for _ in calls]
     for _ in range(args.repeats):
         for call, times in zip(calls, samples):
-            times.append(buffers.seconds_per_call(call, args.iters))
+            times.append(clock.time(call, args.iters))
     return [statistics.median(t) for t in samples]
 
 

@@ -104,9 +104,11 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   check_usable(op);
   ++sequence_;
   std::string local_error = input_error;
+  // Asked of the device only where it matters (a CUDA query per call).
+  const bool capturing = (!data_->supports_capture() || control_waits_for_stream_) && device_->capturing();
   // A transport that waits for the stream cannot be captured: refused like bad
   // input (every rank hears of it), with its own status.
-  const bool capture_refused = local_error.empty() && !data_->supports_capture() && device_->capturing();
+  const bool capture_refused = local_error.empty() && !data_->supports_capture() && capturing;
   const a2a_status_t local_status = capture_refused ? A2A_ERROR_UNSUPPORTED : A2A_ERROR_INVALID_ARGUMENT;
   if (capture_refused)
     local_error = cat(op, " on rank ", rank(), ": the ", data_->name(), " transport waits for the stream, which cannot "
@@ -114,7 +116,7 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   if (fields.size() > kMaxFields) fail(A2A_ERROR_INTERNAL, op, ": too many fields to agree on");
   // Nobody to disagree with; or the check would wait for a stream that is
   // being captured into a CUDA graph (then only local checks run).
-  if (size() == 1 || (control_waits_for_stream_ && device_->capturing())) {
+  if (size() == 1 || (control_waits_for_stream_ && capturing)) {
     if (!local_error.empty()) fail(local_status, local_error);
     return;
   }

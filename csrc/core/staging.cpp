@@ -100,35 +100,34 @@ void StagedTransport::group_end() {
   group_.clear();
 }
 
-void StagedTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
-  require_not_capturing("a staged allgather");
-  const size_t total = bytes_per_rank * size();
-  char* staging = staging_.reserve(bytes_per_rank + total, timeout_s_);
-  device_.copy_to_host(staging, send, bytes_per_rank);
+// The dense collectives: `in` bytes of send staged to the host, `op` between
+// the staging places [in | out], `out` bytes back to recv (left in flight).
+template <typename Op>
+void StagedTransport::staged(const char* what, const void* send, size_t in, void* recv, size_t out, Op&& op) {
+  require_not_capturing(what);
+  char* staging = staging_.reserve(in + out, timeout_s_);
+  device_.copy_to_host(staging, send, in);
   device_.synchronize(timeout_s_);
-  host_.allgather(staging, staging + bytes_per_rank, bytes_per_rank);
-  device_.copy_from_host(recv, staging + bytes_per_rank, total);
+  op(staging, staging + in);
+  device_.copy_from_host(recv, staging + in, out);
+}
+
+void StagedTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
+  staged("a staged allgather", send, bytes_per_rank, recv, bytes_per_rank * size(),
+         [&](char* in, char* out) { host_.allgather(in, out, bytes_per_rank); });
 }
 
 void StagedTransport::allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) {
-  require_not_capturing("a staged allreduce");
   const size_t bytes = count * dtype_size(dtype);
-  char* staging = staging_.reserve(bytes, timeout_s_);
-  device_.copy_to_host(staging, send, bytes);
-  device_.synchronize(timeout_s_);
-  host_.allreduce(staging, staging, count, dtype, op);
-  device_.copy_from_host(recv, staging, bytes);
+  staged("a staged allreduce", send, bytes, recv, bytes,
+         [&](char* in, char* out) { host_.allreduce(in, out, count, dtype, op); });
 }
 
 void StagedTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
                                      ReduceOp op) {
-  require_not_capturing("a staged reduce_scatter");
-  const size_t block = count_per_rank * dtype_size(dtype), total = block * size();
-  char* staging = staging_.reserve(total + block, timeout_s_);
-  device_.copy_to_host(staging, send, total);
-  device_.synchronize(timeout_s_);
-  host_.reduce_scatter(staging, staging + total, count_per_rank, dtype, op);
-  device_.copy_from_host(recv, staging + total, block);
+  const size_t block = count_per_rank * dtype_size(dtype);
+  staged("a staged reduce_scatter", send, block * size(), recv, block,
+         [&](char* in, char* out) { host_.reduce_scatter(in, out, count_per_rank, dtype, op); });
 }
 
 void StagedTransport::barrier() {
@@ -183,44 +182,38 @@ void DeviceControlTransport::group_end() {
   group_.clear();
 }
 
+// The dense collectives on host values: `in` bytes of send through the
+// page-locked bounce buffer to the device, `op` between the device places
+// [in | out], `out` bytes back the same way, after waiting for the stream.
+template <typename Op>
+void DeviceControlTransport::bounced(const char* what, const void* send, size_t in, void* recv, size_t out, Op&& op) {
+  require_not_capturing(what);
+  char* scratch = scratch_.reserve(in + out, timeout_s_);
+  char* bounce = bounce_.reserve(in + out, timeout_s_);
+  std::memcpy(bounce, send, in);
+  device_.copy_from_host(scratch, bounce, in);
+  op(scratch, scratch + in);
+  device_.copy_to_host(bounce + in, scratch + in, out);
+  wait(what);
+  std::memcpy(recv, bounce + in, out);
+}
+
 void DeviceControlTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {
-  require_not_capturing("the argument check");
-  const size_t total = bytes_per_rank * size();
-  char* scratch = scratch_.reserve(bytes_per_rank + total, timeout_s_);
-  char* bounce = bounce_.reserve(bytes_per_rank + total, timeout_s_);
-  std::memcpy(bounce, send, bytes_per_rank);
-  device_.copy_from_host(scratch, bounce, bytes_per_rank);
-  data_.allgather(scratch, scratch + bytes_per_rank, bytes_per_rank);
-  device_.copy_to_host(bounce + bytes_per_rank, scratch + bytes_per_rank, total);
-  wait("the argument check (allgather)");
-  std::memcpy(recv, bounce + bytes_per_rank, total);
+  bounced("the argument check (allgather)", send, bytes_per_rank, recv, bytes_per_rank * size(),
+          [&](char* in, char* out) { data_.allgather(in, out, bytes_per_rank); });
 }
 
 void DeviceControlTransport::allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) {
-  require_not_capturing("an allreduce of host values");
   const size_t bytes = count * dtype_size(dtype);
-  char* scratch = scratch_.reserve(bytes, timeout_s_);
-  char* bounce = bounce_.reserve(bytes, timeout_s_);
-  std::memcpy(bounce, send, bytes);
-  device_.copy_from_host(scratch, bounce, bytes);
-  data_.allreduce(scratch, scratch, count, dtype, op);
-  device_.copy_to_host(bounce, scratch, bytes);
-  wait("an allreduce");
-  std::memcpy(recv, bounce, bytes);
+  bounced("an allreduce of host values", send, bytes, recv, bytes,
+          [&](char* in, char* out) { data_.allreduce(in, out, count, dtype, op); });
 }
 
 void DeviceControlTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
                                             ReduceOp op) {
-  require_not_capturing("a reduce_scatter of host values");
-  const size_t block = count_per_rank * dtype_size(dtype), total = block * size();
-  char* scratch = scratch_.reserve(total + block, timeout_s_);
-  char* bounce = bounce_.reserve(total + block, timeout_s_);
-  std::memcpy(bounce, send, total);
-  device_.copy_from_host(scratch, bounce, total);
-  data_.reduce_scatter(scratch, scratch + total, count_per_rank, dtype, op);
-  device_.copy_to_host(bounce + total, scratch + total, block);
-  wait("a reduce_scatter");
-  std::memcpy(recv, bounce + total, block);
+  const size_t block = count_per_rank * dtype_size(dtype);
+  bounced("a reduce_scatter of host values", send, block * size(), recv, block,
+          [&](char* in, char* out) { data_.reduce_scatter(in, out, count_per_rank, dtype, op); });
 }
 
 void DeviceControlTransport::barrier() {

@@ -93,6 +93,8 @@ class StagedTransport final : public Transport {
 
  private:
   void require_not_capturing(const char* what) const;
+  template <typename Op>
+  void staged(const char* what, const void* send, size_t in, void* recv, size_t out, Op&& op);
   Transport& host_;
   Device& device_;
   double timeout_s_;
@@ -128,6 +130,8 @@ class DeviceControlTransport final : public Transport {
  private:
   void wait(const char* what);
   void require_not_capturing(const char* what) const;
+  template <typename Op>
+  void bounced(const char* what, const void* send, size_t in, void* recv, size_t out, Op&& op);
   Transport& data_;
   Device& device_;
   double timeout_s_;

@@ -3,11 +3,10 @@
 // made for. Nothing here waits for the stream except synchronize().
 #include <cuda_runtime.h>
 
-#include <chrono>
-#include <thread>
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
+#include "core/poll.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layout_cuda.hpp"
 
@@ -79,21 +78,16 @@ class CudaDevice final : public Device {
   void synchronize(double timeout_s, const std::function<void()>& poll) override {
     if (cuda_is_unloading()) return;  // process exit: nothing can run any more
     const CurrentDevice active = activate();
-    const auto start = std::chrono::steady_clock::now();
-    for (int round = 0;; ++round) {
+    const bool finished = poll_until(timeout_s, [&] {
       const cudaError_t status = cudaStreamQuery(stream_);
-      if (status == cudaSuccess) return;
+      if (status == cudaSuccess) return true;
       if (status != cudaErrorNotReady) check_cuda(status, "cudaStreamQuery");
       if (poll) poll();
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s)
-        fail(A2A_ERROR_TIMEOUT, "CUDA device ", device_, ": the stream did not finish within ", timeout_s,
-             " s (A2A_TIMEOUT_S)");
-      if (round < 1000)
-        std::this_thread::yield();  // most waits are short: stay responsive
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+      return false;
+    });
+    if (!finished)
+      fail(A2A_ERROR_TIMEOUT, "CUDA device ", device_, ": the stream did not finish within ", timeout_s,
+           " s (A2A_TIMEOUT_S)");
   }
   bool capturing() const override { return is_capturing(stream_); }
   static bool is_capturing(cudaStream_t stream) {

@@ -10,12 +10,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
+#include "core/poll.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace a2a {
@@ -172,23 +171,17 @@ class NcclTransport final : public Transport {
   // (been enqueued, for the stream-ordered operations).
   void settle(ncclResult_t result, const char* what) {
     if (result != ncclSuccess && result != ncclInProgress) raise(result, what, -1);
-    const auto start = std::chrono::steady_clock::now();
-    for (int round = 0;; ++round) {
+    const bool settled = poll_until(timeout_s_, [&] {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
       if (query != ncclSuccess) raise(query, "ncclCommGetAsyncError", -1);
-      if (state == ncclSuccess) return;
-      if (state != ncclInProgress) raise(state, what, -1);
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_)
-        fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s in ", what,
-             ": another rank did not take part (it may have failed, be stuck, or be calling something else); raise "
-             "A2A_TIMEOUT_S if it is only slow");
-      if (round < 1000)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
+      if (state != ncclSuccess && state != ncclInProgress) raise(state, what, -1);
+      return state == ncclSuccess;
+    });
+    if (!settled)
+      fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s in ", what,
+           ": another rank did not take part (it may have failed, be stuck, or be calling something else); raise "
+           "A2A_TIMEOUT_S if it is only slow");
   }
 
   int rank_;
