@@ -20,7 +20,9 @@ from ._collectives import (
     all_to_all,
     all_to_all_flex,
     all_to_all_v,
+    plan_v,
     reduce_scatter,
+    VPlan,
 )
 from ._comm import Comm
 from ._errors import (
@@ -48,6 +50,7 @@ __all__ = [
     "Routing",
     "TransportError",
     "UnsupportedError",
+    "VPlan",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -59,6 +62,7 @@ __all__ = [
     "get_cmake_dir",
     "get_include",
     "permute",
+    "plan_v",
     "reduce_scatter",
     "route",
     "unpermute",

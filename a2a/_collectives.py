@@ -9,6 +9,7 @@ given.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,9 @@ __all__ = [
     "all_to_all",
     "all_to_all_flex",
     "all_to_all_v",
+    "plan_v",
     "reduce_scatter",
+    "VPlan",
 ]
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
@@ -162,6 +165,22 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
     over MPI, the layout change travels as MPI datatypes (no extra copy).
     """
     op = "all_to_all_flex"
+    if (
+        type(x) is np.ndarray
+        and (out is None or type(out) is np.ndarray)
+        and type(comm) is Comm
+        and comm.cuda_device is None
+        and algo in _ALGO_NAMES
+        and type(split_axis) is int
+        and type(concat_axis) is int
+        and -x.ndim <= split_axis < x.ndim
+        and -x.ndim <= concat_axis < x.ndim
+    ):
+        result = comm._native.all_to_all_flex_numpy(
+            x, out, split_axis % x.ndim, concat_axis % x.ndim, ALGORITHMS[algo], comm._workspace
+        )
+        if result is not None:
+            return result
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
         v = _prepare(comm, op, x, algo)
@@ -209,8 +228,83 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     ``recv`` has ``sum(recv_counts)`` rows (rank j's rows first for smaller j)
     and the trailing shape of ``x``; ``recv_counts`` is a NumPy int64 array.
     Trailing dims must agree across ranks. Zero counts and empty inputs work.
+
+    Every call exchanges the counts first; when the same counts serve several
+    calls, :func:`plan_v` exchanges them once.
     """
-    op = "all_to_all_v"
+    plan = _plan_v("all_to_all_v", send_counts, x, comm, algo, require_rows=True)
+    return plan.run(x, out=out), plan.recv_counts
+
+
+def plan_v(send_counts: Any, *, like: Any, comm: Comm, algo: str = "linear") -> VPlan:
+    """Plans uneven all-to-alls with fixed counts (collective): the counts are
+    exchanged once here, and every :meth:`VPlan.run` moves only the data.
+
+    ``send_counts[i]`` rows go to rank i. ``like`` is an array with the
+    dtype, framework and row shape (``shape[1:]``) of the inputs the plan
+    will run on, e.g. the first of them. dtype, row size and ``algo`` must
+    agree across ranks. ``plan.recv_counts`` (NumPy int64) says how many rows
+    arrive from each rank.
+    """
+    return _plan_v("plan_v", send_counts, like, comm, algo, require_rows=False)
+
+
+class VPlan:
+    """A reusable uneven all-to-all (:func:`plan_v`): fixed counts, any data."""
+
+    def __init__(self, comm: Comm, native: Any, like: ArrayView, send_counts: list[int], algo: str):
+        self.comm = comm
+        self.algo = algo
+        self.send_counts = np.asarray(send_counts, dtype=np.int64)
+        self.recv_counts = np.asarray(native.recv_counts, dtype=np.int64)
+        self.row_shape = tuple(like.shape[1:])
+        self.dtype = like.dtype_name
+        self._native = native
+        self._framework = like.framework
+        self._dtype_code = like.dtype_code
+        self._rows_in = int(self.send_counts.sum())
+        self._rows_out = int(self.recv_counts.sum())
+
+    def run(self, x: Any, *, out: Any = None) -> Any:
+        """Collective: sends ``send_counts[i]`` rows of ``x`` to rank i and
+        returns the ``sum(recv_counts)`` rows received, rank j's before rank
+        j+1's. ``x`` has ``sum(send_counts)`` rows and the planned row shape
+        and dtype; ``out=`` takes the result's place."""
+        comm = self.comm
+        if type(x) is np.ndarray and (out is None or type(out) is np.ndarray) and x.shape[1:] == self.row_shape:
+            result = self._native.execute_numpy(
+                x, out, self._rows_in, self._rows_out, self._dtype_code, comm._workspace
+            )
+            if result is not None:
+                return result
+        op = "all_to_all_v"
+        with _ReportToAllRanks(comm, op):
+            v = _prepare(comm, op, x, self.algo)
+            if v.framework != self._framework or v.dtype_name != self.dtype or tuple(v.shape[1:]) != self.row_shape:
+                _reject(
+                    comm,
+                    op,
+                    f"input {v.describe()} does not fit the plan (a {self._framework} array of rows {self.row_shape} "
+                    f"and dtype {self.dtype})",
+                )
+            if v.shape[0] != self._rows_in:
+                _reject(comm, op, f"input {v.describe()} has {v.shape[0]} rows but the plan sends {self._rows_in}")
+            result, o = _output(comm, op, v, (self._rows_out, *self.row_shape), out)
+            ws, ws_bytes = comm.workspace(self._native.workspace_size, v)
+        self._native.execute(v.address, o.address, ws, ws_bytes)
+        return result
+
+    def __repr__(self) -> str:
+        return (
+            f"a2a.VPlan(send_counts={self.send_counts.tolist()}, recv_counts={self.recv_counts.tolist()}, "
+            f"row_shape={self.row_shape}, dtype={self.dtype}, algo={self.algo})"
+        )
+
+
+def _plan_v(op: str, send_counts: Any, x: Any, comm: Comm, algo: str, *, require_rows: bool) -> VPlan:
+    """Checks the counts against x (and x's rows against their sum when x is
+    the input itself), then makes the native plan: the collective count
+    exchange, which also checks that dtype, algo and row width agree."""
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
         v = _prepare(comm, op, x, algo)
@@ -220,23 +314,13 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
             _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
         if any(c < 0 for c in counts):
             _reject(comm, op, f"send_counts has negative entries: {counts}")
-        if sum(counts) != v.shape[0]:
+        if require_rows and sum(counts) != v.shape[0]:
             _reject(
                 comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows"
             )
-        row_shape = v.shape[1:]
-        row_elements = int(np.prod(row_shape, dtype=np.int64))
-    # The plan is collective (count exchange); it checks that dtype, algo and
-    # the row width agree across ranks.
-    plan = _C.VPlan(comm._native, counts, row_elements, v.dtype_code, ALGORITHMS[algo])
-    recv_counts = np.asarray(plan.recv_counts, dtype=np.int64)
-    # The other ranks wait in the plan's execution now: a local failure here
-    # (e.g. allocating a receive buffer sized by their counts) goes to them.
-    with _ReportToAllRanks(comm, op):
-        result, o = _output(comm, op, v, (int(recv_counts.sum()), *row_shape), out)
-        ws, ws_bytes = comm.workspace(plan.workspace_size, v)
-    plan.execute(v.address, o.address, ws, ws_bytes)
-    return result, recv_counts
+        row_elements = math.prod(v.shape[1:])
+    native = _C.VPlan(comm._native, counts, row_elements, v.dtype_code, ALGORITHMS[algo])
+    return VPlan(comm, native, v, counts, algo)
 
 
 # ---------------------------------------------------------------------------

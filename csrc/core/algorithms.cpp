@@ -1,8 +1,12 @@
 #include "core/algorithms.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <string>
+
+#include "core/error.hpp"
 
 namespace a2a {
 
@@ -17,6 +21,14 @@ PeerGroup rail_group(const Topology& topo) {
 void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span) {
   exchange(comm.transport(), group, send_span, recv_span);
+}
+
+void world_exchange(Comm& comm, const InBandCheck* check, const std::function<Span(int)>& send_span,
+                    const std::function<Span(int)>& recv_span) {
+  if (check != nullptr)
+    comm.agree_in_exchange(check->op, check->fields, "", comm.transport(), send_span, recv_span);
+  else
+    exchange(comm, world_group(comm.topology()), send_span, recv_span);
 }
 
 void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
@@ -39,14 +51,37 @@ void exchange(Transport& transport, const PeerGroup& group, const std::function<
   transport.group_end();
 }
 
+void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces,
+                     const std::function<Span(int, size_t)>& send_piece,
+                     const std::function<Span(int, size_t)>& recv_piece) {
+  if (pieces == 0) return;
+  transport.group_start();
+  try {
+    // Per peer, pieces in order on both sides: the transport matches the
+    // messages of one pair in the order they were posted.
+    for (int step = 0; step < group.count; ++step) {
+      const int from = (group.me - step + group.count) % group.count;
+      for (size_t k = 0; k < pieces; ++k) transport.recv(recv_piece(from, k), group.member(from));
+    }
+    for (int step = 0; step < group.count; ++step) {
+      const int to = (group.me + step) % group.count;
+      for (size_t k = 0; k < pieces; ++k) transport.send(send_piece(to, k), group.member(to));
+    }
+  } catch (...) {
+    transport.cancel_group();
+    throw;
+  }
+  transport.group_end();
+}
+
 // ---------------------------------------------------------------------------
 // Uniform all-to-all
 
-void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes) {
+void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes, const InBandCheck* check) {
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
-  exchange(
-      comm, world_group(comm.topology()), [&](int i) { return Span::contiguous(in + i * chunk_bytes, chunk_bytes); },
+  world_exchange(
+      comm, check, [&](int i) { return Span::contiguous(in + i * chunk_bytes, chunk_bytes); },
       [&](int j) { return Span::contiguous(out + j * chunk_bytes, chunk_bytes); });
 }
 
@@ -92,43 +127,124 @@ void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes
 // Send side: the input is [split_outer][world][split_inner]; rank i gets the
 // column [:, i, :], which is strided unless split_outer == 1.
 // Receive side: the output is [concat_outer][world][concat_inner]; rank j's
-// chunk fills [:, j, :]. With strided spans the transport moves these layouts
-// directly (no extra copy); otherwise they are packed through the workspace.
+// chunk fills [:, j, :]. The bytes between one rank and one peer are a stream
+// of chunk_bytes, cut into split_inner blocks on the send side and into
+// concat_inner blocks on the receive side.
 
 namespace {
 
-bool pack_send(const FlexLayout& layout) { return layout.split_outer > 1; }
-bool unpack_recv(const FlexLayout& layout) { return layout.concat_outer > 1; }
+constexpr size_t kMaxBlocks = static_cast<size_t>(std::numeric_limits<int>::max());
+// Pieces: at least this many bytes each (below, a message's fixed cost beats
+// the copy that packing would make) and at most this many per peer. Measured
+// in docs/benchmarks.md ("flexible all-to-all paths").
+constexpr size_t kMinPieceBytes = 64 * 1024;
+constexpr size_t kMaxPiecesPerPeer = 64;
+// Datatypes rather than packing from this many bytes per peer.
+constexpr size_t kMinDatatypeChunkBytes = 64 * 1024;
 
-// Strided spans straight to the transport: the linear algorithm on a
-// transport that takes them, while MPI's int block count is enough.
-bool direct_spans(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {
-  constexpr size_t kMaxBlocks = static_cast<size_t>(std::numeric_limits<int>::max());
-  return algo == A2A_ALGO_LINEAR && comm.strided_spans() && layout.split_outer <= kMaxBlocks &&
-         layout.concat_outer <= kMaxBlocks;
+// The offsets in [0, chunk) where a block of either side starts, and chunk
+// (chunk > 0, so both block sizes are too).
+std::vector<size_t> piece_cuts(const FlexLayout& layout) {
+  std::vector<size_t> cuts;
+  const size_t chunk = layout.chunk_bytes();
+  size_t a = 0, b = 0;  // next block start on the send and the receive side
+  while (a < chunk || b < chunk) {
+    const size_t next = std::min(a, b);
+    cuts.push_back(next);
+    if (a == next) a += layout.split_inner;
+    if (b == next) b += layout.concat_inner;
+  }
+  cuts.push_back(chunk);
+  return cuts;
+}
+
+// Pieces when there are few enough (at most split_outer + concat_outer - 1)
+// and every one is large enough.
+bool pieces_fit(const FlexLayout& layout) {
+  if (layout.split_outer + layout.concat_outer - 1 > kMaxPiecesPerPeer) return false;
+  const auto cuts = piece_cuts(layout);
+  for (size_t k = 0; k + 1 < cuts.size(); ++k)
+    if (cuts[k + 1] - cuts[k] < kMinPieceBytes) return false;
+  return true;
+}
+
+// A2A_FLEX_PATH, read once: -1 when unset.
+int flex_path_override() {
+  static const int path = [] {
+    const char* text = std::getenv("A2A_FLEX_PATH");
+    const std::string value = text == nullptr ? "" : text;
+    if (value.empty() || value == "auto") return -1;
+    for (int p = 0; p <= static_cast<int>(FlexPath::kPacked); ++p)
+      if (value == flex_path_name(static_cast<FlexPath>(p))) return p;
+    fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_FLEX_PATH='", value, "': expected auto, datatypes, pieces or packed");
+  }();
+  return path;
 }
 
 }  // namespace
 
+const char* flex_path_name(FlexPath path) {
+  switch (path) {
+    case FlexPath::kContiguous: return "contiguous";
+    case FlexPath::kDatatypes: return "datatypes";
+    case FlexPath::kPieces: return "pieces";
+    case FlexPath::kPacked: return "packed";
+  }
+  return "unknown";
+}
+
+FlexPath choose_flex_path(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {
+  // Nothing to move, or one block per peer on both sides.
+  if (layout.chunk_bytes() == 0 || (layout.split_outer <= 1 && layout.concat_outer <= 1)) return FlexPath::kContiguous;
+  if (algo != A2A_ALGO_LINEAR) return FlexPath::kPacked;  // 2DH regroups whole chunks
+  const bool datatypes = comm.strided_spans() && layout.split_outer <= kMaxBlocks && layout.concat_outer <= kMaxBlocks;
+  switch (flex_path_override()) {
+    case static_cast<int>(FlexPath::kDatatypes):
+      if (datatypes) return FlexPath::kDatatypes;
+      break;
+    case static_cast<int>(FlexPath::kPieces):
+      if (layout.split_outer + layout.concat_outer - 1 <= kMaxBlocks) return FlexPath::kPieces;
+      break;
+    case static_cast<int>(FlexPath::kPacked): return FlexPath::kPacked;
+    default: break;
+  }
+  if (pieces_fit(layout)) return FlexPath::kPieces;
+  // Many small blocks: MPI walks them itself faster than a pack and an
+  // unpack when a peer's chunk is large; small exchanges are latency-bound,
+  // and a datatype's setup costs more than the copies.
+  if (datatypes && layout.chunk_bytes() >= kMinDatatypeChunkBytes) return FlexPath::kDatatypes;
+  return FlexPath::kPacked;
+}
+
 size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {
   const Topology& topo = comm.topology();
+  const FlexPath path = choose_flex_path(comm, layout, algo);
+  if (path == FlexPath::kContiguous && algo == A2A_ALGO_2DH) return all_to_all_2dh_workspace(topo, layout.chunk_bytes());
+  if (path != FlexPath::kPacked) return 0;
   const size_t total = layout.chunk_bytes() * topo.size;
-  if (direct_spans(comm, layout, algo)) return 0;
-  size_t bytes = (pack_send(layout) ? total : 0) + (unpack_recv(layout) ? total : 0);
+  size_t bytes = (layout.split_outer > 1 ? total : 0) + (layout.concat_outer > 1 ? total : 0);
   if (algo == A2A_ALGO_2DH) bytes += all_to_all_2dh_workspace(topo, layout.chunk_bytes());
   return bytes;
 }
 
 void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout& layout, a2a_algo_t algo,
-                     void* workspace) {
+                     void* workspace, const InBandCheck* check) {
   const Topology& topo = comm.topology();
   const size_t world = topo.size, chunk = layout.chunk_bytes();
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
+  const FlexPath path = choose_flex_path(comm, layout, algo);
 
-  if (direct_spans(comm, layout, algo)) {
-    exchange(
-        comm, world_group(topo),
+  if (path == FlexPath::kContiguous) {
+    if (algo == A2A_ALGO_2DH)
+      all_to_all_2dh(comm, send, recv, chunk, workspace);
+    else
+      all_to_all_linear(comm, send, recv, chunk, check);
+    return;
+  }
+  if (path == FlexPath::kDatatypes) {
+    world_exchange(
+        comm, check,
         [&](int i) {
           return Span::strided(in + i * layout.split_inner, layout.split_inner, layout.split_outer,
                                world * layout.split_inner);
@@ -139,24 +255,45 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout&
         });
     return;
   }
+  if (path == FlexPath::kPieces) {
+    // Byte `at` of the stream to peer i, and of the stream from peer j.
+    const auto cuts = piece_cuts(layout);
+    auto send_piece = [&](int i, size_t k) {
+      const size_t at = cuts[k], block = at / layout.split_inner;
+      return Span::contiguous(in + (block * world + i) * layout.split_inner + at % layout.split_inner,
+                              cuts[k + 1] - at);
+    };
+    auto recv_piece = [&](int j, size_t k) {
+      const size_t at = cuts[k], block = at / layout.concat_inner;
+      return Span::contiguous(out + (block * world + j) * layout.concat_inner + at % layout.concat_inner,
+                              cuts[k + 1] - at);
+    };
+    // Pieces are large (kMinPieceBytes): the check goes first, as a round
+    // of empty messages, and every piece follows in one group.
+    if (check != nullptr) comm.agree(check->op, check->fields);
+    exchange_pieces(comm.transport(), world_group(topo), cuts.size() - 1, send_piece, recv_piece);
+    return;
+  }
 
+  // Packed.
   char* ws = static_cast<char*>(workspace);
   const char* send_chunks = in;
-  if (pack_send(layout)) {
+  if (layout.split_outer > 1) {
     comm.device().transpose_chunks(ws, in, layout.split_outer, world, layout.split_inner);
     send_chunks = ws;
     ws += chunk * world;
   }
   char* recv_chunks = out;
-  if (unpack_recv(layout)) {
+  if (layout.concat_outer > 1) {
     recv_chunks = ws;
     ws += chunk * world;
   }
   if (algo == A2A_ALGO_2DH)
     all_to_all_2dh(comm, send_chunks, recv_chunks, chunk, ws);
   else
-    all_to_all_linear(comm, send_chunks, recv_chunks, chunk);
-  if (unpack_recv(layout)) comm.device().transpose_chunks(out, recv_chunks, world, layout.concat_outer, layout.concat_inner);
+    all_to_all_linear(comm, send_chunks, recv_chunks, chunk, check);
+  if (layout.concat_outer > 1)
+    comm.device().transpose_chunks(out, recv_chunks, world, layout.concat_outer, layout.concat_inner);
 }
 
 // ---------------------------------------------------------------------------
@@ -176,12 +313,12 @@ size_t relay_bytes(const VCounts& counts) {
 
 }  // namespace
 
-void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts) {
+void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts, const InBandCheck* check) {
   const auto send_off = prefix_offsets(counts.send), recv_off = prefix_offsets(counts.recv);
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
-  exchange(
-      comm, world_group(comm.topology()),
+  world_exchange(
+      comm, check,
       [&](int i) { return Span::contiguous(in + send_off[i], static_cast<size_t>(counts.send[i])); },
       [&](int j) { return Span::contiguous(out + recv_off[j], static_cast<size_t>(counts.recv[j])); });
 }

@@ -35,9 +35,27 @@ void exchange(Transport& transport, const PeerGroup& group, const std::function<
 // The same over the comm's data transport (the collectives' buffers).
 void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span);
+// `pieces` messages to and from every member, piece k of one pair after
+// piece k - 1 (the flexible all-to-all's "pieces" path).
+void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces,
+                     const std::function<Span(int, size_t)>& send_piece,
+                     const std::function<Span(int, size_t)>& recv_piece);
+
+// The cross-rank argument check of one call when it travels with the
+// algorithm's first world exchange (Comm::agree_in_exchange). Algorithms take
+// a pointer to it: nullptr means agree() already ran.
+struct InBandCheck {
+  const char* op;
+  std::vector<Field> fields;
+};
+
+// exchange() over the world, carrying `check` when there is one.
+void world_exchange(Comm& comm, const InBandCheck* check, const std::function<Span(int)>& send_span,
+                    const std::function<Span(int)>& recv_span);
 
 // Uniform all-to-all of chunk_bytes per peer.
-void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes);
+void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes,
+                       const InBandCheck* check = nullptr);
 void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes, void* workspace);
 size_t all_to_all_2dh_workspace(const Topology& topo, size_t chunk_bytes);
 
@@ -52,9 +70,22 @@ struct FlexLayout {
   size_t chunk_bytes() const { return split_outer * split_inner; }
 };
 
+// How the flexible all-to-all moves a layout (docs/algorithms.md compares
+// them; choose_flex_path says when each is used):
+//   contiguous  both sides are one block per peer: the uniform all-to-all
+//   datatypes   strided spans straight to the transport (MPI derived datatypes)
+//   pieces      several contiguous messages per peer, one per stretch that is
+//               contiguous on both sides: no copy, no datatype
+//   packed      transpose into a workspace, uniform all-to-all, transpose back
+enum class FlexPath { kContiguous = 0, kDatatypes = 1, kPieces = 2, kPacked = 3 };
+const char* flex_path_name(FlexPath path);
+// The same on every rank for the same (agreed) arguments. A2A_FLEX_PATH
+// (datatypes, pieces or packed) overrides the choice where that path applies.
+FlexPath choose_flex_path(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo);
+
 size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo);
 void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout& layout, a2a_algo_t algo,
-                     void* workspace);
+                     void* workspace, const InBandCheck* check = nullptr);
 
 // Uneven all-to-all. Counts are in bytes, one entry per rank; blocks are
 // packed in rank order on both sides.
@@ -65,7 +96,8 @@ struct VCounts {
 };
 
 size_t all_to_all_v_2dh_workspace(const Topology& topo, const VCounts& counts);
-void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts);
+void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts,
+                         const InBandCheck* check = nullptr);
 void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& counts, void* workspace);
 
 }  // namespace a2a

@@ -71,7 +71,13 @@ void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
     check.buffers(send, recv, total_bytes, total_bytes);
     check.workspace(workspace, workspace_bytes, all_to_all_workspace_size(comm, count, dtype, algo));
   }
-  comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}}, check.error());
+  std::vector<Field> fields{{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}};
+  if (algo == A2A_ALGO_LINEAR && comm.checks_in_band() && check.error().empty()) {
+    const InBandCheck in_band{op, std::move(fields)};
+    comm.run(op, [&] { all_to_all_linear(comm, send, recv, chunk_bytes, &in_band); });
+    return;
+  }
+  comm.agree(op, fields, check.error());
   comm.run(op, [&] {
     if (algo == A2A_ALGO_2DH)
       all_to_all_2dh(comm, send, recv, chunk_bytes, workspace);
@@ -161,14 +167,18 @@ FlexLayout flex_layout(Checker& check, int world, const int64_t* shape, int ndim
   FlexLayout layout{1, 1, 1, 1};
   check.require(shape != nullptr && ndim >= 1 && ndim <= kMaxDims, "ndim must be in [1, ", kMaxDims, "], got ", ndim);
   if (!check.error().empty()) return layout;
-  check.require(split_axis >= 0 && split_axis < ndim, "split_axis ", split_axis, " is out of range for shape ",
-                shape_text(shape, ndim));
-  check.require(concat_axis >= 0 && concat_axis < ndim, "concat_axis ", concat_axis, " is out of range for shape ",
-                shape_text(shape, ndim));
-  for (int i = 0; i < ndim; ++i) check.require(shape[i] >= 0, "negative dimension in shape ", shape_text(shape, ndim));
+  // Messages are built only on failure: shape_text is costly next to a
+  // small collective.
+  if (split_axis < 0 || split_axis >= ndim)
+    check.require(false, "split_axis ", split_axis, " is out of range for shape ", shape_text(shape, ndim));
+  if (concat_axis < 0 || concat_axis >= ndim)
+    check.require(false, "concat_axis ", concat_axis, " is out of range for shape ", shape_text(shape, ndim));
+  for (int i = 0; i < ndim; ++i)
+    if (shape[i] < 0) check.require(false, "negative dimension in shape ", shape_text(shape, ndim));
   if (!check.error().empty()) return layout;
-  check.require(shape[split_axis] % world == 0, "shape ", shape_text(shape, ndim), " ", dtype_name(dtype),
-                ": dimension ", split_axis, " (", shape[split_axis], ") is not divisible by the world size ", world);
+  if (shape[split_axis] % world != 0)
+    check.require(false, "shape ", shape_text(shape, ndim), " ", dtype_name(dtype), ": dimension ", split_axis, " (",
+                  shape[split_axis], ") is not divisible by the world size ", world);
   if (!check.error().empty()) return layout;
   std::vector<size_t> chunk(shape, shape + ndim);
   chunk[split_axis] /= world;
@@ -182,7 +192,7 @@ FlexLayout flex_layout(Checker& check, int world, const int64_t* shape, int ndim
   size_t total = 0;
   overflow |= multiply_overflows(product(chunk, 0, ndim), item, &total) ||
               multiply_overflows(total, static_cast<size_t>(world), &total);
-  check.require(!overflow, "shape ", shape_text(shape, ndim), " ", dtype_name(dtype), " overflows the address space");
+  if (overflow) check.require(false, "shape ", shape_text(shape, ndim), " ", dtype_name(dtype), " overflows the address space");
   layout.split_outer = product(chunk, 0, split_axis);
   layout.split_inner = product(chunk, split_axis, ndim) * item;
   layout.concat_outer = product(chunk, 0, concat_axis);
@@ -222,14 +232,20 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
     check.buffers(send, recv, total, total);
     check.workspace(workspace, workspace_bytes, all_to_all_flex_workspace(comm, layout, algo));
   }
-  comm.agree(op, flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis), check.error());
+  std::vector<Field> fields = flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis);
+  if (algo == A2A_ALGO_LINEAR && comm.checks_in_band() && check.error().empty()) {
+    const InBandCheck in_band{op, std::move(fields)};
+    comm.run(op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace, &in_band); });
+    return;
+  }
+  comm.agree(op, fields, check.error());
   comm.run(op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace); });
 }
 
 // ---------------------------------------------------------------------------
 
 VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo)
-    : comm_(comm), dtype_(dtype), algo_(algo) {
+    : comm_(comm), comm_lifetime_(comm.lifetime()), dtype_(dtype), algo_(algo) {
   const char* op = "all_to_all_v (count exchange)";
   comm.require_control_outside_capture(op);
   const int world = comm.size();
@@ -247,20 +263,17 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
                   "send count for peer ", peer, " (", send_counts[peer], " rows of ", row_bytes, " bytes) overflows");
     check.require(!__builtin_add_overflow(send_total, bytes, &send_total), "total send size overflows");
   }
-  comm.agree(op, {{"dtype", dtype}, {"algo", algo}, {"row elements", static_cast<int64_t>(row_elements)}},
-             check.error());
-  id_ = comm.sequence();
-
-  // recv_counts: one int64 from every rank, in rows; bytes follow.
-  std::vector<int64_t> send_rows(send_counts, send_counts + world);
+  // recv_counts: one int64 from every rank, in rows; bytes follow. Counts
+  // live on the host: they go over the control transport, and carry the
+  // argument check where the comm checks in band.
+  std::vector<int64_t> send_rows(world, 0);
+  if (check.error().empty()) send_rows.assign(send_counts, send_counts + world);
   recv_counts_.assign(world, 0);
-  // Counts live on the host: they go over the control transport.
-  comm.run(op, [&] {
-    exchange(
-        comm.control(), world_group(comm.topology()),
-        [&](int i) { return Span::contiguous(&send_rows[i], sizeof(int64_t)); },
-        [&](int j) { return Span::contiguous(&recv_counts_[j], sizeof(int64_t)); });
-  });
+  comm.agree_in_exchange(
+      op, {{"dtype", dtype}, {"algo", algo}, {"row elements", static_cast<int64_t>(row_elements)}}, check.error(),
+      comm.control(), [&](int i) { return Span::contiguous(&send_rows[i], sizeof(int64_t)); },
+      [&](int j) { return Span::contiguous(&recv_counts_[j], sizeof(int64_t)); });
+  id_ = comm.sequence();
   const int64_t row = static_cast<int64_t>(row_bytes);
   bytes_.send.resize(world);
   bytes_.recv.resize(world);
@@ -289,6 +302,9 @@ VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dt
 
 void VPlan::execute(const void* send, void* recv, void* workspace, size_t workspace_bytes) {
   const char* op = "all_to_all_v";
+  if (comm_lifetime_.expired())
+    fail(A2A_ERROR_INVALID_ARGUMENT, op, ": the communicator of this plan was destroyed; a plan is used with the "
+         "communicator it was made on, while that communicator exists");
   Checker check(comm_, op);
   size_t send_total = 0, recv_total = 0;
   for (auto b : bytes_.send) send_total += b;
@@ -296,7 +312,13 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.buffers(send, recv, send_total, recv_total);
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
-  comm_.agree(op, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}}, check.error());
+  std::vector<Field> fields{{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}};
+  if (algo_ == A2A_ALGO_LINEAR && comm_.checks_in_band() && check.error().empty()) {
+    const InBandCheck in_band{op, std::move(fields)};
+    comm_.run(op, [&] { all_to_all_v_linear(comm_, send, recv, bytes_, &in_band); });
+    return;
+  }
+  comm_.agree(op, fields, check.error());
   comm_.run(op, [&] {
     if (algo_ == A2A_ALGO_2DH)
       all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);

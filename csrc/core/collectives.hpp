@@ -36,6 +36,7 @@ class VPlan {
 
  private:
   Comm& comm_;
+  std::weak_ptr<const void> comm_lifetime_;  // expired once comm_ is destroyed
   a2a_dtype_t dtype_;
   a2a_algo_t algo_;
   VCounts bytes_;

@@ -1,6 +1,9 @@
 #include "core/comm.hpp"
 
+#include <algorithm>
 #include <cstring>
+
+#include "core/algorithms.hpp"
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -35,7 +38,8 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       device_type_(parts.device_type),
       transport_kind_(parts.transport),
       topology_(std::move(topology)),
-      use_strided_spans_(use_strided_spans && data_->supports_strided()) {}
+      use_strided_spans_(use_strided_spans && data_->supports_strided()),
+      in_band_(data_ == control_ && data_->supports_signed_exchange()) {}
 
 Comm::~Comm() {
   // Work still on the stream may be a NCCL kernel waiting for a peer that
@@ -94,9 +98,80 @@ constexpr size_t kOpBytes = 40;
 // still meet in one allgather.
 struct Signature {
   int64_t rejected;  // 1 when this rank rejected its own input
+  int64_t sequence;  // Comm::sequence() of this call
   int64_t fields[kMaxFields];
   char op[kOpBytes];
 };
+
+Signature make_signature(const char* op, const std::vector<Field>& fields, bool rejected, int64_t sequence) {
+  if (fields.size() > kMaxFields) fail(A2A_ERROR_INTERNAL, op, ": too many fields to agree on");
+  Signature mine{};
+  mine.rejected = rejected ? 1 : 0;
+  mine.sequence = sequence;
+  for (size_t i = 0; i < fields.size(); ++i) mine.fields[i] = fields[i].value;
+  std::strncpy(mine.op, op, kOpBytes - 1);
+  return mine;
+}
+
+// The label of a signed exchange (FNV-1a over the signature): equal labels
+// mean equal (op, fields, sequence) but for a collision of 32 bits. `form`
+// tells a round of Signatures from a collective's own data, so that ranks
+// that sent different kinds of message never look alike.
+enum class Form : uint32_t { kSignatures = 1, kData = 2 };
+
+uint32_t digest(const Signature& signature, Form form) {
+  uint32_t hash = 2166136261u;
+  auto mix = [&](const void* data, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 16777619u;
+  };
+  mix(&signature, sizeof signature);
+  mix(&form, sizeof form);
+  return hash;
+}
+
+template <typename... Args>
+[[noreturn]] void disagree(a2a_status_t status, Args&&... args) {
+  throw Disagreement(status, cat(std::forward<Args>(args)...));
+}
+
+// Every rank holds every signature, so every rank reaches the same verdict.
+// Returns only when all ranks agree and none rejected its input.
+void verdict(int rank, int size, const char* op, const std::vector<Field>& fields, const std::string& local_error,
+             a2a_status_t local_status, const Signature& mine, const std::vector<Signature>& all) {
+  std::string rejecting;
+  for (int r = 0; r < size; ++r)
+    if (all[r].rejected) rejecting += cat(rejecting.empty() ? "" : ", ", r);
+  if (!local_error.empty()) disagree(local_status, local_error);
+  if (!rejecting.empty())
+    disagree(A2A_ERROR_REMOTE, op, " on rank ", rank, ": rank(s) ", rejecting,
+         " rejected their input (see the error on those ranks); no data was exchanged");
+  for (int r = 0; r < size; ++r) {
+    if (std::strncmp(all[r].op, mine.op, kOpBytes) == 0) continue;
+    std::string detail;
+    for (int q = 0; q < size; ++q) detail += cat(q > 0 ? ", " : "", "rank ", q, ": ", all[q].op);
+    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank,
+         ": ranks called different collectives on the same communicator at the same time (", detail, ")");
+  }
+  for (size_t i = 0; i < fields.size(); ++i) {
+    bool equal = true;
+    for (int r = 0; r < size; ++r) equal &= all[r].fields[i] == mine.fields[i];
+    if (equal) continue;
+    std::string detail;
+    for (int r = 0; r < size; ++r)
+      detail += cat(r > 0 ? ", " : "", "rank ", r, ": ", describe(fields[i].name, all[r].fields[i]));
+    std::string context;
+    for (const auto& f : fields) context += cat(" ", f.name, "=", describe(f.name, f.value));
+    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank, ": '", fields[i].name, "' differs across ranks (", detail,
+         "); this rank has", context);
+  }
+  for (int r = 0; r < size; ++r) {
+    if (all[r].sequence == mine.sequence) continue;
+    std::string detail;
+    for (int q = 0; q < size; ++q) detail += cat(q > 0 ? ", " : "", "rank ", q, ": #", all[q].sequence);
+    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank, ": ranks are at different calls on this communicator (", detail,
+         "); a rank skipped or added a collective");
+  }
+}
 
 }  // namespace
 
@@ -117,44 +192,115 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   // Nobody to disagree with; or the check would wait for a stream that is
   // being captured into a CUDA graph (then only local checks run).
   if (size() == 1 || (control_waits_for_stream_ && capturing)) {
-    if (!local_error.empty()) fail(local_status, local_error);
+    if (!local_error.empty()) disagree(local_status, local_error);
     return;
   }
-  Signature mine{};
-  mine.rejected = local_error.empty() ? 0 : 1;
-  for (size_t i = 0; i < fields.size(); ++i) mine.fields[i] = fields[i].value;
-  std::strncpy(mine.op, op, kOpBytes - 1);
-
+  if (in_band_) {
+    agree_in_band(op, fields, local_error, local_status);
+    return;
+  }
+  const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
   std::vector<Signature> all(size());
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
+  verdict(rank(), size(), op, fields, local_error, local_status, mine, all);
+}
 
-  // Every rank holds every signature, so every rank reaches the same verdict.
-  std::string rejecting;
-  for (int r = 0; r < size(); ++r)
-    if (all[r].rejected) rejecting += cat(rejecting.empty() ? "" : ", ", r);
-  if (!local_error.empty()) fail(local_status, local_error);
-  if (!rejecting.empty())
-    fail(A2A_ERROR_REMOTE, op, " on rank ", rank(), ": rank(s) ", rejecting,
-         " rejected their input (see the error on those ranks); no data was exchanged");
+// On an in-band comm every collective's first round is a signed exchange,
+// whether its messages are empty (here) or carry the collective's data
+// (agree_in_exchange): ranks in different collectives still pair up. Equal
+// labels mean equal signatures, rejected flag included, so the labels alone
+// decide; the signatures travel only to explain a disagreement.
+void Comm::agree_in_band(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                         a2a_status_t local_status) {
+  const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
+  const Span nothing = Span::contiguous(nullptr, 0);
+  std::vector<int> mismatched;
+  run(op, [&] {
+    mismatched = control_->signed_exchange(
+        digest(mine, Form::kSignatures), [&](int) { return nothing; }, [&](int) { return nothing; });
+  });
+  if (!mismatched.empty()) explain_disagreement(op, fields, local_error, local_status, mismatched);
+  if (!local_error.empty()) disagree(local_status, local_error);  // every rank rejected its input
+}
+
+// Every rank saw at least one label or size unlike its own (if two ranks
+// differ, every third rank differs from one of them), so every rank is here:
+// one allgather of Signatures gives all of them the same detailed verdict.
+void Comm::explain_disagreement(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                                a2a_status_t local_status, const std::vector<int>& mismatched_peers) {
+  const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
+  std::vector<Signature> all(size());
+  run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
+  verdict(rank(), size(), op, fields, local_error, local_status, mine, all);
+  std::string peers;
+  for (int peer : mismatched_peers) peers += cat(peers.empty() ? "" : ", ", peer);
+  disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", peers,
+       " differ in size from what this rank expects, with equal arguments (a 32-bit signature collision or a "
+       "damaged message)");
+}
+
+// Messages of at most kInBandBytes / world bytes carry the check and their
+// data in one round, received into scratch, so that a disagreement leaves the
+// caller's buffers untouched ("no data was exchanged") at the cost of one
+// small copy. Larger ones are preceded by an empty labelled message: a round
+// of latency, a small share of their time. The choice depends only on the
+// message's size, which sender and receiver agree on (or the labels differ).
+constexpr size_t kInBandBytes = 64 << 10;
+
+void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                             Transport& transport, const std::function<Span(int)>& send_span,
+                             const std::function<Span(int)>& recv_span) {
+  const PeerGroup world = world_group(topology_);
+  if (!in_band_ || !local_error.empty() || size() == 1) {
+    agree(op, fields, local_error);
+    run(op, [&] { exchange(transport, world, send_span, recv_span); });
+    return;
+  }
+  check_usable(op);
+  ++sequence_;
+  const Signature mine = make_signature(op, fields, false, sequence_);
+  const size_t carried = kInBandBytes / static_cast<size_t>(size());
+  std::vector<size_t> scratch_offset(size() + 1, 0);
   for (int r = 0; r < size(); ++r) {
-    if (std::strncmp(all[r].op, mine.op, kOpBytes) == 0) continue;
-    std::string detail;
-    for (int q = 0; q < size(); ++q) detail += cat(q > 0 ? ", " : "", "rank ", q, ": ", all[q].op);
-    fail(A2A_ERROR_MISMATCH, op, " on rank ", rank(),
-         ": ranks called different collectives on the same communicator at the same time (", detail, ")");
+    const size_t bytes = recv_span(r).bytes();
+    scratch_offset[r + 1] = scratch_offset[r] + (bytes <= carried ? bytes : 0);
   }
-  for (size_t i = 0; i < fields.size(); ++i) {
-    bool equal = true;
-    for (int r = 0; r < size(); ++r) equal &= all[r].fields[i] == mine.fields[i];
-    if (equal) continue;
-    std::string detail;
-    for (int r = 0; r < size(); ++r)
-      detail += cat(r > 0 ? ", " : "", "rank ", r, ": ", describe(fields[i].name, all[r].fields[i]));
-    std::string context;
-    for (const auto& f : fields) context += cat(" ", f.name, "=", describe(f.name, f.value));
-    fail(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": '", fields[i].name, "' differs across ranks (", detail,
-         "); this rank has", context);
-  }
+  in_band_scratch_.resize(std::max<size_t>(in_band_scratch_.size(), scratch_offset[size()]));
+  char* scratch = in_band_scratch_.data();
+  const Span nothing = Span::contiguous(nullptr, 0);
+  std::vector<int> mismatched;
+  run(op, [&] {
+    mismatched = transport.signed_exchange(
+        digest(mine, Form::kData),
+        [&](int r) {
+          const Span span = send_span(r);
+          return span.bytes() <= carried ? span : nothing;
+        },
+        [&](int r) {
+          const size_t bytes = scratch_offset[r + 1] - scratch_offset[r];
+          return bytes != 0 ? Span::contiguous(scratch + scratch_offset[r], bytes) : nothing;
+        });
+  });
+  if (!mismatched.empty()) explain_disagreement(op, fields, local_error, A2A_ERROR_INVALID_ARGUMENT, mismatched);
+  run(op, [&] {
+    for (int r = 0; r < size(); ++r) {
+      const Span span = recv_span(r);
+      const char* from = scratch + scratch_offset[r];
+      if (scratch_offset[r + 1] == scratch_offset[r]) continue;
+      for (size_t b = 0; b < span.num_blocks; ++b, from += span.block_bytes)
+        device_->copy(static_cast<char*>(span.data) + b * span.stride_bytes, from, span.block_bytes);
+    }
+    exchange(
+        transport, world,
+        [&](int r) {
+          const Span span = send_span(r);
+          return span.bytes() > carried ? span : nothing;
+        },
+        [&](int r) {
+          const Span span = recv_span(r);
+          return span.bytes() > carried ? span : nothing;
+        });
+  });
 }
 
 void Comm::abort_transports() {

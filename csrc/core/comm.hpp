@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "a2a/a2a.h"
 #include "core/device.hpp"
+#include "core/error.hpp"
 #include "core/topology.hpp"
 #include "core/transport.hpp"
 
@@ -38,6 +40,14 @@ struct CommParts {
   bool control_waits_for_stream = false;
   int device_type = A2A_DEVICE_CPU;     // a2a_device_type_t
   int transport = A2A_TRANSPORT_MPI;    // a2a_transport_t
+};
+
+// The argument check's verdict (Comm::agree): every rank throws one, nothing
+// is left in flight, and the comm stays usable, so Comm::run passes it
+// through instead of retiring the comm.
+class Disagreement : public Failure {
+ public:
+  using Failure::Failure;
 };
 
 class Comm {
@@ -75,6 +85,26 @@ class Comm {
   // comm stays usable afterwards.
   void agree(const char* op, const std::vector<Field>& fields, const std::string& local_error = "");
 
+  // agree() and then the collective's first exchange, one message to and one
+  // from every rank over `transport` (the data or the control transport), as
+  // exchange() over the world. Where the comm checks in band (below), the
+  // check travels with those messages: each is labelled with a digest of
+  // (op, fields, sequence), each rank compares the labels and sizes it
+  // receives, and only a disagreement costs another round (the detailed
+  // verdict, with agree()'s errors). A failure inside the exchange retires
+  // the comm, as run() does.
+  void agree_in_exchange(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                         Transport& transport, const std::function<Span(int)>& send_span,
+                         const std::function<Span(int)>& recv_span);
+  // True where agree_in_exchange carries the check in band: one transport
+  // for data and control, which can label messages (MPI).
+  bool checks_in_band() const { return in_band_; }
+
+  // Shared by everything that keeps a reference to this comm (a VPlan): it
+  // expires when the comm is destroyed, so that a use after destruction is a
+  // clear error instead of undefined behaviour.
+  std::weak_ptr<const void> lifetime() const { return lifetime_; }
+
   // Runs a collective's algorithm after agree(). A failure inside it (a
   // timeout, an MPI error) can leave messages in flight, so it retires the
   // comm; the error is rethrown with op's name.
@@ -82,6 +112,8 @@ class Comm {
   void run(const char* op, Fn&& algorithm) {
     try {
       algorithm();
+    } catch (const Disagreement&) {
+      throw;
     } catch (...) {
       retire(op);
     }
@@ -100,6 +132,13 @@ class Comm {
   // the error with op's name.
   [[noreturn]] void retire(const char* op);
   void abort_transports();
+  // The round of signed messages that agree() runs on an in-band comm, and
+  // the detailed verdict after a disagreement that the labels showed.
+  void agree_in_band(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                     a2a_status_t local_status);
+  [[noreturn]] void explain_disagreement(const char* op, const std::vector<Field>& fields,
+                                         const std::string& local_error, a2a_status_t local_status,
+                                         const std::vector<int>& mismatched_peers);
 
   std::unique_ptr<Device> device_;
   std::vector<std::unique_ptr<Transport>> transports_;
@@ -110,6 +149,9 @@ class Comm {
   int transport_kind_;
   Topology topology_;
   bool use_strided_spans_;
+  bool in_band_;
+  std::vector<char> in_band_scratch_;  // agree_in_exchange's small messages
+  std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);
   std::string broken_reason_;
   int64_t sequence_ = 0;
 };

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "a2a/a2a.h"
 
@@ -64,6 +66,20 @@ class Transport {
   // drops what was posted (and closes an NCCL group, whose depth is per
   // thread). Must not throw.
   virtual void cancel_group() {}
+
+  // --- The in-band argument check (Comm::agree_in_exchange). A transport that
+  // can label each message with a number and let a receive take whatever its
+  // peer sent first (MPI: the tag, and MPI_ANY_TAG) runs a collective's first
+  // exchange and its cross-rank argument check as one round.
+  virtual bool supports_signed_exchange() const { return false; }
+  // One message to and one receive from every rank (self included, zero
+  // bytes included), every send labelled with `signature`. Each receive
+  // takes the first message from its peer whatever its label and size (a
+  // longer one is cut at the span). Returns the ranks whose message had
+  // another label or another size than recv_span(rank): empty when every
+  // rank called with the same signature. Bounded like group_end.
+  virtual std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
+                                           const std::function<Span(int)>& recv_span);
 
   // Dense collectives, bounded by the same timeout. allgather is also how
   // Comm::agree() checks arguments, so a timeout in it must name the ranks

@@ -15,9 +15,12 @@ namespace a2a {
 
 namespace {
 
-// Messages of the collectives and of allgather never match each other.
-constexpr int kDataTag = 0x2a2a;
-constexpr int kGatherTag = 0x2a2b;
+// Messages of the collectives and of allgather never match each other, nor
+// the signed messages, whose tags are kFirstSignedTag and up (see
+// signed_exchange).
+constexpr int kDataTag = 1;
+constexpr int kGatherTag = 2;
+constexpr int kFirstSignedTag = 16;
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
@@ -33,29 +36,56 @@ std::string mpi_error_text(int code) {
       fail(A2A_ERROR_TRANSPORT, __VA_ARGS__, ": " #call " failed: ", mpi_error_text(a2a_mpi_rc)); \
   } while (0)
 
+#define A2A_MPI_TYPE_CHECK(call) A2A_MPI_CHECK(call, "building an MPI datatype")
+
 // A datatype of exactly `bytes` contiguous bytes, built from pieces of at most
 // `unit` bytes so that no int count overflows (the BigMPI construction).
 MPI_Datatype contiguous_bytes_type(size_t bytes, size_t unit) {
   MPI_Datatype type;
   if (bytes <= unit) {
-    MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &type);
+    A2A_MPI_TYPE_CHECK(MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &type));
     return type;
   }
   const size_t full = bytes / unit, rest = bytes % unit;
   if (full > static_cast<size_t>(INT_MAX)) fail(A2A_ERROR_UNSUPPORTED, "message of ", bytes, " bytes is too large");
   MPI_Datatype unit_type, full_type;
-  MPI_Type_contiguous(static_cast<int>(unit), MPI_BYTE, &unit_type);
-  MPI_Type_contiguous(static_cast<int>(full), unit_type, &full_type);
+  A2A_MPI_TYPE_CHECK(MPI_Type_contiguous(static_cast<int>(unit), MPI_BYTE, &unit_type));
+  const int full_rc = MPI_Type_contiguous(static_cast<int>(full), unit_type, &full_type);
   MPI_Type_free(&unit_type);
+  A2A_MPI_TYPE_CHECK(full_rc);
   if (rest == 0) return full_type;
   MPI_Datatype rest_type;
-  MPI_Type_contiguous(static_cast<int>(rest), MPI_BYTE, &rest_type);
+  const int rest_rc = MPI_Type_contiguous(static_cast<int>(rest), MPI_BYTE, &rest_type);
+  if (rest_rc != MPI_SUCCESS) MPI_Type_free(&full_type);
+  A2A_MPI_TYPE_CHECK(rest_rc);
   int lengths[2] = {1, 1};
   MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(full * unit)};
   MPI_Datatype types[2] = {full_type, rest_type};
-  MPI_Type_create_struct(2, lengths, displacements, types, &type);
+  const int struct_rc = MPI_Type_create_struct(2, lengths, displacements, types, &type);
   MPI_Type_free(&full_type);
   MPI_Type_free(&rest_type);
+  A2A_MPI_TYPE_CHECK(struct_rc);
+  return type;
+}
+
+// The committed datatype of a span that MPI cannot take as a plain byte count
+// (strided, or more bytes than max_count).
+MPI_Datatype span_type(const Span& span, size_t max_count, int rank) {
+  MPI_Datatype type;
+  if (span.is_contiguous()) {
+    type = contiguous_bytes_type(span.bytes(), max_count);
+  } else {
+    if (span.num_blocks > static_cast<size_t>(INT_MAX))
+      fail(A2A_ERROR_UNSUPPORTED, "rank ", rank, ": a layout of ", span.num_blocks, " blocks exceeds MPI's int count");
+    MPI_Datatype block = contiguous_bytes_type(span.block_bytes, max_count);
+    const int rc = MPI_Type_create_hvector(static_cast<int>(span.num_blocks), 1, static_cast<MPI_Aint>(span.stride_bytes),
+                                           block, &type);
+    MPI_Type_free(&block);
+    A2A_MPI_TYPE_CHECK(rc);
+  }
+  const int rc = MPI_Type_commit(&type);
+  if (rc != MPI_SUCCESS) MPI_Type_free(&type);
+  A2A_MPI_TYPE_CHECK(rc);
   return type;
 }
 
@@ -81,6 +111,13 @@ MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count)
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // The largest tag: the signed exchange's signatures live in
+  // [kFirstSignedTag, tag_ub_] (at least 32767 by the standard; 2^31 - 1 in
+  // Open MPI and MPICH, where a signature keeps almost all of its 32 bits).
+  int* tag_ub = nullptr;
+  int found = 0;
+  if (MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found) == MPI_SUCCESS && found && tag_ub != nullptr)
+    tag_ub_ = *tag_ub;
 }
 
 MpiTransport::~MpiTransport() {
@@ -97,9 +134,9 @@ void MpiTransport::group_start() {
   abandon(requests_, pending_);
 }
 
-void MpiTransport::post(const Span& span, int peer, bool is_send, int tag) {
+void MpiTransport::post(const Span& span, int peer, bool is_send, int tag, bool even_if_empty) {
   const size_t bytes = span.bytes();
-  if (bytes == 0) return;  // both sides agree on the size, so both skip it
+  if (bytes == 0 && !even_if_empty) return;  // both sides agree on the size, so both skip it
   if (peer < 0 || peer >= size_)
     fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank_, ": peer ", peer, " is outside [0, ", size_, ")");
   MPI_Request request;
@@ -110,17 +147,7 @@ void MpiTransport::post(const Span& span, int peer, bool is_send, int tag) {
     else
       A2A_MPI_CHECK(MPI_Irecv(span.data, count, MPI_BYTE, peer, tag, comm_, &request), "rank ", rank_, " recv from ", peer);
   } else {
-    MPI_Datatype type;
-    if (span.is_contiguous()) {
-      type = contiguous_bytes_type(bytes, max_count_);
-    } else {
-      if (span.num_blocks > static_cast<size_t>(INT_MAX))
-        fail(A2A_ERROR_UNSUPPORTED, "rank ", rank_, ": a layout of ", span.num_blocks, " blocks exceeds MPI's int count");
-      MPI_Datatype block = contiguous_bytes_type(span.block_bytes, max_count_);
-      MPI_Type_create_hvector(static_cast<int>(span.num_blocks), 1, static_cast<MPI_Aint>(span.stride_bytes), block, &type);
-      MPI_Type_free(&block);
-    }
-    MPI_Type_commit(&type);
+    MPI_Datatype type = span_type(span, max_count_, rank_);
     int rc = is_send ? MPI_Isend(span.data, 1, type, peer, tag, comm_, &request)
                      : MPI_Irecv(span.data, 1, type, peer, tag, comm_, &request);
     MPI_Type_free(&type);  // released by MPI once the operation completes
@@ -154,24 +181,23 @@ void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pendi
 void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
-  int done = 0;
   for (unsigned spins = 0;; ++spins) {
+    int done = 0;
     int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
       abandon(requests, pending);
       fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": MPI_Testall failed: ", mpi_error_text(rc));
     }
-    if (done) break;
+    if (done) {
+      requests.clear();
+      pending.clear();
+      return;
+    }
     // Yield after every poll: with more ranks than cores (common in tests and
     // on shared nodes) the peer this rank waits for needs the core. The clock
     // is read only now and then.
     std::this_thread::yield();
     if ((spins & 63) == 63 && clock::now() > deadline) break;
-  }
-  if (done) {
-    requests.clear();
-    pending.clear();
-    return;
   }
   // MPI_Testall leaves finished requests in place when not all are done;
   // test each one so that only the unfinished are reported.
@@ -179,6 +205,10 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
     int finished = 0;
     if (request != MPI_REQUEST_NULL) MPI_Test(&request, &finished, MPI_STATUS_IGNORE);
   }
+  fail_timeout(requests, pending, what);
+}
+
+void MpiTransport::fail_timeout(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
   std::string unfinished;
   size_t listed = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -192,6 +222,81 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
   fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s (A2A_TIMEOUT_S) in ", what,
        "; unfinished: ", unfinished,
        ". Those peers did not call the same collective, died, or are stuck");
+}
+
+// Receives first (from me - step), then sends (to me + step), as exchange()
+// orders them. A receive takes the first message from its peer whatever its
+// tag (MPI orders the messages of one sender), so ranks that called different
+// collectives, or the same one with other arguments, still pair up here and
+// learn of it from the tag and the size instead of waiting for a message that
+// never comes. MPI_Testsome rather than MPI_Testall: it reports a truncated
+// receive (a longer message than expected) in the status of that request alone.
+std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
+                                               const std::function<Span(int)>& recv_span) {
+  const int tag = kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
+  group_start();
+  std::vector<size_t> expected(size_);
+  try {
+    for (int step = 0; step < size_; ++step) {
+      const int from = (rank_ - step + size_) % size_;
+      const Span span = recv_span(from);
+      expected[from] = span.bytes();
+      post(span, from, false, MPI_ANY_TAG, true);
+    }
+    for (int step = 0; step < size_; ++step) {
+      const int to = (rank_ + step) % size_;
+      post(send_span(to), to, true, tag, true);
+    }
+  } catch (...) {
+    abandon(requests_, pending_);
+    throw;
+  }
+  const char* what = "argument check with the first exchange";
+  std::vector<int> mismatched;
+  std::vector<int> indices(requests_.size());
+  std::vector<MPI_Status> statuses(requests_.size());
+  size_t open = requests_.size();
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
+  for (unsigned spins = 0; open > 0; ++spins) {
+    int completed = 0;
+    const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
+                                statuses.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
+      abandon(requests_, pending_);
+      fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": MPI_Testsome failed: ", mpi_error_text(rc));
+    }
+    if (completed == MPI_UNDEFINED) break;
+    for (int k = 0; k < completed; ++k) {
+      const size_t i = static_cast<size_t>(indices[k]);
+      const MPI_Status& status = statuses[k];
+      const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+      int error_class = MPI_SUCCESS;
+      if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
+      const bool is_recv = pending_[i].kind[0] == 'r';
+      if (error != MPI_SUCCESS && !(is_recv && error_class == MPI_ERR_TRUNCATE)) {
+        abandon(requests_, pending_);
+        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": ", pending_[i].kind, " rank ", pending_[i].peer, ": ",
+             mpi_error_text(error));
+      }
+      if (is_recv) {
+        MPI_Count received = 0;
+        MPI_Get_elements_x(&status, MPI_BYTE, &received);
+        if (error_class == MPI_ERR_TRUNCATE || status.MPI_TAG != tag ||
+            received != static_cast<MPI_Count>(expected[pending_[i].peer]))
+          mismatched.push_back(pending_[i].peer);
+      }
+    }
+    open -= static_cast<size_t>(completed);
+    if (completed == 0) {
+      std::this_thread::yield();
+      if ((spins & 63) == 63 && clock::now() > deadline) fail_timeout(requests_, pending_, what);
+    }
+  }
+  requests_.clear();
+  pending_.clear();
+  std::sort(mismatched.begin(), mismatched.end());
+  return mismatched;
 }
 
 void MpiTransport::wait_one(MPI_Request request, const char* what) {

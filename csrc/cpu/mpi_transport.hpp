@@ -34,6 +34,9 @@ class MpiTransport final : public Transport {
   void recv(const Span& span, int peer) override;
   void group_end() override;
   void cancel_group() override { abandon(requests_, pending_); }
+  bool supports_signed_exchange() const override { return true; }
+  std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
+                                   const std::function<Span(int)>& recv_span) override;
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
@@ -48,10 +51,14 @@ class MpiTransport final : public Transport {
     int peer;
     size_t bytes;
   };
-  void post(const Span& span, int peer, bool is_send, int tag);
+  // even_if_empty: post a zero-byte message too (the signed exchange, whose
+  // sizes are not yet known to agree).
+  void post(const Span& span, int peer, bool is_send, int tag, bool even_if_empty = false);
   // Waits for `requests` with the timeout; on expiry abandons them and throws
   // A2A_ERROR_TIMEOUT listing the unfinished operations.
   void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
+  // Throws A2A_ERROR_TIMEOUT naming the requests still open, after abandoning them.
+  [[noreturn]] void fail_timeout(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
   // Waits for one nonblocking-collective request (allreduce, barrier).
   void wait_one(MPI_Request request, const char* what);
   // Cancels unmatched receives and frees the point-to-point requests;
@@ -62,6 +69,7 @@ class MpiTransport final : public Transport {
   int rank_ = 0;
   int size_ = 1;
   double timeout_s_;
+  int tag_ub_ = 32767;  // MPI_TAG_UB
   size_t max_count_;  // largest count passed to MPI as a plain int (A2A_MPI_MAX_COUNT for tests)
   std::vector<MPI_Request> requests_;  // the current point-to-point group
   std::vector<Pending> pending_;

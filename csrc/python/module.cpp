@@ -30,28 +30,43 @@ int numpy_dtype_code(const py::dtype& dtype) {
   return -1;
 }
 
+// The output of a fast NumPy path: a new C-contiguous array of `shape` and
+// x's dtype, or `out` when it is exactly that; false when `out` is anything
+// else (the general path then checks it and reports the problem).
+bool numpy_output(const py::array& x, const py::object& out, const std::vector<py::ssize_t>& shape,
+                  py::array* result) {
+  if (out.is_none()) {
+    *result = py::array(x.dtype(), shape);
+    return true;
+  }
+  if (!py::isinstance<py::array>(out)) return false;
+  *result = py::reinterpret_borrow<py::array>(out);
+  if (!result->dtype().is(x.dtype()) || result->ndim() != static_cast<py::ssize_t>(shape.size()) ||
+      !(result->flags() & py::array::c_style) || !result->writeable())
+    return false;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (result->shape(static_cast<py::ssize_t>(i)) != shape[i]) return false;
+  return true;
+}
+
+// x's dtype code when x is a well-formed C-contiguous NumPy input, else -1.
+int fast_input_code(const py::array& x) {
+  if (x.ndim() == 0 || !(x.flags() & py::array::c_style)) return -1;
+  return numpy_dtype_code(x.dtype());
+}
+
 // The whole of a2a.all_to_all for well-formed NumPy arrays in one native call
 // (a collective is latency-bound at small sizes, and Python code between
 // calls runs with caches cold from the exchange). Returns None whenever
 // anything is unusual, so that the Python layer takes its general path, which
-// also reports errors to every rank.
+// also reports errors to every rank. The fast paths below do the same.
 py::object all_to_all_numpy(a2a::Communicator& comm, const py::array& x, const py::object& out, int algo,
                             py::array& workspace) {
-  const int code = numpy_dtype_code(x.dtype());
+  const int code = fast_input_code(x);
   const int size = comm.topology().size;
-  if (code < 0 || x.ndim() == 0 || !(x.flags() & py::array::c_style) || x.shape(0) % size != 0) return py::none();
+  if (code < 0 || x.shape(0) % size != 0) return py::none();
   py::array result;
-  if (out.is_none()) {
-    result = py::array(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
-  } else {
-    if (!py::isinstance<py::array>(out)) return py::none();
-    result = py::reinterpret_borrow<py::array>(out);
-    if (!result.dtype().is(x.dtype()) || result.ndim() != x.ndim() || !(result.flags() & py::array::c_style) ||
-        !result.writeable())
-      return py::none();
-    for (py::ssize_t i = 0; i < x.ndim(); ++i)
-      if (result.shape(i) != x.shape(i)) return py::none();
-  }
+  if (!numpy_output(x, out, std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()), &result)) return py::none();
   const size_t count = static_cast<size_t>(x.size()) / size;
   const auto dtype = static_cast<a2a_dtype_t>(code);
   const auto algorithm = static_cast<a2a_algo_t>(algo);
@@ -67,6 +82,65 @@ py::object all_to_all_numpy(a2a::Communicator& comm, const py::array& x, const p
   }
   return std::move(result);
 }
+
+// a2a.all_to_all_flex for NumPy arrays; split_axis and concat_axis already
+// in [0, ndim).
+py::object all_to_all_flex_numpy(a2a::Communicator& comm, const py::array& x, const py::object& out, int split_axis,
+                                 int concat_axis, int algo, py::array& workspace) {
+  const int code = fast_input_code(x);
+  const int size = comm.topology().size;
+  const int ndim = static_cast<int>(x.ndim());
+  if (code < 0 || split_axis < 0 || split_axis >= ndim || concat_axis < 0 || concat_axis >= ndim ||
+      x.shape(split_axis) % size != 0)
+    return py::none();
+  std::vector<int64_t> shape(x.shape(), x.shape() + ndim);
+  std::vector<py::ssize_t> out_shape(x.shape(), x.shape() + ndim);
+  out_shape[split_axis] /= size;
+  out_shape[concat_axis] *= size;
+  py::array result;
+  if (!numpy_output(x, out, out_shape, &result)) return py::none();
+  const auto dtype = static_cast<a2a_dtype_t>(code);
+  const auto algorithm = static_cast<a2a_algo_t>(algo);
+  size_t needed = 0;
+  try {
+    needed = comm.all_to_all_flex_workspace_size(shape, split_axis, concat_axis, dtype, algorithm);
+  } catch (const a2a::Error&) {
+    return py::none();  // a layout the core rejects: the general path tells every rank
+  }
+  const size_t available = static_cast<size_t>(workspace.nbytes());
+  if (needed > available) return py::none();
+  const void* send = x.data();
+  void* recv = result.mutable_data();
+  void* scratch = available ? workspace.mutable_data() : nullptr;
+  {
+    py::gil_scoped_release release;
+    comm.all_to_all_flex(send, recv, shape, split_axis, concat_axis, dtype, algorithm, scratch, available);
+  }
+  return std::move(result);
+}
+
+// A reused all-to-all-v plan run on NumPy arrays: x of rows_in rows, the
+// result of rows_out rows of x's row shape (the plan's dtype is checked by the
+// core against row_elements and the dtype it was made with).
+py::object v_plan_execute_numpy(a2a::VPlan& plan, const py::array& x, const py::object& out, int64_t rows_in,
+                                int64_t rows_out, int dtype, py::array& workspace) {
+  if (fast_input_code(x) != dtype || x.shape(0) != rows_in) return py::none();
+  std::vector<py::ssize_t> out_shape(x.shape(), x.shape() + x.ndim());
+  out_shape[0] = rows_out;
+  py::array result;
+  if (!numpy_output(x, out, out_shape, &result)) return py::none();
+  const size_t available = static_cast<size_t>(workspace.nbytes());
+  if (plan.workspace_size() > available) return py::none();
+  const void* send = x.data();
+  void* recv = result.mutable_data();
+  void* scratch = available ? workspace.mutable_data() : nullptr;
+  {
+    py::gil_scoped_release release;
+    plan.execute(send, recv, scratch, available);
+  }
+  return std::move(result);
+}
+
 void* as_mutable(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 // exec = (device_type, stream address, num_threads) from the Python layer.
@@ -295,6 +369,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::call_guard<py::gil_scoped_release>())
       .def("all_to_all_numpy", &all_to_all_numpy)
+      .def("all_to_all_flex_numpy", &all_to_all_flex_numpy)
       .def(
           "all_gather",
           [](a2a::Communicator& c, uintptr_t send, uintptr_t recv, size_t count, int dtype) {
@@ -347,6 +422,7 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("recv_counts", &a2a::VPlan::recv_counts)
       .def_property_readonly("workspace_size", &a2a::VPlan::workspace_size)
+      .def("execute_numpy", &v_plan_execute_numpy)
       .def(
           "execute",
           [](a2a::VPlan& plan, uintptr_t send, uintptr_t recv, uintptr_t workspace, size_t workspace_bytes) {
