@@ -4,11 +4,11 @@
 #include <cuda_runtime.h>
 
 
-#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/poll.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layout_cuda.hpp"
+#include "setup/backends.hpp"
 
 namespace a2a {
 

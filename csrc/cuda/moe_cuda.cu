@@ -1,6 +1,6 @@
-// CUDA backend of the MoE kernels (core/moe_kernels.hpp): everything runs on
+// CUDA backend of the MoE kernels (moe/kernels.hpp): everything runs on
 // the caller's stream on the current device, with the per-element arithmetic
-// of core/moe_elementwise.hpp, so the CPU tests vouch for the conversions.
+// of moe/elementwise.hpp, so the CPU tests vouch for the conversions.
 // No allocation: the location scan's scratch is the caller's workspace.
 //
 // Location scan (locate). The T*k choices in Tutel's slot order are cut into
@@ -35,10 +35,10 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/moe_elementwise.hpp"
-#include "core/moe_kernels.hpp"
-#include "core/moe_messages.hpp"
 #include "cuda/cuda_check.hpp"
+#include "moe/elementwise.hpp"
+#include "moe/kernels.hpp"
+#include "moe/messages.hpp"
 
 namespace a2a::moe {
 
@@ -543,7 +543,7 @@ class CudaKernels final : public Kernels {
     return locate_layout(num_tokens, top_k, num_experts).total;
   }
 
-  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by core/moe.cpp*/,
+  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by moe/moe.cpp*/,
               int64_t* locations, std::vector<int64_t>& demand) override {
     const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts;
     const LocateLayout layout = locate_layout(T, k, E);

@@ -1,31 +1,21 @@
-#include "cpu/mpi_comm.hpp"
+#include "setup/mpi_comm.hpp"
 
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "core/backends.hpp"
-#include "core/comm_setup.hpp"
 #include "core/error.hpp"
 #include "core/staging.hpp"
 #include "cpu/cpu_device.hpp"
 #include "cpu/mpi_transport.hpp"
+#include "setup/agree_topology.hpp"
+#include "setup/backends.hpp"
+#include "setup/mpi_topology.hpp"
+#include "setup/settings.hpp"
 
 namespace a2a {
 
 namespace {
-
-// A2A_TEST_STAGING=staged|control (tests only) builds a host communicator
-// whose data or control messages go through the staging transports with host
-// copies, so that the CPU suite runs the code that CUDA communicators use.
-std::string test_staging() {
-  const char* text = std::getenv("A2A_TEST_STAGING");
-  const std::string value = text == nullptr ? "" : text;
-  if (!value.empty() && value != "staged" && value != "control")
-    fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_TEST_STAGING='", value, "': expected 'staged' or 'control'");
-  return value;
-}
 
 void check_choice(const a2a_comm_config_t& config) {
   if (config.device_type != A2A_DEVICE_CPU && config.device_type != A2A_DEVICE_CUDA)
@@ -39,6 +29,10 @@ void check_choice(const a2a_comm_config_t& config) {
 }  // namespace
 
 std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config) {
+  return create_mpi_comm(parent, config, HostArrangement());
+}
+
+std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config, const HostArrangement& arrange) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) fail(A2A_ERROR_INVALID_ARGUMENT, "MPI is not initialized (import mpi4py or call MPI_Init first)");
@@ -54,7 +48,6 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   if (use_datatypes < 0) use_datatypes = settings.read([] { return env_int("A2A_MPI_DATATYPES"); }, -1L) == 0 ? 0 : 1;
   settings.read([&] { check_choice(config); return 0; }, 0);
   const bool cuda = config.device_type == A2A_DEVICE_CUDA;
-  const std::string staging_test = cuda ? "" : settings.read([] { return test_staging(); }, std::string());
   // The device comes first: a bad ordinal or a build without CUDA is a
   // setting error, shared before any rank waits in NCCL's creation.
   std::unique_ptr<Device> device;
@@ -81,7 +74,10 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   const Topology topo = agree_topology(*mpi, proposal, config, settings);
 
   CommParts parts;
-  parts.control = mpi.get();
+  parts.device = std::move(device);
+  parts.device_type = config.device_type;
+  parts.transport = config.transport;
+  parts.data = parts.control = mpi.get();
   parts.transports.push_back(std::move(mpi));
   Transport& host = *parts.control;
   if (config.transport == A2A_TRANSPORT_NCCL) {
@@ -104,21 +100,14 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
     if (failed) fail(A2A_ERROR_TRANSPORT, "rank ", topo.rank, ": rank 0 could not create a NCCL unique id",
                      id_error.empty() ? std::string() : cat(": ", id_error));
     parts.data = parts.transports
-                     .emplace_back(make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*device),
+                     .emplace_back(make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*parts.device),
                                                        timeout_s))
                      .get();
-  } else if (cuda || staging_test == "staged") {
-    parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *device, timeout_s)).get();
-  } else if (staging_test == "control") {
-    parts.data = &host;
-    parts.control = parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(host, *device, timeout_s)).get();
-    parts.control_waits_for_stream = true;
-  } else {
-    parts.data = &host;
+  } else if (cuda) {
+    parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, timeout_s)).get();
+  } else if (arrange) {
+    arrange(parts, timeout_s);
   }
-  parts.device = std::move(device);
-  parts.device_type = config.device_type;
-  parts.transport = config.transport;
   return std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
 }
 

@@ -1,4 +1,4 @@
-#include "core/moe.hpp"
+#include "moe/moe.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/exec.hpp"
-#include "core/moe_kernels.hpp"
+#include "moe/kernels.hpp"
+#include "setup/exec.hpp"
 
 namespace a2a::moe {
 

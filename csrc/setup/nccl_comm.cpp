@@ -1,9 +1,10 @@
-#include "core/nccl_comm.hpp"
+#include "setup/nccl_comm.hpp"
 
-#include "core/backends.hpp"
-#include "core/comm_setup.hpp"
 #include "core/error.hpp"
 #include "core/staging.hpp"
+#include "setup/agree_topology.hpp"
+#include "setup/backends.hpp"
+#include "setup/settings.hpp"
 
 namespace a2a {
 

@@ -1,8 +1,8 @@
 // The optional backends' factories in a build without them: each fails with
 // A2A_ERROR_UNSUPPORTED and says how to build it in.
-#include "core/backends.hpp"
 #include "core/error.hpp"
-#include "core/moe_kernels.hpp"
+#include "moe/kernels.hpp"
+#include "setup/backends.hpp"
 
 namespace a2a {
 
