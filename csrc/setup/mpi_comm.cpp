@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/debug.hpp"
 #include "core/error.hpp"
 #include "core/staging.hpp"
 #include "cpu/cpu_device.hpp"
@@ -11,6 +12,7 @@
 #include "setup/agree_topology.hpp"
 #include "setup/backends.hpp"
 #include "setup/mpi_topology.hpp"
+#include "setup/report.hpp"
 #include "setup/settings.hpp"
 
 namespace a2a {
@@ -41,6 +43,7 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   // are read first, every rank makes the same collective calls, and the
   // verdict is shared in agree_topology.
   SettingReader settings;
+  debug::set_level(settings.read([] { return debug::level_from_env(); }, debug::Level::kOff));
   const double timeout_s = settings.read([&] { return timeout_from(config); }, kDefaultTimeoutS);
   const long env_local = settings.read([] { return env_int("A2A_LOCAL_SIZE"); }, -1L);
   const size_t max_count = settings.read([] { return max_int_count(); }, static_cast<size_t>(INT_MAX));
@@ -60,6 +63,8 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   int rc = MPI_Comm_dup(parent, &dup);
   if (rc != MPI_SUCCESS) fail(A2A_ERROR_TRANSPORT, "MPI_Comm_dup failed with code ", rc);
   auto mpi = std::make_unique<MpiTransport>(dup, timeout_s, max_count);
+  int world_rank = 0;
+  if (MPI_Comm_rank(MPI_COMM_WORLD, &world_rank) == MPI_SUCCESS) debug::set_rank(world_rank);
 
   // Detection runs on every rank (it is collective) even where local_size is given.
   LocalSizeProposal proposal;
@@ -108,7 +113,13 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   } else if (arrange) {
     arrange(parts, timeout_s);
   }
-  return std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
+  auto comm = std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
+  report_created(*comm, "MPI",
+                 !proposal.explicit_size ? "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"
+                 : config.local_size > 0 ? "local_size="
+                                         : "A2A_LOCAL_SIZE",
+                 timeout_s);
+  return comm;
 }
 
 }  // namespace a2a
