@@ -159,7 +159,9 @@ def test_timeout_is_a_warn_line_on_the_debug_channel(scenario):
     comm, record, error = waiting(scenario)
     warned = [line for line in record["first_stderr"].splitlines() if " WARN " in line]
     prefix = f"[a2a rank {comm.rank}] WARN rank {comm.rank} of {comm.size}: timed out"
-    assert any(line.startswith(prefix) for line in warned), f"no {prefix!r} line in {record['first_stderr']!r}"
+    assert any(line.startswith(prefix) for line in warned), (
+        f"no {prefix!r} line in {record['first_stderr']!r}"
+    )
     assert str(error).endswith(warned[0][len(f"[a2a rank {comm.rank}] WARN ") :]), (warned, str(error))
 
 
