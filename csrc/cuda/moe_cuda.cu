@@ -36,6 +36,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/stream_wait.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
 #include "moe/messages.hpp"
@@ -535,7 +536,7 @@ __global__ void __launch_bounds__(kThreads)
 class CudaKernels final : public Kernels {
  public:
   // Touches no CUDA API (a workspace size query needs no device).
-  explicit CudaKernels(cudaStream_t stream) : stream_(stream) {}
+  CudaKernels(cudaStream_t stream, double timeout_s) : stream_(stream), timeout_s_(timeout_s) {}
 
   const char* name() const override { return "cuda"; }
 
@@ -592,7 +593,7 @@ class CudaKernels final : public Kernels {
     check_cuda(cudaMemcpyAsync(host.data(), record, host.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
                                stream_),
                "cudaMemcpyAsync (device to host)");
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after the location scan)");
+    wait("the location scan");
 
     if (host[kBadOrderEntry] != kUnset)
       fail(A2A_ERROR_INVALID_ARGUMENT, route_token_order_message(static_cast<int64_t>(host[kBadOrderEntry]),
@@ -619,7 +620,7 @@ class CudaKernels final : public Kernels {
       (void)cudaGetLastError();  // unknown to CUDA: treated as pageable; the copy below reports real trouble
     check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync (host to device)");
-    if (page_locked) check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after an upload)");
+    if (page_locked) wait("a copy of the layout to the device");
   }
 
   void dispatch(const a2a_routing_t& r, const void* x, a2a_dtype_t dtype, int64_t model_dim, const void* gates,
@@ -682,6 +683,16 @@ class CudaKernels final : public Kernels {
   }
 
  private:
+  // Waits for the stream, bounded like every wait (route's two waits): work
+  // enqueued before route, e.g. a collective whose peer never comes, must not
+  // hang it.
+  void wait(const char* what) {
+    if (!wait_for_stream(stream_, timeout_s_))
+      fail(A2A_ERROR_TIMEOUT, "route: the CUDA stream did not finish ", what, " within ", timeout_s_,
+           " s (A2A_TIMEOUT_S); work enqueued on that stream before route (e.g. a collective waiting for a peer) "
+           "may be stuck");
+  }
+
   // The grid cap of the current device, found on the first launch; its
   // errors are the first to say that there is no usable device or driver.
   int max_blocks() {
@@ -690,13 +701,14 @@ class CudaKernels final : public Kernels {
   }
 
   cudaStream_t stream_;
+  double timeout_s_;
   int max_blocks_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Kernels> make_cuda_kernels(void* stream) {
-  return std::make_unique<CudaKernels>(static_cast<cudaStream_t>(stream));
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream, double timeout_s) {
+  return std::make_unique<CudaKernels>(static_cast<cudaStream_t>(stream), timeout_s);
 }
 
 }  // namespace a2a::moe

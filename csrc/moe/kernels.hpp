@@ -79,7 +79,8 @@ class Kernels {
 // CPU backend with `num_threads` threads (0 = A2A_NUM_THREADS, else all cores).
 std::unique_ptr<Kernels> make_cpu_kernels(int num_threads);
 // CUDA backend on the calling thread's current device and `stream`
-// (a cudaStream_t). Throws A2A_ERROR_UNSUPPORTED when CUDA was not built in.
-std::unique_ptr<Kernels> make_cuda_kernels(void* stream);
+// (a cudaStream_t); its waits for the stream (in route) give up after
+// timeout_s. Throws A2A_ERROR_UNSUPPORTED when CUDA was not built in.
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream, double timeout_s);
 
 }  // namespace a2a::moe

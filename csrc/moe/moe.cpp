@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "moe/kernels.hpp"
 #include "setup/exec.hpp"
+#include "setup/settings.hpp"
 
 namespace a2a::moe {
 
@@ -18,7 +19,9 @@ namespace {
 
 std::unique_ptr<Kernels> make_kernels(const a2a_exec_t* exec) {
   const a2a_exec_t e = read_exec(exec);
-  if (e.device_type == A2A_DEVICE_CUDA) return make_cuda_kernels(e.stream);
+  // route's waits for the stream are bounded by A2A_TIMEOUT_S (else 300 s):
+  // the stream is the caller's, not a communicator's.
+  if (e.device_type == A2A_DEVICE_CUDA) return make_cuda_kernels(e.stream, timeout_from(A2A_COMM_CONFIG_INIT));
   return make_cpu_kernels(e.num_threads);
 }
 

@@ -17,7 +17,7 @@ namespace {
 std::unique_ptr<Device> make_cuda_device(int) { no_cuda(); }
 int cuda_device_of(const Device&) { return -1; }
 namespace moe {
-std::unique_ptr<Kernels> make_cuda_kernels(void*) { no_cuda(); }
+std::unique_ptr<Kernels> make_cuda_kernels(void*, double) { no_cuda(); }
 }  // namespace moe
 #endif
 
