@@ -11,6 +11,7 @@
 #include "cpu/mpi_transport.hpp"
 #include "setup/agree_topology.hpp"
 #include "setup/backends.hpp"
+#include "setup/mpi_calls.hpp"
 #include "setup/mpi_topology.hpp"
 #include "setup/report.hpp"
 #include "setup/settings.hpp"
@@ -28,6 +29,21 @@ void check_choice(const a2a_comm_config_t& config) {
     fail(A2A_ERROR_INVALID_ARGUMENT, "transport NCCL moves CUDA memory: it needs device_type CUDA");
 }
 
+// A duplicate of `parent`, so that the library's messages never meet the
+// caller's: MPI_Comm_idup, bounded by the timeout. (Errors on `parent` go to
+// the caller's error handler, by default MPI_ERRORS_ARE_FATAL.)
+MPI_Comm duplicate(MPI_Comm parent, double timeout_s) {
+  const char* what = "communicator creation";
+  int rank = -1, size = 1;
+  check_mpi(MPI_Comm_rank(parent, &rank), "MPI_Comm_rank", rank, what);
+  check_mpi(MPI_Comm_size(parent, &size), "MPI_Comm_size", rank, what);
+  auto dup = std::make_unique<MPI_Comm>(MPI_COMM_NULL);  // written when the duplication completes
+  MPI_Request request;
+  check_mpi(MPI_Comm_idup(parent, dup.get(), &request), "MPI_Comm_idup", rank, what);
+  wait_mpi(request, "MPI_Comm_idup", rank, size, timeout_s, what, dup);
+  return *dup;
+}
+
 }  // namespace
 
 std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config) {
@@ -36,7 +52,7 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
 
 std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config, const HostArrangement& arrange) {
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized", -1, "communicator creation");
   if (!initialized) fail(A2A_ERROR_INVALID_ARGUMENT, "MPI is not initialized (import mpi4py or call MPI_Init first)");
   if (parent == MPI_COMM_NULL) fail(A2A_ERROR_INVALID_ARGUMENT, "the MPI communicator is MPI_COMM_NULL");
   // A bad setting on one rank must not leave the others waiting: settings
@@ -59,16 +75,14 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   else
     device = std::make_unique<CpuDevice>();
 
-  MPI_Comm dup;
-  int rc = MPI_Comm_dup(parent, &dup);
-  if (rc != MPI_SUCCESS) fail(A2A_ERROR_TRANSPORT, "MPI_Comm_dup failed with code ", rc);
-  auto mpi = std::make_unique<MpiTransport>(dup, timeout_s, max_count);
+  auto mpi = std::make_unique<MpiTransport>(duplicate(parent, timeout_s), timeout_s, max_count);
+  const MPI_Comm dup = mpi->mpi_comm();
   int world_rank = 0;
   if (MPI_Comm_rank(MPI_COMM_WORLD, &world_rank) == MPI_SUCCESS) debug::set_rank(world_rank);
 
   // Detection runs on every rank (it is collective) even where local_size is given.
   LocalSizeProposal proposal;
-  proposal.local_size = detect_local_size(dup, &proposal.irregular_reason);
+  proposal.local_size = detect_local_size(dup, timeout_s, &proposal.irregular_reason);
   proposal.source = "local_size= / A2A_LOCAL_SIZE";
   const int given = config.local_size > 0 ? config.local_size : static_cast<int>(env_local > 0 ? env_local : 0);
   if (given > 0) {

@@ -252,3 +252,37 @@ def test_unused_input_is_intact(scenario):
         x, ref.a2a_input("timeout", comm.rank, comm.size, (comm.size * record["per_peer"],), "int32")
     )
     assert isinstance(x, np.ndarray)
+
+
+@pytest.fixture(scope="module")
+def late_creation(world):
+    """Every rank but the last creates a communicator with a 1 s timeout; the
+    last joins the duplication only after they gave up (with a bare Idup, so
+    that the requests they left behind complete and COMM_WORLD stays in step)."""
+    if world.Get_size() < 2:
+        pytest.skip("needs at least 2 ranks")
+    missing = world.Get_size() - 1
+    record = {"missing": missing}
+    world.Barrier()
+    if world.Get_rank() != missing:
+        start = time.monotonic()
+        record["outcome"] = attempt(lambda: a2a.Comm.from_mpi(world, timeout_s=1))
+        record["seconds"] = time.monotonic() - start
+    else:
+        time.sleep(3)
+        dup, request = world.Idup()
+        request.Wait()
+        dup.Free()
+    world.Barrier()
+    return record
+
+
+def test_creation_waiting_for_a_missing_rank_times_out(late_creation, world):
+    if world.Get_rank() == late_creation["missing"]:
+        pytest.skip("this rank is the one that came late")
+    result, error = late_creation["outcome"]
+    assert isinstance(error, a2a.A2ATimeoutError), f"creation without rank {late_creation['missing']}: {result!r}"
+    message = str(error)
+    for fragment in (f"rank {world.Get_rank()} of {world.Get_size()}", "communicator creation", "MPI_Comm_idup"):
+        assert fragment in message, message
+    assert late_creation["seconds"] < 2.5, late_creation["seconds"]
