@@ -8,14 +8,16 @@
 #include <string>
 
 #include "a2a/a2a.h"
-#include "core/backends.hpp"
+#include "a2a/a2a_testing.h"
 #include "core/collectives.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/exec.hpp"
-#include "core/moe.hpp"
-#include "core/nccl_comm.hpp"
-#include "cpu/mpi_comm.hpp"
+#include "moe/moe.hpp"
+#include "setup/backends.hpp"
+#include "setup/exec.hpp"
+#include "setup/mpi_comm.hpp"
+#include "setup/nccl_comm.hpp"
+#include "setup/testing_comm.hpp"
 
 struct a2a_comm {
   std::unique_ptr<a2a::Comm> impl;
@@ -58,6 +60,23 @@ T* require_handle(T* handle, const char* what) {
 
 void require_out(const void* pointer, const char* what) {
   if (pointer == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "output argument ", what, " is NULL");
+}
+
+MPI_Comm mpi_comm_at(const void* mpi_comm) {
+  if (mpi_comm == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "mpi_comm must point to an MPI_Comm");
+  return *static_cast<const MPI_Comm*>(mpi_comm);
+}
+
+// Sets *comm to the communicator that make() returns, or to NULL when it fails.
+template <typename Make>
+a2a_status_t create_comm(a2a_comm_t* comm, Make&& make) {
+  return guarded([&] {
+    require_out(comm, "comm");
+    *comm = nullptr;
+    auto handle = std::make_unique<a2a_comm>();
+    handle->impl = make();
+    *comm = handle.release();
+  });
 }
 
 }  // namespace
@@ -124,14 +143,9 @@ a2a_comm_config_t read_config(const a2a_comm_config_t* config) {
 }  // namespace
 
 a2a_status_t a2a_comm_create_mpi(const void* mpi_comm, const a2a_comm_config_t* config, a2a_comm_t* comm) {
-  return guarded([&] {
-    require_out(comm, "comm");
-    *comm = nullptr;
-    if (mpi_comm == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "mpi_comm must point to an MPI_Comm");
-    const a2a_comm_config_t options = read_config(config);
-    auto handle = std::make_unique<a2a_comm>();
-    handle->impl = a2a::create_mpi_comm(*static_cast<const MPI_Comm*>(mpi_comm), options);
-    *comm = handle.release();
+  return create_comm(comm, [&] {
+    const MPI_Comm parent = mpi_comm_at(mpi_comm);
+    return a2a::create_mpi_comm(parent, read_config(config));
   });
 }
 
@@ -144,14 +158,7 @@ a2a_status_t a2a_nccl_unique_id(void* id) {
 
 a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_comm_config_t* config,
                                   a2a_comm_t* comm) {
-  return guarded([&] {
-    require_out(comm, "comm");
-    *comm = nullptr;
-    const a2a_comm_config_t options = read_config(config);
-    auto handle = std::make_unique<a2a_comm>();
-    handle->impl = a2a::create_nccl_comm(id, size, rank, options);
-    *comm = handle.release();
-  });
+  return create_comm(comm, [&] { return a2a::create_nccl_comm(id, size, rank, read_config(config)); });
 }
 
 a2a_status_t a2a_comm_set_stream(a2a_comm_t comm, void* stream) {
@@ -337,6 +344,15 @@ a2a_status_t a2a_copy_ranges(const a2a_exec_t* exec, void* dst, const void* src,
                   ranges[i].bytes, " bytes");
     a2a::make_device(a2a::read_exec(exec))
         ->copy_ranges(dst, src, reinterpret_cast<const a2a::CopyRange*>(ranges), count);
+  });
+}
+
+// Tests only (a2a/a2a_testing.h, not installed).
+a2a_status_t a2a_testing_comm_create_mpi(const void* mpi_comm, const a2a_comm_config_t* config, const char* staging,
+                                         a2a_comm_t* comm) {
+  return create_comm(comm, [&] {
+    const MPI_Comm parent = mpi_comm_at(mpi_comm);
+    return a2a::create_staged_host_comm(parent, read_config(config), staging);
   });
 }
 

@@ -77,7 +77,7 @@ CONFIGS = [
     Config("3x1", 3, 1, note="3 nodes x 1 rank"),
     Config("np3-local2", 3, 2, note="irregular: 2dh must be rejected"),
     # The code of the CUDA communicators with host copies for device ones
-    # (A2A_TEST_STAGING, cpu/mpi_comm.cpp): data staged through host buffers
+    # (A2A_TEST_STAGING, tests/mpi/conftest.py): data staged through host buffers
     # as with transport="mpi", device="cuda"; control messages through a
     # device buffer as on a communicator made from a NCCL unique id.
     Config("staged-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),

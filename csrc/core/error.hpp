@@ -30,9 +30,17 @@ std::string cat(Args&&... args) {
   return out.str();
 }
 
+// Prints `message` as a WARN line of the debug channel (core/debug.hpp).
+void warn_timeout(const std::string& message);
+
+// Throws Failure(status, the arguments concatenated). A timeout is also
+// printed on the debug channel (A2A_DEBUG=WARN or INFO) as it is made, so
+// every transport's timeout shows up there, named as in the error.
 template <typename... Args>
 [[noreturn]] void fail(a2a_status_t status, Args&&... args) {
-  throw Failure(status, cat(std::forward<Args>(args)...));
+  std::string message = cat(std::forward<Args>(args)...);
+  if (status == A2A_ERROR_TIMEOUT) warn_timeout(message);
+  throw Failure(status, message);
 }
 
 }  // namespace a2a

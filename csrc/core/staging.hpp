@@ -8,7 +8,7 @@
 //                           communicator made from a NCCL unique id alone.
 //
 // Both are written against Device, so the CPU tests run them too (with host
-// copies for the staging; A2A_TEST_STAGING, see cpu/mpi_comm.cpp).
+// copies for the staging: setup/testing_comm.hpp).
 #pragma once
 
 #include <vector>

@@ -1,5 +1,5 @@
 // CPU backend of the MoE kernels: threads over tokens (cpu/thread_pool), with
-// the per-element arithmetic of core/moe_elementwise.hpp.
+// the per-element arithmetic of moe/elementwise.hpp.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "core/moe_elementwise.hpp"
-#include "core/moe_kernels.hpp"
-#include "core/moe_messages.hpp"
 #include "cpu/thread_pool.hpp"
+#include "moe/elementwise.hpp"
+#include "moe/kernels.hpp"
+#include "moe/messages.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -420,7 +420,7 @@ class CpuKernels final : public Kernels {
            static_cast<size_t>(num_tokens);
   }
 
-  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by core/moe.cpp*/,
+  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by moe/moe.cpp*/,
               int64_t* locations, std::vector<int64_t>& demand) override {
     const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, n = T * k;
     const int slices = std::max(1, slice_count(n, kScanGrain, threads_));

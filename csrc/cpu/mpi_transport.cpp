@@ -9,7 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/moe_elementwise.hpp"
+#include "core/half.hpp"
 
 namespace a2a {
 
@@ -324,7 +324,7 @@ void MpiTransport::allgather(const void* send, void* recv, size_t bytes_per_rank
 namespace {
 
 // float16 / bfloat16 reductions, which MPI lacks: element-wise in float32,
-// rounded back (the conversions of core/moe_elementwise.hpp).
+// rounded back (the conversions of core/half.hpp).
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), ReduceOp Op>
 void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);
@@ -337,10 +337,10 @@ void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
   }
 }
 
-float half_in(uint16_t h) { return moe::half_to_float(h); }
-uint16_t half_out(float f) { return moe::float_to_half(f); }
-float bf16_in(uint16_t b) { return moe::bfloat16_to_float(b); }
-uint16_t bf16_out(float f) { return moe::float_to_bfloat16(f); }
+float half_in(uint16_t h) { return half_to_float(h); }
+uint16_t half_out(float f) { return float_to_half(f); }
+float bf16_in(uint16_t b) { return bfloat16_to_float(b); }
+uint16_t bf16_out(float f) { return float_to_bfloat16(f); }
 
 // The MPI datatype and operation of a reduction. The 16-bit float ops are
 // created once per process (MPI_Op_create is local and cheap to keep).
@@ -428,35 +428,6 @@ void MpiTransport::barrier() {
   MPI_Request request;
   A2A_MPI_CHECK(MPI_Ibarrier(comm_, &request), "rank ", rank_, " barrier");
   wait_one(request, "barrier");
-}
-
-int detect_local_size(MPI_Comm comm, std::string* irregular_reason) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  MPI_Comm node_comm;
-  A2A_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm), "rank ", rank,
-                " topology detection");
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(node_comm, &local_rank);
-  MPI_Comm_size(node_comm, &local_size);
-  // The node's first rank identifies it; regular nodes are the blocks
-  // [k * local_size, (k + 1) * local_size).
-  int leader = rank;
-  MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node_comm);
-  MPI_Comm_free(&node_comm);
-  int mine[2] = {leader, local_size};
-  std::vector<int> all(2 * static_cast<size_t>(size));
-  MPI_Allgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm);
-  for (int r = 0; r < size; ++r) {
-    if (all[2 * r + 1] != local_size || all[2 * r] != r - r % local_size) {
-      *irregular_reason = cat("MPI shared-memory nodes are not equal blocks of consecutive ranks (rank ", r,
-                              " is on the node of rank ", all[2 * r], " with ", all[2 * r + 1],
-                              " ranks); pass local_size= or set A2A_LOCAL_SIZE");
-      break;
-    }
-  }
-  return local_size;
 }
 
 }  // namespace a2a

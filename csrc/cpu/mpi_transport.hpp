@@ -75,8 +75,4 @@ class MpiTransport final : public Transport {
   std::vector<Pending> pending_;
 };
 
-// Ranks per node from MPI_Comm_split_type(SHARED). Nodes that are not equal,
-// contiguous blocks of ranks are reported through *irregular_reason.
-int detect_local_size(MPI_Comm comm, std::string* irregular_reason);
-
 }  // namespace a2a

@@ -4,11 +4,11 @@
 #include <cuda_runtime.h>
 
 
-#include "core/backends.hpp"
 #include "core/error.hpp"
-#include "core/poll.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layout_cuda.hpp"
+#include "cuda/stream_wait.hpp"
+#include "setup/backends.hpp"
 
 namespace a2a {
 
@@ -78,14 +78,7 @@ class CudaDevice final : public Device {
   void synchronize(double timeout_s, const std::function<void()>& poll) override {
     if (cuda_is_unloading()) return;  // process exit: nothing can run any more
     const CurrentDevice active = activate();
-    const bool finished = poll_until(timeout_s, [&] {
-      const cudaError_t status = cudaStreamQuery(stream_);
-      if (status == cudaSuccess) return true;
-      if (status != cudaErrorNotReady) check_cuda(status, "cudaStreamQuery");
-      if (poll) poll();
-      return false;
-    });
-    if (!finished)
+    if (!wait_for_stream(stream_, timeout_s, poll))
       fail(A2A_ERROR_TIMEOUT, "CUDA device ", device_, ": the stream did not finish within ", timeout_s,
            " s (A2A_TIMEOUT_S)");
   }

@@ -1,6 +1,6 @@
-// CUDA backend of the MoE kernels (core/moe_kernels.hpp): everything runs on
+// CUDA backend of the MoE kernels (moe/kernels.hpp): everything runs on
 // the caller's stream on the current device, with the per-element arithmetic
-// of core/moe_elementwise.hpp, so the CPU tests vouch for the conversions.
+// of moe/elementwise.hpp, so the CPU tests vouch for the conversions.
 // No allocation: the location scan's scratch is the caller's workspace.
 //
 // Location scan (locate). The T*k choices in Tutel's slot order are cut into
@@ -35,10 +35,11 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/moe_elementwise.hpp"
-#include "core/moe_kernels.hpp"
-#include "core/moe_messages.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/stream_wait.hpp"
+#include "moe/elementwise.hpp"
+#include "moe/kernels.hpp"
+#include "moe/messages.hpp"
 
 namespace a2a::moe {
 
@@ -535,7 +536,7 @@ __global__ void __launch_bounds__(kThreads)
 class CudaKernels final : public Kernels {
  public:
   // Touches no CUDA API (a workspace size query needs no device).
-  explicit CudaKernels(cudaStream_t stream) : stream_(stream) {}
+  CudaKernels(cudaStream_t stream, double timeout_s) : stream_(stream), timeout_s_(timeout_s) {}
 
   const char* name() const override { return "cuda"; }
 
@@ -543,7 +544,7 @@ class CudaKernels final : public Kernels {
     return locate_layout(num_tokens, top_k, num_experts).total;
   }
 
-  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by core/moe.cpp*/,
+  void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by moe/moe.cpp*/,
               int64_t* locations, std::vector<int64_t>& demand) override {
     const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts;
     const LocateLayout layout = locate_layout(T, k, E);
@@ -592,7 +593,7 @@ class CudaKernels final : public Kernels {
     check_cuda(cudaMemcpyAsync(host.data(), record, host.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
                                stream_),
                "cudaMemcpyAsync (device to host)");
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after the location scan)");
+    wait("the location scan");
 
     if (host[kBadOrderEntry] != kUnset)
       fail(A2A_ERROR_INVALID_ARGUMENT, route_token_order_message(static_cast<int64_t>(host[kBadOrderEntry]),
@@ -619,7 +620,7 @@ class CudaKernels final : public Kernels {
       (void)cudaGetLastError();  // unknown to CUDA: treated as pageable; the copy below reports real trouble
     check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
                "cudaMemcpyAsync (host to device)");
-    if (page_locked) check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (after an upload)");
+    if (page_locked) wait("a copy of the layout to the device");
   }
 
   void dispatch(const a2a_routing_t& r, const void* x, a2a_dtype_t dtype, int64_t model_dim, const void* gates,
@@ -682,6 +683,16 @@ class CudaKernels final : public Kernels {
   }
 
  private:
+  // Waits for the stream, bounded like every wait (route's two waits): work
+  // enqueued before route, e.g. a collective whose peer never comes, must not
+  // hang it.
+  void wait(const char* what) {
+    if (!wait_for_stream(stream_, timeout_s_))
+      fail(A2A_ERROR_TIMEOUT, "route: the CUDA stream did not finish ", what, " within ", timeout_s_,
+           " s (A2A_TIMEOUT_S); work enqueued on that stream before route (e.g. a collective waiting for a peer) "
+           "may be stuck");
+  }
+
   // The grid cap of the current device, found on the first launch; its
   // errors are the first to say that there is no usable device or driver.
   int max_blocks() {
@@ -690,13 +701,14 @@ class CudaKernels final : public Kernels {
   }
 
   cudaStream_t stream_;
+  double timeout_s_;
   int max_blocks_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Kernels> make_cuda_kernels(void* stream) {
-  return std::make_unique<CudaKernels>(static_cast<cudaStream_t>(stream));
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream, double timeout_s) {
+  return std::make_unique<CudaKernels>(static_cast<cudaStream_t>(stream), timeout_s);
 }
 
 }  // namespace a2a::moe

@@ -12,10 +12,10 @@
 
 #include <cstring>
 
-#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/poll.hpp"
 #include "cuda/cuda_check.hpp"
+#include "setup/backends.hpp"
 
 namespace a2a {
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "a2a/a2a.hpp"
+#include "a2a/a2a_testing.h"
 
 namespace py = pybind11;
 
@@ -410,6 +411,20 @@ PYBIND11_MODULE(_C, m) {
             c.report_invalid(op.c_str(), message);
           },
           py::call_guard<py::gil_scoped_release>());
+
+  // Tests only: what a2a._C.Comm(...) makes, with the staging transports over
+  // host memory (tests/mpi/conftest.py, under A2A_TEST_STAGING).
+  m.def(
+      "testing_comm_create_mpi",
+      [](const std::string& staging, uintptr_t mpi_comm_address, int local_size, double timeout_s,
+         int use_mpi_datatypes, int device_type, int transport, int cuda_device) {
+        const a2a_comm_config_t config =
+            make_config(local_size, timeout_s, use_mpi_datatypes, device_type, transport, cuda_device);
+        a2a_comm_t handle = nullptr;
+        a2a::check(a2a_testing_comm_create_mpi(as_pointer(mpi_comm_address), &config, staging.c_str(), &handle));
+        return a2a::Communicator::adopt(handle);
+      },
+      py::call_guard<py::gil_scoped_release>());
 
   py::class_<a2a::VPlan>(m, "VPlan")
       .def(py::init([](a2a::Communicator& comm, const std::vector<int64_t>& send_counts, size_t row_elements, int dtype,

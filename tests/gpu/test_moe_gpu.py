@@ -3,8 +3,8 @@ CUDA tensors.
 
 route must agree exactly (locations, counts, offsets, capacity, drops).
 fast_encode and permute form one product per element, converted the same
-way on both sides (core/moe_elementwise.hpp), so they are compared bitwise in
-every dtype. Sums (fast_decode, unpermute) and gradients are compared within
+way on both sides (moe/elementwise.hpp over core/half.hpp), so they are
+compared bitwise in every dtype. Sums (fast_decode, unpermute) and gradients are compared within
 float32 accumulation tolerance (float64 for float64). Skipped without a GPU
 or a CUDA build of a2a (conftest.py).
 """

@@ -15,6 +15,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+# A2A_TEST_STAGING=staged|control (tests/run_mpi.py's staged-* and control-*
+# configurations): every host communicator the suite makes, through
+# a2a.Comm.from_mpi or otherwise, moves its data (or its control values)
+# through the staging transports of the CUDA communicators, with host copies.
+# The library itself never reads this variable: its native constructor is
+# replaced by the test-only factory (csrc/setup/testing_comm.hpp).
+STAGING = os.environ.get("A2A_TEST_STAGING", "")
+
+
+class _StagedNativeComm:
+    """Stands in for a2a._C.Comm: the same arguments, the test-only factory."""
+
+    production = None
+
+    def __new__(cls, *args):
+        from a2a import _C
+
+        return _C.testing_comm_create_mpi(STAGING, *args)
+
+    @classmethod
+    def from_nccl_id(cls, *args, **kwargs):
+        return cls.production.from_nccl_id(*args, **kwargs)
+
+
+def pytest_configure(config):
+    if STAGING:
+        from a2a import _C
+
+        _StagedNativeComm.production = _C.Comm
+        _C.Comm = _StagedNativeComm
+
 
 @pytest.fixture(scope="session")
 def world():

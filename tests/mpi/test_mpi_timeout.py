@@ -19,12 +19,15 @@ A scenario, with `missing` the rank that skips:
      out refuse at once (TransportError), and the late rank ends up retired
      too;
   4. a fresh comm works.
+The scenario's comm is made with A2A_DEBUG=WARN, and what the first call
+writes to stderr is kept: every timeout is also a WARN line there.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 
 import numpy as np
@@ -55,6 +58,21 @@ def attempt(call):
         return None, error
 
 
+def attempt_capturing_stderr(call):
+    """(attempt(call), what was written to file descriptor 2 meanwhile, by
+    native code too)."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            outcome = attempt(call)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        return outcome, sink.read().decode(errors="replace")
+
+
 def make_calls(comm, x, per_peer):
     w = comm.size
     return {
@@ -76,7 +94,7 @@ def run_scenario(world, comm, missing, op, per_peer):
     world.Barrier()
     if comm.rank != missing:
         start = time.monotonic()
-        record["first"] = attempt(calls[op])
+        record["first"], record["first_stderr"] = attempt_capturing_stderr(calls[op])
         record["first_seconds"] = time.monotonic() - start
     world.Barrier()
     if comm.rank == missing:
@@ -98,10 +116,11 @@ def scenario(request, world):
         pytest.skip("needs at least 2 ranks")
     how, op, per_peer, which = SCENARIOS[request.param]
     missing = 0 if which == "first" else world.Get_size() - 1
-    if how == "arg":
-        comm = a2a.Comm.from_mpi(world, timeout_s=1)
-    else:
-        with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("A2A_DEBUG", "WARN")
+        if how == "arg":
+            comm = a2a.Comm.from_mpi(world, timeout_s=1)
+        else:
             mp.setenv("A2A_TIMEOUT_S", "1")
             comm = a2a.Comm.from_mpi(world)
     return comm, run_scenario(world, comm, missing, op, per_peer)
@@ -134,6 +153,16 @@ def test_waiting_ranks_raise_timeout(scenario):
     message = str(error)
     assert f"rank {comm.rank} of {comm.size}" in message, message
     assert "timed out" in message and "A2A_TIMEOUT_S" in message, message
+
+
+def test_timeout_is_a_warn_line_on_the_debug_channel(scenario):
+    comm, record, error = waiting(scenario)
+    warned = [line for line in record["first_stderr"].splitlines() if " WARN " in line]
+    prefix = f"[a2a rank {comm.rank}] WARN rank {comm.rank} of {comm.size}: timed out"
+    assert any(line.startswith(prefix) for line in warned), (
+        f"no {prefix!r} line in {record['first_stderr']!r}"
+    )
+    assert str(error).endswith(warned[0][len(f"[a2a rank {comm.rank}] WARN ") :]), (warned, str(error))
 
 
 def test_timeout_names_the_collective(scenario):
@@ -223,3 +252,37 @@ def test_unused_input_is_intact(scenario):
         x, ref.a2a_input("timeout", comm.rank, comm.size, (comm.size * record["per_peer"],), "int32")
     )
     assert isinstance(x, np.ndarray)
+
+
+@pytest.fixture(scope="module")
+def late_creation(world):
+    """Every rank but the last creates a communicator with a 1 s timeout; the
+    last joins the duplication only after they gave up (with a bare Idup, so
+    that the requests they left behind complete and COMM_WORLD stays in step)."""
+    if world.Get_size() < 2:
+        pytest.skip("needs at least 2 ranks")
+    missing = world.Get_size() - 1
+    record = {"missing": missing}
+    world.Barrier()
+    if world.Get_rank() != missing:
+        start = time.monotonic()
+        record["outcome"] = attempt(lambda: a2a.Comm.from_mpi(world, timeout_s=1))
+        record["seconds"] = time.monotonic() - start
+    else:
+        time.sleep(3)
+        dup, request = world.Idup()
+        request.Wait()
+        dup.Free()
+    world.Barrier()
+    return record
+
+
+def test_creation_waiting_for_a_missing_rank_times_out(late_creation, world):
+    if world.Get_rank() == late_creation["missing"]:
+        pytest.skip("this rank is the one that came late")
+    result, error = late_creation["outcome"]
+    assert isinstance(error, a2a.A2ATimeoutError), f"creation without rank {late_creation['missing']}: {result!r}"
+    message = str(error)
+    for fragment in (f"rank {world.Get_rank()} of {world.Get_size()}", "communicator creation", "MPI_Comm_idup"):
+        assert fragment in message, message
+    assert late_creation["seconds"] < 2.5, late_creation["seconds"]

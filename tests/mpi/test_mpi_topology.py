@@ -97,3 +97,22 @@ def test_local_size_that_differs_across_ranks_is_a_mismatch(world):
         assert f"this rank has {mine}" in message, message
     else:
         raise AssertionError("different local_size values on different ranks were accepted")
+
+
+def test_an_mpi_error_in_topology_detection_is_a_transport_error(world, need_two):
+    # Detection on an intercommunicator fails inside MPI (where depends on
+    # the MPI: Open MPI refuses the node allreduce). Every MPI call of
+    # creation is checked: a TransportError naming the step, the call and the
+    # rank, not garbage topology or a crash.
+    color = world.Get_rank() % 2
+    local = world.Split(color, world.Get_rank())
+    inter = local.Create_intercomm(0, world, 1 - color, tag=7)
+    _, error = outcome(lambda: a2a.Comm.from_mpi(inter, timeout_s=30))
+    rank = inter.Get_rank()
+    inter.Free()
+    local.Free()
+    assert isinstance(error, a2a.TransportError), repr(error)
+    message = str(error)
+    assert f"rank {rank}: " in message, message
+    assert "failed: " in message and "MPI_" in message, message
+    assert "topology detection" in message or "communicator creation" in message, message

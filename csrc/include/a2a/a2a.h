@@ -192,7 +192,13 @@ A2A_API a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan);
  * the execution device (host memory for A2A_DEVICE_CPU, device memory for
  * A2A_DEVICE_CUDA) unless it says "host". Kernels on CUDA are enqueued on
  * exec->stream and return without waiting, except a2a_route, which reads the
- * per-expert counts back to the host (one stream synchronization).
+ * per-expert counts back to the host (one stream synchronization, which
+ * gives up with A2A_ERROR_TIMEOUT after A2A_TIMEOUT_S seconds).
+ *
+ * None of them works in place: an output (rows, y, grad_gates; locations,
+ * counts, expert_offsets and the workspace of a2a_route) that shares a byte
+ * with any other argument, the routing's arrays included, fails with
+ * A2A_ERROR_INVALID_ARGUMENT naming the two.
  * ------------------------------------------------------------------------ */
 
 

@@ -41,6 +41,12 @@ class Communicator {
   Communicator(const void* nccl_id, int size, int rank, const a2a_comm_config_t& config) {
     check(a2a_comm_create_nccl(nccl_id, size, rank, &config, &handle_));
   }
+  // Takes ownership of a handle from a C entry point (e.g. one not wrapped here).
+  static Communicator adopt(a2a_comm_t handle) noexcept {
+    Communicator communicator;
+    communicator.handle_ = handle;
+    return communicator;
+  }
   ~Communicator() {
     if (handle_ != nullptr) a2a_comm_destroy(handle_);
   }
@@ -111,6 +117,7 @@ class Communicator {
   }
 
  private:
+  Communicator() = default;
   a2a_comm_t handle_ = nullptr;
 };
 

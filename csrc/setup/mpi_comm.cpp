@@ -1,31 +1,24 @@
-#include "cpu/mpi_comm.hpp"
+#include "setup/mpi_comm.hpp"
 
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "core/backends.hpp"
-#include "core/comm_setup.hpp"
+#include "core/debug.hpp"
 #include "core/error.hpp"
 #include "core/staging.hpp"
 #include "cpu/cpu_device.hpp"
 #include "cpu/mpi_transport.hpp"
+#include "setup/agree_topology.hpp"
+#include "setup/backends.hpp"
+#include "setup/mpi_calls.hpp"
+#include "setup/mpi_topology.hpp"
+#include "setup/report.hpp"
+#include "setup/settings.hpp"
 
 namespace a2a {
 
 namespace {
-
-// A2A_TEST_STAGING=staged|control (tests only) builds a host communicator
-// whose data or control messages go through the staging transports with host
-// copies, so that the CPU suite runs the code that CUDA communicators use.
-std::string test_staging() {
-  const char* text = std::getenv("A2A_TEST_STAGING");
-  const std::string value = text == nullptr ? "" : text;
-  if (!value.empty() && value != "staged" && value != "control")
-    fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_TEST_STAGING='", value, "': expected 'staged' or 'control'");
-  return value;
-}
 
 void check_choice(const a2a_comm_config_t& config) {
   if (config.device_type != A2A_DEVICE_CPU && config.device_type != A2A_DEVICE_CUDA)
@@ -36,17 +29,37 @@ void check_choice(const a2a_comm_config_t& config) {
     fail(A2A_ERROR_INVALID_ARGUMENT, "transport NCCL moves CUDA memory: it needs device_type CUDA");
 }
 
+// A duplicate of `parent`, so that the library's messages never meet the
+// caller's: MPI_Comm_idup, bounded by the timeout. (Errors on `parent` go to
+// the caller's error handler, by default MPI_ERRORS_ARE_FATAL.)
+MPI_Comm duplicate(MPI_Comm parent, double timeout_s) {
+  const char* what = "communicator creation";
+  int rank = -1, size = 1;
+  check_mpi(MPI_Comm_rank(parent, &rank), "MPI_Comm_rank", rank, what);
+  check_mpi(MPI_Comm_size(parent, &size), "MPI_Comm_size", rank, what);
+  auto dup = std::make_unique<MPI_Comm>(MPI_COMM_NULL);  // written when the duplication completes
+  MPI_Request request;
+  check_mpi(MPI_Comm_idup(parent, dup.get(), &request), "MPI_Comm_idup", rank, what);
+  wait_mpi(request, "MPI_Comm_idup", rank, size, timeout_s, what, dup);
+  return *dup;
+}
+
 }  // namespace
 
 std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config) {
+  return create_mpi_comm(parent, config, HostArrangement());
+}
+
+std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config, const HostArrangement& arrange) {
   int initialized = 0;
-  MPI_Initialized(&initialized);
+  check_mpi(MPI_Initialized(&initialized), "MPI_Initialized", -1, "communicator creation");
   if (!initialized) fail(A2A_ERROR_INVALID_ARGUMENT, "MPI is not initialized (import mpi4py or call MPI_Init first)");
   if (parent == MPI_COMM_NULL) fail(A2A_ERROR_INVALID_ARGUMENT, "the MPI communicator is MPI_COMM_NULL");
   // A bad setting on one rank must not leave the others waiting: settings
   // are read first, every rank makes the same collective calls, and the
   // verdict is shared in agree_topology.
   SettingReader settings;
+  debug::set_level(settings.read([] { return debug::level_from_env(); }, debug::Level::kOff));
   const double timeout_s = settings.read([&] { return timeout_from(config); }, kDefaultTimeoutS);
   const long env_local = settings.read([] { return env_int("A2A_LOCAL_SIZE"); }, -1L);
   const size_t max_count = settings.read([] { return max_int_count(); }, static_cast<size_t>(INT_MAX));
@@ -54,7 +67,6 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   if (use_datatypes < 0) use_datatypes = settings.read([] { return env_int("A2A_MPI_DATATYPES"); }, -1L) == 0 ? 0 : 1;
   settings.read([&] { check_choice(config); return 0; }, 0);
   const bool cuda = config.device_type == A2A_DEVICE_CUDA;
-  const std::string staging_test = cuda ? "" : settings.read([] { return test_staging(); }, std::string());
   // The device comes first: a bad ordinal or a build without CUDA is a
   // setting error, shared before any rank waits in NCCL's creation.
   std::unique_ptr<Device> device;
@@ -63,14 +75,14 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   else
     device = std::make_unique<CpuDevice>();
 
-  MPI_Comm dup;
-  int rc = MPI_Comm_dup(parent, &dup);
-  if (rc != MPI_SUCCESS) fail(A2A_ERROR_TRANSPORT, "MPI_Comm_dup failed with code ", rc);
-  auto mpi = std::make_unique<MpiTransport>(dup, timeout_s, max_count);
+  auto mpi = std::make_unique<MpiTransport>(duplicate(parent, timeout_s), timeout_s, max_count);
+  const MPI_Comm dup = mpi->mpi_comm();
+  int world_rank = 0;
+  if (MPI_Comm_rank(MPI_COMM_WORLD, &world_rank) == MPI_SUCCESS) debug::set_rank(world_rank);
 
   // Detection runs on every rank (it is collective) even where local_size is given.
   LocalSizeProposal proposal;
-  proposal.local_size = detect_local_size(dup, &proposal.irregular_reason);
+  proposal.local_size = detect_local_size(dup, timeout_s, &proposal.irregular_reason);
   proposal.source = "local_size= / A2A_LOCAL_SIZE";
   const int given = config.local_size > 0 ? config.local_size : static_cast<int>(env_local > 0 ? env_local : 0);
   if (given > 0) {
@@ -81,7 +93,10 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   const Topology topo = agree_topology(*mpi, proposal, config, settings);
 
   CommParts parts;
-  parts.control = mpi.get();
+  parts.device = std::move(device);
+  parts.device_type = config.device_type;
+  parts.transport = config.transport;
+  parts.data = parts.control = mpi.get();
   parts.transports.push_back(std::move(mpi));
   Transport& host = *parts.control;
   if (config.transport == A2A_TRANSPORT_NCCL) {
@@ -104,22 +119,21 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
     if (failed) fail(A2A_ERROR_TRANSPORT, "rank ", topo.rank, ": rank 0 could not create a NCCL unique id",
                      id_error.empty() ? std::string() : cat(": ", id_error));
     parts.data = parts.transports
-                     .emplace_back(make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*device),
+                     .emplace_back(make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*parts.device),
                                                        timeout_s))
                      .get();
-  } else if (cuda || staging_test == "staged") {
-    parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *device, timeout_s)).get();
-  } else if (staging_test == "control") {
-    parts.data = &host;
-    parts.control = parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(host, *device, timeout_s)).get();
-    parts.control_waits_for_stream = true;
-  } else {
-    parts.data = &host;
+  } else if (cuda) {
+    parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, timeout_s)).get();
+  } else if (arrange) {
+    arrange(parts, timeout_s);
   }
-  parts.device = std::move(device);
-  parts.device_type = config.device_type;
-  parts.transport = config.transport;
-  return std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
+  auto comm = std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
+  report_created(*comm, "MPI",
+                 !proposal.explicit_size ? "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"
+                 : config.local_size > 0 ? "local_size="
+                                         : "A2A_LOCAL_SIZE",
+                 timeout_s);
+  return comm;
 }
 
 }  // namespace a2a

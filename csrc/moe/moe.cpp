@@ -1,4 +1,4 @@
-#include "core/moe.hpp"
+#include "moe/moe.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,9 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/exec.hpp"
-#include "core/moe_kernels.hpp"
+#include "moe/kernels.hpp"
+#include "setup/exec.hpp"
+#include "setup/settings.hpp"
 
 namespace a2a::moe {
 
@@ -18,7 +19,9 @@ namespace {
 
 std::unique_ptr<Kernels> make_kernels(const a2a_exec_t* exec) {
   const a2a_exec_t e = read_exec(exec);
-  if (e.device_type == A2A_DEVICE_CUDA) return make_cuda_kernels(e.stream);
+  // route's waits for the stream are bounded by A2A_TIMEOUT_S (else 300 s):
+  // the stream is the caller's, not a communicator's.
+  if (e.device_type == A2A_DEVICE_CUDA) return make_cuda_kernels(e.stream, timeout_from(A2A_COMM_CONFIG_INIT));
   return make_cpu_kernels(e.num_threads);
 }
 
@@ -53,10 +56,6 @@ void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype
   check_shape(op, r->num_tokens, r->top_k, r->num_experts);
   require(is_index(r->index_dtype), op, ": routing index dtype is ", dtype_name(r->index_dtype),
           "; expected int32 or int64");
-  const bool any_choice = r->num_tokens > 0;
-  require(!any_choice || (r->indices != nullptr && r->locations != nullptr), op,
-          ": routing indices or locations is NULL");
-  require(r->counts != nullptr && r->expert_offsets != nullptr, op, ": routing counts or expert_offsets is NULL");
   require(r->capacity >= -1, op, ": routing capacity is ", r->capacity);
   require(r->num_rows >= 0, op, ": routing num_rows is ", r->num_rows);
   if (r->capacity >= 0)
@@ -68,6 +67,75 @@ void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype
   if (has_gates)
     require(gate_dtype == A2A_FLOAT32 || gate_dtype == dtype, op, ": gate dtype ", dtype_name(gate_dtype),
             " must be float32 or the data dtype ", dtype_name(dtype));
+}
+
+// The memory arguments of one call, as Checker::buffers checks the
+// collectives': each one NULL only when empty, and no output (or scratch)
+// sharing a byte with any other argument. The kernels read and write in
+// parallel, so an output over an input (out=x, or one row apart) would give
+// wrong results without an error.
+class Buffers {
+ public:
+  explicit Buffers(const char* op) : op_(op) {}
+  Buffers& input(const char* name, const void* data, size_t bytes) { return add(name, data, bytes, false); }
+  Buffers& output(const char* name, const void* data, size_t bytes) { return add(name, data, bytes, true); }
+  // The routing's arrays, all inputs.
+  Buffers& routing(const a2a_routing_t& r) {
+    const size_t choices = static_cast<size_t>(r.num_tokens * r.top_k);
+    const size_t experts = static_cast<size_t>(r.num_experts);
+    return input("routing.indices", r.indices, choices * dtype_size(r.index_dtype))
+        .input("routing.locations", r.locations, choices * sizeof(int64_t))
+        .input("routing.counts", r.counts, experts * sizeof(int64_t))
+        .input("routing.expert_offsets", r.expert_offsets, (experts + 1) * sizeof(int64_t));
+  }
+
+ private:
+  struct Region {
+    const char* name;
+    const char* begin;
+    size_t bytes;
+    bool written;
+  };
+  Buffers& add(const char* name, const void* data, size_t bytes, bool written) {
+    require(bytes == 0 || data != nullptr, op_, ": ", name, " is NULL");
+    const Region mine{name, static_cast<const char*>(data), bytes, written};
+    for (const Region& other : regions_) {
+      const bool overlap = mine.bytes != 0 && other.bytes != 0 && mine.begin < other.begin + other.bytes &&
+                           other.begin < mine.begin + mine.bytes;
+      if (overlap && (written || other.written))
+        fail(A2A_ERROR_INVALID_ARGUMENT, op_, ": ", written ? "output " : "input ", name, " overlaps ",
+             other.written ? "output " : "input ", other.name, " (", mine.bytes, " and ", other.bytes, " bytes at ",
+             static_cast<const void*>(mine.begin), " and ", static_cast<const void*>(other.begin),
+             "); the kernels do not work in place: give every output memory of its own");
+    }
+    regions_.push_back(mine);
+    return *this;
+  }
+
+  const char* op_;
+  std::vector<Region> regions_;
+};
+
+// Bytes of `rows` rows of model_dim elements of dtype (check_kernel_args
+// bounds rows * model_dim).
+size_t data_bytes(int64_t rows, int64_t model_dim, a2a_dtype_t dtype) {
+  return static_cast<size_t>(checked_product(rows * model_dim, static_cast<int64_t>(dtype_size(dtype)), "data bytes"));
+}
+
+// The arguments of dispatch (tokens_in: x (T, M) in, rows (num_rows, M) out)
+// and of combine (rows in, y (T, M) out), with the gates.
+void check_gated_kernel(const char* op, const a2a_routing_t* routing, a2a_dtype_t dtype, int64_t model_dim,
+                        const void* gates, a2a_dtype_t gate_dtype, const char* in_name, const void* in,
+                        const char* out_name, void* out, bool tokens_in) {
+  check_kernel_args(op, routing, dtype, model_dim, gates != nullptr, gate_dtype);
+  const a2a_routing_t& r = *routing;
+  const size_t token_bytes = data_bytes(r.num_tokens, model_dim, dtype);
+  const size_t row_bytes = data_bytes(r.num_rows, model_dim, dtype);
+  Buffers(op)
+      .routing(r)
+      .input(in_name, in, tokens_in ? token_bytes : row_bytes)
+      .input("gates", gates, gates == nullptr ? 0 : static_cast<size_t>(r.num_tokens * r.top_k) * dtype_size(gate_dtype))
+      .output(out_name, out, tokens_in ? row_bytes : token_bytes);
 }
 
 }  // namespace
@@ -107,15 +175,20 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
   try {
     check_shape(op, num_tokens, top_k, num_experts);
     require(is_index(index_dtype), op, ": indices dtype ", dtype_name(index_dtype), " is not int32 or int64");
-    require(num_tokens == 0 || (indices != nullptr && locations != nullptr), op, ": indices or locations is NULL");
-    require(counts != nullptr && expert_offsets != nullptr, op, ": counts or expert_offsets is NULL");
     require(capacity >= -1, op, ": capacity ", capacity, " is negative (A2A_CAPACITY_DROPLESS is -1)");
     require(std::isfinite(capacity_setting), op, ": capacity_setting is not finite");
     kernels = make_kernels(exec);
     const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
     require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
             " bytes required");
-    require(needed == 0 || workspace != nullptr, op, ": workspace is NULL; it needs ", needed, " bytes");
+    const size_t choices = static_cast<size_t>(num_tokens * top_k), experts = static_cast<size_t>(num_experts);
+    Buffers(op)
+        .input("indices", indices, choices * dtype_size(index_dtype))
+        .input("token_order", token_order, token_order == nullptr ? 0 : static_cast<size_t>(num_tokens) * sizeof(int64_t))
+        .output("workspace", workspace, needed)
+        .output("locations", locations, choices * sizeof(int64_t))
+        .output("counts", counts, experts * sizeof(int64_t))
+        .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
     kernels->locate({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace, workspace_bytes,
                     locations, demand);
     const int64_t max_demand = *std::max_element(demand.begin(), demand.end());
@@ -163,31 +236,27 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
 
 void dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,
               int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
-  check_kernel_args("dispatch", routing, dtype, model_dim, gates != nullptr, gate_dtype);
-  const bool has_data = model_dim > 0;
-  require(!has_data || routing->num_tokens == 0 || x != nullptr, "dispatch: x is NULL");
-  require(!has_data || routing->num_rows == 0 || rows != nullptr, "dispatch: rows is NULL");
-  if (has_data) make_kernels(exec)->dispatch(*routing, x, dtype, model_dim, gates, gate_dtype, rows);
+  check_gated_kernel("dispatch", routing, dtype, model_dim, gates, gate_dtype, "x", x, "rows", rows, true);
+  if (model_dim > 0) make_kernels(exec)->dispatch(*routing, x, dtype, model_dim, gates, gate_dtype, rows);
 }
 
 void combine(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* rows, a2a_dtype_t dtype,
              int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* y) {
-  check_kernel_args("combine", routing, dtype, model_dim, gates != nullptr, gate_dtype);
-  const bool has_data = model_dim > 0;
-  require(!has_data || routing->num_rows == 0 || rows != nullptr, "combine: rows is NULL");
-  require(!has_data || routing->num_tokens == 0 || y != nullptr, "combine: y is NULL");
-  if (has_data) make_kernels(exec)->combine(*routing, rows, dtype, model_dim, gates, gate_dtype, y);
+  check_gated_kernel("combine", routing, dtype, model_dim, gates, gate_dtype, "rows", rows, "y", y, false);
+  if (model_dim > 0) make_kernels(exec)->combine(*routing, rows, dtype, model_dim, gates, gate_dtype, y);
 }
 
 void gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* tokens, const void* rows,
                a2a_dtype_t dtype, int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates) {
   check_kernel_args("gate_grad", routing, dtype, model_dim, true, gate_dtype);
-  const bool has_data = model_dim > 0;
-  require(!has_data || routing->num_tokens == 0 || tokens != nullptr, "gate_grad: tokens is NULL");
-  require(!has_data || routing->num_rows == 0 || rows != nullptr, "gate_grad: rows is NULL");
-  require(routing->num_tokens == 0 || grad_gates != nullptr, "gate_grad: grad_gates is NULL");
+  const a2a_routing_t& r = *routing;
+  Buffers("gate_grad")
+      .routing(r)
+      .input("tokens", tokens, data_bytes(r.num_tokens, model_dim, dtype))
+      .input("rows", rows, data_bytes(r.num_rows, model_dim, dtype))
+      .output("grad_gates", grad_gates, static_cast<size_t>(r.num_tokens * r.top_k) * dtype_size(gate_dtype));
   // With model_dim 0 every dot product is 0, which the kernel also writes.
-  make_kernels(exec)->gate_grad(*routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates);
+  make_kernels(exec)->gate_grad(r, tokens, rows, dtype, model_dim, gate_dtype, grad_gates);
 }
 
 }  // namespace a2a::moe

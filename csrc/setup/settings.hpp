@@ -1,14 +1,13 @@
-// What every way of creating a communicator shares: reading the settings
-// (with errors held back until every rank has heard of them) and agreeing on
-// the topology and the requested device and transport across ranks.
+// Reading a communicator's settings (config fields and environment
+// variables) without throwing: a rank with a bad setting still makes the
+// collective calls of creation, and the error is shared in agree_topology()
+// (setup/agree_topology.hpp), so that every rank fails together.
 #pragma once
 
 #include <string>
 
 #include "a2a/a2a.h"
 #include "core/error.hpp"
-#include "core/topology.hpp"
-#include "core/transport.hpp"
 
 namespace a2a {
 
@@ -49,20 +48,5 @@ long env_int(const char* name);
 // config.timeout_s, else A2A_TIMEOUT_S, else 300.
 double timeout_from(const a2a_comm_config_t& config);
 constexpr double kDefaultTimeoutS = 300.0;
-
-// How a rank sees its node before the agreement.
-struct LocalSizeProposal {
-  int local_size = 1;
-  bool explicit_size = false;     // given by the caller or the environment, not detected
-  std::string source;             // where it came from, for errors
-  std::string irregular_reason;   // detection found unequal or non-contiguous nodes
-};
-
-// Collective over `control`: shares setting errors (this rank's are in
-// `settings`), checks that device_type and transport agree, that a given
-// local_size is given and equal everywhere, and builds the topology (an
-// irregular one still works for the linear algorithms).
-Topology agree_topology(Transport& control, const LocalSizeProposal& proposal, const a2a_comm_config_t& config,
-                        const SettingReader& settings);
 
 }  // namespace a2a

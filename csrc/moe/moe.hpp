@@ -1,7 +1,7 @@
 // Validated entry points of the MoE routing and kernels (a2a_route,
 // a2a_moe_dispatch, a2a_moe_combine, a2a_moe_gate_grad): argument checks, the
 // capacity rule and its agreement across ranks. The C ABI is a thin shell
-// over these; the arithmetic lives in the backends (core/moe_kernels.hpp).
+// over these; the arithmetic lives in the backends (moe/kernels.hpp).
 #pragma once
 
 #include <cstddef>

@@ -1,9 +1,12 @@
-#include "core/nccl_comm.hpp"
+#include "setup/nccl_comm.hpp"
 
-#include "core/backends.hpp"
-#include "core/comm_setup.hpp"
+#include "core/debug.hpp"
 #include "core/error.hpp"
 #include "core/staging.hpp"
+#include "setup/agree_topology.hpp"
+#include "setup/backends.hpp"
+#include "setup/report.hpp"
+#include "setup/settings.hpp"
 
 namespace a2a {
 
@@ -42,8 +45,10 @@ std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const
   // which the other ranks would otherwise wait for until the timeout.
   const double timeout_s = timeout_from(config);
   SettingReader settings;
+  debug::set_level(settings.read([] { return debug::level_from_env(); }, debug::Level::kOff));
   const LocalSizeProposal proposal = local_size_from(config, size, settings);
   if (!settings.error().empty()) fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, ": ", settings.error());
+  debug::set_rank(rank);
 
   a2a_comm_config_t kind = config;
   kind.device_type = A2A_DEVICE_CUDA;
@@ -59,7 +64,10 @@ std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const
           .get();
   parts.control_waits_for_stream = true;
   const Topology topo = agree_topology(*parts.control, proposal, kind, SettingReader());
-  return std::make_unique<Comm>(std::move(parts), topo, false);
+  auto comm = std::make_unique<Comm>(std::move(parts), topo, false);
+  report_created(*comm, "a NCCL unique id", proposal.explicit_size ? proposal.source : "the default: one node",
+                 timeout_s);
+  return comm;
 }
 
 }  // namespace a2a

@@ -1,8 +1,8 @@
 // The MoE kernel backend interface: routing (locations and counts), dispatch,
 // combine and the gate gradient. The CPU backend is csrc/cpu/moe_cpu.cpp, the
 // CUDA one csrc/cuda/moe_cuda.cu; both build their per-element arithmetic from
-// core/moe_elementwise.hpp. The host-side logic around them (argument checks,
-// capacity, cross-rank agreement) is written once in core/moe.cpp.
+// moe/elementwise.hpp. The host-side logic around them (argument checks,
+// capacity, cross-rank agreement) is written once in moe/moe.cpp.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +13,7 @@
 #include "a2a/a2a.h"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/moe_elementwise.hpp"
+#include "moe/elementwise.hpp"
 
 namespace a2a::moe {
 
@@ -55,7 +55,7 @@ class Kernels {
   // of the same expert: locations[t * k + j] (-1 when not routed). Returns the
   // per-expert totals ("demand", ignoring any capacity) on the host in
   // `demand` (resized to E). The workspace holds at least
-  // locate_workspace_size() bytes (core/moe.cpp checks). Throws A2A_ERROR_INVALID_ARGUMENT naming the
+  // locate_workspace_size() bytes (moe/moe.cpp checks). Throws A2A_ERROR_INVALID_ARGUMENT naming the
   // first offending (t, j) when an index is >= E, or when token_order is not
   // a permutation. On CUDA this synchronizes the stream once.
   virtual void locate(const RouteProblem& problem, void* workspace, size_t workspace_bytes, int64_t* locations,
@@ -79,7 +79,8 @@ class Kernels {
 // CPU backend with `num_threads` threads (0 = A2A_NUM_THREADS, else all cores).
 std::unique_ptr<Kernels> make_cpu_kernels(int num_threads);
 // CUDA backend on the calling thread's current device and `stream`
-// (a cudaStream_t). Throws A2A_ERROR_UNSUPPORTED when CUDA was not built in.
-std::unique_ptr<Kernels> make_cuda_kernels(void* stream);
+// (a cudaStream_t); its waits for the stream (in route) give up after
+// timeout_s. Throws A2A_ERROR_UNSUPPORTED when CUDA was not built in.
+std::unique_ptr<Kernels> make_cuda_kernels(void* stream, double timeout_s);
 
 }  // namespace a2a::moe

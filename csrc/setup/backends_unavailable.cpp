@@ -1,8 +1,8 @@
 // The optional backends' factories in a build without them: each fails with
 // A2A_ERROR_UNSUPPORTED and says how to build it in.
-#include "core/backends.hpp"
 #include "core/error.hpp"
-#include "core/moe_kernels.hpp"
+#include "moe/kernels.hpp"
+#include "setup/backends.hpp"
 
 namespace a2a {
 
@@ -17,7 +17,7 @@ namespace {
 std::unique_ptr<Device> make_cuda_device(int) { no_cuda(); }
 int cuda_device_of(const Device&) { return -1; }
 namespace moe {
-std::unique_ptr<Kernels> make_cuda_kernels(void*) { no_cuda(); }
+std::unique_ptr<Kernels> make_cuda_kernels(void*, double) { no_cuda(); }
 }  // namespace moe
 #endif
 

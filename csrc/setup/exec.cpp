@@ -1,11 +1,11 @@
-#include "core/exec.hpp"
+#include "setup/exec.hpp"
 
 #include <cstddef>
 #include <cstring>
 
-#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "cpu/cpu_device.hpp"
+#include "setup/backends.hpp"
 
 namespace a2a {
 

@@ -1,0 +1,30 @@
+#include "setup/testing_comm.hpp"
+
+#include <string>
+
+#include "core/error.hpp"
+#include "core/staging.hpp"
+#include "setup/mpi_comm.hpp"
+
+namespace a2a {
+
+std::unique_ptr<Comm> create_staged_host_comm(MPI_Comm parent, const a2a_comm_config_t& config, const char* staging) {
+  const std::string mode = staging == nullptr ? "" : staging;
+  if (mode != "staged" && mode != "control")
+    fail(A2A_ERROR_INVALID_ARGUMENT, "testing staging mode '", mode, "': expected 'staged' or 'control'");
+  if (config.device_type != A2A_DEVICE_CPU || config.transport != A2A_TRANSPORT_MPI)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "testing staging mode '", mode, "' runs host communicators only (device cpu, "
+         "transport mpi)");
+  return create_mpi_comm(parent, config, [&](CommParts& parts, double timeout_s) {
+    Transport& host = *parts.control;
+    if (mode == "staged") {
+      parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, timeout_s)).get();
+    } else {
+      parts.control =
+          parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(host, *parts.device, timeout_s)).get();
+      parts.control_waits_for_stream = true;
+    }
+  });
+}
+
+}  // namespace a2a
