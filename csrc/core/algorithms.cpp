@@ -142,30 +142,15 @@ constexpr size_t kMaxPiecesPerPeer = 64;
 // Datatypes rather than packing from this many bytes per peer.
 constexpr size_t kMinDatatypeChunkBytes = 64 * 1024;
 
-// The offsets in [0, chunk) where a block of either side starts, and chunk
-// (chunk > 0, so both block sizes are too).
-std::vector<size_t> piece_cuts(const FlexLayout& layout) {
-  std::vector<size_t> cuts;
-  const size_t chunk = layout.chunk_bytes();
-  size_t a = 0, b = 0;  // next block start on the send and the receive side
-  while (a < chunk || b < chunk) {
-    const size_t next = std::min(a, b);
-    cuts.push_back(next);
-    if (a == next) a += layout.split_inner;
-    if (b == next) b += layout.concat_inner;
-  }
-  cuts.push_back(chunk);
-  return cuts;
-}
+// The stream's pieces: both inner sizes are products of trailing dimensions
+// (times the item size), so the smaller divides the larger, and pieces of the
+// smaller size are contiguous on both sides.
+size_t piece_bytes(const FlexLayout& layout) { return std::min(layout.split_inner, layout.concat_inner); }
 
-// Pieces when there are few enough (at most split_outer + concat_outer - 1)
-// and every one is large enough.
+// Pieces when there are few enough and each is large enough.
 bool pieces_fit(const FlexLayout& layout) {
-  if (layout.split_outer + layout.concat_outer - 1 > kMaxPiecesPerPeer) return false;
-  const auto cuts = piece_cuts(layout);
-  for (size_t k = 0; k + 1 < cuts.size(); ++k)
-    if (cuts[k + 1] - cuts[k] < kMinPieceBytes) return false;
-  return true;
+  const size_t piece = piece_bytes(layout);
+  return piece >= kMinPieceBytes && layout.chunk_bytes() / piece <= kMaxPiecesPerPeer;
 }
 
 // A2A_FLEX_PATH, read once: -1 when unset.
@@ -202,9 +187,7 @@ FlexPath choose_flex_path(const Comm& comm, const FlexLayout& layout, a2a_algo_t
     case static_cast<int>(FlexPath::kDatatypes):
       if (datatypes) return FlexPath::kDatatypes;
       break;
-    case static_cast<int>(FlexPath::kPieces):
-      if (layout.split_outer + layout.concat_outer - 1 <= kMaxBlocks) return FlexPath::kPieces;
-      break;
+    case static_cast<int>(FlexPath::kPieces): return FlexPath::kPieces;
     case static_cast<int>(FlexPath::kPacked): return FlexPath::kPacked;
     default: break;
   }
@@ -256,22 +239,20 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout&
     return;
   }
   if (path == FlexPath::kPieces) {
-    // Byte `at` of the stream to peer i, and of the stream from peer j.
-    const auto cuts = piece_cuts(layout);
+    // Piece k of the stream to peer i, and of the stream from peer j.
+    const size_t piece = piece_bytes(layout), pieces = chunk / piece;
     auto send_piece = [&](int i, size_t k) {
-      const size_t at = cuts[k], block = at / layout.split_inner;
-      return Span::contiguous(in + (block * world + i) * layout.split_inner + at % layout.split_inner,
-                              cuts[k + 1] - at);
+      const size_t at = k * piece, block = at / layout.split_inner;
+      return Span::contiguous(in + (block * world + i) * layout.split_inner + at % layout.split_inner, piece);
     };
     auto recv_piece = [&](int j, size_t k) {
-      const size_t at = cuts[k], block = at / layout.concat_inner;
-      return Span::contiguous(out + (block * world + j) * layout.concat_inner + at % layout.concat_inner,
-                              cuts[k + 1] - at);
+      const size_t at = k * piece, block = at / layout.concat_inner;
+      return Span::contiguous(out + (block * world + j) * layout.concat_inner + at % layout.concat_inner, piece);
     };
     // Pieces are large (kMinPieceBytes): the check goes first, as a round
     // of empty messages, and every piece follows in one group.
     if (check != nullptr) comm.agree(check->op, check->fields);
-    exchange_pieces(comm.transport(), world_group(topo), cuts.size() - 1, send_piece, recv_piece);
+    exchange_pieces(comm.transport(), world_group(topo), pieces, send_piece, recv_piece);
     return;
   }
 

@@ -1,7 +1,10 @@
 #include "core/collectives.hpp"
 
 #include <climits>
+#include <mutex>
+#include <set>
 
+#include "core/debug.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 
@@ -49,6 +52,22 @@ class Checker {
 
 bool multiply_overflows(size_t a, size_t b, size_t* product) { return __builtin_mul_overflow(a, b, product); }
 
+// The linear algorithms' first exchange is over the whole world, so the
+// argument check can travel with it (Comm::agree_in_exchange).
+bool in_band(const Comm& comm, a2a_algo_t algo) { return algo == A2A_ALGO_LINEAR && comm.checks_in_band(); }
+
+// A2A_DEBUG=INFO: the algorithm and path of each kind of call, the first time
+// this process sees it (a line per call would drown a training loop).
+void log_choice(const Comm& comm, const char* op, a2a_algo_t algo, const std::string& path) {
+  if (!debug::enabled(debug::Level::kInfo)) return;
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  const std::string choice =
+      cat(op, ": algo ", algo_name(algo), ", ", path, ", argument check ", in_band(comm, algo) ? "in band" : "by round");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(choice).second) debug::info(choice, " (", comm.size(), " ranks)");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -71,8 +90,9 @@ void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
     check.buffers(send, recv, total_bytes, total_bytes);
     check.workspace(workspace, workspace_bytes, all_to_all_workspace_size(comm, count, dtype, algo));
   }
+  log_choice(comm, op, algo, algo == A2A_ALGO_2DH ? "intra-node then inter-node" : "one message per peer");
   std::vector<Field> fields{{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}};
-  if (algo == A2A_ALGO_LINEAR && comm.checks_in_band() && check.error().empty()) {
+  if (in_band(comm, algo) && check.error().empty()) {
     const InBandCheck in_band{op, std::move(fields)};
     comm.run(op, [&] { all_to_all_linear(comm, send, recv, chunk_bytes, &in_band); });
     return;
@@ -232,8 +252,10 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
     check.buffers(send, recv, total, total);
     check.workspace(workspace, workspace_bytes, all_to_all_flex_workspace(comm, layout, algo));
   }
+  if (check.error().empty())
+    log_choice(comm, op, algo, cat("path ", flex_path_name(choose_flex_path(comm, layout, algo))));
   std::vector<Field> fields = flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis);
-  if (algo == A2A_ALGO_LINEAR && comm.checks_in_band() && check.error().empty()) {
+  if (in_band(comm, algo) && check.error().empty()) {
     const InBandCheck in_band{op, std::move(fields)};
     comm.run(op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace, &in_band); });
     return;
@@ -313,7 +335,7 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
   std::vector<Field> fields{{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}};
-  if (algo_ == A2A_ALGO_LINEAR && comm_.checks_in_band() && check.error().empty()) {
+  if (in_band(comm_, algo_) && check.error().empty()) {
     const InBandCheck in_band{op, std::move(fields)};
     comm_.run(op, [&] { all_to_all_v_linear(comm_, send, recv, bytes_, &in_band); });
     return;

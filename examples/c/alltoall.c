@@ -173,7 +173,14 @@ int main(int argc, char** argv) {
   free(recv_counts);
   free(send);
   free(recv);
+  /* A plan outlives its communicator only as a clear error. */
+  a2a_v_plan_t orphan;
+  CHECK(a2a_v_plan_create(comm, send_counts, 1, A2A_FLOAT32, A2A_ALGO_LINEAR, &orphan));
   CHECK(a2a_comm_destroy(comm));
+  status = a2a_all_to_all_v(orphan, send, recv, NULL, 0);
+  if (status != A2A_ERROR_INVALID_ARGUMENT) failures += 1;
+  if (rank == 0) printf("plan after its communicator was destroyed: %s: %s\n", a2a_status_string(status), a2a_get_last_error());
+  CHECK(a2a_v_plan_destroy(orphan));
   MPI_Finalize();
   return failures == 0 ? 0 : 1;
 }

@@ -471,3 +471,64 @@ def test_rejected_call_leaves_out_untouched(comm, two, op):
             f"rank {comm.rank}: {changed.size} elements of out= were written by a call that failed with "
             f"'{message}' (first changed rows: {sorted(set((changed // 3).tolist()))[:8]})"
         )
+
+
+# ---------------------------------------------------------------------------
+# The in-band check (docs/algorithms.md, "The argument check"): on MPI
+# communicators the linear collectives' first exchange carries the check in
+# the MPI tag. Messages up to 64 KiB / world travel with it (into scratch),
+# larger ones after an empty labelled round; mixes of the two, of different
+# sizes and of different collectives must all end in the same errors as the
+# separate check, on every rank, with the comm usable afterwards.
+
+
+@pytest.mark.parametrize("counts", [(3, 50_000), (50_000, 3), (40_000, 50_000)], ids=["small-large", "large-small", "large-large"])
+def test_count_mismatch_across_the_carried_size(comm, two, counts):
+    first, rest = counts
+    x = np.zeros(comm.size * others_value(comm, first, rest), np.float32)
+    mismatch_then_still_works(
+        comm, lambda: a2a.all_to_all(x, comm=comm), "'count per peer' differs", f"rank 0: {first}", f"rank 1: {rest}"
+    )
+
+
+def test_in_band_collective_against_a_separate_check(comm, two):
+    """all_to_all (check in band) on rank 0, all_reduce (a round of its own)
+    on the others: the two kinds of round still pair up."""
+    x = good_x(comm)
+    if comm.rank == 0:
+        call = lambda: a2a.all_to_all(x, comm=comm)
+    else:
+        call = lambda: a2a.all_reduce(x, comm=comm)
+    mismatch_then_still_works(comm, call, "ranks called different collectives", "rank 0: all_to_all,", "rank 1: all_reduce")
+
+
+def test_different_v_plans(comm, two):
+    """Each rank runs a plan of its own: the plans' ids differ."""
+    x = np.zeros(comm.size, np.float32)
+    counts = [1] * comm.size
+    first = a2a.plan_v(counts, like=x, comm=comm)
+    second = a2a.plan_v(counts, like=x, comm=comm)
+    plan = others_value(comm, first, second)
+    mismatch_then_still_works(comm, lambda: plan.run(x), "all_to_all_v", "'plan' differs")
+
+
+@pytest.mark.parametrize("rows_per_peer", [4, 20_000], ids=["carried", "separate-round"])
+@pytest.mark.parametrize("op", ["all_to_all", "all_to_all_flex", "plan_v.run"])
+def test_rejected_call_leaves_out_untouched_at_any_size(comm, two, op, rows_per_peer):
+    bad = bad_rank(comm)
+    shape = (comm.size * rows_per_peer, 3)
+    x = ref.a2a_input("untouched-any", comm.rank, comm.size, shape, "float32")
+    plan = a2a.plan_v([rows_per_peer] * comm.size, like=x, comm=comm) if op == "plan_v.run" else None
+    if comm.rank == bad:
+        x = x.astype(np.complex64)
+    out = np.full(shape, -7.0, np.float32)
+    calls = {
+        "all_to_all": lambda: a2a.all_to_all(x, comm=comm, out=out),
+        "all_to_all_flex": lambda: a2a.all_to_all_flex(x, comm=comm, split_axis=0, concat_axis=0, out=out),
+        "plan_v.run": lambda: plan.run(x, out=out),
+    }
+    name = "all_to_all_v" if op == "plan_v.run" else op
+    message = bad_rank_then_still_works(comm, bad, name, calls[op], "complex64")
+    if comm.rank != bad:
+        assert "no data was exchanged" in message
+        assert np.all(out == -7.0), f"rank {comm.rank}: out= was written by a call that failed with '{message}'"

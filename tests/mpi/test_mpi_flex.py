@@ -4,6 +4,8 @@ against the others (linear with MPI datatypes, linear packing with copies, 2DH).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import reference as ref
@@ -164,3 +166,29 @@ def test_mixed_datatype_settings_across_ranks(world, case):
     x = ref.flex_input(f"mixed-{case}", c.rank, c.size, shape, s, "float32")
     y = a2a.all_to_all_flex(x, comm=c, split_axis=split, concat_axis=concat)
     ref.assert_bitwise_equal(y, ref.flex_expected(f"mixed-{case}", c.rank, c.size, shape, s, k, "float32"))
+
+
+# Layouts large enough for each path of choose_flex_path (csrc/core/algorithms.cpp):
+# pieces need pieces of 64 KiB, datatypes 64 KiB per peer in small blocks.
+PATH_CASES = {
+    "pieces-dispatch": (lambda w: (2 * w, 16, 4096), 0, 1),  # 2 pieces of 64 KiB per peer
+    "pieces-combine": (lambda w: (2, w * 16, 4096), 1, 0),
+    "pieces-three-blocks": (lambda w: (3, w, 65536), 1, 0),
+    "datatypes-small-blocks": (lambda w: (256, w * 256), 1, 0),  # 256 blocks of 256 bytes per peer
+}
+
+
+@pytest.mark.parametrize("case", list(PATH_CASES))
+def test_large_layouts_on_every_path(comm, comm_copies, case):
+    make_shape, split, concat = PATH_CASES[case]
+    shape = make_shape(comm.size)
+    tag = f"flex-path-{case}"
+    x = ref.flex_input(tag, comm.rank, comm.size, shape, split, "uint8")
+    expected = ref.flex_expected(tag, comm.rank, comm.size, shape, split, concat, "uint8")
+    for c in (comm, comm_copies):
+        ref.assert_bitwise_equal(a2a.all_to_all_flex(x, comm=c, split_axis=split, concat_axis=concat), expected, case)
+    # The path shows in the workspace: packing needs one, the others none
+    # (datatypes only where the data goes straight to MPI).
+    workspace = comm._native.all_to_all_flex_workspace_size(list(shape), split, concat, 7, 0)
+    if case.startswith("pieces") or os.environ.get("A2A_TEST_STAGING", "") != "staged":
+        assert workspace == 0, case

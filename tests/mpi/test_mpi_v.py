@@ -125,3 +125,51 @@ def test_v_repeated_with_changing_counts(comm):
     for i, pattern, counts, algo, y in results:
         expected, _ = ref.v_expected(f"v-rep{i}", comm.rank, counts, (7,), "int8")
         ref.assert_bitwise_equal(y, expected, f"{pattern} #{i} {algo}")
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("pattern", ref.V_PATTERNS)
+def test_plan_v_runs_many_times(comm, algo, pattern):
+    """One plan, several inputs: each run equals a fresh all_to_all_v."""
+    if algo == "2dh" and not regular(comm):
+        pytest.skip("2dh needs a regular topology")
+    counts = ref.v_counts(pattern, comm.size)
+    first = ref.v_input(f"plan-{pattern}-0", comm.rank, counts, (3,), "float32")
+    plan = a2a.plan_v(counts[comm.rank], like=first, comm=comm, algo=algo)
+    for step in range(3):
+        tag = f"plan-{pattern}-{step}"
+        x = ref.v_input(tag, comm.rank, counts, (3,), "float32")
+        expected, expected_counts = ref.v_expected(tag, comm.rank, counts, (3,), "float32")
+        assert plan.recv_counts.tolist() == expected_counts.tolist()
+        ref.assert_bitwise_equal(plan.run(x), expected, f"run {step}")
+        out = np.empty_like(expected)
+        assert plan.run(x, out=out) is out
+        ref.assert_bitwise_equal(out, expected, f"run {step} with out=")
+
+
+def test_plan_v_with_torch(comm, torch):
+    counts = ref.v_counts("varied", comm.size)
+    x = ref.v_input("plan-torch", comm.rank, counts, (2,), "float32")
+    expected, _ = ref.v_expected("plan-torch", comm.rank, counts, (2,), "float32")
+    plan = a2a.plan_v(torch.as_tensor(counts[comm.rank]), like=torch.from_numpy(x), comm=comm)
+    y = plan.run(torch.from_numpy(x))
+    assert isinstance(y, torch.Tensor)
+    ref.assert_bitwise_equal(y.numpy(), expected, "torch run")
+
+
+def test_plan_v_rejects_an_input_that_does_not_fit(comm):
+    if comm.size < 2:
+        pytest.skip("needs at least 2 ranks")
+    counts = [2] * comm.size
+    x = np.zeros((2 * comm.size, 3), np.float32)
+    plan = a2a.plan_v(counts, like=x, comm=comm)
+    bad = comm.size - 1
+    y = np.zeros((2 * comm.size + (1 if comm.rank == bad else 0), 3), np.float32)
+    with pytest.raises((a2a.InvalidArgumentError, a2a.RemoteError)) as info:
+        plan.run(y)
+    if comm.rank == bad:
+        assert isinstance(info.value, a2a.InvalidArgumentError)
+        assert f"has {2 * comm.size + 1} rows but the plan sends {2 * comm.size}" in str(info.value)
+    else:
+        assert isinstance(info.value, a2a.RemoteError)
+    ref.assert_bitwise_equal(plan.run(x), np.zeros_like(x), "the plan after the error")

@@ -22,6 +22,34 @@ def test_transpose_chunks(rows, cols, chunk):
     np.testing.assert_array_equal(dst, want)
 
 
+# Above 1 MiB the CPU copies are cut into stretches for the thread pool; a
+# stretch may start and end inside a chunk or a range.
+@pytest.mark.parametrize("rows,cols,chunk", [(3, 5, 100_003), (1, 1, 3 << 20), (701, 3, 997), (2, 2, 1 << 20)])
+def test_transpose_chunks_large(rows, cols, chunk):
+    src = np.random.default_rng(rows).integers(0, 256, rows * cols * chunk, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    _C.transpose_chunks(CPU, dst.ctypes.data, src.ctypes.data, rows, cols, chunk)
+    np.testing.assert_array_equal(dst, src.reshape(rows, cols, chunk).transpose(1, 0, 2).reshape(-1))
+
+
+def test_copy_ranges_large():
+    """40 ranges of up to 200 KB, written to dst in the reverse of their order."""
+    rng = np.random.default_rng(7)
+    sizes = [int(n) for n in rng.integers(0, 200_000, 40)]
+    src = rng.integers(0, 256, sum(sizes) + 1000, dtype=np.uint8)
+    ranges, src_at, dst_at = [], 0, sum(sizes)
+    for n in sizes:
+        dst_at -= n
+        ranges.append((src_at + int(rng.integers(0, 25)), dst_at, n))
+        src_at += n
+    dst = np.zeros(sum(sizes), np.uint8)
+    _C.copy_ranges(CPU, dst.ctypes.data, src.ctypes.data, ranges)
+    want = np.zeros_like(dst)
+    for s, d, n in ranges:
+        want[d : d + n] = src[s : s + n]
+    np.testing.assert_array_equal(dst, want)
+
+
 def test_copy_ranges():
     src = np.arange(100, dtype=np.uint8)
     dst = np.zeros(30, np.uint8)
