@@ -32,7 +32,8 @@ from ._errors import (
     TransportError,
     UnsupportedError,
 )
-from ._moe import Routing, fast_decode, fast_encode, permute, route, unpermute
+from ._moe import fast_decode, fast_encode, permute, unpermute
+from ._routing import Routing, route
 
 __version__ = "0.1.0"
 
