@@ -61,6 +61,20 @@ class Routing:
         self._capacity, self._num_rows, self._num_dropped = capacity, num_rows, num_dropped
         return self
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The arrays and sizes, without the view of the indices: a copy or
+        an unpickled routing takes the address of its own indices."""
+        tables = (self._indices.obj, self._locations, self._counts, self._offsets)
+        return dict(zip(("indices", "locations", "counts", "offsets"), tables), sizes=self._sizes())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._indices = view(state["indices"], "indices")
+        self._locations, self._counts, self._offsets = state["locations"], state["counts"], state["offsets"]
+        self._capacity, self._num_rows, self._num_dropped = state["sizes"]
+
+    def _sizes(self) -> tuple[int | None, int, int]:
+        return self._capacity, self._num_rows, self._num_dropped
+
     @staticmethod
     def _show(table: Any) -> Any:
         """A new copy of a kernel table for the caller; read-only for NumPy,

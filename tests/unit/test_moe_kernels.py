@@ -701,13 +701,24 @@ assert (a2a.fast_decode(want, r) == a2a.fast_decode(want, a2a.route(idx, 2, capa
 y, perm = a2a.permute(x, idx, 2)
 scribble(perm)
 assert (a2a.unpermute(y, perm) == a2a.unpermute(y, a2a.permute(x, idx, 2)[1])).all()
+
+# Copies and pickles read their own tables, not the original's (freed here).
+import copy, gc, pickle
+r = a2a.route(idx, 2, capacity=2)
+copies = [copy.copy(r), copy.deepcopy(r), pickle.loads(pickle.dumps(r))]
+del r
+gc.collect()
+for other in copies:
+    scribble(other)
+    assert (a2a.fast_encode(x, other) == want).all()
 """
 
 
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_editing_routing_arrays_cannot_reach_the_kernels(framework):
-    """Routing.indices[:] = 1 << 40 and the like, then the kernels: in a
-    subprocess, as this used to crash with a segmentation fault."""
+    """Routing.indices[:] = 1 << 40 and the like, then the kernels, also on
+    copies of a routing whose original is gone: in a subprocess, as this used
+    to crash with a segmentation fault."""
     if framework == "torch":
         pytest.importorskip("torch")
     done = subprocess.run(
