@@ -9,8 +9,11 @@ PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
+# The editable install maps every module of a2a/ to its file: a module added,
+# moved or removed needs a reinstall, an edit does not.
+PY_MODULES := $(sort $(shell find a2a -name '*.py'))
 
-.PHONY: all build bench test test-unit test-mpi test-c test-gpu lint clean
+.PHONY: all build bench test test-unit test-mpi test-c test-gpu lint clean FORCE
 
 all: build
 
@@ -18,10 +21,17 @@ $(VENV)/.ready: tools/bootstrap.sh
 	bash tools/bootstrap.sh
 	touch $@
 
-# Editable install: Python edits are live; a native change rebuilds here.
-$(VENV)/.built: $(VENV)/.ready $(NATIVE_SOURCES)
+# Editable install: Python edits are live; a native change, or a Python
+# module added or removed, reinstalls here.
+$(VENV)/.built: $(VENV)/.ready $(NATIVE_SOURCES) $(VENV)/.modules
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
+
+# Rewritten only when the list of modules changes.
+$(VENV)/.modules: FORCE | $(VENV)/.ready
+	@echo "$(PY_MODULES)" | cmp -s - $@ || echo "$(PY_MODULES)" > $@
+
+FORCE:
 
 build: $(VENV)/.built
 

@@ -1,8 +1,21 @@
-"""a2a: all-to-all collectives and MoE dispatch/combine kernels, over MPI (CPU; NCCL for GPUs is planned).
+"""a2a: all-to-all collectives and MoE routing / dispatch / combine kernels,
+over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
 
 >>> import numpy as np, a2a
 >>> comm = a2a.Comm.from_mpi()                     # over mpi4py's COMM_WORLD
 >>> y = a2a.all_to_all(np.arange(8.0 * comm.size), comm=comm, algo="2dh")
+
+- Collectives over a :class:`Comm`: ``all_to_all``, ``all_to_all_flex``,
+  ``all_to_all_v`` (each with the algorithms of ``ALGORITHMS``: name -> code,
+  ``"linear"`` and ``"2dh"``), ``all_gather``, ``all_reduce`` and
+  ``reduce_scatter`` (with the ops of ``REDUCE_OPS``: ``"sum"``, ``"max"``,
+  ``"min"``).
+- MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
+  ``fast_decode`` and the dropless ``permute`` / ``unpermute``; autograd
+  versions in :mod:`a2a.torch`.
+- Errors: :class:`A2AError` and its subclasses, each with the core's status.
+- The build: ``config()`` (what it contains, NCCL and CUDA included),
+  ``get_include()`` and ``get_cmake_dir()`` for C and C++ users.
 
 See README.md and docs/ for the algorithms and data layouts.
 """
@@ -34,7 +47,8 @@ from ._errors import (
     TransportError,
     UnsupportedError,
 )
-from ._moe import Routing, fast_decode, fast_encode, permute, route, unpermute
+from ._moe import fast_decode, fast_encode, permute, unpermute
+from ._routing import Routing, route
 
 __version__ = "0.1.0"
 

@@ -1,9 +1,13 @@
-"""Framework-neutral views of array arguments: NumPy arrays, torch tensors,
-and anything exporting DLPack or the buffer protocol. The core receives raw
-addresses; outputs are allocated with the input's own framework."""
+"""Framework-neutral views of array arguments, for the collectives and the
+MoE ops alike: NumPy arrays, torch tensors (CPU and CUDA), CuPy arrays
+(through DLPack), and anything exporting DLPack or the buffer protocol. The
+core receives raw addresses; outputs are allocated with the input's own
+framework. Nothing here copies an argument: a non-contiguous array is
+reported, never made contiguous behind the caller's back."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from typing import Any
@@ -25,6 +29,11 @@ DTYPE_CODES = {
     "uint8": 7,
 }
 SUPPORTED = ", ".join(DTYPE_CODES)
+# a2a_device_type_t codes: where a kernel runs (the `exec` tuple of a2a._C).
+DEVICE_CPU, DEVICE_CUDA = 0, 1
+ACCEPTED_TYPES = (
+    "a NumPy array, a torch tensor, a CuPy array, or an object exporting DLPack (__dlpack__) or the buffer protocol"
+)
 # dtype -> name by lookup: numpy builds dtype.name anew on every access (~3 us).
 _NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES if name != "bfloat16"}
 
@@ -104,26 +113,57 @@ class ArrayView:
         where = "" if self.cuda_device is None else f" on cuda:{self.cuda_device}"
         return f"{self.framework} array of shape {self.shape} and dtype {self.dtype_name}{where}"
 
+    def same_place(self, other: ArrayView) -> bool:
+        """Whether `other` is of the same framework and on the same device."""
+        return (self.framework, self.cuda_device) == (other.framework, other.cuda_device)
+
+    def execution(self) -> tuple[int, int, int]:
+        """(device type, stream, threads) of a kernel on this array: the
+        framework's current stream on CUDA, the CPU thread pool otherwise."""
+        if self.cuda_device is None:
+            return (DEVICE_CPU, 0, 0)
+        return (DEVICE_CUDA, self.stream(), 0)
+
+    def device_guard(self) -> Any:
+        """A context making this array's CUDA device the current one (for
+        kernels and allocations); does nothing for host memory."""
+        if self.cuda_device is None:
+            return contextlib.nullcontext()
+        if self.framework == "cupy":
+            return _cupy().cuda.Device(self.cuda_device)
+        return _torch().cuda.device(self.cuda_device)
+
 
 def view(x: Any, what: str) -> ArrayView:
-    """Inspects `x` without copying it. Raises InvalidArgumentError for anything
-    the core cannot take: unknown objects, memory that is neither host nor CUDA."""
+    """Inspects `x` without copying it. Raises TypeError for an object that
+    is no array at all, InvalidArgumentError for an array the core cannot
+    take (memory that is neither host nor CUDA, a failing export)."""
     if type(x) is not np.ndarray:
         if is_torch_tensor(x):
             return _torch_view(x, what)
         if is_cupy_array(x):
             return _cupy_view(x, what)
-        try:
-            x = np.from_dlpack(x) if hasattr(x, "__dlpack__") else np.asarray(memoryview(x))
-        except (TypeError, BufferError, RuntimeError, ValueError) as error:
-            raise InvalidArgumentError(
-                f"{what} of type {type(x).__name__} is neither a NumPy array, a torch tensor, a CuPy array, "
-                f"a DLPack-capable CPU array nor a buffer: {error}"
-            ) from None
+        x = _exported_numpy(x, what)
     address, contiguous, writeable = _C.numpy_layout(x)
     # dtype.name is "bfloat16" for ml_dtypes' bfloat16, which NumPy lacks.
     name = _NUMPY_NAMES.get(x.dtype) or _numpy_dtype_name(x.dtype)
     return ArrayView(x, "numpy", x.shape, name, x.itemsize, address, contiguous, writeable)
+
+
+def _exported_numpy(x: Any, what: str) -> np.ndarray:
+    """A NumPy view of an object exporting DLPack or the buffer protocol."""
+    if not hasattr(x, "__dlpack__"):
+        try:
+            buffer = memoryview(x)
+        except TypeError:
+            raise TypeError(f"{what} of type {type(x).__name__} is not an array; expected {ACCEPTED_TYPES}") from None
+    try:
+        return np.from_dlpack(x) if hasattr(x, "__dlpack__") else np.asarray(buffer)
+    except (TypeError, BufferError, RuntimeError, ValueError) as error:
+        raise InvalidArgumentError(
+            f"{what} of type {type(x).__name__} cannot be read as a host array through "
+            f"{'DLPack' if hasattr(x, '__dlpack__') else 'the buffer protocol'}: {error}"
+        ) from None
 
 
 def _numpy_dtype_name(dtype: np.dtype) -> str:
@@ -180,27 +220,57 @@ def _cupy_view(x: Any, what: str) -> ArrayView:
     return v
 
 
+def not_contiguous(v: ArrayView, what: str) -> str:
+    """The message for a non-contiguous argument (a2a never copies one)."""
+    return f"{what} ({v.describe()}) is not C-contiguous; pass a contiguous array (.contiguous() / np.ascontiguousarray)"
+
+
 def check_supported(v: ArrayView, what: str) -> str | None:
     """The reason `v` cannot be used as a collective's buffer, or None."""
     if v.dtype_name not in DTYPE_CODES:
         return f"{what} ({v.describe()}) has an unsupported dtype; supported: {SUPPORTED}"
     if not v.contiguous:
-        return f"{what} ({v.describe()}) is not C-contiguous; pass a contiguous array (e.g. .copy() / .contiguous())"
+        return not_contiguous(v, what)
     return None
 
 
-def empty_like(v: ArrayView, shape: tuple[int, ...], *, uint8: bool = False) -> Any:
+def argument_view(x: Any, what: str, op: str) -> ArrayView:
+    """The view of one array argument of a local op (the MoE kernels): raises
+    TypeError for an object that is no array, InvalidArgumentError for memory
+    the core cannot take or a non-contiguous array; messages start with op."""
+    try:
+        v = view(x, what)
+    except TypeError as error:
+        raise TypeError(f"{op}: {error}") from None
+    except InvalidArgumentError as error:
+        raise InvalidArgumentError(f"{op}: {error}") from None
+    if not v.contiguous:
+        raise InvalidArgumentError(f"{op}: {not_contiguous(v, what)}")
+    return v
+
+
+def empty_like(v: ArrayView, shape: tuple[int, ...], dtype: str | None = None) -> Any:
     """A new uninitialised array of `shape` in the framework and memory of `v`,
-    with v's dtype (or uint8: workspaces)."""
+    of v's dtype or the dtype named (e.g. "uint8" for workspaces)."""
     if v.framework == "torch":
         torch = _torch()
-        return torch.empty(shape, dtype=torch.uint8 if uint8 else v.obj.dtype, device=v.obj.device)
-    dtype = np.uint8 if uint8 else v.obj.dtype
+        return torch.empty(shape, dtype=v.obj.dtype if dtype is None else getattr(torch, dtype), device=v.obj.device)
+    numpy_dtype = v.obj.dtype if dtype is None else dtype
     if v.framework == "cupy":
-        cupy = _cupy()
-        with cupy.cuda.Device(v.cuda_device):
-            return cupy.empty(shape, dtype=dtype)
-    return np.empty(shape, dtype=dtype)
+        with v.device_guard():
+            return _cupy().empty(shape, dtype=numpy_dtype)
+    return np.empty(shape, dtype=numpy_dtype)
+
+
+def copy_of(x: Any) -> Any:
+    """A new C-contiguous copy of a NumPy array, torch tensor or CuPy array,
+    in the same framework and memory."""
+    if is_torch_tensor(x):
+        return x.detach().clone(memory_format=_torch().contiguous_format)
+    if is_cupy_array(x):
+        with x.device:  # CuPy allocates on the current device
+            return x.copy(order="C")
+    return np.array(x, copy=True, order="C")
 
 
 def address_of(buffer: Any) -> int:
@@ -216,7 +286,7 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
     """Validates a caller-provided output array; returns (view, reason)."""
     try:
         o = view(out, what)
-    except InvalidArgumentError as error:
+    except (InvalidArgumentError, TypeError) as error:
         return None, str(error)
     reason = check_supported(o, what)
     if reason is None and o.framework != like.framework:

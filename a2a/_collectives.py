@@ -75,7 +75,7 @@ def _prepare(comm: Comm, op: str, x: Any, algo: str) -> ArrayView:
     try:
         v = view(x, "input")
         reason = check_supported(v, "input")
-    except InvalidArgumentError as error:
+    except (InvalidArgumentError, TypeError) as error:  # TypeError: not an array
         reason = str(error)
     if reason is None and (not isinstance(algo, str) or algo not in ALGORITHMS):
         reason = f"unknown algo {algo!r}; expected one of {sorted(ALGORITHMS)}"

@@ -189,7 +189,7 @@ class Comm:
             return self._workspace.ctypes.data, self._workspace.nbytes
         buffer = self._device_workspaces.get(like.framework)
         if buffer is None or buffer.nbytes < nbytes:
-            buffer = empty_like(like, (nbytes,), uint8=True)
+            buffer = empty_like(like, (nbytes,), "uint8")
             self._device_workspaces[like.framework] = buffer
         return address_of(buffer), int(buffer.nbytes)
 

@@ -14,91 +14,67 @@ from typing import Any
 
 import torch
 
-from . import _moe
-from ._moe import Routing
+from ._errors import InvalidArgumentError
+from ._moe_kernels import combine, dispatch, dispatched_rows, gate_grad
+from ._routing import Routing, permutation, require_dropless, require_padded
 
 __all__ = ["fast_decode", "fast_encode", "permute", "unpermute"]
 
 
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
-class _Dispatch(torch.autograd.Function):
-    """rows = dispatch(x, gates): encode and permute."""
-
-    @staticmethod
-    def forward(ctx, x, gates, routing, op):
-        ctx.routing, ctx.op = routing, op
-        ctx.save_for_backward(x, gates)
-        return _moe._dispatch(x, routing, gates, op)
+class _GatedKernel(torch.autograd.Function):
+    """out = dispatch(data, gates) (encode, permute) or combine(data, gates)
+    (decode, unpermute). Each is the other's data gradient with the same
+    gates; the gate gradient pairs every token with its row, whichever side
+    holds which."""
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_rows):
-        x, gates = ctx.saved_tensors
-        routing, op = ctx.routing, f"{ctx.op} (backward)"
-        grad_x = grad_gates = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _moe._combine(grad_rows, routing, gates, op)
-        if gates is not None and ctx.needs_input_grad[1]:
-            grad_gates = _moe._gate_grad(x, grad_rows, routing, _dtype_name(gates), op)
-        return grad_x, grad_gates, None, None
-
-
-class _Combine(torch.autograd.Function):
-    """y = combine(rows, gates): decode and unpermute."""
-
-    @staticmethod
-    def forward(ctx, rows, gates, routing, op):
-        ctx.routing, ctx.op = routing, op
-        ctx.save_for_backward(rows, gates)
-        return _moe._combine(rows, routing, gates, op)
+    def forward(ctx, data, gates, routing, op, dispatching, what):
+        ctx.routing, ctx.op, ctx.dispatching = routing, op, dispatching
+        ctx.save_for_backward(data, gates)
+        return (dispatch if dispatching else combine)(data, routing, gates, op, what=what)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_y):
-        rows, gates = ctx.saved_tensors
+    def backward(ctx, grad_out):
+        data, gates = ctx.saved_tensors
         routing, op = ctx.routing, f"{ctx.op} (backward)"
-        grad_rows = grad_gates = None
+        grad_out = grad_out.contiguous()  # autograd may hand in expanded or strided gradients
+        grad_data = grad_gates = None
         if ctx.needs_input_grad[0]:
-            grad_rows = _moe._dispatch(grad_y, routing, gates, op)
+            grad_data = (combine if ctx.dispatching else dispatch)(grad_out, routing, gates, op)
         if gates is not None and ctx.needs_input_grad[1]:
-            grad_gates = _moe._gate_grad(grad_y, rows, routing, _dtype_name(gates), op)
-        return grad_rows, grad_gates, None, None
+            tokens, rows = (data, grad_out) if ctx.dispatching else (grad_out, data)
+            grad_gates = gate_grad(tokens, rows, routing, str(gates.dtype).removeprefix("torch."), op)
+        return grad_data, grad_gates, None, None, None, None
 
 
 def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None) -> torch.Tensor:
     """x (T, M) -> dispatched (E, C, M); see a2a.fast_encode."""
-    routing = _moe._padded(routing, "fast_encode")
-    rows = _Dispatch.apply(x, gates, routing, "fast_encode")
+    routing = require_padded(routing, "fast_encode")
+    rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x")
     return rows.view(routing.num_experts, routing.capacity, rows.shape[1])
 
 
 def fast_decode(dispatched: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None) -> torch.Tensor:
     """dispatched (E, C, M) -> y (T, M); see a2a.fast_decode."""
-    routing = _moe._padded(routing, "fast_decode")
-    rows = _moe._dispatched_rows(dispatched, routing, "fast_decode")
-    return _Combine.apply(rows, gates, routing, "fast_decode")
+    routing = require_padded(routing, "fast_decode")
+    rows = dispatched_rows(dispatched, routing, "fast_decode")
+    return _GatedKernel.apply(rows, gates, routing, "fast_decode", False, "dispatched")
 
 
 def permute(x: torch.Tensor, indices: Any, num_experts: int | None = None) -> tuple[torch.Tensor, Routing]:
     """(x_sorted, perm) as a2a.permute. ``indices`` may also be a dropless
     Routing from an earlier permute (then num_experts is not needed)."""
     if isinstance(indices, Routing):
-        perm = indices
-        if perm.capacity is not None:
-            _moe._fail("permute", "the routing has a capacity (from a2a.route); permute needs a dropless one")
+        perm = require_dropless(indices, "permute")
+    elif num_experts is None:
+        raise InvalidArgumentError("permute: num_experts is required with indices")
     else:
-        if num_experts is None:
-            _moe._fail("permute", "num_experts is required with indices")
-        perm = _moe._permutation(indices, num_experts, "permute")
-    return _Dispatch.apply(x, None, perm, "permute"), perm
+        perm = permutation(indices, num_experts, "permute")
+    return _GatedKernel.apply(x, None, perm, "permute", True, "x"), perm
 
 
 def unpermute(y_sorted: torch.Tensor, perm: Routing, gates: torch.Tensor | None = None) -> torch.Tensor:
     """(N, M) -> (T, M) as a2a.unpermute."""
-    perm = _moe._check_routing(perm, "unpermute")
-    if perm.capacity is not None:
-        _moe._fail("unpermute", "this routing has a capacity (from a2a.route); use fast_decode with it")
-    return _Combine.apply(y_sorted, gates, perm, "unpermute")
+    perm = require_dropless(perm, "unpermute")
+    return _GatedKernel.apply(y_sorted, gates, perm, "unpermute", False, "y_sorted")

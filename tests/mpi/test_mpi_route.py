@@ -205,6 +205,36 @@ def test_one_rank_with_float_indices(comm):
     after()
 
 
+@pytest.mark.parametrize(
+    "spoil, fragments",
+    [
+        (lambda indices: np.repeat(indices, 2, axis=1)[:, ::2], ["indices (", "not C-contiguous"]),
+        (lambda indices: indices.tolist(), ["TypeError", "indices of type list"]),
+    ],
+    ids=["non-contiguous", "list"],
+)
+def test_one_rank_with_indices_the_binding_rejects(comm, spoil, fragments):
+    """Problems only Python sees are raised on every rank, like the collectives' ones."""
+    bad = comm.size // 2
+    indices = rank_indices("bad-layout", comm.rank, 4)
+    if comm.rank == bad:
+        indices = spoil(indices)
+    error = outcome(lambda: a2a.route(indices, 4, comm=comm))[1]
+    after = still_works(comm)
+    check_bad_rank(comm, bad, "route", error, *fragments)
+    after()
+
+
+def test_one_rank_with_a_capacity_too_large(comm):
+    bad = comm.size - 1
+    indices = rank_indices("bad-capacity", comm.rank, 4)
+    capacity = 2**64 if comm.rank == bad else 3
+    error = outcome(lambda: a2a.route(indices, 4, capacity=capacity, comm=comm))[1]
+    after = still_works(comm)
+    check_bad_rank(comm, bad, "route", error, f"capacity {2**64} is too large")
+    after()
+
+
 def test_route_works_after_errors(comm):
     indices = rank_indices("after", comm.rank, 4)
     routing = a2a.route(indices, 4, capacity_setting=0, comm=comm)

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from a2a import bench
+from a2a.bench import collectives as bench
+from a2a.bench import common
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K, M, G = 1 << 10, 1 << 20, 1 << 30
@@ -37,13 +38,13 @@ K, M, G = 1 << 10, 1 << 20, 1 << 30
     ],
 )
 def test_parse_size(text, expect):
-    assert bench.parse_size(text) == expect
+    assert common.parse_size(text) == expect
 
 
 @pytest.mark.parametrize("text", ["", "K", "1.5K", "-1", "1X", "1 K B", "abc"])
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
-        bench.parse_size(text)
+        common.parse_size(text)
 
 
 def test_sweep_by_factor_like_nccl_tests():
@@ -259,7 +260,7 @@ def test_np_is_stripped_and_local_size_passed_on(launched):
     assert np_ == 6
     assert command == [sys.executable, "-m", "a2a.bench", "--local-size", "3", "-b", "1K"]
     assert env["A2A_LOCAL_SIZE"] == "3"
-    assert "--np 6" in env[bench._COMMAND_ENV]
+    assert "--np 6" in env[common.COMMAND_ENV]
 
 
 def test_explicit_np_uses_the_real_topology(launched):
@@ -347,7 +348,7 @@ def test_wrong_elements_fail_the_run(tmp_path, capsys, monkeypatch):
 
 
 def _clean_env() -> dict[str, str]:
-    keys = ("OMPI_", "PMIX_", "PMI_", "MPI_LOCALNRANKS", "A2A_LOCAL_SIZE", bench._COMMAND_ENV)
+    keys = ("OMPI_", "PMIX_", "PMI_", "MPI_LOCALNRANKS", "A2A_LOCAL_SIZE", common.COMMAND_ENV)
     return {k: v for k, v in os.environ.items() if not k.startswith(keys)}
 
 

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import a2a
 from a2a import _C
-from a2a import bench as bench_module
+from a2a.bench import collectives as bench_module
 
 
 def _gpu_present() -> bool:

@@ -1,4 +1,4 @@
-"""python -m a2a.bench --op ...: the MoE kernel benchmark (a2a/_kernel_bench.py)."""
+"""python -m a2a.bench --op ...: the MoE kernel benchmark (a2a/bench/kernels.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from a2a import _kernel_bench as kb
-from a2a import bench
+from a2a.bench import __main__ as bench
+from a2a.bench import common
+from a2a.bench import kernels as kb
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--tokens", "64", "--experts", "4", "--model-dim", "8", "--top-k", "2", "-r", "1", "-n", "1"]
@@ -67,8 +68,8 @@ def test_moved_bytes():
 
 
 def test_geomean():
-    assert kb.geomean([2.0, 8.0]) == pytest.approx(4.0)
-    assert kb.geomean([None, 0.0]) is None
+    assert common.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert common.geomean([None, 0.0]) is None
 
 
 def _row(**kw):
@@ -218,7 +219,7 @@ def _table(stdout: str) -> list[list[str]]:
 def test_tiny_sweep_in_a_subprocess(tmp_path):
     _needs_kernels()
     out = tmp_path / "kernels.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("A2A_NUM_THREADS", bench._COMMAND_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ("A2A_NUM_THREADS", common.COMMAND_ENV)}
     proc = subprocess.run(
         [sys.executable, "-m", "a2a.bench", "--op", "all", *TINY, "--threads", "1", "--json", str(out)],
         cwd=REPO,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from a2a import _layout_bench
+from a2a.bench import layout as _layout_bench
 
 
 def test_layout_mode_is_recognized():

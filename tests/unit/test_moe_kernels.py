@@ -522,42 +522,50 @@ def test_unpermute_gates(case):
     raises_invalid(lambda: a2a.unpermute(x_sorted, perm, gates=np.ones((50, 2), np.float64)), "float64")
 
 
-# Non-contiguous inputs are copied to contiguous ones (not rejected).
+# Non-contiguous inputs are rejected, naming the argument (never copied).
 
 
 def test_non_contiguous_x(case):
     x = ref.moe_data("wide", (case.expected.num_tokens, 8), "float32")[:, ::2]
     assert not x.flags.c_contiguous
-    ref.assert_bitwise_equal(
-        a2a.fast_encode(x, case.routing), ref.ref_encode(np.ascontiguousarray(x), case.expected)
-    )
+    raises_invalid(lambda: a2a.fast_encode(x, case.routing), "fast_encode: x (", "(50, 4)", "not C-contiguous")
+    raises_invalid(lambda: a2a.permute(x, case.indices, 5), "permute: x (", "not C-contiguous")
 
 
 def test_non_contiguous_torch_x(case, torch, torch_routing):
     wide = ref.moe_data("wide-t", (case.expected.num_tokens, 8), "float32")
     x = torch.from_numpy(wide).t().contiguous().t()[:, :4]  # column-major
     assert not x.is_contiguous()
-    out = a2a.fast_encode(x, torch_routing)
-    ref.assert_bitwise_equal(out, ref.ref_encode(np.ascontiguousarray(wide[:, :4]), case.expected))
+    message = raises_invalid(lambda: a2a.fast_encode(x, torch_routing), "x (torch array", "not C-contiguous")
+    assert ".contiguous()" in message, message
+    x.requires_grad_(True)  # the autograd path checks the same way
+    raises_invalid(lambda: a2a.fast_encode(x, torch_routing), "x (torch array", "not C-contiguous")
 
 
 def test_non_contiguous_gates_and_dispatched(case):
     g = ref.moe_gates("wide", (case.expected.num_tokens, 4), "float32")[:, ::2]
     d = ref.moe_data("wide-d", (case.expected.num_experts, case.expected.capacity, 8), "float32")[:, :, 1::2]
     assert not g.flags.c_contiguous and not d.flags.c_contiguous
-    y = a2a.fast_decode(d, case.routing, gates=g)
-    ref.assert_bitwise_equal(
-        y, a2a.fast_decode(np.ascontiguousarray(d), case.routing, gates=np.ascontiguousarray(g))
+    raises_invalid(lambda: a2a.fast_decode(d, case.routing), "fast_decode: dispatched (", "not C-contiguous")
+    raises_invalid(
+        lambda: a2a.fast_decode(np.ascontiguousarray(d), case.routing, gates=g), "fast_decode: gates (", "not C-contiguous"
     )
+    raises_invalid(lambda: a2a.fast_encode(case.x, case.routing, gates=g), "fast_encode: gates (")
 
 
-def test_non_contiguous_indices_for_permute(case):
+def test_non_contiguous_indices(case):
     wide = np.repeat(case.indices, 2, axis=1)[:, ::2]
     assert not wide.flags.c_contiguous
-    x_sorted, perm = a2a.permute(case.x, wide, 5)
-    expected = ref.ref_route(case.indices, 5, dropless=True)
-    ref.assert_routing_matches(perm, expected)
-    ref.assert_bitwise_equal(x_sorted, ref.ref_permute(case.x, expected))
+    raises_invalid(lambda: a2a.permute(case.x, wide, 5), "permute: indices (", "not C-contiguous")
+    raises_invalid(lambda: a2a.route(wide, 5), "route: indices (", "not C-contiguous")
+
+
+def test_non_contiguous_out_and_rows(case):
+    x_sorted, perm = a2a.permute(case.x, case.indices, 5)
+    strided = np.zeros((x_sorted.shape[0], 8), np.float32)[:, ::2]
+    raises_invalid(lambda: a2a.unpermute(strided, perm), "unpermute: y_sorted (", "not C-contiguous")
+    out = np.zeros((50, 8), np.float32)[:, ::2]
+    raises_invalid(lambda: a2a.unpermute(x_sorted, perm, out=out), "unpermute: out (", "not C-contiguous")
 
 
 def test_different_frameworks_are_rejected(case, torch):
@@ -653,6 +661,123 @@ def test_routing_survives_out_of_range_changes_to_its_indices():
         [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, f"exit code {done.returncode}\n{done.stderr[-2000:]}"
+
+
+# The arrays a Routing hands out are copies: nothing done to them reaches the
+# tables the kernels read.
+
+EDIT_ROUTING_SCRIPT = """
+import sys
+import numpy as np, a2a
+framework = sys.argv[1]
+idx = np.array([[0, 1], [1, 0], [0, 0]])
+x = np.arange(6, dtype=np.float32).reshape(3, 2)
+if framework == "torch":
+    import torch
+    idx, x = torch.from_numpy(idx), torch.from_numpy(x)
+TABLES = ("indices", "locations", "counts", "offsets")
+
+
+def scribble(routing):
+    for name in TABLES:
+        table = getattr(routing, name)
+        if framework == "numpy":
+            try:
+                table[:] = 1 << 40
+            except ValueError as error:
+                assert "read-only" in str(error), error
+            else:
+                raise SystemExit(f"{name} is writeable")
+            table.flags.writeable = True  # a caller set on writing: it is a copy all the same
+        table[:] = 1 << 40
+        assert (getattr(routing, name) != 1 << 40).all(), f"{name} shows the edit"
+
+
+r = a2a.route(idx, 2, capacity=2)
+want = a2a.fast_encode(x, r)
+scribble(r)
+assert (a2a.fast_encode(x, r) == want).all()
+assert (a2a.fast_decode(want, r) == a2a.fast_decode(want, a2a.route(idx, 2, capacity=2))).all()
+y, perm = a2a.permute(x, idx, 2)
+scribble(perm)
+assert (a2a.unpermute(y, perm) == a2a.unpermute(y, a2a.permute(x, idx, 2)[1])).all()
+
+# Copies and pickles read their own tables, not the original's (freed here).
+import copy, gc, pickle
+r = a2a.route(idx, 2, capacity=2)
+copies = [copy.copy(r), copy.deepcopy(r), pickle.loads(pickle.dumps(r))]
+del r
+gc.collect()
+for other in copies:
+    scribble(other)
+    assert (a2a.fast_encode(x, other) == want).all()
+"""
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_editing_routing_arrays_cannot_reach_the_kernels(framework):
+    """Routing.indices[:] = 1 << 40 and the like, then the kernels, also on
+    copies of a routing whose original is gone: in a subprocess, as this used
+    to crash with a segmentation fault."""
+    if framework == "torch":
+        pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, "-c", EDIT_ROUTING_SCRIPT, framework], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"exit code {done.returncode}\n{done.stderr[-2000:]}"
+
+
+def test_routing_attributes_are_read_only(case):
+    for name in ("indices", "locations", "counts", "offsets", "row_map", "capacity", "num_rows", "num_experts",
+                 "num_tokens", "top_k", "num_dropped"):
+        with pytest.raises(AttributeError):
+            setattr(case.routing, name, 10**9)
+    assert not case.routing.indices.flags.writeable and not case.routing.counts.flags.writeable
+
+
+def test_a_routing_is_not_made_by_hand():
+    with pytest.raises(TypeError, match="a2a.route or a2a.permute"):
+        a2a.Routing()
+
+
+def test_torch_routing_arrays_are_new_copies(torch, torch_routing):
+    first, second = torch_routing.counts, torch_routing.counts
+    assert torch.equal(first, second) and first.data_ptr() != second.data_ptr()
+
+
+# Arguments that are no array at all: TypeError naming the argument and what is accepted.
+
+ACCEPTED = "expected a NumPy array, a torch tensor, a CuPy array, or an object exporting DLPack"
+
+
+@pytest.mark.parametrize("bad", [[[1.0, 2.0]], None, "x", 3.0], ids=["list", "None", "str", "float"])
+def test_non_arrays_are_type_errors(case, bad):
+    routing, x = case.routing, case.x
+    x_sorted, perm = a2a.permute(x, case.indices, 5)
+    calls = {
+        "fast_encode: x ": lambda: a2a.fast_encode(bad, routing),
+        "fast_encode: gates ": lambda: a2a.fast_encode(x, routing, gates=bad),
+        "fast_decode: dispatched ": lambda: a2a.fast_decode(bad, routing),
+        "fast_decode: gates ": lambda: a2a.fast_decode(case.d, routing, gates=bad),
+        "permute: x ": lambda: a2a.permute(bad, case.indices, 5),
+        "permute: indices ": lambda: a2a.permute(x, bad, 5),
+        "unpermute: y_sorted ": lambda: a2a.unpermute(bad, perm),
+        "unpermute: gates ": lambda: a2a.unpermute(x_sorted, perm, gates=bad),
+        "route: indices ": lambda: a2a.route(bad, 5),
+        "route: scores ": lambda: a2a.route(case.indices, 5, scores=bad, batch_prioritized=True),
+    }
+    for prefix, call in calls.items():
+        if bad is None and prefix.endswith("gates "):
+            continue  # no gates
+        if bad is None and prefix == "route: scores ":
+            continue  # reported as missing scores
+        with pytest.raises(TypeError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(prefix + "of type ") and ACCEPTED in message, message
+    for value in ([[1.0]], "out"):
+        with pytest.raises(TypeError, match=r"^fast_encode: out of type"):
+            a2a.fast_encode(x, routing, out=value)
 
 
 # ---------------------------------------------------------------------------

@@ -338,6 +338,43 @@ def test_capacity_setting_must_be_finite(setting):
     raises_invalid(lambda: a2a.route(np.zeros((4, 2), dtype=np.int64), 4, capacity_setting=setting))
 
 
+@pytest.mark.parametrize("capacity", [2**63, 2**70])
+def test_capacity_too_large_names_the_limit(capacity):
+    """Not pybind11's dump of the native signature: the limit, in words."""
+    raises_invalid(
+        lambda: a2a.route(np.zeros((4, 2), dtype=np.int64), 4, capacity=capacity),
+        f"route: capacity {capacity} is too large",
+        str(2**63 - 1),
+    )
+
+
+def test_largest_capacity_fails_in_the_core_not_in_the_binding():
+    raises_invalid(lambda: a2a.route(np.zeros((4, 2), dtype=np.int64), 4, capacity=2**63 - 1), "num_experts * capacity")
+
+
+@pytest.mark.parametrize("num_experts", [2**62, 2**63, 2**70])
+def test_num_experts_too_large_names_the_limit(num_experts):
+    indices = np.zeros((4, 2), dtype=np.int64)
+    for call in (lambda: a2a.route(indices, num_experts), lambda: a2a.permute(np.ones((4, 2)), indices, num_experts)):
+        message = raises_invalid(call, f"num_experts {num_experts} is too large", "the limit is")
+        assert str(2**60 - 2) in message, message
+
+
+def test_capacity_setting_too_large_for_a_float():
+    raises_invalid(
+        lambda: a2a.route(np.zeros((4, 2), dtype=np.int64), 4, capacity_setting=10**400),
+        "capacity_setting is too large",
+    )
+
+
+@pytest.mark.parametrize("value", [2.0, "3", True, None], ids=["float", "str", "bool", "None"])
+def test_integer_arguments_must_be_integers(value):
+    indices = np.zeros((4, 2), dtype=np.int64)
+    raises_invalid(lambda: a2a.route(indices, value), "num_experts must be an integer")
+    if value is not None:  # capacity=None is the default
+        raises_invalid(lambda: a2a.route(indices, 4, capacity=value), "capacity must be an integer")
+
+
 def test_batch_prioritized_needs_scores():
     raises_invalid(lambda: a2a.route(np.zeros((4, 2), dtype=np.int64), 4, batch_prioritized=True), "scores")
 

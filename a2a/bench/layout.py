@@ -22,6 +22,7 @@ and ``#wrong``: bytes that differ from the transpose computed by NumPy.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 from collections.abc import Callable
@@ -29,14 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _C
-from ._kernel_bench import _Clock
-from .bench import _format_time, parse_size
+from .. import _C
+from . import common
 
 DEFAULT_CHUNKS = "256,4K,64K,256K,1M,4M"
 
 
 def is_layout_mode(argv: list[str]) -> bool:
+    """Whether argv asks for this benchmark (has --layout before any --)."""
     return "--layout" in argv[: argv.index("--")] if "--" in argv else "--layout" in argv
 
 
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--layout", action="store_true", required=True, help="this benchmark")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the buffers live (default cpu)")
-    p.add_argument("--total", type=parse_size, default=parse_size("256M"), help="bytes per buffer (default 256M)")
+    p.add_argument("--total", type=common.parse_size, default=common.parse_size("256M"), help="bytes per buffer (default 256M)")
     p.add_argument("--chunks", default=DEFAULT_CHUNKS, help=f"chunk sizes, a comma list (default {DEFAULT_CHUNKS})")
     p.add_argument("--cols", type=int, default=8, help="columns of the chunk grid (default 8)")
     p.add_argument("-n", "--iters", type=int, default=10, help="calls per repetition (default 10)")
@@ -61,7 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        args.chunk_sizes = [parse_size(c) for c in args.chunks.split(",") if c.strip()]
+        args.chunk_sizes = [common.parse_size(c) for c in args.chunks.split(",") if c.strip()]
     except ValueError as error:
         parser.error(f"--chunks: {error}")
     for flag, value in (("--cols", args.cols), ("-n/--iters", args.iters), ("-r/--repeats", args.repeats)):
@@ -112,11 +113,8 @@ def _measure(buffers: _Buffers, calls: list[Callable[[], None]], args: argparse.
     for call in calls:
         for _ in range(args.warmup_iters):
             call()
-    clock = _Clock(buffers.torch, buffers.device)  # CUDA events on the current stream, else perf_counter
-    samples: list[list[float]] = [[] for _ in calls]
-    for _ in range(args.repeats):
-        for call, times in zip(calls, samples):
-            times.append(clock.time(call, args.iters))
+    clock = common.Clock(buffers.torch, buffers.device)  # CUDA events on the current stream, else perf_counter
+    samples = common.take_turns([functools.partial(clock.time, call, args.iters) for call in calls], args.repeats)
     return [statistics.median(t) for t in samples]
 
 
@@ -131,6 +129,7 @@ def header_lines() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    """The layout benchmark, in this process."""
     args = parse_args(argv)
     if args.device == "cuda":
         import torch
@@ -173,12 +172,12 @@ def main(argv: list[str]) -> int:
                     chunk,
                     f"{rows} x {args.cols}",
                     name,
-                    _format_time(seconds * 1e6),
+                    common.format_time(seconds * 1e6),
                     f"{nbytes / seconds / 1e9:9.1f}",
                     f"{nbytes / copy_s / 1e9:8.1f}",
                     f"{copy_s / seconds:8.2f}",
                     wrong,
                 )
             )
-    print(f"# Out of bounds values : {wrong_total} {'FAILED' if wrong_total else 'OK'}")
+    print(common.out_of_bounds_line(wrong_total))
     return 1 if wrong_total else 0

@@ -1,4 +1,5 @@
-"""An nccl-tests ``alltoall_perf``-compatible benchmark of the a2a collectives.
+"""An nccl-tests ``alltoall_perf``-compatible benchmark of the a2a collectives
+(``python -m a2a.bench`` without ``--op`` or ``--layout``).
 
     python -m a2a.bench                              # 4 ranks (2 emulated nodes of 2)
     python -m a2a.bench --np 8 -b 1K -e 64M -f 2 --algo all --json out.json
@@ -73,18 +74,15 @@ rows), then the mean busbw of each algorithm and the geometric mean of its
 JSON list. The exit code is 1 when any element was wrong.
 
 ``--op encode|decode|permute|unpermute|all`` switches to the MoE kernel
-benchmark (one process, no mpirun; :mod:`a2a._kernel_bench`, its own flags:
-``python -m a2a.bench --op all --help``).
+benchmark (one process, no mpirun; :mod:`a2a.bench.kernels`, its own flags:
+``python -m a2a.bench --op all --help``), and ``--layout`` to the layout
+kernels (:mod:`a2a.bench.layout`).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import math
 import os
-import re
 import shlex
 import socket
 import statistics
@@ -97,6 +95,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import launch
+from . import common
+
 __all__ = [
     "DTYPES",
     "bandwidths",
@@ -104,7 +105,6 @@ __all__ = [
     "expected_value",
     "flex_shape",
     "main",
-    "parse_size",
     "per_peer_count",
     "sweep_sizes",
     "v_counts",
@@ -116,7 +116,6 @@ ALGOS = ("linear", "2dh", "flex", "v")
 BASELINE = "mpi"  # MPI_Alltoall on host buffers
 D2D_BASELINE = "d2d"  # --device cuda: a device-to-device copy of the same bytes
 BASELINES = (BASELINE, D2D_BASELINE)
-_COMMAND_ENV = "A2A_BENCH_COMMAND"  # the command line the user typed, for --json
 
 
 # ---------------------------------------------------------------------------
@@ -199,21 +198,6 @@ def _have_torch() -> bool:
 
 # ---------------------------------------------------------------------------
 # Sizes and bandwidth (pure functions; unit tested)
-
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from "64", "1K", "64M", "1G" (powers of 1024, as nccl-tests), also "1KB", "1KiB"."""
-    if isinstance(text, int):
-        if text < 0:
-            raise ValueError(f"size must not be negative, got {text}")
-        return text
-    match = _SIZE_RE.match(str(text))
-    if match is None:
-        raise ValueError(f"invalid size {text!r}; expected an integer with an optional K, M or G suffix")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
 
 
 def sweep_sizes(minbytes: int, maxbytes: int, stepfactor: float = 1, stepbytes: int = 1 << 20) -> list[int]:
@@ -496,16 +480,12 @@ def _time(case: Case, args: argparse.Namespace) -> float:
 
 
 def _measure_group(cases: list[Case], args: argparse.Namespace) -> list[float]:
-    """Median seconds per call of each case over -r repetitions. The cases
-    take turns within each repetition, so a busy moment on a shared machine
-    hits all of them alike and the ratios stay fair."""
+    """Median seconds per call of each case over -r repetitions in which the
+    cases take turns."""
     for case in cases:
         for _ in range(args.warmup_iters):
             case.run()
-    samples: list[list[float]] = [[] for _ in cases]
-    for _ in range(args.repeats):
-        for case, times in zip(cases, samples):
-            times.append(_time(case, args))
+    samples = common.take_turns([lambda case=case: _time(case, args) for case in cases], args.repeats)
     return [statistics.median(times) for times in samples]
 
 
@@ -529,12 +509,6 @@ def _check(case: Case, args: argparse.Namespace) -> int | None:
 
 # ---------------------------------------------------------------------------
 # Output
-
-
-def _format_time(us: float, width: int = 7) -> str:
-    """Microseconds with fewer decimals as they grow, right-aligned in `width` (0: unpadded)."""
-    decimals = 0 if us >= 10000.0 else 1 if us >= 100.0 else 2
-    return f"{us:{width}.{decimals}f}"
 
 
 _COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>7}"
@@ -564,7 +538,7 @@ def format_row(row: dict) -> str:
         row["type"],
         row["redop"],
         row["root"],
-        _format_time(row["time_us"]),
+        common.format_time(row["time_us"]),
         f"{row['algbw']:6.2f}",
         f"{row['busbw']:6.2f}",
         wrong,
@@ -578,7 +552,7 @@ def footer_lines(rows: list[dict], algos: list[str], baseline: str = BASELINE) -
     wrong = sum(r["wrong"] or 0 for r in rows)
     avg = sum(r["busbw"] for r in ours) / len(ours) if ours else 0.0
     lines = [
-        f"# Out of bounds values : {wrong} {'FAILED' if wrong else 'OK'}",
+        common.out_of_bounds_line(wrong),
         f"# Avg bus bandwidth    : {avg:g} ",
         "#",
     ]
@@ -587,13 +561,8 @@ def footer_lines(rows: list[dict], algos: list[str], baseline: str = BASELINE) -
         if not mine:
             continue
         mean = sum(r["busbw"] for r in mine) / len(mine)
-        ratios = [r["ratio"] for r in mine if r["ratio"]]
-        vs = (
-            f"   {baseline_label(baseline)} (geomean of ratios): "
-            f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}x"
-            if ratios
-            else ""
-        )
+        ratio = common.geomean([r["ratio"] for r in mine if r["ratio"]])
+        vs = f"   {baseline_label(baseline)} (geomean of ratios): {ratio:.2f}x" if ratio else ""
         lines.append(f"#   {algo:<7} avg busbw {mean:8.3f} GB/s{vs}")
     lines.append("#")
     return lines
@@ -612,25 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(see python -m a2a.bench --op all --help); --layout the layout kernels (--layout --help).",
         allow_abbrev=False,
     )
-    p.add_argument(
-        "-b",
-        "--minbytes",
-        type=parse_size,
-        default=parse_size("1K"),
-        help="smallest size per rank (default 1K)",
-    )
-    p.add_argument(
-        "-e",
-        "--maxbytes",
-        type=parse_size,
-        default=parse_size("64M"),
-        help="largest size per rank (default 64M)",
-    )
+    for flag, name, default, which in (("-b", "--minbytes", "1K", "smallest"), ("-e", "--maxbytes", "64M", "largest")):
+        help_text = f"{which} size per rank (default {default})"
+        p.add_argument(flag, name, type=common.parse_size, default=common.parse_size(default), help=help_text)
     p.add_argument(
         "-f", "--stepfactor", type=float, default=None, help="multiply the size by this (default 4)"
     )
     p.add_argument(
-        "-i", "--stepbytes", type=parse_size, default=None, help="add this to the size (used when -f is 1)"
+        "-i", "--stepbytes", type=common.parse_size, default=None, help="add this to the size (used when -f is 1)"
     )
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
     p.add_argument(
@@ -741,10 +699,8 @@ def _strip_np(argv: list[str]) -> list[str]:
 
 
 def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
-    from . import launch
-
     nranks = args.np if args.np is not None else DEFAULT_NP
-    env = {_COMMAND_ENV: shlex.join(["python", "-m", "a2a.bench", *argv])}
+    env = {common.COMMAND_ENV: shlex.join(["python", "-m", "a2a.bench", *argv])}
     local_size = args.local_size
     if (
         local_size is None
@@ -762,17 +718,10 @@ def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    from . import _kernel_bench, _layout_bench
-
-    if _layout_bench.is_layout_mode(argv):  # --layout: the layout kernels, in this process
-        return _layout_bench.main(argv)
-    if _kernel_bench.is_kernel_mode(argv):  # --op: the MoE kernels, in this process
-        return _kernel_bench.main(argv)
+def main(argv: list[str]) -> int:
+    """The sweep: relaunched under mpirun when not under it already (and more
+    than one rank is asked for), else run on every rank of MPI_COMM_WORLD."""
     args = parse_args(argv)
-    from . import launch
-
     # One GPU is the CUDA default: a 1-rank run needs no mpirun.
     default_np = 1 if args.device == "cuda" else DEFAULT_NP
     if not launch.under_mpirun() and (args.np if args.np is not None else default_np) > 1:
@@ -821,7 +770,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             print(text, flush=True)
 
     ranks_info = world.gather((os.getpid(), socket.gethostname(), comm.node, comm.local_rank, device_text), root=0)
-    command = os.environ.get(_COMMAND_ENV) or shlex.join(["python", "-m", "a2a.bench", *argv])
+    command = common.command_line(argv)
     if lead and args.np is not None and args.np != nranks:
         print(f"# note: --np {args.np} ignored: running on the {nranks} ranks of mpirun", flush=True)
 
@@ -870,7 +819,10 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     say("#")
 
     rows: list[dict] = []
-    timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    # What every row of the run records besides its measurement (inner_algo: flex and v only).
+    run = {"ranks": nranks, "local_size": comm.local_size, "num_nodes": comm.num_nodes, "inner_algo": None}
+    run.update(device=args.device, transport=comm.transport, iters=args.iters, repeats=args.repeats)
+    run.update(warmup_iters=args.warmup_iters, command=command, timestamp=common.utc_timestamp())
     for line in header_lines(args.baseline):
         say(line)
     for dtype in args.dtypes:
@@ -889,19 +841,9 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                 row["baseline_algbw"] = base_algbw
                 # algbw ratios equal busbw ratios (same ranks), and exist on one rank too.
                 row["ratio"] = (row["algbw"] / base_algbw) if (base_algbw and not row["baseline"]) else None
-                row.update(
-                    ranks=nranks,
-                    local_size=comm.local_size,
-                    num_nodes=comm.num_nodes,
-                    inner_algo=args.inner_algo if row["algo"] in ("flex", "v") else None,
-                    device=args.device,
-                    transport=comm.transport,
-                    iters=args.iters,
-                    repeats=args.repeats,
-                    warmup_iters=args.warmup_iters,
-                    command=command,
-                    timestamp=timestamp,
-                )
+                row.update(run)
+                if row["algo"] in ("flex", "v"):
+                    row["inner_algo"] = args.inner_algo
             # a2a rows first, then the baseline they are compared with.
             for row in [r for r in group if not r["baseline"]] + [r for r in group if r["baseline"]]:
                 say(format_row(row))
@@ -910,9 +852,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         say(line)
     total_wrong = sum(r["wrong"] or 0 for r in rows)
     if lead and args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=1)
-            fh.write("\n")
+        common.write_json(args.json, rows)
     return 1 if total_wrong else 0
 
 
@@ -952,6 +892,3 @@ def _mpi4py_version() -> str:
 
     return mpi4py.__version__
 
-
-if __name__ == "__main__":
-    sys.exit(main())

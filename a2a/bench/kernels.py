@@ -71,21 +71,20 @@ on the current stream and is timed with ``torch.cuda.Event``.
 from __future__ import annotations
 
 import argparse
-import datetime
+import dataclasses
 import functools
-import json
 import math
 import os
 import platform
-import shlex
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from . import common
 
 __all__ = [
     "OPS",
@@ -126,7 +125,6 @@ AUTO_ITERS_TARGET_S = 0.05  # -n auto: calls per timing so that one timing takes
 AUTO_ITERS_MAX = 100
 EINSUM_TIMING_MAX_S = 1.0  # einsum: fewer calls per timing, to at most about this long
 EINSUM_PROBE_S = 0.05  # the einsum probe grows until one call takes this long
-_COMMAND_ENV = "A2A_BENCH_COMMAND"
 
 
 def is_kernel_mode(argv: list[str]) -> bool:
@@ -187,62 +185,58 @@ def einsum_macs(tokens: int, experts: int, capacity: int, model_dim: int) -> int
     return tokens * experts * capacity * model_dim
 
 
-def footprint_bytes(
-    op: str,
-    *,
-    tokens: int,
-    experts: int,
-    top_k: int,
-    model_dim: int,
-    itemsize: int,
-    capacity: int | None,
-    kept: int,
-    routed: int,
-    nbytes: int,
-) -> int:
-    """Estimated peak bytes of one op of one configuration, without the einsum:
-    x, the op's input (decode: the (E, C, M) buffer, unpermute: the (N, M)
-    rows), the memcpy buffers (nbytes), a2a's and the index baseline's outputs,
-    and the baseline's temporaries (gathered rows, their product with the gates
-    in float32, the float32 sum)."""
-    acc = 8 if itemsize == 8 else 4
-    s, m = itemsize, model_dim
-    wide = acc if s != acc else 0  # a copy in the accumulator type, for 16-bit data
-    x = tokens * m * s
-    if op == "encode":
-        out = experts * (capacity or 0) * m * s
-        temps = kept * m * (s + wide)
-        return x + nbytes + 2 * out + temps
-    if op == "decode":
-        d = experts * (capacity or 0) * m * s
-        out = tokens * m * s
-        temps = kept * m * (s + wide) + tokens * m * wide
-        return x + d + nbytes + 2 * out + temps
-    if op == "permute":
-        out = routed * m * s
-        return x + nbytes + 2 * out + routed * 32
-    if op == "unpermute":
-        y_sorted = routed * m * s
-        out = tokens * m * s
-        temps = routed * m * acc + tokens * m * wide
-        return x + y_sorted + nbytes + 2 * out + temps
-    raise ValueError(f"unknown op {op!r}")
+@dataclass(frozen=True)
+class OpSize:
+    """The sizes one op of one configuration works on (moved_bytes' arguments)."""
 
+    op: str
+    tokens: int
+    experts: int
+    top_k: int
+    model_dim: int
+    itemsize: int
+    capacity: int | None  # None for the dropless permute / unpermute
+    kept: int  # choices that fit their expert's capacity (every routed one when dropless)
+    routed: int
 
-def einsum_footprint_bytes(
-    op: str, *, tokens: int, experts: int, capacity: int, model_dim: int, itemsize: int
-) -> int:
-    """The dense mask (and a transposed copy einsum may make) plus its output."""
-    mask = tokens * experts * capacity * itemsize
-    out = (experts * capacity if op == "encode" else tokens) * model_dim * itemsize
-    return 2 * mask + 2 * out
+    def moved_bytes(self, gates: bool) -> int:
+        return moved_bytes(**dataclasses.asdict(self), gates=gates)
 
+    def footprint_bytes(self, nbytes: int) -> int:
+        """Estimated peak bytes of the op, without the einsum: x, the op's
+        input (decode: the (E, C, M) buffer, unpermute: the (N, M) rows), the
+        memcpy buffers (nbytes), a2a's and the index baseline's outputs, and the
+        baseline's temporaries (gathered rows, their product with the gates in
+        float32, the float32 sum)."""
+        acc = 8 if self.itemsize == 8 else 4
+        s, m, tokens, routed = self.itemsize, self.model_dim, self.tokens, self.routed
+        wide = acc if s != acc else 0  # a copy in the accumulator type, for 16-bit data
+        x = tokens * m * s
+        if self.op == "encode":
+            out = self.experts * (self.capacity or 0) * m * s
+            temps = self.kept * m * (s + wide)
+            return x + nbytes + 2 * out + temps
+        if self.op == "decode":
+            d = self.experts * (self.capacity or 0) * m * s
+            out = tokens * m * s
+            temps = self.kept * m * (s + wide) + tokens * m * wide
+            return x + d + nbytes + 2 * out + temps
+        if self.op == "permute":
+            out = routed * m * s
+            return x + nbytes + 2 * out + routed * 32
+        if self.op == "unpermute":
+            y_sorted = routed * m * s
+            out = tokens * m * s
+            temps = routed * m * acc + tokens * m * wide
+            return x + y_sorted + nbytes + 2 * out + temps
+        raise ValueError(f"unknown op {self.op!r}")
 
-def geomean(values: list[float]) -> float | None:
-    values = [v for v in values if v and v > 0]
-    if not values:
-        return None
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    def einsum_footprint_bytes(self) -> int:
+        """The dense mask (and a transposed copy einsum may make) plus its output."""
+        capacity = self.capacity or 0  # the einsum runs for the padded ops only
+        mask = self.tokens * self.experts * capacity * self.itemsize
+        out = (self.experts * capacity if self.op == "encode" else self.tokens) * self.model_dim * self.itemsize
+        return 2 * mask + 2 * out
 
 
 # ---------------------------------------------------------------------------
@@ -250,14 +244,12 @@ def geomean(values: list[float]) -> float | None:
 
 
 def _int_list(text: str) -> list[int]:
-    from .bench import parse_size
-
     values = []
     for part in str(text).split(","):
         if not part.strip():
             continue
         try:
-            value = parse_size(part)
+            value = common.parse_size(part)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid number {part.strip()!r}") from None
         if value < 1:
@@ -297,7 +289,7 @@ columns:
   vs index   time of torch index ops giving the same result / a2a's time
   vs einsum  time of GShard's dense einsum / a2a's time ('-': not run)
   #wrong     elements differing from the index result (exit status 1 if any)
-More in the docstring of a2a/_kernel_bench.py and in docs/benchmarks.md.
+More in the docstring of a2a/bench/kernels.py and in docs/benchmarks.md.
 """
 
 
@@ -310,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
+
+    def switch(name: str, help_text: str) -> None:
+        """An on-by-default flag with its --no- form."""
+        p.add_argument(name, action=argparse.BooleanOptionalAction, default=True, help=help_text)
+
     p.add_argument(
         "--op", required=True, metavar="OPS", help="encode, decode, permute, unpermute, all, or a comma list"
     )
@@ -359,12 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads: A2A_NUM_THREADS for a2a (set before its first kernel call) and "
         "torch.set_num_threads for the baselines (default: A2A_NUM_THREADS, else every core)",
     )
-    p.add_argument(
-        "--einsum",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="time GShard's dense einsum where it fits the limits below (default on)",
-    )
+    switch("--einsum", "time GShard's dense einsum where it fits the limits below (default on)")
     p.add_argument(
         "--einsum-max",
         type=float,
@@ -377,17 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=2.0,
         help="skip the einsum when a probe predicts more than this per call (default 2)",
     )
-    p.add_argument(
-        "--gates",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="pass float32 gates to encode, decode and unpermute (default on; --no-gates: plain copies and sums)",
-    )
-    p.add_argument(
+    switch("--gates", "pass float32 gates to encode, decode and unpermute (default on; --no-gates: plain copies and sums)")
+    switch(
         "--out",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="give a2a (out=) and the index baselines preallocated outputs, as memcpy has (default on); "
+        "give a2a (out=) and the index baselines preallocated outputs, as memcpy has (default on); "
         "--no-out: every call allocates its output (on CPU that adds the page faults of fresh memory)",
     )
     p.add_argument(
@@ -491,8 +476,6 @@ def _ratio(value: float | None, digits: int = 2) -> str:
 
 
 def format_row(row: dict) -> str:
-    from .bench import _format_time
-
     return _COLUMNS.format(
         row["op"],
         row["tokens"],
@@ -502,7 +485,7 @@ def format_row(row: dict) -> str:
         row["dtype"],
         "-" if row["capacity"] is None else row["capacity"],
         row["bytes"],
-        _format_time(row["time_us"], width=0),
+        common.format_time(row["time_us"], width=0),
         f"{row['gbps']:.2f}",
         f"{row['memcpy_gbps']:.2f}",
         _ratio(row["vs_memcpy"]),
@@ -515,7 +498,7 @@ def format_row(row: dict) -> str:
 def footer_lines(rows: list[dict], ops: list[str]) -> list[str]:
     done = [r for r in rows if not r.get("skipped")]
     wrong = sum(r["wrong"] for r in done)
-    lines = [f"# Out of bounds values : {wrong} {'FAILED' if wrong else 'OK'}"]
+    lines = [common.out_of_bounds_line(wrong)]
     skipped = len(rows) - len(done)
     if skipped:
         lines.append(f"# Skipped configurations: {skipped} (see the '# skipped' lines)")
@@ -525,12 +508,12 @@ def footer_lines(rows: list[dict], ops: list[str]) -> list[str]:
         if not mine:
             continue
         parts = [
-            f"#   {op:<9} {len(mine):3d} rows  geomean: vs memcpy {_ratio(geomean([r['vs_memcpy'] for r in mine]))}"
+            f"#   {op:<9} {len(mine):3d} rows  geomean: vs memcpy {_ratio(common.geomean([r['vs_memcpy'] for r in mine]))}"
         ]
-        vi = geomean([r["vs_index"] for r in mine if r["vs_index"]])
+        vi = common.geomean([r["vs_index"] for r in mine if r["vs_index"]])
         parts.append(f"vs index {_ratio(vi)}x" if vi else "vs index -")
         ve = [r["vs_einsum"] for r in mine if r["vs_einsum"]]
-        parts.append(f"vs einsum {geomean(ve):.1f}x ({len(ve)} rows)" if ve else "vs einsum -")
+        parts.append(f"vs einsum {common.geomean(ve):.1f}x ({len(ve)} rows)" if ve else "vs einsum -")
         lines.append(", ".join(parts))
     lines.append("#")
     return lines
@@ -555,35 +538,7 @@ class Timed:
         return statistics.median(self.samples)
 
 
-class _Clock:
-    """Seconds per call of n back-to-back calls: perf_counter on CPU, CUDA events on the current stream."""
-
-    def __init__(self, torch: Any, device: str):
-        self.torch = torch
-        self.cuda = device == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            self.torch.cuda.current_stream().synchronize()
-
-    def time(self, fn: Callable[[], Any], n: int) -> float:
-        if self.cuda:
-            stream = self.torch.cuda.current_stream()
-            start = self.torch.cuda.Event(enable_timing=True)
-            end = self.torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(n):
-                fn()
-            end.record(stream)
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / n
-        start_s = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - start_s) / n
-
-
-def _measure(cases: list[Timed], clock: _Clock, args: argparse.Namespace) -> None:
+def _measure(cases: list[Timed], clock: common.Clock, args: argparse.Namespace) -> None:
     """Warm-up, then -r repetitions in which the cases take turns."""
     for case in cases:
         one = None
@@ -598,9 +553,9 @@ def _measure(cases: list[Timed], clock: _Clock, args: argparse.Namespace) -> Non
             if case.max_seconds is not None:
                 n = max(1, min(n, int(case.max_seconds / max(one, 1e-9))))
         case.iters = n
-    for _ in range(args.repeats):
-        for case in cases:
-            case.samples.append(clock.time(case.run, case.iters))
+    timings = [functools.partial(clock.time, case.run, case.iters) for case in cases]
+    for case, samples in zip(cases, common.take_turns(timings, args.repeats)):
+        case.samples = samples
 
 
 # ---------------------------------------------------------------------------
@@ -619,7 +574,7 @@ class _Env:
         self.a2a = a2a
         self.args = args
         self.device = args.device
-        self.clock = _Clock(torch, args.device)
+        self.clock = common.Clock(torch, args.device)
         self.gen = torch.Generator().manual_seed(args.seed)
 
     def dtype(self, name: str) -> Any:
@@ -839,38 +794,16 @@ class _Config:
 def _bench_op(env: _Env, cfg: _Config, op: str, base: dict, say: Callable[[str], None]) -> dict:
     """Checks and times one op of one configuration; returns its row."""
     torch, a2a, args = env.torch, env.a2a, env.args
-    itemsize = DTYPE_SIZES[cfg.dtype]
     padded = op in ("encode", "decode")
     capacity = cfg.ref.capacity if padded else None
     kept = cfg.kept if padded else cfg.routed
-    nbytes = moved_bytes(
-        op,
-        tokens=cfg.tokens,
-        experts=cfg.experts,
-        top_k=cfg.top_k,
-        model_dim=cfg.model_dim,
-        itemsize=itemsize,
-        capacity=capacity,
-        kept=kept,
-        routed=cfg.routed,
-        gates=args.gates and op != "permute",
-    )
+    size = OpSize(op, cfg.tokens, cfg.experts, cfg.top_k, cfg.model_dim, DTYPE_SIZES[cfg.dtype], capacity, kept, cfg.routed)
+    nbytes = size.moved_bytes(gates=args.gates and op != "permute")
     row = dict(
         base, op=op, capacity=capacity, kept=kept, dropped=cfg.routed - kept if padded else 0, bytes=nbytes
     )
     row["gates"] = bool(args.gates and op != "permute")
-    need = footprint_bytes(
-        op,
-        tokens=cfg.tokens,
-        experts=cfg.experts,
-        top_k=cfg.top_k,
-        model_dim=cfg.model_dim,
-        itemsize=itemsize,
-        capacity=capacity,
-        kept=kept,
-        routed=cfg.routed,
-        nbytes=nbytes,
-    )
+    need = size.footprint_bytes(nbytes)
     row["footprint_gib"] = need / 2**30
     budget = args.max_gib * 2**30
     if need > budget:
@@ -899,48 +832,28 @@ def _bench_op(env: _Env, cfg: _Config, op: str, base: dict, say: Callable[[str],
             return None, None
         return tuple(torch.empty((out_rows, cfg.model_dim), dtype=dt, device=env.device) for _ in range(2))
 
+    # a2a's call and the torch index ops giving the same result, each into its out.
+    k_out, i_out = buffers()
     if op == "encode":
-        x = cfg.x
-
-        def kernel() -> Any:
-            return a2a.fast_encode(x, routing, gates, out=k_out)
-
-        def index() -> Any:
-            return cfg.index_encode(x, i_out)
-
-        exact = True
+        kernel = functools.partial(a2a.fast_encode, cfg.x, routing, gates, out=k_out)
+        index = functools.partial(cfg.index_encode, cfg.x, i_out)
     elif op == "decode":
         d = cfg.dispatched()
-
-        def kernel() -> Any:
-            return a2a.fast_decode(d, routing, gates, out=k_out)
-
-        def index() -> Any:
-            return cfg.index_decode(d, i_out)
-
-        exact = False
+        kernel = functools.partial(a2a.fast_decode, d, routing, gates, out=k_out)
+        index = functools.partial(cfg.index_decode, d, i_out)
     elif op == "permute":
-        x, indices, experts = cfg.x, cfg.indices, cfg.experts
+        permute = functools.partial(a2a.permute, cfg.x, cfg.indices, cfg.experts, out=k_out)
 
         def kernel() -> Any:
-            return a2a.permute(x, indices, experts, out=k_out)[0]
+            return permute()[0]
 
-        def index() -> Any:
-            return cfg.index_permute(x, i_out)
-
-        exact = True
+        index = functools.partial(cfg.index_permute, cfg.x, i_out)
     else:
         y_sorted = cfg.y_sorted()
         perm = a2a.permute(cfg.x, cfg.indices, cfg.experts)[1]
-
-        def kernel() -> Any:
-            return a2a.unpermute(y_sorted, perm, gates, out=k_out)
-
-        def index() -> Any:
-            return cfg.index_unpermute(y_sorted, i_out)
-
-        exact = False
-    k_out, i_out = buffers()
+        kernel = functools.partial(a2a.unpermute, y_sorted, perm, gates, out=k_out)
+        index = functools.partial(cfg.index_unpermute, y_sorted, i_out)
+    exact = op in ("encode", "permute")  # no sums: compared bit for bit
 
     # The check (also the first warm-up call of both).
     got, want = kernel(), index()
@@ -964,7 +877,7 @@ def _bench_op(env: _Env, cfg: _Config, op: str, base: dict, say: Callable[[str],
 
     # The dense einsum, where it is cheap enough.
     macs = einsum_macs(cfg.tokens, cfg.experts, cfg.ref.capacity, cfg.model_dim) if padded else None
-    einsum_skip = _einsum_skip(env, cfg, op, macs, need, budget)
+    einsum_skip = _einsum_skip(env, cfg, size, macs, need, budget)
     mask = None
     if einsum_skip is None:
         mask = cfg.dense_mask()
@@ -1011,7 +924,7 @@ def _bench_op(env: _Env, cfg: _Config, op: str, base: dict, say: Callable[[str],
 _probe_cache: dict[tuple, float] = {}
 
 
-def _einsum_skip(env: _Env, cfg: _Config, op: str, macs: int | None, need: int, budget: float) -> str | None:
+def _einsum_skip(env: _Env, cfg: _Config, size: OpSize, macs: int | None, need: int, budget: float) -> str | None:
     """Why the einsum of this row is not run, or None."""
     args = env.args
     if macs is None:
@@ -1020,17 +933,10 @@ def _einsum_skip(env: _Env, cfg: _Config, op: str, macs: int | None, need: int, 
         return "--no-einsum"
     if macs > args.einsum_max:
         return f"{macs:.2g} MACs > --einsum-max {args.einsum_max:g}"
-    extra = einsum_footprint_bytes(
-        op,
-        tokens=cfg.tokens,
-        experts=cfg.experts,
-        capacity=cfg.ref.capacity,
-        model_dim=cfg.model_dim,
-        itemsize=DTYPE_SIZES[cfg.dtype],
-    )
+    extra = size.einsum_footprint_bytes()
     if need + extra > budget:
         return f"the dense mask needs about {(need + extra) / 2**30:.1f} GiB > --max-gib {args.max_gib:g}"
-    rate = _einsum_rate(env, cfg, op)
+    rate = _einsum_rate(env, cfg, size.op)
     if macs / rate > args.einsum_max_seconds:
         return (
             f"a probe predicts {macs / rate:.0f} s per call ({rate / 1e9:.2g} GMAC/s) > "
@@ -1134,8 +1040,8 @@ def main(argv: list[str]) -> int:
     def say(text: str = "") -> None:
         print(text, flush=True)
 
-    command = os.environ.get(_COMMAND_ENV) or shlex.join(["python", "-m", "a2a.bench", *argv])
-    timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = common.command_line(argv)
+    timestamp = common.utc_timestamp()
     iters = "auto (about 50 ms per timing)" if args.iters is None else str(args.iters)
     say(f"# a2a MoE kernel benchmark: {command}")
     say(
@@ -1204,9 +1110,7 @@ def main(argv: list[str]) -> int:
     for line in footer_lines(rows, args.ops):
         say(line)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(rows, fh, indent=1)
-            fh.write("\n")
+        common.write_json(args.json, rows)
     return 1 if any(r["wrong"] for r in rows) else 0
 
 
@@ -1219,15 +1123,8 @@ def _sweep_shape(env: _Env, tokens: int, model_dim: int, dtype: str, base: dict,
     for experts in args.experts:
         for top_k in args.top_k:
             for factor in args.capacity_factor:
-                shape = dict(
-                    base,
-                    tokens=tokens,
-                    experts=experts,
-                    top_k=top_k,
-                    model_dim=model_dim,
-                    dtype=dtype,
-                    capacity_factor=factor,
-                )
+                shape = dict(base, tokens=tokens, experts=experts, top_k=top_k)
+                shape.update(model_dim=model_dim, dtype=dtype, capacity_factor=factor)
                 if x is None:
                     reason = f"x alone needs {x_bytes / 2**30:.1f} GiB > --max-gib {args.max_gib:g}"
                     for op in args.ops:

@@ -1,0 +1,160 @@
+"""Types of a2a._C, the pybind11 module over liba2a (csrc/python/module.cpp).
+
+Buffers cross as raw addresses (int) that the Python layer keeps alive for
+the call; dtypes, algorithms, reduce ops and device types are the integer
+codes of a2a/a2a.h. tests/unit/test_typing.py checks that this file names
+exactly what the module exports.
+"""
+
+from typing import Any, TypeAlias
+
+import numpy as np
+
+# (device type, cudaStream_t, threads) of a2a_exec_t: (0, 0, 0) is the CPU.
+_Exec: TypeAlias = tuple[int, int, int]
+# a2a_routing_t: (num_tokens, top_k, num_experts, indices, index dtype,
+# locations, counts, expert_offsets, capacity (-1: dropless), num_rows).
+_RoutingFields: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int]
+
+def build_config() -> str:
+    """a2a_build_config(): "key=value;..." (version, mpi, cuda, nccl, ...)."""
+
+def numpy_layout(array: np.ndarray, /) -> tuple[int, bool, bool]:
+    """(address, C-contiguous, writeable) of a NumPy array."""
+
+def dtype_size(dtype: int, /) -> int:
+    """Bytes per element of an a2a_dtype_t (0 for an unknown code)."""
+
+def dlpack_view(capsule: Any, /) -> tuple[int, tuple[int, ...], bool, int, int, int, int, int]:
+    """(address, shape, C-contiguous, type code, bits, lanes, device type,
+    device id) of an unconsumed "dltensor" capsule."""
+
+def nccl_unique_id() -> bytes:
+    """A new NCCL unique id (UnsupportedError in builds without NCCL)."""
+
+def route_workspace_size(exec: _Exec, num_tokens: int, top_k: int, num_experts: int, /) -> int: ...
+def route(
+    exec: _Exec,
+    comm: Comm | None,
+    indices: int,
+    index_dtype: int,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    token_order: int,
+    capacity: int,
+    capacity_setting: float,
+    workspace: int,
+    workspace_bytes: int,
+    locations: int,
+    counts: int,
+    offsets: int,
+) -> tuple[int, int, int]:
+    """a2a_route: fills locations, counts and offsets; returns (capacity, num_rows, num_dropped)."""
+
+def moe_dispatch(
+    exec: _Exec,
+    routing: _RoutingFields,
+    x: int,
+    dtype: int,
+    model_dim: int,
+    gates: int,
+    gate_dtype: int,
+    rows: int,
+    /,
+) -> None: ...
+def moe_combine(
+    exec: _Exec,
+    routing: _RoutingFields,
+    rows: int,
+    dtype: int,
+    model_dim: int,
+    gates: int,
+    gate_dtype: int,
+    y: int,
+    /,
+) -> None: ...
+def moe_gate_grad(
+    exec: _Exec,
+    routing: _RoutingFields,
+    tokens: int,
+    rows: int,
+    dtype: int,
+    model_dim: int,
+    gate_dtype: int,
+    grad_gates: int,
+    /,
+) -> None: ...
+def transpose_chunks(exec: _Exec, dst: int, src: int, rows: int, cols: int, chunk_bytes: int, /) -> None: ...
+def copy_ranges(exec: _Exec, dst: int, src: int, ranges: list[tuple[int, int, int]], /) -> None:
+    """Each (dst offset, src offset, bytes) range copied."""
+
+class Comm:
+    """a2a::Communicator: one a2a_comm_t."""
+
+    def __init__(
+        self,
+        mpi_comm_address: int,
+        local_size: int = 0,
+        timeout_s: float = 0.0,
+        use_mpi_datatypes: int = -1,
+        device_type: int = 0,
+        transport: int = 0,
+        cuda_device: int = -1,
+    ) -> None: ...
+    @staticmethod
+    def from_nccl_id(
+        id: bytes, size: int, rank: int, local_size: int = 0, timeout_s: float = 0.0, cuda_device: int = -1
+    ) -> Comm: ...
+    @property
+    def device(self) -> tuple[int, int, int]:
+        """(device type, transport, CUDA device or -1)."""
+
+    @property
+    def topology(self) -> tuple[int, int, int, int, int, int]:
+        """(rank, size, local_rank, local_size, node, num_nodes)."""
+
+    def set_stream(self, stream: int, /) -> None: ...
+    def report_invalid(self, op: str, message: str, /) -> None:
+        """Fails op on every rank (this one: InvalidArgumentError with message)."""
+
+    def all_to_all_workspace_size(self, count: int, dtype: int, algo: int, /) -> int: ...
+    def all_to_all(
+        self, send: int, recv: int, count: int, dtype: int, algo: int, workspace: int, workspace_bytes: int, /
+    ) -> None: ...
+    def all_to_all_numpy(
+        self, x: np.ndarray, out: Any, algo: int, workspace: np.ndarray, /
+    ) -> np.ndarray | None:
+        """all_to_all in one call for well-formed NumPy arrays; None: take the general path."""
+
+    def all_to_all_flex_workspace_size(
+        self, shape: list[int], split_axis: int, concat_axis: int, dtype: int, algo: int, /
+    ) -> int: ...
+    def all_to_all_flex(
+        self,
+        send: int,
+        recv: int,
+        shape: list[int],
+        split_axis: int,
+        concat_axis: int,
+        dtype: int,
+        algo: int,
+        workspace: int,
+        workspace_bytes: int,
+        /,
+    ) -> None: ...
+    def all_gather(self, send: int, recv: int, count: int, dtype: int, /) -> None: ...
+    def all_reduce(self, send: int, recv: int, count: int, dtype: int, op: int, /) -> None: ...
+    def reduce_scatter(self, send: int, recv: int, count: int, dtype: int, op: int, /) -> None: ...
+
+class VPlan:
+    """a2a::VPlan: an all-to-all-v plan (its creation exchanges the counts)."""
+
+    def __init__(
+        self, comm: Comm, send_counts: list[int], row_elements: int, dtype: int, algo: int
+    ) -> None: ...
+    @property
+    def recv_counts(self) -> list[int]: ...
+    @property
+    def workspace_size(self) -> int: ...
+    def execute(self, send: int, recv: int, workspace: int, workspace_bytes: int, /) -> None: ...

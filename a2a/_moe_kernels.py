@@ -1,0 +1,124 @@
+"""The MoE kernels of a2a._C as plain functions, without autograd: argument
+checks, output allocation beside the input, and the call on the input's
+device and current stream. ``dispatch`` scatters tokens into rows,
+``combine`` gathers rows back into tokens, ``gate_grad`` is the gradient of
+the gates (a per-choice dot product). The public ops (a2a._moe) and their
+autograd (a2a.torch) are both built on these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from . import _C
+from ._arrays import DTYPE_CODES, ArrayView, address_of, argument_view, empty_like, is_torch_tensor
+from ._errors import InvalidArgumentError
+from ._routing import Routing, native_routing, routing_view
+
+__all__ = ["combine", "dispatch", "dispatched_rows", "gate_grad"]
+
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def _fail(op: str, message: str):
+    raise InvalidArgumentError(f"{op}: {message}")
+
+
+def _data(x: Any, what: str, op: str, rows: int, routing: Routing) -> ArrayView:
+    """A (rows, model_dim) float array beside the routing."""
+    a = argument_view(x, what, op)
+    place = routing_view(routing)
+    if not a.same_place(place):
+        _fail(op, f"{what} ({a.describe()}) is not where the routing is ({place.framework} on {place.device_text})")
+    if len(a.shape) != 2 or a.shape[0] != rows or a.dtype_name not in FLOAT_DTYPES:
+        _fail(op, f"{what} must be ({rows}, model_dim) of {', '.join(FLOAT_DTYPES)}; got {a.describe()}")
+    return a
+
+
+def _gates(gates: Any, op: str, routing: Routing, data: ArrayView) -> ArrayView | None:
+    """(T, k) gates of float32 or the data's dtype, beside the data."""
+    if gates is None:
+        return None
+    g = argument_view(gates, "gates", op)
+    if not g.same_place(data):
+        _fail(op, f"gates ({g.describe()}) are not where the data is ({data.describe()})")
+    shape = (routing.num_tokens, routing.top_k)
+    if g.shape != shape or g.dtype_name not in ("float32", data.dtype_name):
+        _fail(op, f"gates must be {shape} of float32 or {data.dtype_name} (the data's dtype); got {g.describe()}")
+    return g
+
+
+def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
+    """A new array of `shape` beside `like`, or `out` after checking it: any
+    C-contiguous, writeable array of like's dtype and the same element count."""
+    if out is None:
+        return empty_like(like, shape)
+    o = argument_view(out, "out", op)
+    if is_torch_tensor(out) and out.requires_grad:
+        _fail(op, "out must not require grad")
+    if not o.same_place(like) or o.dtype_name != like.dtype_name or math.prod(o.shape) != math.prod(shape):
+        _fail(
+            op,
+            f"out is a {o.describe()}; expected a {like.framework} array on {like.device_text} of "
+            f"{math.prod(shape)} {like.dtype_name} elements",
+        )
+    if not o.writeable:
+        _fail(op, f"out ({o.describe()}) is read-only")
+    return o.obj
+
+
+def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out: int, routing: Routing,
+                  gates: Any, op: str, out: Any) -> Any:
+    """Runs a dispatch or combine kernel: data (rows_in, M) -> (rows_out, M)
+    (out= reshaped to that)."""
+    a = _data(data, what, op, rows_in, routing)
+    g = _gates(gates, op, routing, a)
+    result = _output(out, a, (rows_out, a.shape[1]), op).reshape(rows_out, a.shape[1])
+    gate_view = a if g is None else g
+    with a.device_guard():
+        kernel(
+            a.execution(), native_routing(routing), a.address, a.dtype_code, a.shape[1],
+            0 if g is None else g.address, gate_view.dtype_code, address_of(result),
+        )
+    return result
+
+
+def dispatch(x: Any, routing: Routing, gates: Any, op: str, out: Any = None, what: str = "x") -> Any:
+    """rows (num_rows, M): rows[row(t, j)] = gate * x[t], padding zeroed.
+    `what` names x in errors."""
+    return _gated_kernel(_C.moe_dispatch, x, what, routing.num_tokens, routing.num_rows, routing, gates, op, out)
+
+
+def combine(rows: Any, routing: Routing, gates: Any, op: str, out: Any = None, what: str = "rows") -> Any:
+    """y (T, M): y[t] = sum_j gate * rows[row(t, j)]. `what` names rows in errors."""
+    return _gated_kernel(_C.moe_combine, rows, what, routing.num_rows, routing.num_tokens, routing, gates, op, out)
+
+
+def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str) -> Any:
+    """(T, k) of gate_dtype: dot(tokens[t], rows[row(t, j)]), 0 when not kept."""
+    t = _data(tokens, "tokens", op, routing.num_tokens, routing)
+    r = _data(rows, "rows", op, routing.num_rows, routing)
+    if (t.dtype_name, t.shape[1]) != (r.dtype_name, r.shape[1]):
+        _fail(op, f"tokens ({t.describe()}) and rows ({r.describe()}) differ in dtype or model_dim")
+    grad = empty_like(t, (routing.num_tokens, routing.top_k), gate_dtype)
+    with t.device_guard():
+        _C.moe_gate_grad(
+            t.execution(), native_routing(routing), t.address, r.address, t.dtype_code, t.shape[1],
+            DTYPE_CODES[gate_dtype], address_of(grad),
+        )
+    return grad
+
+
+def dispatched_rows(dispatched: Any, routing: Routing, op: str) -> Any:
+    """The (E, C, M) buffer of a padded routing as (E*C, M) rows (a view)."""
+    d = argument_view(dispatched, "dispatched", op)
+    experts, capacity = routing.num_experts, routing.capacity
+    if len(d.shape) != 3 or d.shape[:2] != (experts, capacity) or d.dtype_name not in FLOAT_DTYPES:
+        _fail(
+            op,
+            f"dispatched must be (num_experts, capacity, model_dim) = ({experts}, {capacity}, M) of "
+            f"{', '.join(FLOAT_DTYPES)}; got {d.describe()}",
+        )
+    return d.obj.reshape(experts * capacity, d.shape[2])

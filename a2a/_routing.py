@@ -1,0 +1,375 @@
+"""MoE routing: where every (token, choice) of a gate's top-k goes.
+
+``route`` hands out slots in Tutel's order under a capacity (the capacity
+rules are in its docstring and docs/moe_kernels.md); ``permutation`` is the
+dropless routing of ``permute``. A :class:`Routing` keeps the tables that the
+kernels read to itself: what it hands out are copies, so nothing done to them
+can send a kernel out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+import numpy as np
+
+from . import _C
+from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, view
+from ._comm import Comm
+from ._errors import InvalidArgumentError
+
+__all__ = ["Routing", "native_routing", "permutation", "require_dropless", "require_padded", "route", "routing_view"]
+
+INDEX_DTYPES = ("int32", "int64")
+DROPLESS = -1  # A2A_CAPACITY_DROPLESS
+INT64_MAX = 2**63 - 1  # the core takes counts and capacities as int64_t
+# The routing's offsets, num_experts + 1 int64 values, must fit in an array.
+MAX_EXPERTS = INT64_MAX // 8 - 1
+_EXPERTS_BOUND = "num_experts + 1 int64 offsets must fit in 2**63 - 1 bytes"
+
+
+def _fail(op: str, message: str):
+    raise InvalidArgumentError(f"{op}: {message}")
+
+
+class Routing:
+    """Where every (token, choice) goes: see docs/moe_kernels.md.
+
+    Made by :func:`a2a.route` (the padded (E, C, M) layout of a capacity)
+    and :func:`a2a.permute` (the dropless layout); it cannot be built or
+    changed by hand. Its arrays have the framework and device of the indices
+    it was made from: ``indices`` (T, k), ``locations`` (T, k) int64,
+    ``counts`` (E,) int64 choices kept per expert, ``offsets`` (E + 1,) int64
+    first row of each expert, ``row_map`` (T, k) int64 row of each choice (-1
+    when not kept). Every access gives a new copy of the tables the kernels
+    read (read-only for NumPy), so the routing cannot be changed through them.
+    """
+
+    __slots__ = ("_capacity", "_counts", "_indices", "_locations", "_num_dropped", "_num_rows", "_offsets")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("an a2a.Routing is made by a2a.route or a2a.permute, not directly")
+
+    @classmethod
+    def _create(cls, indices: ArrayView, locations: Any, counts: Any, offsets: Any, capacity: int | None,
+                num_rows: int, num_dropped: int) -> Routing:
+        self = object.__new__(cls)
+        self._indices = indices  # a view of the private copy of the caller's indices
+        self._locations, self._counts, self._offsets = locations, counts, offsets
+        self._capacity, self._num_rows, self._num_dropped = capacity, num_rows, num_dropped
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The arrays and sizes, without the view of the indices: a copy or
+        an unpickled routing takes the address of its own indices."""
+        tables = (self._indices.obj, self._locations, self._counts, self._offsets)
+        return dict(zip(("indices", "locations", "counts", "offsets"), tables), sizes=self._sizes())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._indices = view(state["indices"], "indices")
+        self._locations, self._counts, self._offsets = state["locations"], state["counts"], state["offsets"]
+        self._capacity, self._num_rows, self._num_dropped = state["sizes"]
+
+    def _sizes(self) -> tuple[int | None, int, int]:
+        return self._capacity, self._num_rows, self._num_dropped
+
+    @staticmethod
+    def _show(table: Any) -> Any:
+        """A new copy of a kernel table for the caller; read-only for NumPy,
+        so that writing to it fails instead of seeming to change the routing
+        (torch and CuPy have no read-only arrays)."""
+        shown = copy_of(table)
+        if isinstance(shown, np.ndarray):
+            shown.flags.writeable = False
+        return shown
+
+    @property
+    def indices(self) -> Any:
+        """(T, k) the expert of each choice (a copy of the input); negative: not routed."""
+        return self._show(self._indices.obj)
+
+    @property
+    def locations(self) -> Any:
+        """(T, k) int64: slot of each choice inside its expert; -1 if not routed, >= counts[e] if dropped."""
+        return self._show(self._locations)
+
+    @property
+    def counts(self) -> Any:
+        """(E,) int64: choices kept per expert."""
+        return self._show(self._counts)
+
+    @property
+    def offsets(self) -> Any:
+        """(E + 1,) int64: first row of each expert (e * C, or prefix sums of counts when dropless)."""
+        return self._show(self._offsets)
+
+    @property
+    def row_map(self) -> Any:
+        """(T, k) int64: the row each choice occupies in the dispatched buffer, -1 when not kept (a new array)."""
+        e, locations, counts, offsets = self._indices.obj, self._locations, self._counts, self._offsets
+        if self._indices.framework == "torch":
+            import torch
+
+            e = e.long()
+            safe = e.clamp(min=0)
+            kept = (e >= 0) & (locations < counts[safe])
+            return torch.where(kept, offsets[safe] + locations, torch.full_like(locations, -1))
+        xp = _array_module(self._indices)
+        with self._indices.device_guard():
+            e = e.astype(xp.int64)
+            safe = xp.maximum(e, 0)
+            kept = (e >= 0) & (locations < counts[safe])
+            return xp.where(kept, offsets[safe] + locations, -1)
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the tokens routed."""
+        num_tokens, _ = self._indices.shape
+        return num_tokens
+
+    @property
+    def top_k(self) -> int:
+        """k, the choices per token."""
+        _, top_k = self._indices.shape
+        return top_k
+
+    @property
+    def num_experts(self) -> int:
+        """E, the experts."""
+        return len(self._counts)
+
+    @property
+    def capacity(self) -> int | None:
+        """C, the rows per expert; None for the dropless layout of permute."""
+        return self._capacity
+
+    @property
+    def dropless(self) -> bool:
+        """Whether this is the dropless layout of permute (no capacity)."""
+        return self._capacity is None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the dispatched buffer: E * C, or the routed choices when dropless."""
+        return self._num_rows
+
+    @property
+    def num_dropped(self) -> int:
+        """Routed choices that did not fit their expert's capacity."""
+        return self._num_dropped
+
+    def __repr__(self) -> str:
+        layout = "dropless" if self._capacity is None else f"capacity={self._capacity}"
+        sizes = f"num_tokens={self.num_tokens}, top_k={self.top_k}, num_experts={self.num_experts}, {layout}"
+        rows = f"num_rows={self._num_rows}, num_dropped={self._num_dropped}"
+        return f"a2a.Routing({sizes}, {rows}, on {self._indices.framework} {self._indices.device_text})"
+
+
+def routing_view(routing: Routing) -> ArrayView:
+    """The view of the routing's own indices: the framework and device the
+    data of its kernels must share."""
+    return routing._indices
+
+
+def native_routing(routing: Routing) -> tuple:
+    """The routing as a2a._C's kernels take it (a2a_routing_t's fields)."""
+    return (
+        routing.num_tokens,
+        routing.top_k,
+        routing.num_experts,
+        routing._indices.address,
+        routing._indices.dtype_code,
+        address_of(routing._locations),
+        address_of(routing._counts),
+        address_of(routing._offsets),
+        DROPLESS if routing._capacity is None else routing._capacity,
+        routing._num_rows,
+    )
+
+
+def require_padded(routing: Any, op: str) -> Routing:
+    """`routing` if it is a Routing with a capacity (from route)."""
+    _require_routing(routing, op)
+    if routing.capacity is None:
+        _fail(op, "this routing is dropless (from a2a.permute); use a2a.permute / a2a.unpermute with it")
+    return routing
+
+
+def require_dropless(routing: Any, op: str) -> Routing:
+    """`routing` if it is a dropless Routing (from permute)."""
+    _require_routing(routing, op)
+    if routing.capacity is not None:
+        _fail(op, "this routing has a capacity (from a2a.route); use a2a.fast_encode / a2a.fast_decode with it")
+    return routing
+
+
+def _require_routing(routing: Any, op: str) -> None:
+    if not isinstance(routing, Routing):
+        raise TypeError(f"{op}: routing must be an a2a.Routing (from a2a.route or a2a.permute), got {type(routing).__name__}")
+
+
+def _array_module(v: ArrayView) -> Any:
+    """NumPy or CuPy, whichever `v` belongs to (not torch)."""
+    if v.framework == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _as_int(value: Any, what: str, op: str, minimum: int, maximum: int = INT64_MAX,
+            bound: str = "2**63 - 1: the core takes an int64") -> int:
+    if isinstance(value, bool):
+        _fail(op, f"{what} must be an integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        _fail(op, f"{what} must be an integer, got {type(value).__name__} {value!r}")
+    if number < minimum:
+        _fail(op, f"{what} must be >= {minimum}, got {number}")
+    if number > maximum:
+        _fail(op, f"{what} {number} is too large; the limit is {maximum} ({bound})")
+    return number
+
+
+def _as_float(value: Any, what: str, op: str) -> float:
+    try:
+        number = float(value)
+    except OverflowError:
+        _fail(op, f"{what} is too large for a float64 (the limit is {np.finfo(np.float64).max:g})")
+    except (TypeError, ValueError):
+        _fail(op, f"{what} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(number):
+        _fail(op, f"{what} must be finite, got {number}")
+    return number
+
+
+def _private_indices(indices: Any, op: str) -> ArrayView:
+    """A view of a private copy of `indices` (the kernels trust the routing,
+    so no later change to the caller's array may reach them)."""
+    v = argument_view(indices, "indices", op)
+    if len(v.shape) != 2 or v.dtype_name not in INDEX_DTYPES:
+        _fail(op, f"indices must be a 2-D (tokens, top_k) array of int32 or int64; got {v.describe()}")
+    if v.shape[1] == 0:
+        _fail(op, f"indices has top_k == 0 ({v.describe()}); every token needs at least one choice")
+    return view(copy_of(v.obj), "indices")
+
+
+def _token_order(scores: Any, idx: ArrayView, op: str) -> Any:
+    """Batch Prioritized Routing: tokens by descending score (their row
+    maximum), ties in token order."""
+    if scores is None:
+        _fail(op, "batch_prioritized=True needs scores (tokens,) or (tokens, n)")
+    s = argument_view(scores, "scores", op)
+    if not s.same_place(idx):
+        _fail(op, f"scores ({s.describe()}) are not where the indices are ({idx.describe()})")
+    num_tokens = idx.shape[0]
+    if len(s.shape) not in (1, 2) or s.shape[0] != num_tokens or (len(s.shape) == 2 and s.shape[1] == 0):
+        _fail(op, f"scores must be (tokens,) or (tokens, n) with tokens = {num_tokens}; got {s.describe()}")
+    if s.framework == "torch":
+        import torch
+
+        priority = s.obj if len(s.shape) == 1 else s.obj.amax(dim=1)
+        return torch.argsort(priority.detach(), descending=True, stable=True).contiguous()
+    xp = _array_module(s)
+    with s.device_guard():
+        priority = s.obj if len(s.shape) == 1 else s.obj.max(axis=1)
+        return xp.ascontiguousarray(xp.argsort(-priority.astype(xp.float64), kind="stable").astype(xp.int64))
+
+
+class _Tables:
+    """The arrays route fills, allocated beside the indices: locations (T, k),
+    counts (E,), offsets (E + 1,) and the scan's workspace."""
+
+    def __init__(self, idx: ArrayView, num_experts: int):
+        num_tokens, top_k = idx.shape
+        self.execution = idx.execution()
+        self.locations = empty_like(idx, (num_tokens, top_k), "int64")
+        self.counts = empty_like(idx, (num_experts,), "int64")
+        self.offsets = empty_like(idx, (num_experts + 1,), "int64")
+        workspace_bytes = _C.route_workspace_size(self.execution, num_tokens, top_k, num_experts)
+        self.workspace = empty_like(idx, (workspace_bytes,), "uint8")
+
+
+def _locate(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int, setting: float, order: Any,
+            comm: Comm | None) -> Routing:
+    """Runs the core's route (collective with a comm) into `tables`."""
+    num_tokens, top_k = idx.shape
+    with idx.device_guard():
+        final_capacity, num_rows, num_dropped = _C.route(
+            tables.execution,
+            None if comm is None else comm._native,
+            idx.address,
+            idx.dtype_code,
+            num_tokens,
+            top_k,
+            num_experts,
+            0 if order is None else address_of(order),
+            capacity,
+            setting,
+            address_of(tables.workspace),
+            tables.workspace.nbytes,
+            address_of(tables.locations),
+            address_of(tables.counts),
+            address_of(tables.offsets),
+        )
+    capacity_or_none = None if final_capacity < 0 else final_capacity
+    return Routing._create(idx, tables.locations, tables.counts, tables.offsets, capacity_or_none, num_rows, num_dropped)
+
+
+def route(
+    indices: Any,
+    num_experts: int,
+    *,
+    capacity: int | None = None,
+    capacity_setting: float | None = None,
+    scores: Any = None,
+    batch_prioritized: bool = False,
+    comm: Comm | None = None,
+) -> Routing:
+    """Slots for a gate's top-k choices (Tutel's routing).
+
+    ``indices`` (T, k) int32/int64, C-contiguous: the expert of every choice;
+    negative means not routed. ``capacity`` fixes the rows per expert;
+    otherwise ``capacity_setting`` x (default 1.0): x > 0 gives ceil(k*x*T/E),
+    x == 0 the smallest capacity that drops nothing, x < 0 like 0 but at most
+    ceil(k*(-x)*T/E). All first choices take slots before any second choice;
+    ``batch_prioritized=True`` orders tokens by descending ``scores`` ((T,)
+    or (T, n), C-contiguous, beside the indices). With ``comm`` the call is
+    collective, the capacity is the maximum over the ranks, and a local error
+    is raised on every rank (RemoteError on the others). Choices beyond the
+    capacity are dropped (``num_dropped``). ``num_experts`` and ``capacity``
+    are at most 2**63 - 1.
+    """
+    op = "route"
+    if comm is not None and not isinstance(comm, Comm):
+        raise TypeError(f"{op}: comm must be an a2a.Comm, got {type(comm).__name__}")
+    try:
+        idx = _private_indices(indices, op)
+        num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
+        if capacity is not None and capacity_setting is not None:
+            _fail(op, "pass either capacity or capacity_setting, not both")
+        if capacity is not None:
+            capacity = _as_int(capacity, "capacity", op, 1)
+        setting = 1.0 if capacity_setting is None else _as_float(capacity_setting, "capacity_setting", op)
+        order = _token_order(scores, idx, op) if batch_prioritized else None
+        tables = _Tables(idx, num_experts)
+    except Exception as error:
+        if comm is None:
+            raise
+        # Every rank must learn of it (they raise RemoteError) instead of waiting.
+        message = str(error).removeprefix(f"{op}: ")
+        if not isinstance(error, InvalidArgumentError):
+            message = f"{type(error).__name__}: {message}"
+        comm._native.report_invalid(op, f"{op} on rank {comm.rank} of {comm.size}: {message}")
+        raise  # not reached: report_invalid raises
+    return _locate(idx, tables, num_experts, capacity or 0, setting, order, comm)
+
+
+def permutation(indices: Any, num_experts: Any, op: str) -> Routing:
+    """The dropless routing of permute (every routed choice kept, rows packed by expert)."""
+    idx = _private_indices(indices, op)
+    num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
+    return _locate(idx, _Tables(idx, num_experts), num_experts, DROPLESS, 0.0, None, None)

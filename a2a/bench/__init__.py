@@ -1,0 +1,16 @@
+"""a2a's benchmarks: ``python -m a2a.bench`` (see ``--help``).
+
+Three families, one module each, chosen by the command line
+(:mod:`a2a.bench.__main__`):
+
+* :mod:`a2a.bench.collectives`: the nccl-tests ``alltoall_perf``-style sweep of
+  the collectives against ``MPI_Alltoall`` (or a device-to-device copy), under
+  mpirun (it relaunches itself there);
+* :mod:`a2a.bench.kernels` (``--op``): the MoE kernels against a memcpy, torch
+  index ops and GShard's dense einsum, in one process;
+* :mod:`a2a.bench.layout` (``--layout``): the layout kernels against a copy of
+  the same bytes, in one process.
+
+:mod:`a2a.bench.common` holds what they share: sizes, the clock, taking
+turns, formatting and the JSON record.
+"""
