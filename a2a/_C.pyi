@@ -85,6 +85,20 @@ def moe_gate_grad(
     grad_gates: int,
     /,
 ) -> None: ...
+def testing_comm_create_mpi(
+    staging: str,
+    mpi_comm_address: int,
+    local_size: int,
+    timeout_s: float,
+    use_mpi_datatypes: int,
+    device_type: int,
+    transport: int,
+    cuda_device: int,
+    /,
+) -> Comm:
+    """Tests only: a host communicator whose data ("staged") or control ("control")
+    messages go through the staging transports with host copies."""
+
 def transpose_chunks(exec: _Exec, dst: int, src: int, rows: int, cols: int, chunk_bytes: int, /) -> None: ...
 def copy_ranges(exec: _Exec, dst: int, src: int, ranges: list[tuple[int, int, int]], /) -> None:
     """Each (dst offset, src offset, bytes) range copied."""
@@ -130,6 +144,11 @@ class Comm:
     def all_to_all_flex_workspace_size(
         self, shape: list[int], split_axis: int, concat_axis: int, dtype: int, algo: int, /
     ) -> int: ...
+    def all_to_all_flex_numpy(
+        self, x: np.ndarray, out: Any, split_axis: int, concat_axis: int, algo: int, workspace: np.ndarray, /
+    ) -> np.ndarray | None:
+        """all_to_all_flex in one call for NumPy arrays (axes in [0, ndim)); None: take the general path."""
+
     def all_to_all_flex(
         self,
         send: int,
@@ -158,3 +177,7 @@ class VPlan:
     @property
     def workspace_size(self) -> int: ...
     def execute(self, send: int, recv: int, workspace: int, workspace_bytes: int, /) -> None: ...
+    def execute_numpy(
+        self, x: np.ndarray, out: Any, rows_in: int, rows_out: int, dtype: int, workspace: np.ndarray, /
+    ) -> np.ndarray | None:
+        """execute in one call for NumPy arrays that fit the plan; None: take the general path."""

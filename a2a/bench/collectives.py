@@ -47,11 +47,13 @@ What one row reports (out-of-place only; in-place is not supported):
 * ``algo``: ``linear`` / ``2dh``: :func:`a2a.all_to_all` on a 1-D buffer.
   ``flex``: :func:`a2a.all_to_all_flex` on the MoE dispatch shape
   ``(E, C, M)`` with ``E = ranks * experts_per_rank``, ``split_axis=0``,
-  ``concat_axis=1``. ``v``: :func:`a2a.all_to_all_v` with uneven per-peer
+  ``concat_axis=1``; ``combine`` the way back, ``(E/W, W*C, M)`` with
+  ``split_axis=1``, ``concat_axis=0``. ``v``: :func:`a2a.all_to_all_v` with uneven per-peer
   counts that vary with ``(rank + peer) % ranks`` (from 1/3 to 5/3 of the
   mean on 4 ranks, wider on more; see :func:`v_counts`), so that every rank
   still sends and receives exactly ``size`` bytes; its time includes the
-  exchange of the counts that the call does. On one node, or with one rank
+  exchange of the counts that the call does; ``v-plan`` runs the same
+  counts through one :func:`a2a.plan_v` made before timing. On one node, or with one rank
   per node, 2dh is the linear exchange (the header says so).
   ``mpi``: the baseline, ``MPI_Alltoall`` through mpi4py on NumPy buffers
   (for half and bfloat16 as 16-bit integers: the same bytes), measured the
@@ -112,7 +114,7 @@ __all__ = [
 
 DEFAULT_NP = 4
 DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
-ALGOS = ("linear", "2dh", "flex", "v")
+ALGOS = ("linear", "2dh", "flex", "combine", "v", "v-plan")
 BASELINE = "mpi"  # MPI_Alltoall on host buffers
 D2D_BASELINE = "d2d"  # --device cuda: a device-to-device copy of the same bytes
 BASELINES = (BASELINE, D2D_BASELINE)
@@ -327,6 +329,12 @@ class _Arrays:
             return x.view(self._torch.int16).numpy()
         return x
 
+    def swap_first_axes(self, x: Any) -> Any:
+        """A C-contiguous copy of x with its first two axes swapped."""
+        if self._torch is not None:
+            return x.transpose(0, 1).contiguous()
+        return np.ascontiguousarray(x.swapaxes(0, 1))
+
     def synchronize(self) -> None:
         """Waits for the GPU (CUDA calls return before the data moved)."""
         if self.device == "cuda":
@@ -400,7 +408,35 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
             arrays.synchronize,
         )
 
-    if algo == "v":
+    if algo == "combine":
+        # The way back: (E/W, W*C, M) -> (E, C, M), split_axis=1, concat_axis=0.
+        experts, capacity, hidden = flex_shape(count, world, args.experts_per_rank, args.hidden)
+        epr = args.experts_per_rank
+        block = epr * capacity * hidden
+        by_destination = arrays.empty((world, epr, capacity, hidden))
+        arrays.fill_blocks(by_destination, [(rank, dst, block) for dst in range(world)])
+        send = arrays.swap_first_axes(by_destination).reshape(epr, world * capacity, hidden)
+        recv = arrays.empty((experts, capacity, hidden))
+
+        def run() -> None:
+            a2a.all_to_all_flex(send, comm=comm, split_axis=1, concat_axis=0, algo=args.inner_algo, out=recv)
+
+        def wrong() -> int:
+            # recv[s*E/W + e, c, m] is element (e, c, m) of the block from rank s.
+            return _count_wrong(arrays.comparable(recv), [(src, rank, block) for src in range(world)], mod)
+
+        return Case(
+            algo,
+            world * block * dtype.itemsize,
+            block,
+            run,
+            lambda: arrays.poison(recv),
+            wrong,
+            (epr, world * capacity, hidden),
+            arrays.synchronize,
+        )
+
+    if algo in ("v", "v-plan"):
         counts = v_counts(world, count)
         send_counts = counts[rank]
         recv_expected = [counts[src][rank] for src in range(world)]
@@ -409,8 +445,18 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
         arrays.fill_blocks(send, [(rank, dst, n) for dst, n in enumerate(send_counts)])
         got_counts: list[Any] = [None]
 
-        def run() -> None:
-            got_counts[0] = a2a.all_to_all_v(send, send_counts, comm=comm, algo=args.inner_algo, out=recv)[1]
+        if algo == "v-plan":
+            # Counts exchanged once, here; every timed call moves only data.
+            plan = a2a.plan_v(send_counts, like=send, comm=comm, algo=args.inner_algo)
+
+            def run() -> None:
+                plan.run(send, out=recv)
+                got_counts[0] = plan.recv_counts
+
+        else:
+
+            def run() -> None:
+                got_counts[0] = a2a.all_to_all_v(send, send_counts, comm=comm, algo=args.inner_algo, out=recv)[1]
 
         def poison() -> None:
             arrays.poison(recv)
@@ -599,7 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-c", "--check", type=int, default=1, help="validation rounds per row; 0 disables (default 1)"
     )
     p.add_argument("-d", "--datatype", default="float", help=f"{', '.join(DTYPES)} or all (default float)")
-    p.add_argument("--algo", default="all", help="linear, 2dh, flex, v, all, or a comma list (default all)")
+    p.add_argument("--algo", default="all", help="linear, 2dh, flex, combine, v, v-plan, all, or a comma list (default all)")
     p.add_argument(
         "--inner-algo",
         choices=("linear", "2dh"),
@@ -646,7 +692,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in (s.strip().lower() for s in args.algo.split(",")):
         picked = list(ALGOS) if name == "all" else [name]
         if name != "all" and name not in ALGOS:
-            parser.error(f"--algo: unknown algorithm {name!r}; expected linear, 2dh, flex, v or all")
+            parser.error(f"--algo: unknown algorithm {name!r}; expected linear, 2dh, flex, combine, v, v-plan or all")
         algos += [a for a in picked if a not in algos]
     args.algos = algos
     try:
@@ -806,8 +852,12 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             f"# flex: (E, C, M) = ({nranks}*{args.experts_per_rank}, C, min({args.hidden}, size)) "
             "split_axis=0 concat_axis=1; size rounded down to whole shapes"
         )
-    if "v" in args.algos:
+    if "combine" in args.algos:
+        say("# combine: the way back, (E/W, W*C, M) split_axis=1 concat_axis=0")
+    if "v" in args.algos or "v-plan" in args.algos:
         say("# v: per-peer counts vary with (rank+peer) % ranks, every rank sends and receives `size` bytes")
+    if "v-plan" in args.algos:
+        say("# v-plan: the same counts through a2a.plan_v once, then plan.run per call (no count exchange)")
     if args.device == "cuda":
         say(f"# device: CUDA ({_gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
     baseline = not args.no_baseline
@@ -842,7 +892,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                 # algbw ratios equal busbw ratios (same ranks), and exist on one rank too.
                 row["ratio"] = (row["algbw"] / base_algbw) if (base_algbw and not row["baseline"]) else None
                 row.update(run)
-                if row["algo"] in ("flex", "v"):
+                if row["algo"] in ("flex", "combine", "v", "v-plan"):
                     row["inner_algo"] = args.inner_algo
             # a2a rows first, then the baseline they are compared with.
             for row in [r for r in group if not r["baseline"]] + [r for r in group if r["baseline"]]:

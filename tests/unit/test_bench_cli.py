@@ -193,7 +193,7 @@ def test_defaults():
     args = bench.parse_args([])
     assert (args.minbytes, args.maxbytes, args.stepfactor) == (K, 64 * M, 4.0)
     assert (args.iters, args.warmup_iters, args.check) == (20, 5, 1)
-    assert args.algos == ["linear", "2dh", "flex", "v"]
+    assert args.algos == ["linear", "2dh", "flex", "combine", "v", "v-plan"]
     assert [d.name for d in args.dtypes] == ["float"]
     assert args.np is None and args.json is None and not args.no_baseline
 
@@ -328,7 +328,7 @@ def test_one_rank_in_process(tmp_path, capsys, monkeypatch):
     code = bench.main(["--np", "1", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0", "--json", str(out)])
     assert code == 0
     rows = json.loads(out.read_text())
-    assert {r["algo"] for r in rows} == {"linear", "2dh", "flex", "v", "mpi"}
+    assert {r["algo"] for r in rows} == {"linear", "2dh", "flex", "combine", "v", "v-plan", "mpi"}
     assert all(r["wrong"] == 0 and r["ranks"] == 1 for r in rows)
     assert "# Avg bus bandwidth" in capsys.readouterr().out
 
@@ -389,7 +389,7 @@ def test_self_launched_sweep_on_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())
     sizes = [K, 4 * K, 16 * K, 64 * K]
-    for algo in ("linear", "2dh", "flex", "v", "mpi"):
+    for algo in ("linear", "2dh", "flex", "combine", "v", "v-plan", "mpi"):
         mine = [r for r in rows if r["algo"] == algo]
         assert [r["size"] for r in mine] == sizes, algo
         assert all(r["wrong"] == 0 and r["ranks"] == 2 and r["time_us"] > 0 for r in mine)
@@ -397,7 +397,7 @@ def test_self_launched_sweep_on_two_ranks(tmp_path):
         assert all(r["baseline"] == (algo == "mpi") for r in mine)
     assert all(r["baseline_algbw"] > 0 and "--np 2" in r["command"] for r in rows)
     table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
-    assert len(table) == len(rows) == 5 * len(sizes)
+    assert len(table) == len(rows) == 7 * len(sizes)
     assert all(fields[8] == "0" for fields in table)  # the #wrong column
     assert "# Out of bounds values : 0 OK" in proc.stdout
     assert "# Avg bus bandwidth" in proc.stdout
@@ -409,7 +409,7 @@ def test_two_emulated_nodes_with_2dh_underneath(tmp_path):
     proc = _run([*argv, "-d", "half", "--inner-algo", "2dh", "--no-baseline", "--json", str(out)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())
-    assert {r["algo"] for r in rows} == {"linear", "2dh", "flex", "v"}
+    assert {r["algo"] for r in rows} == {"linear", "2dh", "flex", "combine", "v", "v-plan"}
     assert all(r["wrong"] == 0 and r["num_nodes"] == 2 and r["local_size"] == 2 for r in rows)
     # Rounded down to whole elements per peer (4 ranks x 2 B), and for flex to whole (E, C, M) shapes.
     assert [r["size"] for r in rows if r["algo"] == "linear"] == [1000, 4000, 16016]

@@ -13,6 +13,7 @@ from checks import raises_invalid
 
 import a2a
 from a2a import _C
+from a2a._routing import native_routing
 
 # T = E * C, with every token routed: out= can be x itself.
 T, K, E, C, M = 12, 1, 3, 4, 5
@@ -94,12 +95,19 @@ def test_encode_into_its_gates(indices):
 
 
 def test_encode_into_the_routing(indices):
-    # out= over the routing's locations (int64 bits, same byte count as a float64 (T, 1) array).
+    # Python hands out the routing's arrays read-only, so out= over them is
+    # refused before the core; the core entry point refuses it too, for C
+    # callers: out= over the routing's locations (int64 bits, the byte count of
+    # a float64 (T, 1) array).
     routing = routing_of(indices, "numpy")
-    locations = routing.locations.view(np.float64).reshape(E * C, 1)
     x = np.ones((T, 1), np.float64)
+    raises_invalid(lambda: a2a.fast_encode(x, routing, out=routing.locations.view(np.float64)), "read-only")
+    fields = native_routing(routing)
+    locations_address = fields[5]
+    float64 = 1  # A2A_FLOAT64
     raises_invalid(
-        lambda: a2a.fast_encode(x, routing, out=locations), "output rows overlaps input routing.locations"
+        lambda: _C.moe_dispatch((0, 0, 0), fields, x.ctypes.data, float64, 1, 0, 0, locations_address),
+        "output rows overlaps input routing.locations",
     )
 
 
@@ -114,7 +122,7 @@ def test_gate_gradient_entry_point_refuses_its_inputs(indices):
         raises_invalid(
             lambda target=target: _C.moe_gate_grad(
                 cpu,
-                routing._native(),
+                native_routing(routing),
                 tokens.ctypes.data,
                 rows.ctypes.data,
                 float32,
