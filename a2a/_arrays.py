@@ -152,18 +152,18 @@ def view(x: Any, what: str) -> ArrayView:
 
 def _exported_numpy(x: Any, what: str) -> np.ndarray:
     """A NumPy view of an object exporting DLPack or the buffer protocol."""
-    if not hasattr(x, "__dlpack__"):
+    if hasattr(x, "__dlpack__"):
+        how, export = "DLPack", lambda: np.from_dlpack(x)
+    else:
         try:
             buffer = memoryview(x)
         except TypeError:
             raise TypeError(f"{what} of type {type(x).__name__} is not an array; expected {ACCEPTED_TYPES}") from None
+        how, export = "the buffer protocol", lambda: np.asarray(buffer)
     try:
-        return np.from_dlpack(x) if hasattr(x, "__dlpack__") else np.asarray(buffer)
+        return export()
     except (TypeError, BufferError, RuntimeError, ValueError) as error:
-        raise InvalidArgumentError(
-            f"{what} of type {type(x).__name__} cannot be read as a host array through "
-            f"{'DLPack' if hasattr(x, '__dlpack__') else 'the buffer protocol'}: {error}"
-        ) from None
+        raise InvalidArgumentError(f"{what} of type {type(x).__name__} cannot be read through {how}: {error}") from None
 
 
 def _numpy_dtype_name(dtype: np.dtype) -> str:

@@ -62,18 +62,15 @@ class Routing:
         return self
 
     def __getstate__(self) -> dict[str, Any]:
-        """The arrays and sizes, without the view of the indices: a copy or
-        an unpickled routing takes the address of its own indices."""
-        tables = (self._indices.obj, self._locations, self._counts, self._offsets)
-        return dict(zip(("indices", "locations", "counts", "offsets"), tables), sizes=self._sizes())
+        """The arrays and sizes, not the view of the indices (an address): a
+        copy or an unpickled routing views its own indices."""
+        tables = (self._locations, self._counts, self._offsets)
+        return {"indices": self._indices.obj, "tables": tables, "sizes": (self._capacity, self._num_rows, self._num_dropped)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._indices = view(state["indices"], "indices")
-        self._locations, self._counts, self._offsets = state["locations"], state["counts"], state["offsets"]
+        self._locations, self._counts, self._offsets = state["tables"]
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
-
-    def _sizes(self) -> tuple[int | None, int, int]:
-        return self._capacity, self._num_rows, self._num_dropped
 
     @staticmethod
     def _show(table: Any) -> Any:
@@ -191,23 +188,23 @@ def native_routing(routing: Routing) -> tuple:
 
 def require_padded(routing: Any, op: str) -> Routing:
     """`routing` if it is a Routing with a capacity (from route)."""
-    _require_routing(routing, op)
+    _require_routing(routing, "routing", op)
     if routing.capacity is None:
         _fail(op, "this routing is dropless (from a2a.permute); use a2a.permute / a2a.unpermute with it")
     return routing
 
 
-def require_dropless(routing: Any, op: str) -> Routing:
-    """`routing` if it is a dropless Routing (from permute)."""
-    _require_routing(routing, op)
+def require_dropless(routing: Any, op: str, what: str = "perm") -> Routing:
+    """`routing` (the argument `what`) if it is a dropless Routing (from permute)."""
+    _require_routing(routing, what, op)
     if routing.capacity is not None:
         _fail(op, "this routing has a capacity (from a2a.route); use a2a.fast_encode / a2a.fast_decode with it")
     return routing
 
 
-def _require_routing(routing: Any, op: str) -> None:
+def _require_routing(routing: Any, what: str, op: str) -> None:
     if not isinstance(routing, Routing):
-        raise TypeError(f"{op}: routing must be an a2a.Routing (from a2a.route or a2a.permute), got {type(routing).__name__}")
+        raise TypeError(f"{op}: {what} must be an a2a.Routing (from a2a.route or a2a.permute), got {type(routing).__name__}")
 
 
 def _array_module(v: ArrayView) -> Any:

@@ -66,7 +66,7 @@ def permute(x: torch.Tensor, indices: Any, num_experts: int | None = None) -> tu
     """(x_sorted, perm) as a2a.permute. ``indices`` may also be a dropless
     Routing from an earlier permute (then num_experts is not needed)."""
     if isinstance(indices, Routing):
-        perm = require_dropless(indices, "permute")
+        perm = require_dropless(indices, "permute", what="indices")
     elif num_experts is None:
         raise InvalidArgumentError("permute: num_experts is required with indices")
     else:

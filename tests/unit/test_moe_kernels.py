@@ -492,8 +492,11 @@ def test_encode_needs_a_capacity(case):
 
 
 def test_routing_argument_type(case):
-    with pytest.raises((TypeError, a2a.InvalidArgumentError)):
+    with pytest.raises(TypeError, match="^fast_encode: routing must be an a2a.Routing"):
         a2a.fast_encode(case.x, case.indices)
+    x_sorted, _ = a2a.permute(case.x, case.indices, 5)
+    with pytest.raises(TypeError, match="^unpermute: perm must be an a2a.Routing"):
+        a2a.unpermute(x_sorted, case.indices)
 
 
 def test_permute_x_rows_mismatch(case):
