@@ -41,7 +41,14 @@ void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_
   if (num_tokens < 0) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_tokens is ", num_tokens);
   if (top_k < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": top_k is ", top_k, "; every token needs at least one choice");
   if (num_experts < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_experts is ", num_experts);
-  checked_product(num_tokens, top_k, "num_tokens * top_k");
+  const int64_t choices = checked_product(num_tokens, top_k, "num_tokens * top_k");
+  // The backends size per-thread (CPU) or per-tile (CUDA) histograms of
+  // num_experts int64 counters, at most one per choice: this bound keeps
+  // their byte counts from overflowing.
+  constexpr int64_t kMaxCounters = int64_t{1} << 58;
+  if (num_experts > kMaxCounters / std::max<int64_t>(choices, 1))
+    fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_experts ", num_experts, " with ", choices,
+         " routed choices is too large (num_experts * max(1, num_tokens * top_k) must stay below 2^58)");
 }
 
 template <typename... Args>

@@ -401,3 +401,11 @@ def test_read_only_indices_are_fine():
 def test_non_native_byte_order_rejected():
     indices = np.zeros((4, 2), dtype=">i8")
     raises_invalid(lambda: a2a.route(indices, 4), "byte order")
+
+
+def test_workspace_query_refuses_experts_whose_histograms_would_overflow():
+    # C callers reach the size query directly; it must not wrap to a tiny size.
+    from a2a import _C
+
+    raises_invalid(lambda: _C.route_workspace_size((0, 0, 0), 3, 2, 2**62), "num_experts", "2^58")
+    assert _C.route_workspace_size((0, 0, 0), 3, 2, 2**40) >= 2**40 * 8
