@@ -36,6 +36,8 @@ ACCEPTED_TYPES = (
 )
 # dtype -> name by lookup: numpy builds dtype.name anew on every access (~3 us).
 _NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES if name != "bfloat16"}
+# NumPy dtype -> a2a_dtype_t code, for the fast paths that skip ArrayView.
+NUMPY_CODES = {dtype: DTYPE_CODES[name] for dtype, name in _NUMPY_NAMES.items()}
 
 
 def _torch():

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import ArrayView, check_out, check_supported, empty_like, is_torch_tensor, view
+from ._arrays import NUMPY_CODES, ArrayView, check_out, check_supported, empty_like, is_torch_tensor, view
 from ._comm import Comm
 from ._errors import A2AError, InvalidArgumentError
 
@@ -34,6 +34,7 @@ __all__ = [
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}  # a2a_reduce_op_t
+_MAX_COUNT = 2**62  # rows per peer; the core's int64 byte counts overflow far above any real count
 _ALGO_NAMES = ("linear", "2dh")  # a tuple: `in` must not hash an unhashable algo
 
 
@@ -212,6 +213,8 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
 
 
 def _counts_list(send_counts: Any) -> list[int] | None:
+    if type(send_counts) is list and all(type(c) is int for c in send_counts):
+        return send_counts
     if is_torch_tensor(send_counts):
         send_counts = send_counts.detach().cpu().numpy()
     counts = np.asarray(send_counts)
@@ -232,6 +235,35 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     Every call exchanges the counts first; when the same counts serve several
     calls, :func:`plan_v` exchanges them once.
     """
+    if (
+        type(x) is np.ndarray
+        and (out is None or type(out) is np.ndarray)
+        and type(comm) is Comm
+        and comm.cuda_device is None
+        and algo in _ALGO_NAMES
+        and x.ndim > 0
+        and x.flags.c_contiguous
+        and x.dtype in NUMPY_CODES
+    ):
+        # Latency matters here (a plan per call): well-formed NumPy input
+        # skips the general checks, which would find nothing to report; the
+        # core checks the counts and agrees on the rest.
+        counts = _counts_list(send_counts)
+        if (
+            counts is not None
+            and len(counts) == comm.size
+            and sum(counts) == x.shape[0]
+            and min(counts, default=0) >= 0
+            and max(counts, default=0) <= _MAX_COUNT
+        ):
+            code = NUMPY_CODES[x.dtype]
+            native = _C.VPlan(comm._native, counts, math.prod(x.shape[1:]), code, ALGORITHMS[algo])
+            recv_counts = np.array(native.recv_counts, dtype=np.int64)
+            rows_out = int(recv_counts.sum())
+            result = native.execute_numpy(x, out, x.shape[0], rows_out, code, comm._workspace)
+            if result is None:  # e.g. out= of another shape: the general path reports it
+                result = VPlan(comm, native, view(x, "input"), counts, algo).run(x, out=out)
+            return result, recv_counts
     plan = _plan_v("all_to_all_v", send_counts, x, comm, algo, require_rows=True)
     return plan.run(x, out=out), plan.recv_counts
 
@@ -314,6 +346,8 @@ def _plan_v(op: str, send_counts: Any, x: Any, comm: Comm, algo: str, *, require
             _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
         if any(c < 0 for c in counts):
             _reject(comm, op, f"send_counts has negative entries: {counts}")
+        if any(c > _MAX_COUNT for c in counts):
+            _reject(comm, op, f"send_counts has entries above {_MAX_COUNT}: {counts}")
         if require_rows and sum(counts) != v.shape[0]:
             _reject(
                 comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows"
