@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
 MPI_TESTS = os.path.join("tests", "mpi")
 TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
+FLEX_TESTS = os.path.join("tests", "mpi", "test_mpi_flex.py")
 
 # Variables of the library that a developer's shell must not leak into a run.
 A2A_VARIABLES = (
@@ -41,6 +42,9 @@ A2A_VARIABLES = (
     "A2A_MPI_MAX_COUNT",
     "A2A_TEST_TIMEOUT",
     "A2A_TEST_STAGING",
+    "A2A_FLEX_PATH",
+    "A2A_DEBUG",
+    "A2A_NUM_THREADS",
 )
 # Every test file but the timeout ones (which run in their own configurations).
 COLLECTIVE_TESTS = [
@@ -83,6 +87,11 @@ CONFIGS = [
     Config("staged-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),
     Config("staged-np3", 3, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),
     Config("control-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "control"}, note="control via device"),
+    # Every flexible all-to-all through one forced path (A2A_FLEX_PATH): the
+    # small layouts of the suite take pieces and datatypes too, and their
+    # small messages the in-band check's scratch copy (strided for datatypes).
+    Config("flex-pieces-3", 3, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "pieces"}, note="flex: pieces forced"),
+    Config("flex-datatypes-2x2", 4, 2, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "datatypes"}, note="flex: datatypes forced"),
     Config("timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
     Config("timeout-np3", 3, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
 ]
