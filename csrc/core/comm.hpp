@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "a2a/a2a.h"
+#include "core/call_guard.hpp"
 #include "core/device.hpp"
 #include "core/topology.hpp"
 #include "core/transport.hpp"
@@ -95,6 +96,10 @@ class Comm {
   int64_t sequence() const { return sequence_; }
   void check_usable(const char* op) const;
 
+  // Guards the entry points against concurrent calls (core/call_guard.hpp);
+  // creation records MPI's thread support in it.
+  CallGate& call_gate() { return call_gate_; }
+
  private:
   // Called with an exception in flight: marks the comm broken and rethrows
   // the error with op's name.
@@ -112,6 +117,7 @@ class Comm {
   bool use_strided_spans_;
   std::string broken_reason_;
   int64_t sequence_ = 0;
+  CallGate call_gate_;
 };
 
 }  // namespace a2a
