@@ -13,6 +13,7 @@ from ._arrays import ArrayView, address_of, empty_like
 
 DEVICES = ("cpu", "cuda")
 TRANSPORTS = ("mpi", "nccl")
+MPI_THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")  # a2a_mpi_thread_level_t 0..3
 
 
 class Comm:
@@ -20,7 +21,16 @@ class Comm:
 
     Attributes: ``rank``, ``size``, ``local_rank``, ``local_size``, ``node``,
     ``num_nodes``; ``device`` (``"cpu"`` or ``"cuda"``), ``cuda_device`` (the
-    CUDA ordinal, None on the CPU) and ``transport`` (``"mpi"`` or ``"nccl"``).
+    CUDA ordinal, None on the CPU) and ``transport`` (``"mpi"`` or ``"nccl"``);
+    ``mpi_thread_level``, the thread support MPI granted the process
+    (``"single"``, ``"funneled"``, ``"serialized"`` or ``"multiple"``; None for
+    a communicator without MPI).
+
+    Calls on one communicator must not overlap: from a second thread they
+    raise ``UnsupportedError``. Calls on different communicators may run in
+    threads at once (the collectives release the GIL) when
+    ``mpi_thread_level`` is ``"multiple"``; with less, the overlapping call
+    raises ``UnsupportedError``.
     Nodes are blocks of ``local_size`` consecutive ranks
     (``rank = node * local_size + local_rank``); 2DH needs them to be equal.
 
@@ -43,6 +53,8 @@ class Comm:
         self.device = DEVICES[device_type]
         self.transport = TRANSPORTS[transport]
         self.cuda_device = cuda_device if cuda_device >= 0 else None
+        level = native.mpi_thread_level
+        self.mpi_thread_level = MPI_THREAD_LEVELS[level] if level >= 0 else None
         self._workspace = np.empty(0, dtype=np.uint8)  # host; the fast NumPy path passes it to the core
         self._device_workspaces: dict[str, Any] = {}  # framework -> CUDA buffer
         self._stream = None

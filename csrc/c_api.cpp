@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "a2a/a2a.h"
@@ -25,6 +26,7 @@ struct a2a_comm {
 
 struct a2a_v_plan {
   std::unique_ptr<a2a::VPlan> impl;
+  a2a::Comm* comm;  // the plan's communicator, for the call guard
 };
 
 namespace {
@@ -65,6 +67,18 @@ void require_out(const void* pointer, const char* what) {
 MPI_Comm mpi_comm_at(const void* mpi_comm) {
   if (mpi_comm == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "mpi_comm must point to an MPI_Comm");
   return *static_cast<const MPI_Comm*>(mpi_comm);
+}
+
+// Runs fn(comm) inside the communicator's CallGuard (core/call_guard.hpp):
+// every call that communicates, and set_stream, which changes the stream
+// that a call inside would use.
+template <typename Fn>
+a2a_status_t on_comm(a2a_comm_t comm, const char* op, Fn&& fn, bool communicates = true) {
+  return guarded([&] {
+    a2a::Comm& impl = *require_handle(comm, "comm")->impl;
+    const a2a::CallGuard guard(impl.call_gate(), op, impl.rank(), communicates);
+    fn(impl);
+  });
 }
 
 // Sets *comm to the communicator that make() returns, or to NULL when it fails.
@@ -162,7 +176,7 @@ a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_
 }
 
 a2a_status_t a2a_comm_set_stream(a2a_comm_t comm, void* stream) {
-  return guarded([&] { require_handle(comm, "comm")->impl->set_stream(stream); });
+  return on_comm(comm, "set_stream", [&](a2a::Comm& c) { c.set_stream(stream); }, false);
 }
 
 a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* transport, int* cuda_device) {
@@ -176,6 +190,13 @@ a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* transport, 
 
 a2a_status_t a2a_comm_destroy(a2a_comm_t comm) {
   return guarded([&] { delete comm; });
+}
+
+a2a_status_t a2a_comm_mpi_thread_level(a2a_comm_t comm, int* level) {
+  return guarded([&] {
+    require_out(level, "level");
+    *level = require_handle(comm, "comm")->impl->call_gate().mpi_thread_level();
+  });
 }
 
 a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local_rank, int* local_size, int* node,
@@ -201,8 +222,8 @@ a2a_status_t a2a_all_to_all_workspace_size(a2a_comm_t comm, size_t count, a2a_dt
 
 a2a_status_t a2a_all_to_all(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
                             a2a_algo_t algo, void* workspace, size_t workspace_bytes) {
-  return guarded([&] {
-    a2a::all_to_all(*require_handle(comm, "comm")->impl, send, recv, count, dtype, algo, workspace, workspace_bytes);
+  return on_comm(comm, "all_to_all", [&](a2a::Comm& c) {
+    a2a::all_to_all(c, send, recv, count, dtype, algo, workspace, workspace_bytes);
   });
 }
 
@@ -218,19 +239,19 @@ a2a_status_t a2a_all_to_all_flex_workspace_size(a2a_comm_t comm, const int64_t* 
 a2a_status_t a2a_all_to_all_flex(a2a_comm_t comm, const void* send, void* recv, const int64_t* shape, int ndim,
                                  int split_axis, int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo, void* workspace,
                                  size_t workspace_bytes) {
-  return guarded([&] {
-    a2a::all_to_all_flex(*require_handle(comm, "comm")->impl, send, recv, shape, ndim, split_axis, concat_axis, dtype,
-                         algo, workspace, workspace_bytes);
+  return on_comm(comm, "all_to_all_flex", [&](a2a::Comm& c) {
+    a2a::all_to_all_flex(c, send, recv, shape, ndim, split_axis, concat_axis, dtype, algo, workspace, workspace_bytes);
   });
 }
 
 a2a_status_t a2a_v_plan_create(a2a_comm_t comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype,
                                a2a_algo_t algo, a2a_v_plan_t* plan) {
-  return guarded([&] {
+  if (plan != nullptr) *plan = nullptr;
+  return on_comm(comm, "all_to_all_v (count exchange)", [&](a2a::Comm& c) {
     require_out(plan, "plan");
-    *plan = nullptr;
     auto handle = std::make_unique<a2a_v_plan>();
-    handle->impl = std::make_unique<a2a::VPlan>(*require_handle(comm, "comm")->impl, send_counts, row_elements, dtype, algo);
+    handle->impl = std::make_unique<a2a::VPlan>(c, send_counts, row_elements, dtype, algo);
+    handle->comm = &c;
     *plan = handle.release();
   });
 }
@@ -252,7 +273,11 @@ a2a_status_t a2a_v_plan_workspace_size(a2a_v_plan_t plan, size_t* bytes) {
 
 a2a_status_t a2a_all_to_all_v(a2a_v_plan_t plan, const void* send, void* recv, void* workspace,
                               size_t workspace_bytes) {
-  return guarded([&] { require_handle(plan, "plan")->impl->execute(send, recv, workspace, workspace_bytes); });
+  return guarded([&] {
+    a2a_v_plan& p = *require_handle(plan, "plan");
+    const a2a::CallGuard guard(p.comm->call_gate(), "all_to_all_v", p.comm->rank());
+    p.impl->execute(send, recv, workspace, workspace_bytes);
+  });
 }
 
 a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan) {
@@ -260,23 +285,23 @@ a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan) {
 }
 
 a2a_status_t a2a_all_gather(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype) {
-  return guarded([&] { a2a::all_gather(*require_handle(comm, "comm")->impl, send, recv, count, dtype); });
+  return on_comm(comm, "all_gather", [&](a2a::Comm& c) { a2a::all_gather(c, send, recv, count, dtype); });
 }
 
 a2a_status_t a2a_all_reduce(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
                             a2a_reduce_op_t op) {
-  return guarded([&] { a2a::all_reduce(*require_handle(comm, "comm")->impl, send, recv, count, dtype, op); });
+  return on_comm(comm, "all_reduce", [&](a2a::Comm& c) { a2a::all_reduce(c, send, recv, count, dtype, op); });
 }
 
 a2a_status_t a2a_reduce_scatter(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype,
                                 a2a_reduce_op_t op) {
-  return guarded([&] { a2a::reduce_scatter(*require_handle(comm, "comm")->impl, send, recv, count, dtype, op); });
+  return on_comm(comm, "reduce_scatter",
+                 [&](a2a::Comm& c) { a2a::reduce_scatter(c, send, recv, count, dtype, op); });
 }
 
 a2a_status_t a2a_comm_report_invalid(a2a_comm_t comm, const char* op, const char* message) {
-  return guarded([&] {
-    a2a::report_invalid(*require_handle(comm, "comm")->impl, op ? op : "collective", message ? message : "");
-  });
+  const char* name = op ? op : "collective";
+  return on_comm(comm, name, [&](a2a::Comm& c) { a2a::report_invalid(c, name, message ? message : ""); });
 }
 
 a2a_status_t a2a_route_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts,
@@ -294,6 +319,8 @@ a2a_status_t a2a_route(const a2a_exec_t* exec, a2a_comm_t comm, const void* indi
   return guarded([&] {
     require_out(info, "info");
     a2a::Comm* impl = comm == nullptr ? nullptr : require_handle(comm, "comm")->impl.get();
+    std::optional<a2a::CallGuard> guard;  // a local route needs none
+    if (impl != nullptr) guard.emplace(impl->call_gate(), "route", impl->rank());
     *info = a2a::moe::route(exec, impl, indices, index_dtype, num_tokens, top_k, num_experts, token_order, capacity,
                             capacity_setting, workspace, workspace_bytes, locations, counts, expert_offsets);
   });

@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
 MPI_TESTS = os.path.join("tests", "mpi")
 TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
+THREAD_TESTS = os.path.join("tests", "mpi", "test_mpi_threads.py")
 FLEX_TESTS = os.path.join("tests", "mpi", "test_mpi_flex.py")
 
 # Variables of the library that a developer's shell must not leak into a run.
@@ -42,15 +43,19 @@ A2A_VARIABLES = (
     "A2A_MPI_MAX_COUNT",
     "A2A_TEST_TIMEOUT",
     "A2A_TEST_STAGING",
-    "A2A_FLEX_PATH",
+    "A2A_TEST_THREADS",
+    "A2A_TEST_MPI_THREAD_LEVEL",
     "A2A_DEBUG",
+    "A2A_FLEX_PATH",
     "A2A_NUM_THREADS",
 )
-# Every test file but the timeout ones (which run in their own configurations).
+# Every test file but the timeout and thread ones (which run in their own configurations).
 COLLECTIVE_TESTS = [
     os.path.join(MPI_TESTS, name)
     for name in sorted(os.listdir(os.path.join(ROOT, MPI_TESTS)))
-    if name.startswith("test_") and name.endswith(".py") and name != os.path.basename(TIMEOUT_TESTS)
+    if name.startswith("test_")
+    and name.endswith(".py")
+    and name not in (os.path.basename(TIMEOUT_TESTS), os.path.basename(THREAD_TESTS))
 ]
 
 
@@ -84,19 +89,57 @@ CONFIGS = [
     # (A2A_TEST_STAGING, tests/mpi/conftest.py): data staged through host buffers
     # as with transport="mpi", device="cuda"; control messages through a
     # device buffer as on a communicator made from a NCCL unique id.
-    Config("staged-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),
-    Config("staged-np3", 3, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"),
-    Config("control-2x2", 4, 2, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "control"}, note="control via device"),
+    Config(
+        "staged-2x2",
+        4,
+        2,
+        paths=COLLECTIVE_TESTS,
+        env={"A2A_TEST_STAGING": "staged"},
+        note="staged data path",
+    ),
+    Config(
+        "staged-np3", 3, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"
+    ),
+    Config(
+        "control-2x2",
+        4,
+        2,
+        paths=COLLECTIVE_TESTS,
+        env={"A2A_TEST_STAGING": "control"},
+        note="control via device",
+    ),
     # Every flexible all-to-all through one forced path (A2A_FLEX_PATH): the
     # small layouts of the suite take pieces and datatypes too, and their
     # small messages the in-band check's scratch copy (strided for datatypes).
     Config("flex-pieces-3", 3, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "pieces"}, note="flex: pieces forced"),
-    Config("flex-datatypes-2x2", 4, 2, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "datatypes"}, note="flex: datatypes forced"),
-    Config("timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
-    Config("timeout-np3", 3, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300),
+    Config(
+        "flex-datatypes-2x2", 4, 2, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "datatypes"}, note="flex: datatypes forced"
+    ),
+    Config(
+        "timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
+    ),
+    Config(
+        "timeout-np3", 3, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
+    ),
+    # Calls from two threads at once, with MPI_THREAD_MULTIPLE (mpi4py's
+    # default) and with MPI_THREAD_SERIALIZED (tests/mpi/_rank_pytest.py
+    # passes the level to mpi4py before MPI starts).
+    Config(
+        "threads-np2", 2, paths=[THREAD_TESTS], env={"A2A_TEST_THREADS": "1"}, note="threads", timeout=300
+    ),
+    Config(
+        "threads-serialized",
+        2,
+        paths=[THREAD_TESTS],
+        env={"A2A_TEST_THREADS": "1", "A2A_TEST_MPI_THREAD_LEVEL": "serialized"},
+        note="threads, MPI_THREAD_SERIALIZED",
+        timeout=300,
+    ),
 ]
 
-SUMMARY_RE = re.compile(r"\b\d+ (passed|failed|skipped|errors?|deselected|xfailed|xpassed)\b.* in \d+(\.\d+)?s\b")
+SUMMARY_RE = re.compile(
+    r"\b\d+ (passed|failed|skipped|errors?|deselected|xfailed|xpassed)\b.* in \d+(\.\d+)?s\b"
+)
 
 
 def mpirun_command(np: int, command: list[str]) -> list[str]:
@@ -238,8 +281,11 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
         status = "ok"
     else:
         status = f"FAILED (mpirun exit {process.returncode}; failing ranks: {failing or 'none reported'})"
-    print(f"{'PASS' if ok else 'FAIL'}  {config.name:<12} {config.describe():<58} "
-          f"{pytest_summary(output)}  [{seconds:.1f} s]  {status if not ok else ''}".rstrip(), flush=True)
+    print(
+        f"{'PASS' if ok else 'FAIL'}  {config.name:<12} {config.describe():<58} "
+        f"{pytest_summary(output)}  [{seconds:.1f} s]  {status if not ok else ''}".rstrip(),
+        flush=True,
+    )
 
     if not ok:
         bar = "-" * 78
@@ -259,7 +305,13 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
 
 def select(args: argparse.Namespace) -> list[Config]:
     if args.np:
-        return [Config(f"np{args.np}" + (f"-local{args.local_size}" if args.local_size else ""), args.np, args.local_size)]
+        return [
+            Config(
+                f"np{args.np}" + (f"-local{args.local_size}" if args.local_size else ""),
+                args.np,
+                args.local_size,
+            )
+        ]
     if not args.only:
         return list(CONFIGS)
     wanted = [name for item in args.only for name in item.split(",") if name]
@@ -273,7 +325,9 @@ def select(args: argparse.Namespace) -> list[Config]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
-    parser.add_argument("--only", action="append", default=[], help="run only these configurations (repeatable)")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run only these configurations (repeatable)"
+    )
     parser.add_argument("--np", type=int, help="run one custom configuration with this many ranks")
     parser.add_argument("--local-size", type=int, help="with --np: emulated ranks per node")
     parser.add_argument("-k", help="pytest -k expression")

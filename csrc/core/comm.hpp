@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "a2a/a2a.h"
+#include "core/call_guard.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/topology.hpp"
@@ -127,6 +128,10 @@ class Comm {
   int64_t sequence() const { return sequence_; }
   void check_usable(const char* op) const;
 
+  // Guards the entry points against concurrent calls (core/call_guard.hpp);
+  // creation records MPI's thread support in it.
+  CallGate& call_gate() { return call_gate_; }
+
  private:
   // Called with an exception in flight: marks the comm broken and rethrows
   // the error with op's name.
@@ -154,6 +159,7 @@ class Comm {
   std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);
   std::string broken_reason_;
   int64_t sequence_ = 0;
+  CallGate call_gate_;
 };
 
 }  // namespace a2a

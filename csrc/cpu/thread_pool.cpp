@@ -17,31 +17,29 @@ namespace a2a::cpu {
 
 namespace {
 
+// True on a thread while it runs slices of a job: a pool's workers always,
+// a caller during its own job. parallel_for there runs inline.
+thread_local bool in_pool_body = false;
+
+// Sets in_pool_body for a scope and restores it.
+class InPoolBody {
+ public:
+  InPoolBody() : previous_(in_pool_body) { in_pool_body = true; }
+  ~InPoolBody() { in_pool_body = previous_; }
+  InPoolBody(const InPoolBody&) = delete;
+  InPoolBody& operator=(const InPoolBody&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Workers sleep on a condition variable between jobs. A job is a number of
 // slices; every participant (the workers and the caller) claims slices from
-// an atomic counter until none are left.
+// an atomic counter until none are left. One caller at a time: Pools lends
+// each caller a pool of its own.
 class ThreadPool {
  public:
-  static ThreadPool& instance() {
-    // Leaked on purpose: joining threads during static destruction can
-    // deadlock when the process exits from another thread.
-    static const bool registered = [] {
-      // A forked child has none of the parent's workers (and its mutexes may
-      // be held by threads that do not exist there): it starts a new pool
-      // instead of waiting forever for the old one. The old one is leaked.
-      pthread_atfork(nullptr, nullptr, [] { current_.store(new ThreadPool()); });
-      return true;
-    }();
-    (void)registered;
-    if (current_.load() == nullptr) {
-      static std::once_flag once;
-      std::call_once(once, [] { current_.store(new ThreadPool()); });
-    }
-    return *current_.load();
-  }
-
   void run(int slices, int threads, const std::function<void(int)>& slice_body) {
-    std::lock_guard<std::mutex> serial(run_mutex_);
     ensure_workers(threads - 1);
     std::unique_lock<std::mutex> lock(mutex_);
     body_ = &slice_body;
@@ -53,7 +51,10 @@ class ThreadPool {
     ++generation_;
     lock.unlock();
     wake_.notify_all();
-    work();  // the caller takes part
+    {
+      const InPoolBody inside;
+      work();  // the caller takes part
+    }
     lock.lock();
     done_.wait(lock, [&] { return busy_ == 0; });
     body_ = nullptr;
@@ -73,6 +74,7 @@ class ThreadPool {
   }
 
   void worker_loop(int index, uint64_t seen) {
+    in_pool_body = true;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return generation_ != seen; });
@@ -98,7 +100,6 @@ class ThreadPool {
     }
   }
 
-  std::mutex run_mutex_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
@@ -110,8 +111,64 @@ class ThreadPool {
   uint64_t generation_ = 0;
   std::mutex error_mutex_;
   std::exception_ptr error_;
+};
 
-  static inline std::atomic<ThreadPool*> current_{nullptr};
+// The pools of the process. A caller borrows an idle one for its job (a new
+// one when every pool is busy), so that callers on several threads run at
+// once rather than one after the other; a process that calls from one thread
+// at a time has one pool. Concurrent jobs each use their own threads (the
+// machine may then be oversubscribed, as with concurrent OpenMP regions).
+class Pools {
+ public:
+  static Pools& instance() {
+    // Leaked on purpose: joining threads during static destruction can
+    // deadlock when the process exits from another thread.
+    static const bool registered = [] {
+      // A forked child has none of the parent's workers (and its mutexes may
+      // be held by threads that do not exist there): it starts anew instead
+      // of waiting forever for the old pools. The old ones are leaked.
+      pthread_atfork(nullptr, nullptr, [] { current_.store(new Pools()); });
+      return true;
+    }();
+    (void)registered;
+    if (current_.load() == nullptr) {
+      static std::once_flag once;
+      std::call_once(once, [] { current_.store(new Pools()); });
+    }
+    return *current_.load();
+  }
+
+  // A pool lent for one job, given back when the lease ends.
+  class Lease {
+   public:
+    explicit Lease(Pools& pools) : pools_(pools), pool_(pools.take()) {}
+    ~Lease() { pools_.give_back(pool_); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ThreadPool& pool() { return *pool_; }
+
+   private:
+    Pools& pools_;
+    ThreadPool* pool_;
+  };
+
+ private:
+  ThreadPool* take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_.empty()) return new ThreadPool();  // kept for later jobs, never deleted
+    ThreadPool* pool = idle_.back();
+    idle_.pop_back();
+    return pool;
+  }
+  void give_back(ThreadPool* pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    idle_.push_back(pool);
+  }
+
+  std::mutex mutex_;
+  std::vector<ThreadPool*> idle_;
+
+  static inline std::atomic<Pools*> current_{nullptr};
 };
 
 }  // namespace
@@ -140,11 +197,15 @@ int slice_count(int64_t n, int64_t grain, int num_threads) {
 void parallel_for(int64_t n, int64_t grain, int num_threads, const std::function<void(int64_t, int64_t)>& body) {
   const int slices = slice_count(n, grain, num_threads);
   if (slices == 0) return;
-  if (slices == 1) {
+  // Inside a job's slice (a nested parallel_for) the work runs inline: the
+  // other threads are busy with the outer job, and waiting for them from
+  // one of its slices would deadlock.
+  if (slices == 1 || in_pool_body) {
     body(0, n);
     return;
   }
-  ThreadPool::instance().run(slices, slices, [&](int s) { body(n * s / slices, n * (s + 1) / slices); });
+  Pools::Lease lease(Pools::instance());
+  lease.pool().run(slices, slices, [&](int s) { body(n * s / slices, n * (s + 1) / slices); });
 }
 
 }  // namespace a2a::cpu

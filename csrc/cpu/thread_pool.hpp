@@ -1,6 +1,7 @@
-// A process-wide pool of worker threads for the CPU kernels. The calling
-// thread takes part, so a pool of n threads has n - 1 workers. Calls from
-// different threads are serialized.
+// Process-wide worker threads for the CPU kernels. The calling thread takes
+// part, so a job on n threads has n - 1 workers. Callers on different threads
+// run at once, each on a pool of its own; a parallel_for inside a slice (a
+// nested one) runs inline on the thread that runs the slice.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,8 @@ int default_num_threads();
 // `num_threads` threads, each slice at least `grain` long (so small jobs stay
 // on the calling thread). Slice s of `slices` covers
 // [n * s / slices, n * (s + 1) / slices). Returns when every slice is done;
-// the first exception thrown by a slice is rethrown here.
+// the first exception thrown by a slice is rethrown here. Called from inside
+// a slice, it runs body(0, n) on the calling thread.
 void parallel_for(int64_t n, int64_t grain, int num_threads, const std::function<void(int64_t, int64_t)>& body);
 
 // How many slices parallel_for(n, grain, num_threads, ...) cuts [0, n) into.

@@ -352,6 +352,7 @@ PYBIND11_MODULE(_C, m) {
                                const auto d = c.device();
                                return py::make_tuple(d.device_type, d.transport, d.cuda_device);
                              })
+      .def_property_readonly("mpi_thread_level", &a2a::Communicator::mpi_thread_level)
       .def_property_readonly("topology",
                              [](const a2a::Communicator& c) {
                                a2a::Topology t = c.topology();

@@ -29,6 +29,16 @@ void check_choice(const a2a_comm_config_t& config) {
     fail(A2A_ERROR_INVALID_ARGUMENT, "transport NCCL moves CUDA memory: it needs device_type CUDA");
 }
 
+// MPI's thread support for the process, as an a2a_mpi_thread_level_t.
+int query_thread_level() {
+  int provided = MPI_THREAD_SINGLE;
+  check_mpi(MPI_Query_thread(&provided), "MPI_Query_thread", -1, "communicator creation");
+  if (provided == MPI_THREAD_MULTIPLE) return A2A_MPI_THREAD_MULTIPLE;
+  if (provided == MPI_THREAD_SERIALIZED) return A2A_MPI_THREAD_SERIALIZED;
+  if (provided == MPI_THREAD_FUNNELED) return A2A_MPI_THREAD_FUNNELED;
+  return A2A_MPI_THREAD_SINGLE;
+}
+
 // A duplicate of `parent`, so that the library's messages never meet the
 // caller's: MPI_Comm_idup, bounded by the timeout. (Errors on `parent` go to
 // the caller's error handler, by default MPI_ERRORS_ARE_FATAL.)
@@ -128,11 +138,13 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
     arrange(parts, timeout_s);
   }
   auto comm = std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
+  const int thread_level = query_thread_level();
+  comm->call_gate().set_mpi_thread_level(thread_level);
   report_created(*comm, "MPI",
                  !proposal.explicit_size ? "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"
                  : config.local_size > 0 ? "local_size="
                                          : "A2A_LOCAL_SIZE",
-                 timeout_s);
+                 timeout_s, cat(", ", mpi_thread_level_name(thread_level)));
   return comm;
 }
 

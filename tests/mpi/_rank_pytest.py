@@ -36,6 +36,13 @@ def parse(argv: list[str]) -> tuple[str, list[str]]:
 
 def main(argv: list[str]) -> int:
     log_dir, pytest_args = parse(argv)
+    # The MPI thread level to ask for (tests/run_mpi.py's threads-serialized);
+    # mpi4py reads it when MPI starts, at its first import.
+    thread_level = os.environ.get("A2A_TEST_MPI_THREAD_LEVEL")
+    if thread_level:
+        import mpi4py
+
+        mpi4py.rc.thread_level = thread_level
     rank = world_rank()
     os.makedirs(log_dir, exist_ok=True)
     if rank > 0:

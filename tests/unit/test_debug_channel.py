@@ -41,6 +41,7 @@ def test_info_reports_creation_topology_and_transports(mpi, capfd, debug_env, va
         assert line.startswith(f"[a2a rank {rank}] INFO communicator created from MPI: rank 0 of 1, "), line
         assert "1 nodes x 1 ranks" in line, line
         assert "data transport mpi, control transport mpi, device cpu, timeout" in line, line
+        assert line.endswith(", MPI_THREAD_MULTIPLE"), line
     assert "(local_size from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED))" in detected, detected
     assert "(local_size from local_size=)" in given, given
 

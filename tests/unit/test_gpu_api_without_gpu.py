@@ -137,6 +137,10 @@ except a2a.UnsupportedError as error:
     print("UnsupportedError:", error)
 except RuntimeError as error:
     print("RuntimeError:", error)
+finally:
+    # gloo's threads must be joined before exit, or their destructors may
+    # call std::terminate ("terminate called without an active exception").
+    dist.destroy_process_group()
 """
 
 

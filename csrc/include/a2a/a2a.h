@@ -129,6 +129,25 @@ A2A_API a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* tra
 A2A_API a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local_rank,
                                        int* local_size, int* node, int* num_nodes);
 
+/* Threads. Calls on one communicator must not overlap: a call made while
+ * another thread is inside a call on the same communicator fails at once
+ * with A2A_ERROR_UNSUPPORTED (MPI forbids concurrent collectives on one
+ * communicator too). Calls on different communicators may overlap; where
+ * they use MPI, that needs MPI_THREAD_MULTIPLE, and with less the later call
+ * fails the same way, naming the level MPI granted. Either failure happens
+ * on the rank where the calls overlap only, before anything is sent: the
+ * other ranks then time out in that collective. */
+typedef enum {
+  A2A_MPI_THREAD_NONE = -1, /* the communicator does not use MPI (made from a NCCL unique id) */
+  A2A_MPI_THREAD_SINGLE = 0,
+  A2A_MPI_THREAD_FUNNELED = 1,
+  A2A_MPI_THREAD_SERIALIZED = 2,
+  A2A_MPI_THREAD_MULTIPLE = 3
+} a2a_mpi_thread_level_t;
+/* The thread support MPI granted the process (MPI_Query_thread when the
+ * communicator was created), as an a2a_mpi_thread_level_t. */
+A2A_API a2a_status_t a2a_comm_mpi_thread_level(a2a_comm_t comm, int* level);
+
 /* MPI_Alltoall semantics: send holds size * count elements, the block of
  * `count` elements at i * count goes to rank i; recv receives rank i's block
  * at i * count. Out of place (send != recv). */

@@ -75,6 +75,12 @@ class Communicator {
     check(a2a_comm_device(handle_, &d.device_type, &d.transport, &d.cuda_device));
     return d;
   }
+  // An a2a_mpi_thread_level_t: what MPI granted the process.
+  int mpi_thread_level() const {
+    int level = A2A_MPI_THREAD_NONE;
+    check(a2a_comm_mpi_thread_level(handle_, &level));
+    return level;
+  }
 
   size_t all_to_all_workspace_size(size_t count, a2a_dtype_t dtype, a2a_algo_t algo) const {
     size_t bytes = 0;
