@@ -125,6 +125,10 @@ class Comm:
         """(device type, transport, CUDA device or -1)."""
 
     @property
+    def mpi_thread_level(self) -> int:
+        """MPI_Query_thread's level (MPI_THREAD_SINGLE 0 ... MULTIPLE 3), or -1 without MPI."""
+
+    @property
     def topology(self) -> tuple[int, int, int, int, int, int]:
         """(rank, size, local_rank, local_size, node, num_nodes)."""
 
