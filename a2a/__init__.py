@@ -28,6 +28,7 @@ from . import _C
 from ._collectives import (
     ALGORITHMS,
     REDUCE_OPS,
+    VPlan,
     all_gather,
     all_reduce,
     all_to_all,
@@ -35,7 +36,6 @@ from ._collectives import (
     all_to_all_v,
     plan_v,
     reduce_scatter,
-    VPlan,
 )
 from ._comm import Comm
 from ._errors import (

@@ -22,6 +22,7 @@ from ._errors import A2AError, InvalidArgumentError
 __all__ = [
     "ALGORITHMS",
     "REDUCE_OPS",
+    "VPlan",
     "all_gather",
     "all_reduce",
     "all_to_all",
@@ -29,7 +30,6 @@ __all__ = [
     "all_to_all_v",
     "plan_v",
     "reduce_scatter",
-    "VPlan",
 ]
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
@@ -61,6 +61,19 @@ class _ReportToAllRanks:
             return False
         _reject(self.comm, self.op, f"{type(error).__name__}: {error}")
         return False  # not reached: _reject raises
+
+
+def _numpy_call(x: Any, out: Any, comm: Any, algo: Any) -> bool:
+    """Whether a call may try its native NumPy fast path (host NumPy arrays on
+    a host comm, a known algorithm); the fast path returns None for anything
+    else unusual, and the general path then checks and reports it."""
+    return (
+        type(x) is np.ndarray
+        and (out is None or type(out) is np.ndarray)
+        and type(comm) is Comm
+        and comm.cuda_device is None
+        and algo in _ALGO_NAMES
+    )
 
 
 def _check_comm(comm: Any, op: str) -> None:
@@ -120,13 +133,7 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
     intra-node then inter-node; bitwise identical output).
     """
     op = "all_to_all"
-    if (
-        type(x) is np.ndarray
-        and (out is None or type(out) is np.ndarray)
-        and type(comm) is Comm
-        and comm.cuda_device is None
-        and algo in _ALGO_NAMES
-    ):
+    if _numpy_call(x, out, comm, algo):
         result = comm._native.all_to_all_numpy(x, out, ALGORITHMS[algo], comm._workspace)
         if result is not None:
             return result
@@ -167,11 +174,7 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
     """
     op = "all_to_all_flex"
     if (
-        type(x) is np.ndarray
-        and (out is None or type(out) is np.ndarray)
-        and type(comm) is Comm
-        and comm.cuda_device is None
-        and algo in _ALGO_NAMES
+        _numpy_call(x, out, comm, algo)
         and type(split_axis) is int
         and type(concat_axis) is int
         and -x.ndim <= split_axis < x.ndim
@@ -236,11 +239,7 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     calls, :func:`plan_v` exchanges them once.
     """
     if (
-        type(x) is np.ndarray
-        and (out is None or type(out) is np.ndarray)
-        and type(comm) is Comm
-        and comm.cuda_device is None
-        and algo in _ALGO_NAMES
+        _numpy_call(x, out, comm, algo)
         and x.ndim > 0
         and x.flags.c_contiguous
         and x.dtype in NUMPY_CODES

@@ -381,49 +381,29 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
     count = per_peer_count(requested, world, dtype.itemsize)
     mod = dtype.modulus
 
-    if algo == "flex":
+    if algo in ("flex", "combine"):
+        # MoE dispatch, (E, C, M) -> (E/W, W*C, M) with split_axis=0,
+        # concat_axis=1; combine, the way back with split_axis=1, concat_axis=0.
         experts, capacity, hidden = flex_shape(count, world, args.experts_per_rank, args.hidden)
         epr = args.experts_per_rank
         block = epr * capacity * hidden
-        send = arrays.empty((experts, capacity, hidden))
-        recv = arrays.empty((epr, world * capacity, hidden))
-        arrays.fill_blocks(send, [(rank, dst, block) for dst in range(world)])
-
-        def run() -> None:
-            a2a.all_to_all_flex(send, comm=comm, split_axis=0, concat_axis=1, algo=args.inner_algo, out=recv)
-
-        def wrong() -> int:
-            # recv[e, s*C + c, m] is element (e, c, m) of the block from rank s.
-            got = arrays.comparable(recv).reshape(epr, world, capacity, hidden).transpose(1, 0, 2, 3)
-            return _count_wrong(np.ascontiguousarray(got), [(src, rank, block) for src in range(world)], mod)
-
-        return Case(
-            algo,
-            world * block * dtype.itemsize,
-            block,
-            run,
-            lambda: arrays.poison(recv),
-            wrong,
-            (experts, capacity, hidden),
-            arrays.synchronize,
-        )
-
-    if algo == "combine":
-        # The way back: (E/W, W*C, M) -> (E, C, M), split_axis=1, concat_axis=0.
-        experts, capacity, hidden = flex_shape(count, world, args.experts_per_rank, args.hidden)
-        epr = args.experts_per_rank
-        block = epr * capacity * hidden
+        dispatched_shape = (epr, world * capacity, hidden)
         by_destination = arrays.empty((world, epr, capacity, hidden))
         arrays.fill_blocks(by_destination, [(rank, dst, block) for dst in range(world)])
-        send = arrays.swap_first_axes(by_destination).reshape(epr, world * capacity, hidden)
-        recv = arrays.empty((experts, capacity, hidden))
+        if algo == "flex":
+            send, recv, split, concat = by_destination.reshape(experts, capacity, hidden), arrays.empty(dispatched_shape), 0, 1
+        else:
+            send = arrays.swap_first_axes(by_destination).reshape(dispatched_shape)
+            recv, split, concat = arrays.empty((experts, capacity, hidden)), 1, 0
 
         def run() -> None:
-            a2a.all_to_all_flex(send, comm=comm, split_axis=1, concat_axis=0, algo=args.inner_algo, out=recv)
+            a2a.all_to_all_flex(send, comm=comm, split_axis=split, concat_axis=concat, algo=args.inner_algo, out=recv)
 
         def wrong() -> int:
-            # recv[s*E/W + e, c, m] is element (e, c, m) of the block from rank s.
-            return _count_wrong(arrays.comparable(recv), [(src, rank, block) for src in range(world)], mod)
+            got = arrays.comparable(recv)
+            if algo == "flex":  # recv[e, s*C + c, m] is element (e, c, m) of the block from rank s
+                got = np.ascontiguousarray(got.reshape(epr, world, capacity, hidden).transpose(1, 0, 2, 3))
+            return _count_wrong(got, [(src, rank, block) for src in range(world)], mod)
 
         return Case(
             algo,
@@ -432,7 +412,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
             run,
             lambda: arrays.poison(recv),
             wrong,
-            (epr, world * capacity, hidden),
+            tuple(send.shape),
             arrays.synchronize,
         )
 

@@ -1,6 +1,7 @@
 #include "core/collectives.hpp"
 
 #include <climits>
+#include <functional>
 #include <mutex>
 #include <set>
 
@@ -56,6 +57,20 @@ bool multiply_overflows(size_t a, size_t b, size_t* product) { return __builtin_
 // argument check can travel with it (Comm::agree_in_exchange).
 bool in_band(const Comm& comm, a2a_algo_t algo) { return algo == A2A_ALGO_LINEAR && comm.checks_in_band(); }
 
+// Agrees on `fields` and runs the algorithm: with the check in band (handed
+// to the algorithm, whose first world exchange carries it) where the comm and
+// the algorithm allow it and this rank's input is valid; else after agree().
+void agree_and_run(Comm& comm, const char* op, a2a_algo_t algo, std::vector<Field> fields, const std::string& error,
+                   const std::function<void(const InBandCheck*)>& algorithm) {
+  if (in_band(comm, algo) && error.empty()) {
+    const InBandCheck check{op, std::move(fields)};
+    comm.run(op, [&] { algorithm(&check); });
+    return;
+  }
+  comm.agree(op, fields, error);
+  comm.run(op, [&] { algorithm(nullptr); });
+}
+
 // A2A_DEBUG=INFO: the algorithm and path of each kind of call, the first time
 // this process sees it (a line per call would drown a training loop).
 void log_choice(const Comm& comm, const char* op, a2a_algo_t algo, const std::string& path) {
@@ -91,19 +106,13 @@ void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
     check.workspace(workspace, workspace_bytes, all_to_all_workspace_size(comm, count, dtype, algo));
   }
   log_choice(comm, op, algo, algo == A2A_ALGO_2DH ? "intra-node then inter-node" : "one message per peer");
-  std::vector<Field> fields{{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}};
-  if (in_band(comm, algo) && check.error().empty()) {
-    const InBandCheck in_band{op, std::move(fields)};
-    comm.run(op, [&] { all_to_all_linear(comm, send, recv, chunk_bytes, &in_band); });
-    return;
-  }
-  comm.agree(op, fields, check.error());
-  comm.run(op, [&] {
-    if (algo == A2A_ALGO_2DH)
-      all_to_all_2dh(comm, send, recv, chunk_bytes, workspace);
-    else
-      all_to_all_linear(comm, send, recv, chunk_bytes);
-  });
+  agree_and_run(comm, op, algo, {{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}},
+                check.error(), [&](const InBandCheck* in_band) {
+                  if (algo == A2A_ALGO_2DH)
+                    all_to_all_2dh(comm, send, recv, chunk_bytes, workspace);
+                  else
+                    all_to_all_linear(comm, send, recv, chunk_bytes, in_band);
+                });
 }
 
 // ---------------------------------------------------------------------------
@@ -254,14 +263,8 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
   }
   if (check.error().empty())
     log_choice(comm, op, algo, cat("path ", flex_path_name(choose_flex_path(comm, layout, algo))));
-  std::vector<Field> fields = flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis);
-  if (in_band(comm, algo) && check.error().empty()) {
-    const InBandCheck in_band{op, std::move(fields)};
-    comm.run(op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace, &in_band); });
-    return;
-  }
-  comm.agree(op, fields, check.error());
-  comm.run(op, [&] { all_to_all_flex(comm, send, recv, layout, algo, workspace); });
+  agree_and_run(comm, op, algo, flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis), check.error(),
+                [&](const InBandCheck* in_band) { all_to_all_flex(comm, send, recv, layout, algo, workspace, in_band); });
 }
 
 // ---------------------------------------------------------------------------
@@ -334,19 +337,13 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.buffers(send, recv, send_total, recv_total);
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
-  std::vector<Field> fields{{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}};
-  if (in_band(comm_, algo_) && check.error().empty()) {
-    const InBandCheck in_band{op, std::move(fields)};
-    comm_.run(op, [&] { all_to_all_v_linear(comm_, send, recv, bytes_, &in_band); });
-    return;
-  }
-  comm_.agree(op, fields, check.error());
-  comm_.run(op, [&] {
-    if (algo_ == A2A_ALGO_2DH)
-      all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);
-    else
-      all_to_all_v_linear(comm_, send, recv, bytes_);
-  });
+  agree_and_run(comm_, op, algo_, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}}, check.error(),
+                [&](const InBandCheck* in_band) {
+                  if (algo_ == A2A_ALGO_2DH)
+                    all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);
+                  else
+                    all_to_all_v_linear(comm_, send, recv, bytes_, in_band);
+                });
 }
 
 void report_invalid(Comm& comm, const char* op, const std::string& message) {

@@ -56,6 +56,23 @@ int fast_input_code(const py::array& x) {
   return numpy_dtype_code(x.dtype());
 }
 
+// The end of every fast path: `call(send, recv, workspace, workspace_bytes)`
+// with the GIL released, or None when the cached workspace is too small (the
+// general path grows it).
+template <typename Call>
+py::object run_fast(const py::array& x, py::array result, py::array& workspace, size_t needed, Call&& call) {
+  const size_t available = static_cast<size_t>(workspace.nbytes());
+  if (needed > available) return py::none();
+  const void* send = x.data();
+  void* recv = result.mutable_data();
+  void* scratch = available ? workspace.mutable_data() : nullptr;
+  {
+    py::gil_scoped_release release;
+    call(send, recv, scratch, available);
+  }
+  return std::move(result);
+}
+
 // The whole of a2a.all_to_all for well-formed NumPy arrays in one native call
 // (a collective is latency-bound at small sizes, and Python code between
 // calls runs with caches cold from the exchange). Returns None whenever
@@ -71,17 +88,10 @@ py::object all_to_all_numpy(a2a::Communicator& comm, const py::array& x, const p
   const size_t count = static_cast<size_t>(x.size()) / size;
   const auto dtype = static_cast<a2a_dtype_t>(code);
   const auto algorithm = static_cast<a2a_algo_t>(algo);
-  const size_t needed = comm.all_to_all_workspace_size(count, dtype, algorithm);
-  const size_t available = static_cast<size_t>(workspace.nbytes());
-  if (needed > available) return py::none();
-  const void* send = x.data();
-  void* recv = result.mutable_data();
-  void* scratch = available ? workspace.mutable_data() : nullptr;
-  {
-    py::gil_scoped_release release;
-    comm.all_to_all(send, recv, count, dtype, algorithm, scratch, available);
-  }
-  return std::move(result);
+  return run_fast(x, result, workspace, comm.all_to_all_workspace_size(count, dtype, algorithm),
+                  [&](const void* send, void* recv, void* scratch, size_t bytes) {
+                    comm.all_to_all(send, recv, count, dtype, algorithm, scratch, bytes);
+                  });
 }
 
 // a2a.all_to_all_flex for NumPy arrays; split_axis and concat_axis already
@@ -108,16 +118,9 @@ py::object all_to_all_flex_numpy(a2a::Communicator& comm, const py::array& x, co
   } catch (const a2a::Error&) {
     return py::none();  // a layout the core rejects: the general path tells every rank
   }
-  const size_t available = static_cast<size_t>(workspace.nbytes());
-  if (needed > available) return py::none();
-  const void* send = x.data();
-  void* recv = result.mutable_data();
-  void* scratch = available ? workspace.mutable_data() : nullptr;
-  {
-    py::gil_scoped_release release;
-    comm.all_to_all_flex(send, recv, shape, split_axis, concat_axis, dtype, algorithm, scratch, available);
-  }
-  return std::move(result);
+  return run_fast(x, result, workspace, needed, [&](const void* send, void* recv, void* scratch, size_t bytes) {
+    comm.all_to_all_flex(send, recv, shape, split_axis, concat_axis, dtype, algorithm, scratch, bytes);
+  });
 }
 
 // A reused all-to-all-v plan run on NumPy arrays: x of rows_in rows, the
@@ -130,16 +133,8 @@ py::object v_plan_execute_numpy(a2a::VPlan& plan, const py::array& x, const py::
   out_shape[0] = rows_out;
   py::array result;
   if (!numpy_output(x, out, out_shape, &result)) return py::none();
-  const size_t available = static_cast<size_t>(workspace.nbytes());
-  if (plan.workspace_size() > available) return py::none();
-  const void* send = x.data();
-  void* recv = result.mutable_data();
-  void* scratch = available ? workspace.mutable_data() : nullptr;
-  {
-    py::gil_scoped_release release;
-    plan.execute(send, recv, scratch, available);
-  }
-  return std::move(result);
+  return run_fast(x, result, workspace, plan.workspace_size(),
+                  [&](const void* send, void* recv, void* scratch, size_t bytes) { plan.execute(send, recv, scratch, bytes); });
 }
 
 void* as_mutable(uintptr_t address) { return reinterpret_cast<void*>(address); }

@@ -169,10 +169,6 @@ int main(int argc, char** argv) {
   if (status != A2A_ERROR_INVALID_ARGUMENT) failures += 1;
   if (rank == 0) printf("in-place call rejected: %s: %s\n", a2a_status_string(status), a2a_get_last_error());
 
-  free(send_counts);
-  free(recv_counts);
-  free(send);
-  free(recv);
   /* A plan outlives its communicator only as a clear error. */
   a2a_v_plan_t orphan;
   CHECK(a2a_v_plan_create(comm, send_counts, 1, A2A_FLOAT32, A2A_ALGO_LINEAR, &orphan));
@@ -181,6 +177,10 @@ int main(int argc, char** argv) {
   if (status != A2A_ERROR_INVALID_ARGUMENT) failures += 1;
   if (rank == 0) printf("plan after its communicator was destroyed: %s: %s\n", a2a_status_string(status), a2a_get_last_error());
   CHECK(a2a_v_plan_destroy(orphan));
+  free(send_counts);
+  free(recv_counts);
+  free(send);
+  free(recv);
   MPI_Finalize();
   return failures == 0 ? 0 : 1;
 }
