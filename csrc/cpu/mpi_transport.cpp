@@ -89,6 +89,33 @@ MPI_Datatype span_type(const Span& span, size_t max_count, int rank) {
   return type;
 }
 
+// Paces the polls of one wait. Back to back for the first kSpinSeconds: a
+// small exchange completes within them, and a yield costs a system call and
+// possibly the core (measured in docs/benchmarks.md). Then a yield after each
+// poll: with more ranks than cores (common in tests and on shared nodes) the
+// peer this rank waits for needs the core. The clock is read every 16 polls.
+class PollPacer {
+ public:
+  explicit PollPacer(double timeout_s)
+      : start_(Clock::now()), deadline_(start_ + std::chrono::duration_cast<Clock::duration>(
+                                                     std::chrono::duration<double>(timeout_s))) {}
+  // After a poll that found the wait unfinished: false once the timeout passed.
+  bool keep_waiting() {
+    if (yielding_) std::this_thread::yield();
+    if ((++polls_ & 15) != 0) return true;
+    const auto now = Clock::now();
+    yielding_ = now - start_ > kSpin;
+    return now <= deadline_;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::microseconds kSpin{1000};
+  Clock::time_point start_, deadline_;
+  unsigned polls_ = 0;
+  bool yielding_ = false;
+};
+
 }  // namespace
 
 size_t max_int_count() {
@@ -132,6 +159,8 @@ void MpiTransport::group_start() {
   // A group that failed halfway (a post threw) must not leave active
   // requests behind.
   abandon(requests_, pending_);
+  own_sends_.clear();
+  own_recvs_.clear();
 }
 
 void MpiTransport::post(const Span& span, int peer, bool is_send, int tag, bool even_if_empty) {
@@ -159,10 +188,56 @@ void MpiTransport::post(const Span& span, int peer, bool is_send, int tag, bool 
   pending_.push_back(Pending{is_send ? "send to" : "recv from", peer, bytes});
 }
 
-void MpiTransport::send(const Span& span, int peer) { post(span, peer, true, kDataTag); }
-void MpiTransport::recv(const Span& span, int peer) { post(span, peer, false, kDataTag); }
+// A message to oneself is a copy at group_end (as MPI's own collectives make
+// it), not a trip through MPI's self transport: sends and receives to self
+// pair up in the order they were posted, like any pair's messages.
+void MpiTransport::send(const Span& span, int peer) {
+  if (peer == rank_)
+    own_sends_.push_back(span);
+  else
+    post(span, peer, true, kDataTag);
+}
 
-void MpiTransport::group_end() { wait_all(requests_, pending_, "point-to-point exchange"); }
+void MpiTransport::recv(const Span& span, int peer) {
+  if (peer == rank_)
+    own_recvs_.push_back(span);
+  else
+    post(span, peer, false, kDataTag);
+}
+
+void MpiTransport::group_end() {
+  const size_t own = std::min(own_sends_.size(), own_recvs_.size());
+  for (size_t i = 0; i < own; ++i) {
+    if (own_sends_[i].bytes() != own_recvs_[i].bytes()) {
+      abandon(requests_, pending_);
+      fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": a message to itself of ", own_sends_[i].bytes(),
+           " bytes meets a receive of ", own_recvs_[i].bytes());
+    }
+    copy_span(own_recvs_[i], own_sends_[i]);
+  }
+  const bool unpaired = own_sends_.size() != own_recvs_.size();
+  own_sends_.clear();
+  own_recvs_.clear();
+  if (unpaired) {
+    abandon(requests_, pending_);
+    fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": unpaired messages to itself in one group");
+  }
+  wait_all(requests_, pending_, "point-to-point exchange");
+}
+
+// Copies the bytes of `src` to `dst` (equal totals), block by block on both
+// sides.
+void MpiTransport::copy_span(const Span& dst, const Span& src) {
+  size_t d = 0, d_at = 0, s = 0, s_at = 0;  // block and offset in it, on each side
+  for (size_t left = src.bytes(); left > 0;) {
+    const size_t bytes = std::min({left, dst.block_bytes - d_at, src.block_bytes - s_at});
+    std::memcpy(static_cast<char*>(dst.data) + d * dst.stride_bytes + d_at,
+                static_cast<const char*>(src.data) + s * src.stride_bytes + s_at, bytes);
+    left -= bytes;
+    if ((d_at += bytes) == dst.block_bytes) d_at = 0, ++d;
+    if ((s_at += bytes) == src.block_bytes) s_at = 0, ++s;
+  }
+}
 
 void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
   // Unmatched receives are cancelled so that no late message lands in the
@@ -179,9 +254,8 @@ void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pendi
 }
 
 void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
-  for (unsigned spins = 0;; ++spins) {
+  PollPacer pacer(timeout_s_);
+  for (;;) {
     int done = 0;
     int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS) {
@@ -193,11 +267,7 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
       pending.clear();
       return;
     }
-    // Yield after every poll: with more ranks than cores (common in tests and
-    // on shared nodes) the peer this rank waits for needs the core. The clock
-    // is read only now and then.
-    std::this_thread::yield();
-    if ((spins & 63) == 63 && clock::now() > deadline) break;
+    if (!pacer.keep_waiting()) break;
   }
   // MPI_Testall leaves finished requests in place when not all are done;
   // test each one so that only the unfinished are reported.
@@ -237,23 +307,21 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
   group_start();
   std::vector<size_t> expected(size_);
   std::vector<int> mismatched;
-  // This rank's own message is a copy (as MPI's collectives make it), when
-  // both sides are contiguous: its label is this rank's by definition.
+  // This rank's own message is a copy, as in group_end: its label is this
+  // rank's by definition.
   const Span own_send = send_span(rank_), own_recv = recv_span(rank_);
-  const bool copy_own = own_send.is_contiguous() && own_recv.is_contiguous();
-  if (copy_own) {
-    if (own_send.bytes() != own_recv.bytes()) mismatched.push_back(rank_);
-    const size_t bytes = std::min(own_send.bytes(), own_recv.bytes());
-    if (bytes != 0) std::memcpy(own_recv.data, own_send.data, bytes);
-  }
+  if (own_send.bytes() == own_recv.bytes())
+    copy_span(own_recv, own_send);
+  else
+    mismatched.push_back(rank_);
   try {
-    for (int step = copy_own ? 1 : 0; step < size_; ++step) {
+    for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
       const Span span = recv_span(from);
       expected[from] = span.bytes();
       post(span, from, false, MPI_ANY_TAG, true);
     }
-    for (int step = copy_own ? 1 : 0; step < size_; ++step) {
+    for (int step = 1; step < size_; ++step) {
       const int to = (rank_ + step) % size_;
       post(send_span(to), to, true, tag, true);
     }
@@ -265,9 +333,8 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
   std::vector<int> indices(requests_.size());
   std::vector<MPI_Status> statuses(requests_.size());
   size_t open = requests_.size();
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s_);
-  for (unsigned spins = 0; open > 0; ++spins) {
+  PollPacer pacer(timeout_s_);
+  while (open > 0) {
     int completed = 0;
     const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
                                 statuses.data());
@@ -297,10 +364,7 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
       }
     }
     open -= static_cast<size_t>(completed);
-    if (completed == 0) {
-      std::this_thread::yield();
-      if ((spins & 63) == 63 && clock::now() > deadline) fail_timeout(requests_, pending_, what);
-    }
+    if (completed == 0 && !pacer.keep_waiting()) fail_timeout(requests_, pending_, what);
   }
   requests_.clear();
   pending_.clear();

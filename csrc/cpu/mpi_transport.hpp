@@ -33,7 +33,11 @@ class MpiTransport final : public Transport {
   void send(const Span& span, int peer) override;
   void recv(const Span& span, int peer) override;
   void group_end() override;
-  void cancel_group() override { abandon(requests_, pending_); }
+  void cancel_group() override {
+    abandon(requests_, pending_);
+    own_sends_.clear();
+    own_recvs_.clear();
+  }
   bool supports_signed_exchange() const override { return true; }
   std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
                                    const std::function<Span(int)>& recv_span) override;
@@ -71,8 +75,10 @@ class MpiTransport final : public Transport {
   double timeout_s_;
   int tag_ub_ = 32767;  // MPI_TAG_UB
   size_t max_count_;  // largest count passed to MPI as a plain int (A2A_MPI_MAX_COUNT for tests)
+  static void copy_span(const Span& dst, const Span& src);
   std::vector<MPI_Request> requests_;  // the current point-to-point group
   std::vector<Pending> pending_;
+  std::vector<Span> own_sends_, own_recvs_;  // the group's messages to this rank, copied at group_end
 };
 
 }  // namespace a2a
