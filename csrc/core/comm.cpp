@@ -113,20 +113,23 @@ Signature make_signature(const char* op, const std::vector<Field>& fields, bool 
   return mine;
 }
 
-// The label of a signed exchange (FNV-1a over the signature): equal labels
-// mean equal (op, fields, sequence) but for a collision of 32 bits. `form`
-// tells a round of Signatures from a collective's own data, so that ranks
-// that sent different kinds of message never look alike.
-enum class Form : uint32_t { kSignatures = 1, kData = 2 };
+// The label of a signed exchange: a 64-bit multiply-xorshift hash over the
+// signature's 64-bit words, folded to 32 bits. Equal labels mean equal
+// (op, fields, sequence) but for a collision of 32 bits. `form` tells a round
+// of Signatures from a collective's own data, so that ranks that sent
+// different kinds of message never look alike.
+enum class Form : uint64_t { kSignatures = 1, kData = 2 };
 
 uint32_t digest(const Signature& signature, Form form) {
-  uint32_t hash = 2166136261u;
-  auto mix = [&](const void* data, size_t bytes) {
-    for (size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 16777619u;
-  };
-  mix(&signature, sizeof signature);
-  mix(&form, sizeof form);
-  return hash;
+  static_assert(sizeof(Signature) % sizeof(uint64_t) == 0, "Signature is hashed as 64-bit words");
+  uint64_t words[sizeof(Signature) / sizeof(uint64_t)];
+  std::memcpy(words, &signature, sizeof words);
+  uint64_t hash = 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(form);
+  for (uint64_t word : words) {
+    hash = (hash ^ word) * 0xff51afd7ed558ccdull;
+    hash ^= hash >> 32;
+  }
+  return static_cast<uint32_t>(hash ^ (hash >> 29));
 }
 
 template <typename... Args>
@@ -261,9 +264,11 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
   const Signature mine = make_signature(op, fields, false, sequence_);
   const size_t carried = kInBandBytes / static_cast<size_t>(size());
   std::vector<size_t> scratch_offset(size() + 1, 0);
+  bool all_carried = true;
   for (int r = 0; r < size(); ++r) {
     const size_t bytes = recv_span(r).bytes();
     scratch_offset[r + 1] = scratch_offset[r] + (bytes <= carried ? bytes : 0);
+    all_carried &= bytes <= carried && send_span(r).bytes() <= carried;
   }
   in_band_scratch_.resize(std::max<size_t>(in_band_scratch_.size(), scratch_offset[size()]));
   char* scratch = in_band_scratch_.data();
@@ -290,6 +295,7 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
       for (size_t b = 0; b < span.num_blocks; ++b, from += span.block_bytes)
         device_->copy(static_cast<char*>(span.data) + b * span.stride_bytes, from, span.block_bytes);
     }
+    if (all_carried) return;
     exchange(
         transport, world,
         [&](int r) {

@@ -305,7 +305,8 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
                                                const std::function<Span(int)>& recv_span) {
   const int tag = kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
   group_start();
-  std::vector<size_t> expected(size_);
+  std::vector<size_t>& expected = signed_expected_;
+  expected.assign(size_, 0);
   std::vector<int> mismatched;
   // This rank's own message is a copy, as in group_end: its label is this
   // rank's by definition.
@@ -330,8 +331,10 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
     throw;
   }
   const char* what = "argument check with the first exchange";
-  std::vector<int> indices(requests_.size());
-  std::vector<MPI_Status> statuses(requests_.size());
+  std::vector<int>& indices = signed_indices_;
+  std::vector<MPI_Status>& statuses = signed_statuses_;
+  indices.resize(requests_.size());
+  statuses.resize(requests_.size());
   size_t open = requests_.size();
   PollPacer pacer(timeout_s_);
   while (open > 0) {

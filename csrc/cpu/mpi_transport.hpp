@@ -79,6 +79,10 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Request> requests_;  // the current point-to-point group
   std::vector<Pending> pending_;
   std::vector<Span> own_sends_, own_recvs_;  // the group's messages to this rank, copied at group_end
+  // signed_exchange's per-call tables, kept to spare allocations.
+  std::vector<size_t> signed_expected_;
+  std::vector<int> signed_indices_;
+  std::vector<MPI_Status> signed_statuses_;
 };
 
 }  // namespace a2a
