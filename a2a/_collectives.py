@@ -257,12 +257,13 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
         ):
             code = NUMPY_CODES[x.dtype]
             native = _C.VPlan(comm._native, counts, math.prod(x.shape[1:]), code, ALGORITHMS[algo])
-            recv_counts = np.array(native.recv_counts, dtype=np.int64)
-            rows_out = int(recv_counts.sum())
-            result = native.execute_numpy(x, out, x.shape[0], rows_out, code, comm._workspace)
+            # Plain Python between the two exchanges: NumPy calls there cost
+            # tens of microseconds at 1 MiB (docs/benchmarks.md).
+            recv_counts = native.recv_counts
+            result = native.execute_numpy(x, out, x.shape[0], sum(recv_counts), code, comm._workspace)
             if result is None:  # e.g. out= of another shape: the general path reports it
                 result = VPlan(comm, native, view(x, "input"), counts, algo).run(x, out=out)
-            return result, recv_counts
+            return result, np.array(recv_counts, dtype=np.int64)
     plan = _plan_v("all_to_all_v", send_counts, x, comm, algo, require_rows=True)
     return plan.run(x, out=out), plan.recv_counts
 
