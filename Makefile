@@ -38,7 +38,7 @@ build: $(VENV)/.built
 bench: build
 	$(PY) -m a2a.bench $(BENCH_ARGS)
 
-test: test-unit test-mpi test-c test-gpu
+test: test-unit test-gpu test-mpi test-c
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
