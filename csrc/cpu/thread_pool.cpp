@@ -187,6 +187,12 @@ int default_num_threads() {
   return threads;
 }
 
+int threads_per_rank(int ranks_on_host) {
+  if (const char* text = std::getenv("A2A_NUM_THREADS"); text != nullptr && *text != '\0') return default_num_threads();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_host));
+}
+
 int slice_count(int64_t n, int64_t grain, int num_threads) {
   if (num_threads <= 0) num_threads = default_num_threads();
   if (n <= 0) return 0;

@@ -11,6 +11,9 @@ namespace a2a::cpu {
 
 // Threads to use when the caller asks for 0: A2A_NUM_THREADS, else every core.
 int default_num_threads();
+// Threads for one of `ranks_on_host` processes sharing this host's cores:
+// A2A_NUM_THREADS when set, else max(1, cores / ranks_on_host).
+int threads_per_rank(int ranks_on_host);
 
 // Runs body(begin, end) over contiguous slices of [0, n) on up to
 // `num_threads` threads, each slice at least `grain` long (so small jobs stay

@@ -9,6 +9,7 @@
 #include "core/staging.hpp"
 #include "cpu/cpu_device.hpp"
 #include "cpu/mpi_transport.hpp"
+#include "cpu/thread_pool.hpp"
 #include "setup/agree_topology.hpp"
 #include "setup/backends.hpp"
 #include "setup/mpi_calls.hpp"
@@ -82,8 +83,6 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   std::unique_ptr<Device> device;
   if (cuda)
     device = settings.read([&] { return make_cuda_device(config.cuda_device); }, std::unique_ptr<Device>());
-  else
-    device = std::make_unique<CpuDevice>();
 
   auto mpi = std::make_unique<MpiTransport>(duplicate(parent, timeout_s), timeout_s, max_count);
   const MPI_Comm dup = mpi->mpi_comm();
@@ -93,6 +92,9 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   // Detection runs on every rank (it is collective) even where local_size is given.
   LocalSizeProposal proposal;
   proposal.local_size = detect_local_size(dup, timeout_s, &proposal.irregular_reason);
+  // The host's cores shared among the ranks on it (measured in
+  // docs/benchmarks.md: more copy threads than cores only slowed copies).
+  if (!cuda) device = std::make_unique<CpuDevice>(cpu::threads_per_rank(proposal.local_size));
   proposal.source = "local_size= / A2A_LOCAL_SIZE";
   const int given = config.local_size > 0 ? config.local_size : static_cast<int>(env_local > 0 ? env_local : 0);
   if (given > 0) {

@@ -1,6 +1,7 @@
 // The CPU kernels' thread pool (csrc/cpu/thread_pool.cpp), built from its
 // source by tests/unit/test_thread_pool.py. Each check runs under a watchdog:
 // a deadlock prints which check hung and exits 2 instead of hanging.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -109,6 +110,14 @@ int main() {
     for (int round = 0; round < 50; ++round)
       parallel_for(64, 1, 3, [&](int64_t begin, int64_t end) { sum.fetch_add(end - begin); });
     expect(sum.load() == 50 * 64, "sequential jobs after concurrent ones");
+  });
+
+  within("threads per rank share the cores", 5, [] {
+    // Run without A2A_NUM_THREADS (tests/unit/test_thread_pool.py clears it).
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    expect(a2a::cpu::threads_per_rank(1) == cores, "one rank on the host gets every core");
+    expect(a2a::cpu::threads_per_rank(cores * 4) == 1, "more ranks than cores get one thread each");
+    expect(a2a::cpu::threads_per_rank(0) == cores, "an unknown rank count counts as one");
   });
 
   std::printf("%s\n", failures == 0 ? "all passed" : "FAILED");
