@@ -247,7 +247,10 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
         # Latency matters here (a plan per call): well-formed NumPy input
         # skips the general checks, which would find nothing to report; the
         # core checks the counts and agrees on the rest.
-        counts = _counts_list(send_counts)
+        try:
+            counts = _counts_list(send_counts)
+        except Exception:  # e.g. ragged counts: the general path reports them to every rank
+            counts = None
         if (
             counts is not None
             and len(counts) == comm.size
@@ -303,7 +306,13 @@ class VPlan:
         j+1's. ``x`` has ``sum(send_counts)`` rows and the planned row shape
         and dtype; ``out=`` takes the result's place."""
         comm = self.comm
-        if type(x) is np.ndarray and (out is None or type(out) is np.ndarray) and x.shape[1:] == self.row_shape:
+        if (
+            self._framework == "numpy"
+            and comm.cuda_device is None
+            and type(x) is np.ndarray
+            and (out is None or type(out) is np.ndarray)
+            and x.shape[1:] == self.row_shape
+        ):
             result = self._native.execute_numpy(
                 x, out, self._rows_in, self._rows_out, self._dtype_code, comm._workspace
             )

@@ -153,15 +153,19 @@ bool pieces_fit(const FlexLayout& layout) {
   return piece >= kMinPieceBytes && layout.chunk_bytes() / piece <= kMaxPiecesPerPeer;
 }
 
-// A2A_FLEX_PATH, read once: -1 when unset.
+constexpr int kAutoPath = -1, kBadPathSetting = -2;
+
+// A2A_FLEX_PATH, read once: a FlexPath, kAutoPath when unset, kBadPathSetting
+// for anything else (flex_path_setting_error reports it, through the
+// argument check, so that every rank hears of it).
 int flex_path_override() {
   static const int path = [] {
     const char* text = std::getenv("A2A_FLEX_PATH");
     const std::string value = text == nullptr ? "" : text;
-    if (value.empty() || value == "auto") return -1;
-    for (int p = 0; p <= static_cast<int>(FlexPath::kPacked); ++p)
+    if (value.empty() || value == "auto") return kAutoPath;
+    for (int p = static_cast<int>(FlexPath::kDatatypes); p <= static_cast<int>(FlexPath::kPacked); ++p)
       if (value == flex_path_name(static_cast<FlexPath>(p))) return p;
-    fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_FLEX_PATH='", value, "': expected auto, datatypes, pieces or packed");
+    return kBadPathSetting;
   }();
   return path;
 }
@@ -176,6 +180,11 @@ const char* flex_path_name(FlexPath path) {
     case FlexPath::kPacked: return "packed";
   }
   return "unknown";
+}
+
+std::string flex_path_setting_error() {
+  if (flex_path_override() != kBadPathSetting) return "";
+  return cat("A2A_FLEX_PATH='", std::getenv("A2A_FLEX_PATH"), "' is not auto, datatypes, pieces or packed");
 }
 
 FlexPath choose_flex_path(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "a2a/a2a.h"
@@ -82,6 +83,9 @@ const char* flex_path_name(FlexPath path);
 // The same on every rank for the same (agreed) arguments. A2A_FLEX_PATH
 // (datatypes, pieces or packed) overrides the choice where that path applies.
 FlexPath choose_flex_path(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo);
+// Why A2A_FLEX_PATH cannot be used (an unknown value; choose_flex_path then
+// ignores it), or "".
+std::string flex_path_setting_error();
 
 size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo);
 void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout& layout, a2a_algo_t algo,

@@ -244,6 +244,7 @@ size_t all_to_all_flex_workspace_size(const Comm& comm, const int64_t* shape, in
                                       int concat_axis, a2a_dtype_t dtype, a2a_algo_t algo) {
   Checker check(comm, "all_to_all_flex_workspace_size");
   check.dtype_and_algo(dtype, algo);
+  check.require(flex_path_setting_error().empty(), flex_path_setting_error());
   FlexLayout layout = flex_layout(check, comm.size(), shape, ndim, split_axis, concat_axis, dtype);
   if (!check.error().empty()) fail(A2A_ERROR_INVALID_ARGUMENT, check.error());
   return all_to_all_flex_workspace(comm, layout, algo);
@@ -255,15 +256,20 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
   const char* op = "all_to_all_flex";
   Checker check(comm, op);
   check.dtype_and_algo(dtype, algo);
+  check.require(flex_path_setting_error().empty(), flex_path_setting_error());
   FlexLayout layout = flex_layout(check, comm.size(), shape, ndim, split_axis, concat_axis, dtype);
+  std::vector<Field> fields = flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis);
   if (check.error().empty()) {
     const size_t total = layout.chunk_bytes() * comm.size();
     check.buffers(send, recv, total, total);
     check.workspace(workspace, workspace_bytes, all_to_all_flex_workspace(comm, layout, algo));
+    const FlexPath path = choose_flex_path(comm, layout, algo);
+    log_choice(comm, op, algo, cat("path ", flex_path_name(path)));
+    // Pieces send several messages per peer, every other path one (datatypes
+    // and packed interoperate): ranks must agree on which (A2A_FLEX_PATH).
+    fields.push_back({"pieces path", path == FlexPath::kPieces ? 1 : 0});
   }
-  if (check.error().empty())
-    log_choice(comm, op, algo, cat("path ", flex_path_name(choose_flex_path(comm, layout, algo))));
-  agree_and_run(comm, op, algo, flex_fields(dtype, algo, shape, ndim, split_axis, concat_axis), check.error(),
+  agree_and_run(comm, op, algo, std::move(fields), check.error(),
                 [&](const InBandCheck* in_band) { all_to_all_flex(comm, send, recv, layout, algo, workspace, in_band); });
 }
 

@@ -143,7 +143,8 @@ MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count)
   // Open MPI and MPICH, where a signature keeps almost all of its 32 bits).
   int* tag_ub = nullptr;
   int found = 0;
-  if (MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found) == MPI_SUCCESS && found && tag_ub != nullptr)
+  // The standard attaches it to MPI_COMM_WORLD; a duplicate may not carry it.
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found) == MPI_SUCCESS && found && tag_ub != nullptr)
     tag_ub_ = *tag_ub;
 }
 
@@ -335,9 +336,8 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
   std::vector<MPI_Status>& statuses = signed_statuses_;
   indices.resize(requests_.size());
   statuses.resize(requests_.size());
-  size_t open = requests_.size();
   PollPacer pacer(timeout_s_);
-  while (open > 0) {
+  for (;;) {
     int completed = 0;
     const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
                                 statuses.data());
@@ -345,9 +345,13 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
       abandon(requests_, pending_);
       fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": MPI_Testsome failed: ", mpi_error_text(rc));
     }
-    if (completed == MPI_UNDEFINED) break;
+    if (completed == MPI_UNDEFINED) break;  // every request is MPI_REQUEST_NULL
     for (int k = 0; k < completed; ++k) {
       const size_t i = static_cast<size_t>(indices[k]);
+      // A request that completed with an error (a truncated receive) is
+      // left allocated by some MPIs (Open MPI), and reported again by every
+      // later MPI_Testsome: free it now.
+      if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
       const MPI_Status& status = statuses[k];
       const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
       int error_class = MPI_SUCCESS;
@@ -366,7 +370,6 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
           mismatched.push_back(pending_[i].peer);
       }
     }
-    open -= static_cast<size_t>(completed);
     if (completed == 0 && !pacer.keep_waiting()) fail_timeout(requests_, pending_, what);
   }
   requests_.clear();

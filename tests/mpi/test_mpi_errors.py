@@ -532,3 +532,12 @@ def test_rejected_call_leaves_out_untouched_at_any_size(comm, two, op, rows_per_
     if comm.rank != bad:
         assert "no data was exchanged" in message
         assert np.all(out == -7.0), f"rank {comm.rank}: out= was written by a call that failed with '{message}'"
+
+
+def test_ragged_counts_on_one_rank_reach_every_rank(comm, two):
+    """The NumPy fast path of all_to_all_v must not raise locally on counts it
+    cannot read: the general path reports them to every rank."""
+    bad = bad_rank(comm)
+    x = np.zeros(comm.size, np.float32)
+    counts = [1, [2, 3]] + [1] * (comm.size - 2) if comm.rank == bad else [1] * comm.size
+    bad_rank_then_still_works(comm, bad, "all_to_all_v", lambda: a2a.all_to_all_v(x, counts, comm=comm), "ValueError")
