@@ -249,7 +249,7 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
         # core checks the counts and agrees on the rest.
         try:
             counts = _counts_list(send_counts)
-        except Exception:  # e.g. ragged counts: the general path reports them to every rank
+        except (TypeError, ValueError, OverflowError):  # e.g. ragged counts: the general path reports them
             counts = None
         if (
             counts is not None
