@@ -33,22 +33,8 @@ void world_exchange(Comm& comm, const InBandCheck* check, const std::function<Sp
 
 void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span) {
-  transport.group_start();
-  try {
-    // Receives first, so that arriving messages find a posted buffer.
-    for (int step = 0; step < group.count; ++step) {
-      const int from = (group.me - step + group.count) % group.count;
-      transport.recv(recv_span(from), group.member(from));
-    }
-    for (int step = 0; step < group.count; ++step) {
-      const int to = (group.me + step) % group.count;
-      transport.send(send_span(to), group.member(to));
-    }
-  } catch (...) {
-    transport.cancel_group();
-    throw;
-  }
-  transport.group_end();
+  exchange_pieces(
+      transport, group, 1, [&](int i, size_t) { return send_span(i); }, [&](int j, size_t) { return recv_span(j); });
 }
 
 void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces,
@@ -57,7 +43,8 @@ void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces
   if (pieces == 0) return;
   transport.group_start();
   try {
-    // Per peer, pieces in order on both sides: the transport matches the
+    // Receives first, so that arriving messages find a posted buffer. Per
+    // peer, pieces in order on both sides: the transport matches the
     // messages of one pair in the order they were posted.
     for (int step = 0; step < group.count; ++step) {
       const int from = (group.me - step + group.count) % group.count;

@@ -272,15 +272,15 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
   }
   in_band_scratch_.resize(std::max<size_t>(in_band_scratch_.size(), scratch_offset[size()]));
   char* scratch = in_band_scratch_.data();
+  // A message in the round it belongs to, an empty one in the other.
   const Span nothing = Span::contiguous(nullptr, 0);
+  auto in_round = [&](const Span& span, bool first_round) {
+    return (span.bytes() <= carried) == first_round ? span : nothing;
+  };
   std::vector<int> mismatched;
   run(op, [&] {
     mismatched = transport.signed_exchange(
-        digest(mine, Form::kData),
-        [&](int r) {
-          const Span span = send_span(r);
-          return span.bytes() <= carried ? span : nothing;
-        },
+        digest(mine, Form::kData), [&](int r) { return in_round(send_span(r), true); },
         [&](int r) {
           const size_t bytes = scratch_offset[r + 1] - scratch_offset[r];
           return bytes != 0 ? Span::contiguous(scratch + scratch_offset[r], bytes) : nothing;
@@ -297,15 +297,8 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
     }
     if (all_carried) return;
     exchange(
-        transport, world,
-        [&](int r) {
-          const Span span = send_span(r);
-          return span.bytes() > carried ? span : nothing;
-        },
-        [&](int r) {
-          const Span span = recv_span(r);
-          return span.bytes() > carried ? span : nothing;
-        });
+        transport, world, [&](int r) { return in_round(send_span(r), false); },
+        [&](int r) { return in_round(recv_span(r), false); });
   });
 }
 
