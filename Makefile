@@ -11,7 +11,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 # The editable install maps every module of a2a/ to its file: a module added,
 # moved or removed needs a reinstall, an edit does not.
-PY_MODULES := $(sort $(shell find a2a -name '*.py'))
+PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
 .PHONY: all build bench test test-unit test-mpi test-c test-gpu lint clean FORCE
 

@@ -28,10 +28,11 @@ class _GatedKernel(torch.autograd.Function):
     holds which."""
 
     @staticmethod
-    def forward(ctx, data, gates, routing, op, dispatching, what):
+    def forward(ctx, data, gates, routing, op, dispatching, what, out_box=(None,)):
+        # out= travels in a tuple: as a tensor argument autograd would take it for an input.
         ctx.routing, ctx.op, ctx.dispatching = routing, op, dispatching
         ctx.save_for_backward(data, gates)
-        return (dispatch if dispatching else combine)(data, routing, gates, op, what=what)
+        return (dispatch if dispatching else combine)(data, routing, gates, op, out_box[0], what=what)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -45,13 +46,21 @@ class _GatedKernel(torch.autograd.Function):
         if gates is not None and ctx.needs_input_grad[1]:
             tokens, rows = (data, grad_out) if ctx.dispatching else (grad_out, data)
             grad_gates = gate_grad(tokens, rows, routing, str(gates.dtype).removeprefix("torch."), op)
-        return grad_data, grad_gates, None, None, None, None
+        return grad_data, grad_gates, None, None, None, None, None
 
 
-def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, M) -> dispatched (E, C, M); see a2a.fast_encode."""
+def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None, *,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (T, M) -> dispatched (E, C, M); see a2a.fast_encode.
+
+    ``out=`` (a buffer that does not require grad, as for a2a.fast_encode)
+    receives the result, which still records autograd: the backward reads
+    ``x`` and ``gates``, never the output, so reusing the buffer after this
+    call cannot change the gradients."""
     routing = require_padded(routing, "fast_encode")
-    rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x")
+    if out is not None and out.requires_grad:
+        raise InvalidArgumentError("fast_encode: out= must not require grad")
+    rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x", (out,))
     return rows.view(routing.num_experts, routing.capacity, rows.shape[1])
 
 

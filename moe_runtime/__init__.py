@@ -1,0 +1,49 @@
+"""moe_runtime: the PyTorch Mixture-of-Experts layer over a2a.
+
+>>> import a2a, moe_runtime
+>>> comm = a2a.Comm.from_mpi()
+>>> layer = moe_runtime.MoELayer({"type": "top", "k": 2}, 1024,
+...     {"type": "ffn", "num_experts_per_device": 2, "hidden_size_per_expert": 4096},
+...     comm=comm, seeds=(1, 2), parallel_type="adaptive:auto")
+>>> y = layer(x); loss = y.sum() + y.l_aux
+
+Tutel's interface (a Tutel user changes the import), with switchable
+parallelism r, pipelining degree d and the dictionary that picks (r, d,
+algorithm) per capacity (Tutel Section 3). Pure Python over a2a's public
+API; torch is required here, never by a2a. docs/runtime.md shows the data
+layout at every step.
+
+- :class:`MoELayer`, :func:`sync_shared_gradients` (layer.py)
+- :class:`AdaptiveDictionary` and its :class:`Config` (tuner.py)
+- :func:`moe_reference`, the float64 single-process oracle (reference.py)
+- gates and losses (gates.py, losses.py), capacity rules (capacity.py),
+  expert parameters (experts.py), the flows (flows.py), pipelining
+  (pipeline.py), reused buffers (buffers.py); ``python -m moe_runtime.bench``.
+"""
+
+from __future__ import annotations
+
+from .capacity import buffer_capacity, local_capacity, rule_capacity
+from .flows import Plan
+from .gates import CosineTopKGate, LinearTopKGate
+from .layer import MoELayer, sync_shared_gradients
+from .losses import gshard_loss, load_importance_loss, z_loss
+from .reference import moe_reference
+from .tuner import AdaptiveDictionary, Config
+
+__all__ = [
+    "AdaptiveDictionary",
+    "Config",
+    "CosineTopKGate",
+    "LinearTopKGate",
+    "MoELayer",
+    "Plan",
+    "buffer_capacity",
+    "gshard_loss",
+    "load_importance_loss",
+    "local_capacity",
+    "moe_reference",
+    "rule_capacity",
+    "sync_shared_gradients",
+    "z_loss",
+]

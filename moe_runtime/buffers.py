@@ -1,0 +1,62 @@
+"""Reused buffers: the big per-step tensors of a layer are allocated once.
+
+On a CPU a fresh (E, C, M) buffer costs more than the kernel that fills it
+(page faults on memory the allocator just took from the kernel: encode at
+T=16384, M=4096 spends 223 ms allocating against 23 ms into a reused
+buffer). A :class:`BufferPool` keeps sets of named flat buffers; a call
+takes a :class:`Lease` on one set, views its buffers with the shapes of the
+call (a buffer grows when a shape outgrows it), and gives the set back when
+the lease dies, which for a training step is when autograd frees the step's
+graph. A step whose predecessor's graph is still alive (the caller still
+holds its loss) gets a second set, so a training loop settles on two sets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["BufferPool", "Lease"]
+
+
+class BufferPool:
+    """Free sets of named buffers; :meth:`lease` hands one out."""
+
+    def __init__(self) -> None:
+        self._free: list[dict[str, torch.Tensor]] = []
+        self.sets_created = 0  # how many sets were ever made (tests, benchmarks)
+
+    def lease(self) -> Lease:
+        if self._free:
+            return Lease(self, self._free.pop())
+        self.sets_created += 1
+        return Lease(self, {})
+
+    def _give_back(self, buffers: dict[str, torch.Tensor]) -> None:
+        self._free.append(buffers)
+
+    def clear(self) -> None:
+        """Drops the free sets (leases still held keep theirs)."""
+        self._free.clear()
+
+
+class Lease:
+    """One set of buffers for one call; returned to the pool when deleted."""
+
+    def __init__(self, pool: BufferPool, buffers: dict[str, torch.Tensor]):
+        self._pool, self._buffers = pool, buffers
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous tensor of `shape` over buffer `name` (contents undefined)."""
+        count = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < count or buffer.dtype != dtype or buffer.device != device:
+            buffer = torch.empty(count, dtype=dtype, device=device)
+            self._buffers[name] = buffer
+        return buffer[:count].view(shape)
+
+    def __del__(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool._give_back(self._buffers)

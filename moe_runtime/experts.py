@@ -1,0 +1,189 @@
+"""Expert parameters in one layout for every r: what makes switching r free.
+
+Tutel's FFN experts (``experts={"type": "ffn", ...}``): expert e computes
+``act(x @ fc1_w[e]^T + fc1_bias[e]) @ fc2_w[e] + fc2_bias[e]`` with fc1_w and
+fc2_w of shape (H, M).
+
+W ranks, E experts, ``num_experts_per_device`` n:
+
+- n > 0: E = n * W; rank i holds experts [i*n, (i+1)*n) whole (s = 1);
+- n = -s < 0: E = W / s; the s consecutive ranks i = e*s + j share expert e,
+  rank i holding hidden units [j*H/s, (j+1)*H/s) of fc1_w, fc2_w, fc1_bias,
+  and columns [j*Ms, (j+1)*Ms) of fc2_bias (Ms = ceil(M/s), zero-padded).
+
+Stored per rank (Tutel's names)::
+
+    batched_fc1_w     (n_l, H/s, M)      n_l = n, or 1 when shared
+    batched_fc2_w     (n_l, H/s, M)
+    batched_fc1_bias  (n_l, H/s)         if has_fc1_bias
+    batched_fc2_bias  (n_l, Ms)          if has_fc2_bias (Ms = M when s = 1)
+
+Each flow gathers what it needs from this layout by an all-gather whose
+backward is a reduce-scatter (so gradients land on the shards): r = 0 the
+whole (E, H, M) from every rank; r >= 1 with group size g = s / r > 1 the
+group's H/r slice; nothing for g = 1. The fc2 bias is always gathered whole,
+(E, M), and added where the expert's rows come back (it is tiny).
+
+Every expert is initialized from its own generator, seeded by
+(expert_seed, e), as nn.Linear would (uniform in +-1/sqrt(fan_in)), so the
+model is the same whatever W and s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import a2a
+import a2a.torch as a2a_torch
+
+__all__ = ["FFNExperts", "expert_layout"]
+
+_EXPERT_KEYS = {"type", "num_experts_per_device", "count_per_node", "hidden_size_per_expert", "activation_fn",
+                "has_fc1_bias", "has_fc2_bias"}
+EXPERT_TAG = "_moe_expert"  # set on expert parameters: their gradients are not all-reduced
+
+
+def expert_layout(spec: dict[str, Any], world_size: int) -> tuple[int, int, int]:
+    """(E, s, n_l) of an experts dictionary on `world_size` ranks."""
+    n = spec.get("num_experts_per_device", spec.get("count_per_node", 1))
+    if not isinstance(n, int) or isinstance(n, bool) or n == 0:
+        raise ValueError(f"experts: num_experts_per_device must be a non-zero integer, got {n!r}")
+    if n > 0:
+        return n * world_size, 1, n
+    share = -n
+    if world_size % share != 0:
+        raise ValueError(
+            f"experts: num_experts_per_device={n} means {share} ranks share each expert, but the world size "
+            f"{world_size} is not a multiple of {share}"
+        )
+    return world_size // share, share, 1
+
+
+class FFNExperts(torch.nn.Module):
+    """This rank's shards of the experts (see the module docstring)."""
+
+    def __init__(self, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int):
+        super().__init__()
+        if not isinstance(spec, dict):
+            raise TypeError(f"experts must be a dict such as {{'type': 'ffn', ...}}, got {type(spec).__name__}")
+        unknown = set(spec) - _EXPERT_KEYS
+        if unknown:
+            raise ValueError(f"experts: unknown keys {sorted(unknown)}; known: {sorted(_EXPERT_KEYS)}")
+        if spec.get("type", "ffn") != "ffn":
+            raise ValueError(f"experts: only type 'ffn' is supported, got {spec.get('type')!r}")
+        hidden = spec.get("hidden_size_per_expert")
+        if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0:
+            raise ValueError(f"experts: hidden_size_per_expert must be a positive integer, got {hidden!r}")
+        self.num_experts, self.sharers, self.num_local = expert_layout(spec, comm.size)
+        if hidden % self.sharers != 0:
+            raise ValueError(
+                f"experts: hidden_size_per_expert={hidden} must be a multiple of the {self.sharers} ranks "
+                "that share an expert"
+            )
+        self.model_dim, self.hidden_size = model_dim, hidden
+        self.activation_fn: Callable[[torch.Tensor], torch.Tensor] = spec.get("activation_fn") or F.relu
+        self.rank, self.world_size = comm.rank, comm.size
+        shard = hidden // self.sharers
+        self.bias_shard = -(-model_dim // self.sharers)
+        self.batched_fc1_w = torch.nn.Parameter(torch.empty(self.num_local, shard, model_dim))
+        self.batched_fc2_w = torch.nn.Parameter(torch.empty(self.num_local, shard, model_dim))
+        self.batched_fc1_bias = (
+            torch.nn.Parameter(torch.empty(self.num_local, shard)) if spec.get("has_fc1_bias", True) else None
+        )
+        self.batched_fc2_bias = (
+            torch.nn.Parameter(torch.empty(self.num_local, self.bias_shard)) if spec.get("has_fc2_bias", True) else None
+        )
+        for parameter in self.parameters():
+            setattr(parameter, EXPERT_TAG, True)
+        self.reset_parameters(expert_seed)
+
+    @property
+    def first_expert(self) -> int:
+        """The (first) expert this rank holds."""
+        return self.rank // self.sharers if self.sharers > 1 else self.rank * self.num_local
+
+    @property
+    def shard_index(self) -> int:
+        """j: which 1/s of the hidden units this rank holds (0 when s = 1)."""
+        return self.rank % self.sharers
+
+    def reset_parameters(self, expert_seed: int) -> None:
+        """Draws every local expert whole from its own generator and keeps this rank's shard."""
+        m, h, s, j = self.model_dim, self.hidden_size, self.sharers, self.shard_index
+        rows = slice(j * h // s, (j + 1) * h // s)
+        cols = slice(j * self.bias_shard, min((j + 1) * self.bias_shard, m))
+        with torch.no_grad():
+            for local in range(self.num_local):
+                generator = torch.Generator().manual_seed(expert_seed * 1_000_003 + self.first_expert + local)
+                fc1 = _uniform((h, m), 1.0 / math.sqrt(m), generator)
+                fc2 = _uniform((h, m), 1.0 / math.sqrt(h), generator)
+                fc1_bias = _uniform((h,), 1.0 / math.sqrt(m), generator)
+                fc2_bias = _uniform((m,), 1.0 / math.sqrt(h), generator)
+                self.batched_fc1_w[local].copy_(fc1[rows])
+                self.batched_fc2_w[local].copy_(fc2[rows])
+                if self.batched_fc1_bias is not None:
+                    self.batched_fc1_bias[local].copy_(fc1_bias[rows])
+                if self.batched_fc2_bias is not None:
+                    self.batched_fc2_bias[local].zero_()
+                    self.batched_fc2_bias[local, : cols.stop - cols.start].copy_(fc2_bias[cols])
+
+    def gathered(self, comm: a2a.Comm | None, shards: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(fc1_w, fc1_bias, fc2_w) of the experts a flow computes here,
+        gathered over `comm` (None: this rank's shard alone): the world for
+        r = 0, (E, H, M); a group of g ranks sharing an expert, (1, g*H/s, M).
+        `shards` replaces the parameters (by name) with same-shaped tensors."""
+        shards = shards or {}
+        fc1 = shards.get("batched_fc1_w", self.batched_fc1_w)
+        fc1_bias = shards.get("batched_fc1_bias", self.batched_fc1_bias)
+        fc2 = shards.get("batched_fc2_w", self.batched_fc2_w)
+        if comm is None or comm.size == 1:
+            return fc1, fc1_bias, fc2
+        experts = max(self.num_local * comm.size // self.sharers, 1)
+
+        def gather(p: torch.Tensor) -> torch.Tensor:
+            whole = a2a_torch.all_gather(p, comm=comm)
+            return whole.reshape(experts, -1, *p.shape[2:])
+
+        return gather(fc1), None if fc1_bias is None else gather(fc1_bias), gather(fc2)
+
+    def fc2_bias(self, comm: a2a.Comm, shard: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The whole fc2 bias, (E, M), gathered from every rank (from `shard`
+        in place of the parameter when given)."""
+        bias = self.batched_fc2_bias if shard is None else shard
+        if bias is None:
+            return None
+        whole = bias if comm.size == 1 else a2a_torch.all_gather(bias, comm=comm)
+        return whole.reshape(self.num_experts, -1)[:, : self.model_dim]
+
+    def gather_experts(self, comm: a2a.Comm, *, grad: bool = False) -> dict[str, torch.Tensor]:
+        """Every expert whole, on every rank (no autograd); their gradients
+        with grad=True (zeros where a parameter has none)."""
+        shards = {}
+        if grad:
+            shards = {name: p.grad if p.grad is not None else torch.zeros_like(p)
+                      for name, p in self.named_parameters()}
+        with torch.no_grad():
+            fc1, fc1_bias, fc2 = self.gathered(comm, shards)
+            full = {"batched_fc1_w": fc1, "batched_fc2_w": fc2}
+            if fc1_bias is not None:
+                full["batched_fc1_bias"] = fc1_bias
+            fc2_bias = self.fc2_bias(comm, shards.get("batched_fc2_bias"))
+            if fc2_bias is not None:
+                full["batched_fc2_bias"] = fc2_bias
+        return {name: tensor.contiguous().clone() for name, tensor in full.items()}
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, sharers={self.sharers}, local={self.num_local}, "
+            f"model_dim={self.model_dim}, hidden_size={self.hidden_size}"
+        )
+
+
+def _uniform(shape: tuple[int, ...], bound: float, generator: torch.Generator) -> torch.Tensor:
+    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0) * bound

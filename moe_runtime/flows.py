@@ -1,0 +1,254 @@
+"""The parallel flows between the dispatch buffer and the combine buffer.
+
+Input: the dispatch buffer (d, E, Cd, M) of this rank's tokens, chunk-major
+(chunk i holds capacity rows [i*Cd, (i+1)*Cd) of every expert, contiguous).
+Output: the combine buffer of the same shape, every row the expert's output
+for the row's token, plus the fc2 bias. docs/runtime.md draws each step.
+
+r = 0 (DP, Tutel Figure 6): the experts were all-gathered whole; every expert
+runs on the local rows. No exchange (d is 1).
+
+r >= 1 (EP+DP+MP, Tutel Figure 7), s = ranks per expert (1 when E >= W),
+g = s / r ranks per group (they share a gathered H/r slice), per chunk::
+
+    (E, Cd, M) --repeat r--> (E, r, Cd, M) = (X, Cd/g, M)       X = E*r*g blocks
+        block e*r*g + q*g + m: rows [m*Cd/g, (m+1)*Cd/g) of expert e, for the
+        ranks of group q of expert e (rank e*s + q*g + m); X = W when s > 1
+    --all_to_all_flex(split 0, concat 1)--> (n_l, W*Cd/g, M)     expert's rows
+    --FFN over the H/r slice-->              (n_l, W*Cd/g, M)     partial sums
+    --all_to_all_flex(split 1, concat 0)--> (E, r, Cd, M) --sum over r--> (E, Cd, M)
+
+r = 1, s = 1 is plain expert parallelism: no repeat, no gather, no sum.
+
+The whole segment is one autograd Function whose backward runs the adjoint
+flow in the same chunks (repeat <-> sum, each exchange <-> its reverse), so
+forward and backward both overlap, and its buffers come from the layer's
+pool (no per-step allocation of the big tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import a2a
+
+from .buffers import Lease
+from .pipeline import Overlap
+
+__all__ = ["Plan", "Segment", "chunk_major", "run_segment"]
+
+_RELU = (F.relu, torch.relu)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call runs: parallelism r, pipelining degree d, algorithm, and
+    the capacities (``capacity``: what routing used, agreed across ranks;
+    ``buffer_capacity``: rows per expert in the buffers, a multiple of d*g)."""
+
+    r: int
+    d: int
+    algo: str
+    capacity: int
+    buffer_capacity: int
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a segment."""
+
+    experts: int  # E
+    model_dim: int  # M
+    local_experts: int  # n_l: experts this rank computes
+    hidden: int  # Hl: hidden units this rank computes per expert
+    repeat: int  # r (1 for r = 0)
+    group: int  # g
+    chunks: int  # d
+    chunk_rows: int  # Cd
+    world: int  # W
+
+    @property
+    def blocks(self) -> int:
+        """X = E*r*g send blocks per chunk."""
+        return self.experts * self.repeat * self.group
+
+    @property
+    def rows(self) -> int:
+        """Rows each local expert computes per chunk."""
+        if self.world == 0:  # r = 0: the local capacity
+            return self.chunk_rows
+        return self.world * self.chunk_rows // self.group
+
+
+def chunk_major(routing: a2a.Routing, indices: torch.Tensor, num_experts: int, chunks: int, chunk_rows: int,
+                scores: torch.Tensor | None) -> a2a.Routing:
+    """The same slots, laid out chunk-major: slot `loc` of expert e becomes
+    slot loc % Cd of virtual expert (loc // Cd) * E + e, so that chunk i is the
+    contiguous (E, Cd, M) block i of the buffer. Routing again in the same
+    token order (the same priority for Batch Prioritized Routing) keeps every
+    slot's position inside its chunk."""
+    locations = routing.locations
+    kept = (indices >= 0) & (locations < routing.capacity)
+    virtual = torch.where(kept, (locations // chunk_rows) * num_experts + indices, torch.full_like(indices, -1))
+    prioritized = scores is not None
+    return a2a.route(virtual.contiguous(), chunks * num_experts, capacity=chunk_rows, scores=scores,
+                     batch_prioritized=prioritized)
+
+
+class Segment:
+    """One call's exchange -> expert -> exchange, forward and backward."""
+
+    def __init__(self, shape: Shape, plan: Plan, comm: a2a.Comm | None, overlap: Overlap, lease: Lease,
+                 activation):
+        self.shape, self.plan, self.comm, self.overlap, self.lease = shape, plan, comm, overlap, lease
+        self.activation = activation
+        self.relu = activation in _RELU
+        self.inputs: list[torch.Tensor] = []  # expert input rows of every chunk (kept for the weight gradients)
+        self.hidden: list[torch.Tensor] = []  # relu(h) for relu, else the pre-activation
+
+    # The two exchanges of a chunk, written once: `forward` moves token rows
+    # to the experts (repeat, then exchange), `backward` brings them back
+    # (exchange, then sum over the r copies). The backward flow uses the same
+    # two, swapped.
+    def _to_experts(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        sh = self.shape
+        if sh.repeat > 1:
+            repeated = self.lease.get("repeat", (sh.experts, sh.repeat, sh.chunk_rows, sh.model_dim), rows.dtype,
+                                      rows.device)
+            repeated.copy_(rows.unsqueeze(1).expand_as(repeated))
+            rows = repeated
+        send = rows.view(sh.blocks, sh.chunk_rows // sh.group, sh.model_dim)
+        a2a.all_to_all_flex(send, comm=self.comm, split_axis=0, concat_axis=1, algo=self.plan.algo, out=out)
+
+    def _from_experts(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        sh = self.shape
+        if sh.repeat == 1:
+            a2a.all_to_all_flex(rows, comm=self.comm, split_axis=1, concat_axis=0, algo=self.plan.algo,
+                                out=out.view(sh.blocks, sh.chunk_rows // sh.group, sh.model_dim))
+            return
+        back = self.lease.get("back", (sh.experts, sh.repeat, sh.chunk_rows, sh.model_dim), rows.dtype, rows.device)
+        a2a.all_to_all_flex(rows, comm=self.comm, split_axis=1, concat_axis=0, algo=self.plan.algo,
+                            out=back.view(sh.blocks, sh.chunk_rows // sh.group, sh.model_dim))
+        torch.sum(back, dim=1, out=out)
+
+    def forward(self, dispatched: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+                fc2: torch.Tensor, fc2_bias: torch.Tensor | None) -> torch.Tensor:
+        sh, lease = self.shape, self.lease
+        dtype, device = dispatched.dtype, dispatched.device
+        chunks = dispatched.view(sh.chunks, sh.experts, sh.chunk_rows, sh.model_dim)
+        combined = lease.get("combine", chunks.shape, dtype, device)
+        exchanged = sh.world > 0
+        local = (sh.local_experts, sh.rows, sh.model_dim)
+        received = lease.get("received", (sh.chunks, *local), dtype, device) if exchanged else chunks
+        outputs = lease.get("expert_out", (sh.chunks, *local), dtype, device) if exchanged else combined
+        hidden = lease.get("hidden", (sh.chunks, sh.local_experts, sh.rows, sh.hidden), dtype, device)
+        self.inputs = [received[i] for i in range(sh.chunks)]
+        self.hidden = [hidden[i] for i in range(sh.chunks)]
+
+        def before(i: int) -> None:
+            if exchanged:
+                self._to_experts(chunks[i], received[i])
+
+        def compute(i: int) -> None:
+            self._ffn_forward(received[i], fc1, fc1_bias, fc2, hidden[i], outputs[i])
+
+        def after(i: int) -> None:
+            if exchanged:
+                self._from_experts(outputs[i], combined[i])
+            if fc2_bias is not None:
+                combined[i].add_(fc2_bias.unsqueeze(1))
+
+        self.overlap.run(sh.chunks, before, compute, after)
+        return combined.view(dispatched.shape)
+
+    def backward(self, grad_combined: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+                 fc2: torch.Tensor, with_fc2_bias: bool):
+        sh, lease = self.shape, self.lease
+        dtype, device = grad_combined.dtype, grad_combined.device
+        grads = grad_combined.view(sh.chunks, sh.experts, sh.chunk_rows, sh.model_dim)
+        exchanged = sh.world > 0
+        local = (sh.local_experts, sh.rows, sh.model_dim)
+        # The forward's expert outputs are dead: their buffer takes the output gradients.
+        grad_outputs = lease.get("expert_out", (sh.chunks, *local), dtype, device) if exchanged else grads
+        grad_dispatched = lease.get("grad_dispatch", grads.shape, dtype, device)
+        grad_fc1, grad_fc2 = torch.zeros_like(fc1), torch.zeros_like(fc2)
+        grad_fc1_bias = None if fc1_bias is None else torch.zeros_like(fc1_bias)
+        # Chunk i's input rows are dead once its weight gradient is summed: the
+        # input gradient takes their place.
+        grad_inputs = lease.get("received", (sh.chunks, *local), dtype, device) if exchanged else grad_dispatched
+
+        def before(i: int) -> None:
+            if exchanged:
+                self._to_experts(grads[i], grad_outputs[i])
+
+        def compute(i: int) -> None:
+            self._ffn_backward(i, grad_outputs[i], fc1, fc2, grad_fc1, grad_fc1_bias, grad_fc2, grad_inputs[i])
+
+        def after(i: int) -> None:
+            if exchanged:
+                self._from_experts(grad_inputs[i], grad_dispatched[i])
+
+        self.overlap.run(sh.chunks, before, compute, after)
+        grad_fc2_bias = grads.sum(dim=(0, 2)) if with_fc2_bias else None
+        self.inputs, self.hidden = [], []
+        return grad_dispatched.view(grad_combined.shape), grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias
+
+    def _ffn_forward(self, x, fc1, fc1_bias, fc2, hidden, out) -> None:
+        """out = act(x @ fc1^T + b1) @ fc2, per local expert; `hidden` keeps
+        relu's output, or the pre-activation of any other function."""
+        if fc1_bias is None:
+            torch.bmm(x, fc1.transpose(1, 2), out=hidden)
+        else:
+            torch.baddbmm(fc1_bias.unsqueeze(1), x, fc1.transpose(1, 2), out=hidden)
+        if self.relu:
+            hidden.relu_()
+            torch.bmm(hidden, fc2, out=out)
+        else:
+            torch.bmm(self.activation(hidden), fc2, out=out)
+
+    def _ffn_backward(self, i, grad_out, fc1, fc2, grad_fc1, grad_fc1_bias, grad_fc2, grad_x) -> None:
+        x, hidden = self.inputs[i], self.hidden[i]
+        sh = self.shape
+        grad_hidden = self.lease.get("grad_hidden", (sh.local_experts, sh.rows, sh.hidden), grad_out.dtype,
+                                     grad_out.device)
+        torch.bmm(grad_out, fc2.transpose(1, 2), out=grad_hidden)
+        if self.relu:
+            grad_fc2.baddbmm_(hidden.transpose(1, 2), grad_out)
+            grad_hidden.masked_fill_(hidden <= 0, 0)
+        else:
+            with torch.enable_grad():
+                pre = hidden.detach().requires_grad_(True)
+                activated = self.activation(pre)
+                (grad_pre,) = torch.autograd.grad(activated, pre, grad_hidden)
+            grad_fc2.baddbmm_(activated.detach().transpose(1, 2), grad_out)
+            grad_hidden.copy_(grad_pre)
+        grad_fc1.baddbmm_(grad_hidden.transpose(1, 2), x)
+        if grad_fc1_bias is not None:
+            grad_fc1_bias.add_(grad_hidden.sum(dim=1))
+        torch.bmm(grad_hidden, fc1, out=grad_x)
+
+
+class _SegmentFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dispatched, fc1, fc1_bias, fc2, fc2_bias, segment):
+        ctx.segment = segment
+        ctx.with_fc2_bias = fc2_bias is not None
+        ctx.save_for_backward(fc1, fc1_bias, fc2)
+        return segment.forward(dispatched, fc1, fc1_bias, fc2, fc2_bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_combined):
+        fc1, fc1_bias, fc2 = ctx.saved_tensors
+        grads = ctx.segment.backward(grad_combined.contiguous(), fc1, fc1_bias, fc2, ctx.with_fc2_bias)
+        return (*grads, None)
+
+
+def run_segment(segment: Segment, dispatched: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+                fc2: torch.Tensor, fc2_bias: torch.Tensor | None) -> torch.Tensor:
+    """The combine buffer of `dispatched` (autograd when anything requires grad)."""
+    return _SegmentFunction.apply(dispatched, fc1, fc1_bias, fc2, fc2_bias, segment)

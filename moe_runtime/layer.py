@@ -1,0 +1,388 @@
+"""MoELayer: Tutel's MoE layer interface over a2a, with switchable r,
+pipelining degree d, and the dictionary that picks them per capacity.
+
+One call (docs/runtime.md draws the data at every step)::
+
+    x (..., M) -> tokens (T, M)
+    gate -> scores (T, E), top-k indices and gates (T, k), l_aux
+    capacity: this rank's (Tutel's rule for f > 0 / 0 / < 0), then ONE small
+        all-gather agrees on it (max), checks that every rank asked for the
+        same r, d, algorithm and k, and carries the previous step's time
+    (r, d, algo): the call's arguments, else the dictionary, else the layer's
+    routing (a2a.route with the agreed capacity), laid out chunk-major
+    fast_encode -> dispatch buffer (d, E, Cd, M)
+    flows.run_segment: exchange -> experts -> exchange, d chunks overlapped
+    fast_decode -> y (T, M) -> (..., M)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import a2a
+import a2a.torch as a2a_torch
+
+from .buffers import BufferPool
+from .capacity import RULES, buffer_capacity, local_capacity
+from .experts import EXPERT_TAG, FFNExperts
+from .flows import Plan, Segment, Shape, chunk_major, run_segment
+from .gates import decide, make_gate
+from .pipeline import Overlap, check_thread_level
+from .tuner import AdaptiveDictionary, Config
+
+__all__ = ["MoELayer", "sync_shared_gradients"]
+
+ALGORITHMS = tuple(a2a.ALGORITHMS)
+_NONE = -1  # "not given" in the agreement vector
+# The agreement vector: one int64 row per rank.
+_CAPACITY, _TOP_K, _GATE, _R, _D, _ALGO, _SECONDS = range(7)
+_AGREED_NAMES = {_TOP_K: "top_k", _GATE: "gate_index", _R: "adaptive_r", _D: "a2a_ffn_overlap_degree", _ALGO: "algo"}
+
+
+def _divisors(n: int) -> list[int]:
+    return [i for i in range(1, n + 1) if n % i == 0]
+
+
+def _parse_parallel_type(parallel_type: str, sharers: int) -> int | None:
+    """The default r of a parallel_type; None for the dictionary."""
+    if parallel_type in ("auto", "adaptive:auto"):
+        return None
+    if parallel_type == "data":
+        return 0
+    if parallel_type == "model":
+        return sharers
+    if isinstance(parallel_type, str) and parallel_type.startswith("adaptive:"):
+        try:
+            return int(parallel_type.split(":", 1)[1])
+        except ValueError:
+            pass
+    raise ValueError(
+        f"parallel_type must be 'adaptive:<r>', 'adaptive:auto', 'auto', 'data' or 'model', got {parallel_type!r}"
+    )
+
+
+class _StepClock(torch.autograd.Function):
+    """Identity on the layer's tokens whose backward, the last of the layer's,
+    stops the clock of the step (forward + backward)."""
+
+    @staticmethod
+    def forward(ctx, tokens, anchor, stop):
+        ctx.stop = stop
+        return tokens.view_as(tokens)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.stop()
+        return grad, None, None
+
+
+class MoELayer(torch.nn.Module):
+    """A Mixture-of-Experts layer with Tutel's interface (see the module docstring).
+
+    ``gate_type``: a dict (or a list of them, selected per call by
+    ``gate_index``) ``{"type": "top" | "cosine_top", "k", "capacity_factor",
+    "gate_noise", "fp32_gate", "z_loss_coef"}``. ``experts``: ``{"type":
+    "ffn", "num_experts_per_device": n, "hidden_size_per_expert": H,
+    "activation_fn": fn, "has_fc1_bias": True, "has_fc2_bias": True}``; n =
+    -s < 0 makes s ranks share one expert. ``comm``: an ``a2a.Comm``.
+    ``seeds=(gate_seed, expert_seed)``; None draws them on rank 0.
+
+    ``parallel_type``: ``"adaptive:r"`` (default r = 1), ``"data"`` (r = 0),
+    ``"model"`` (r = s), ``"adaptive:auto"`` / ``"auto"`` (the dictionary,
+    ``adaptive`` or a default :class:`AdaptiveDictionary`). ``use_2dh``: the
+    default algorithm. ``capacity_rule``: ``"tutel"`` (default) or ``"a2a"``
+    (see moe_runtime.capacity). ``expert_gradient``: ``"mean"`` (default:
+    expert gradients divided by the world size, as DDP averages the shared
+    ones) or ``"sum"``. ``timer``: the clock of the dictionary's trials.
+
+    Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
+    adaptive_r=, algo=, gate_index=)`` -> y of x's shape, with ``y.l_aux``;
+    ``layer.l_aux`` and ``layer.last_plan`` describe the last call.
+    """
+
+    def __init__(
+        self,
+        gate_type: dict[str, Any] | Sequence[dict[str, Any]],
+        model_dim: int,
+        experts: dict[str, Any],
+        *,
+        comm: a2a.Comm,
+        seeds: tuple[int, int] | None = None,
+        a2a_ffn_overlap_degree: int = 1,
+        is_postscore: bool = True,
+        batch_prioritized_routing: bool = False,
+        normalize_gate: bool = True,
+        is_gshard_loss: bool = True,
+        parallel_type: str = "adaptive:1",
+        use_2dh: bool = False,
+        adaptive: AdaptiveDictionary | None = None,
+        capacity_rule: str = "tutel",
+        expert_gradient: str = "mean",
+        timer: Callable[[], float] = time.perf_counter,
+    ):
+        super().__init__()
+        if not isinstance(comm, a2a.Comm):
+            raise TypeError(f"comm must be an a2a.Comm, got {type(comm).__name__}")
+        if not isinstance(model_dim, int) or isinstance(model_dim, bool) or model_dim <= 0:
+            raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
+        if capacity_rule not in RULES:
+            raise ValueError(f"capacity_rule must be one of {RULES}, got {capacity_rule!r}")
+        if expert_gradient not in ("mean", "sum"):
+            raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {expert_gradient!r}")
+        self.comm, self.model_dim = comm, model_dim
+        self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
+        self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
+        self.capacity_rule, self.timer, self.expert_gradient = capacity_rule, timer, expert_gradient
+        self.a2a_ffn_overlap_degree = _positive_degree(a2a_ffn_overlap_degree)
+        self.default_algo = "2dh" if use_2dh else "linear"
+
+        gate_seed, expert_seed = self._seeds(seeds)
+        self.experts = FFNExperts(experts, model_dim, comm, expert_seed)
+        self.num_global_experts = self.experts.num_experts
+        self.sharded_count = self.experts.sharers
+        specs = [gate_type] if isinstance(gate_type, dict) else list(gate_type)
+        if not specs:
+            raise ValueError("gate_type: give at least one gate")
+        self.gates = torch.nn.ModuleList(make_gate(spec, model_dim, self.num_global_experts) for spec in specs)
+        generator = torch.Generator().manual_seed(gate_seed)
+        for gate in self.gates:
+            gate.reset_parameters(generator)
+
+        self.valid_rs = [0, *_divisors(self.sharded_count)]
+        # adaptive_r None: the dictionary (adaptive=, or parallel_type "adaptive:auto") picks (r, d, algo).
+        self.adaptive_r = _parse_parallel_type(parallel_type, self.sharded_count)
+        if self.adaptive_r is not None:
+            self.adaptive_r = self._valid_r(self.adaptive_r, "parallel_type")
+        if adaptive is not None and not isinstance(adaptive, AdaptiveDictionary):
+            raise TypeError(f"adaptive must be a moe_runtime.AdaptiveDictionary, got {type(adaptive).__name__}")
+        if adaptive is not None or self.adaptive_r is None:
+            self.adaptive = adaptive if adaptive is not None else AdaptiveDictionary()
+            self.adaptive_r = None
+        else:
+            self.adaptive = None
+        if expert_gradient == "mean" and comm.size > 1:
+            for parameter in self.experts.parameters():
+                parameter.register_hook(lambda grad, world=comm.size: grad / world)
+
+        # Communicators, made once (Comm.split is collective): one per group
+        # size g > 1 that some r needs, and one for the exchanges, so that a
+        # communication thread never shares a communicator with the caller.
+        sizes = sorted({self.sharded_count // r for r in self.valid_rs if r >= 1} - {1})
+        self._groups = {g: comm.split(comm.rank // g, comm.rank) for g in sizes}
+        self._exchange_comm = comm.split(0, comm.rank)
+        self._overlap = Overlap(comm.device)
+        self._pool = BufferPool()
+        self._bound_signature: dict | None = None
+        self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
+        self._step_seconds: float | None = None
+        self.l_aux: torch.Tensor | None = None
+        self.last_plan: Plan | None = None
+
+    # -- construction helpers --------------------------------------------------
+    def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
+        if seeds is None:
+            drawn = np.array([int(torch.randint(0, 2**31 - 1, (1,))) for _ in range(2)], dtype=np.int64)
+            table = a2a.all_gather(drawn, comm=self.comm).reshape(self.comm.size, 2)
+            return int(table[0, 0]), int(table[0, 1])  # rank 0's
+        if len(seeds) != 2:
+            raise ValueError(f"seeds must be (gate_seed, expert_seed), got {seeds!r}")
+        return int(seeds[0]), int(seeds[1])
+
+    def _valid_r(self, r: int, what: str) -> int:
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 0:
+            raise ValueError(f"{what}: r must be a non-negative integer, got {r!r}")
+        r = min(int(r), self.sharded_count)  # Tutel: r above s means s
+        if r not in self.valid_rs:
+            raise ValueError(f"{what}: r = {r} is not valid for this layer; valid_rs = {self.valid_rs}")
+        return r
+
+    # -- parameters -------------------------------------------------------------
+    def shared_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters every rank holds the same copy of (the gates): all-reduce their gradients."""
+        return [p for p in self.parameters() if not getattr(p, EXPERT_TAG, False)]
+
+    def expert_parameters(self) -> list[torch.nn.Parameter]:
+        """This rank's expert shards: their gradients are complete already (do not all-reduce)."""
+        return [p for p in self.parameters() if getattr(p, EXPERT_TAG, False)]
+
+    def gather_experts(self, *, grad: bool = False) -> dict[str, torch.Tensor]:
+        """Every expert whole on every rank (collective): batched_fc1_w (E, H, M),
+        batched_fc2_w (E, H, M), batched_fc1_bias (E, H), batched_fc2_bias (E, M).
+        ``grad=True``: their gradients instead (zeros where there is none)."""
+        return self.experts.gather_experts(self.comm, grad=grad)
+
+    # -- the call -----------------------------------------------------------------
+    def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
+                top_k: int | None = None, a2a_ffn_overlap_degree: int | None = None, adaptive_r: int | None = None,
+                algo: str | None = None) -> torch.Tensor:
+        start = self.timer()
+        if x.shape[-1] != self.model_dim:
+            raise ValueError(f"MoELayer on rank {self.comm.rank}: input {tuple(x.shape)} must end with model_dim "
+                             f"{self.model_dim}")
+        if not 0 <= gate_index < len(self.gates):
+            raise ValueError(f"gate_index {gate_index} is out of range: the layer has {len(self.gates)} gate(s)")
+        gate = self.gates[gate_index]
+        k = gate.top_k if top_k is None else top_k
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"top_k must be a positive integer, got {k!r}")
+        k = min(k, self.num_global_experts)  # as Tutel: k above E means E
+        if algo is not None and algo not in ALGORITHMS:
+            raise ValueError(f"algo must be one of {ALGORITHMS}, got {algo!r}")
+        if a2a_ffn_overlap_degree is not None:
+            a2a_ffn_overlap_degree = _positive_degree(a2a_ffn_overlap_degree)
+
+        tokens = x.reshape(-1, self.model_dim).contiguous()
+        recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        if recording:
+            anchor = torch.zeros((), requires_grad=True)  # makes the clock's backward run even if x needs no grad
+            tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
+        decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
+                          is_gshard_loss=self.is_gshard_loss)
+        factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
+        mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
+        request = (adaptive_r, a2a_ffn_overlap_degree, algo)
+        capacity = self._agree(mine, k, gate_index, request)
+        plan_r, plan_d, plan_algo = self._configure(capacity, request, tokens.dtype, k)
+
+        y = self._moe(tokens, decision, capacity, plan_r, plan_d, plan_algo)
+        y = y.view(x.shape)
+        if not recording:
+            self._stop_clock(start)
+        y.l_aux = decision.l_aux
+        self.l_aux = decision.l_aux
+        return y
+
+    def _moe(self, tokens, decision, capacity: int, r: int, d: int, algo: str) -> torch.Tensor:
+        """Routing, encode, the flow of (r, d, algo), decode."""
+        experts, num_experts, model_dim = self.experts, self.num_global_experts, self.model_dim
+        indices = decision.indices.contiguous()
+        scores = decision.scores.detach().contiguous() if self.batch_prioritized_routing else None
+        routing = a2a.route(indices, num_experts, capacity=capacity, scores=scores,
+                            batch_prioritized=self.batch_prioritized_routing)
+        group = self.sharded_count // r if r >= 1 else 1
+        rows = buffer_capacity(capacity, d * group)
+        chunk_rows = rows // d
+        layout = routing
+        if rows != capacity or d > 1:
+            layout = chunk_major(routing, indices, num_experts, d, chunk_rows, scores)
+        self.last_plan = Plan(r, d, algo, capacity, rows, routing.num_dropped)
+
+        lease = self._pool.lease()
+        buffer = lease.get("dispatch", (d * num_experts, chunk_rows, model_dim), tokens.dtype, tokens.device)
+        gates = decision.gates
+        dispatched = a2a_torch.fast_encode(tokens, layout, None if self.is_postscore else gates, out=buffer)
+        if r == 0:
+            fc1, fc1_bias, fc2 = experts.gathered(self.comm)
+            shape = Shape(num_experts, model_dim, num_experts, experts.hidden_size, 1, 1, 1, rows, 0)
+        else:
+            fc1, fc1_bias, fc2 = experts.gathered(self._groups.get(group))
+            hidden = experts.hidden_size // r
+            shape = Shape(num_experts, model_dim, experts.num_local, hidden, r, group, d, chunk_rows, self.comm.size)
+        if d > 1:
+            check_thread_level(self._exchange_comm)
+        segment = Segment(shape, self.last_plan, self._exchange_comm, self._overlap, lease, experts.activation_fn)
+        combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, experts.fc2_bias(self.comm))
+        return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None)
+
+    # -- agreement and the dictionary ------------------------------------------
+    def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple) -> int:
+        """One all-gather: the capacity (max over ranks), a check that every rank
+        asked for the same things, and the previous step's time (max)."""
+        r, d, algo = request
+        seconds = self._step_seconds
+        row = np.array([capacity, top_k, gate_index, _NONE if r is None else int(r), _NONE if d is None else d,
+                        _NONE if algo is None else ALGORITHMS.index(algo),
+                        _NONE if seconds is None else int(seconds * 1e9)], dtype=np.int64)
+        table = a2a.all_gather(row, comm=self.comm).reshape(self.comm.size, len(row))
+        for column, name in _AGREED_NAMES.items():
+            values = table[:, column]
+            if (values != values[0]).any():
+                shown = ", ".join(f"rank {i}: {_shown(column, v)}" for i, v in enumerate(values))
+                raise a2a.MismatchError(
+                    f"MoELayer on rank {self.comm.rank}: the ranks passed different {name} ({shown}); "
+                    "every rank must call the layer with the same arguments"
+                )
+        times = table[:, _SECONDS]
+        if self._trial is not None and (times >= 0).all() and self.adaptive is not None:  # a dictionary's trial
+            trial_capacity, config = self._trial
+            self.adaptive.report(trial_capacity, config, float(times.max()) / 1e9)
+        self._trial, self._step_seconds = None, None
+        return int(table[:, _CAPACITY].max())
+
+    def _configure(self, capacity: int, request: tuple, dtype: torch.dtype, top_k: int) -> tuple[int, int, str]:
+        """(r, d, algorithm) of this call: its arguments, else the dictionary's
+        choice, else the layer's defaults."""
+        r, d, algo = request
+        if self.adaptive is not None:
+            self._bind_dictionary(dtype, top_k)
+            chosen = self.adaptive.choose(capacity)
+            r = chosen.r if r is None else r
+            d = chosen.d if d is None else d
+            algo = chosen.algo if algo is None else algo
+        r = self._valid_r(self.adaptive_r if r is None else r, "adaptive_r")
+        d = self.a2a_ffn_overlap_degree if d is None else d
+        algo = self.default_algo if algo is None else algo
+        if r == 0:
+            d, algo = 1, "linear"  # no exchange to split or to route
+        self._trial = (capacity, Config(r, d, algo))
+        return r, d, algo
+
+    def _bind_dictionary(self, dtype: torch.dtype, top_k: int) -> None:
+        comm = self.comm
+        signature = {
+            "world": comm.size, "local_size": comm.local_size, "num_nodes": comm.num_nodes,
+            "experts": self.num_global_experts, "model_dim": self.model_dim,
+            "hidden": self.experts.hidden_size, "top_k": top_k, "dtype": str(dtype).removeprefix("torch."),
+            "device": comm.device,
+        }
+        if signature != self._bound_signature:
+            two_level = comm.num_nodes > 1 and comm.local_size > 1
+            self.adaptive.bind(signature, self.valid_rs, two_level, writer=comm.rank == 0)
+            self._bound_signature = signature
+
+    def _stop_clock(self, start: float) -> None:
+        self._step_seconds = self.timer() - start
+
+    def extra_repr(self) -> str:
+        return (f"model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
+                f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}")
+
+
+def _shown(column: int, value: int) -> str:
+    if value == _NONE:
+        return "not given"
+    return ALGORITHMS[value] if column == _ALGO else str(value)
+
+
+def _positive_degree(d: Any) -> int:
+    if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1:
+        raise ValueError(f"a2a_ffn_overlap_degree must be a positive integer, got {d!r}")
+    return int(d)
+
+
+def sync_shared_gradients(module: torch.nn.Module, comm: a2a.Comm) -> None:
+    """All-reduces (mean over ranks) the gradients of every parameter of
+    `module` that is not an expert shard, in one message per dtype, as DDP
+    would. Collective: every rank calls it after backward. A missing gradient
+    counts as zeros (and is set), so ranks stay in step."""
+    shared = [p for p in module.parameters() if not getattr(p, EXPERT_TAG, False)]
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for parameter in shared:
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+        by_dtype.setdefault(parameter.grad.dtype, []).append(parameter)
+    for dtype in sorted(by_dtype, key=str):
+        parameters = by_dtype[dtype]
+        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+        a2a.all_reduce(flat, comm=comm, out=flat)
+        flat /= comm.size
+        offset = 0
+        for parameter in parameters:
+            count = parameter.grad.numel()
+            parameter.grad.copy_(flat[offset : offset + count].view_as(parameter.grad))
+            offset += count

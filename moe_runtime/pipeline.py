@@ -1,0 +1,123 @@
+"""Adaptive pipelining (Tutel Section 3.2): d chunks of exchange -> expert -> exchange.
+
+Only the two all-to-alls and the expert between them are split, along the
+capacity axis (the gate, the routing and Batch Prioritized Routing see the
+whole batch). Chunk i's exchanges overlap chunk i +- 1's expert compute.
+Every rank issues the exchanges in the same order, whatever the timing::
+
+    exchanges:  B0 B1 A0 B2 A1 B3 A2 ... A(d-1)      (B = before, A = after the expert)
+    compute:       X0    X1    X2    ...
+
+- CPU: the exchanges run on one communication thread with its own
+  communicator (the collectives release the GIL while they wait; the main
+  thread makes no MPI call meanwhile, so MPI_THREAD_SERIALIZED suffices).
+- CUDA: they run on a communication stream, ordered against the compute
+  stream by events; nothing waits on the host.
+- d = 1, or a single chunk: the three run in order on the calling thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import torch
+
+import a2a
+
+__all__ = ["Overlap", "check_thread_level"]
+
+THREAD_LEVELS_THAT_OVERLAP = ("serialized", "multiple")
+
+
+def check_thread_level(comm: a2a.Comm) -> None:
+    """A communication thread needs MPI_THREAD_SERIALIZED or more (every rank
+    has the same level, so every rank raises alike)."""
+    level = comm.mpi_thread_level
+    if comm.device == "cpu" and level is not None and level not in THREAD_LEVELS_THAT_OVERLAP:
+        raise a2a.UnsupportedError(
+            f"pipelining (a2a_ffn_overlap_degree > 1) on CPU runs the exchanges on a thread, which needs "
+            f"MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE; MPI granted {level!r} on rank {comm.rank} "
+            "(initialize MPI with a higher level, e.g. mpi4py.rc.thread_level = 'multiple')"
+        )
+
+
+class Overlap:
+    """Runs `before(i)`, `compute(i)`, `after(i)` for d chunks with the
+    exchanges (before, after) off the compute path."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._executor: ThreadPoolExecutor | None = None
+        self._stream: Any = None
+
+    def run(self, chunks: int, before: Callable[[int], None], compute: Callable[[int], None],
+            after: Callable[[int], None]) -> None:
+        if chunks == 1:
+            before(0)
+            compute(0)
+            after(0)
+        elif self.device == "cuda":
+            self._run_streams(chunks, before, compute, after)
+        else:
+            self._run_thread(chunks, before, compute, after)
+
+    def _run_thread(self, chunks: int, before, compute, after) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-exchange")
+        grad_mode = torch.is_grad_enabled()  # thread-local in torch: carry the caller's to the thread
+
+        def submit(step: Callable[[int], None], i: int) -> Future:
+            return self._executor.submit(_with_grad_mode, grad_mode, step, i)
+
+        befores: list[Future] = [submit(before, 0), submit(before, 1)]
+        afters: list[Future] = []
+        try:
+            for i in range(chunks):
+                befores[i].result()
+                compute(i)
+                afters.append(submit(after, i))
+                if i + 2 < chunks:
+                    befores.append(submit(before, i + 2))
+            for future in afters:
+                future.result()
+        except BaseException:
+            # Nothing may still write the buffers once this call returns.
+            for future in befores + afters:
+                future.cancel()
+            wait(befores + afters)  # their own errors, if any, follow from the one raised
+            raise
+
+    def _run_streams(self, chunks: int, before, compute, after) -> None:
+        main = torch.cuda.current_stream()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=main.device)
+        side = self._stream
+        side.wait_stream(main)  # the inputs of the chunks were written on main
+
+        def exchange(step: Callable[[int], None], i: int, wait: Any = None) -> Any:
+            with torch.cuda.stream(side):
+                if wait is not None:
+                    side.wait_event(wait)
+                step(i)
+                return side.record_event()
+
+        ready = [exchange(before, 0)]
+        for i in range(chunks):
+            if i + 1 < chunks:
+                ready.append(exchange(before, i + 1))
+            main.wait_event(ready[i])
+            compute(i)
+            exchange(after, i, main.record_event())
+        main.wait_stream(side)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+def _with_grad_mode(enabled: bool, step: Callable[[int], None], i: int) -> None:
+    with torch.set_grad_enabled(enabled):
+        step(i)

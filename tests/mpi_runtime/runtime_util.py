@@ -1,0 +1,85 @@
+"""Deterministic inputs and the reference comparison for the runtime tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import a2a
+import moe_runtime
+
+MODEL_DIM, HIDDEN = 8, 16
+
+
+def experts_cases(world: int) -> list[int]:
+    """E for a world size: the issue's (W, E) pairs, (4, 8/4/2/1) and (8, 2)."""
+    return {4: [8, 4, 2, 1], 8: [2]}.get(world, [world, 2 * world])
+
+
+def experts_spec(num_experts: int, world: int, **extra) -> dict:
+    per_device = num_experts // world if num_experts >= world else -(world // num_experts)
+    return {"type": "ffn", "num_experts_per_device": per_device, "hidden_size_per_expert": HIDDEN, **extra}
+
+
+def tokens_of(rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rank i's tokens: 5 + 2i of them (odd, different per rank)."""
+    generator = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(5 + 2 * rank, MODEL_DIM, generator=generator, dtype=torch.float64).to(dtype)
+
+
+def upstream_of(rank: int, dtype: torch.dtype) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(200 + rank)
+    return torch.randn(5 + 2 * rank, MODEL_DIM, generator=generator, dtype=torch.float64).to(dtype)
+
+
+def two_level(comm: a2a.Comm) -> bool:
+    return comm.num_nodes > 1 and comm.local_size > 1
+
+
+def run_layer(layer, comm, dtype, **call):
+    """One forward + backward of rank's tokens; (y, x.grad, gate grad summed
+    over ranks, whole expert gradients summed over ranks, l_aux)."""
+    x = tokens_of(comm.rank, dtype).requires_grad_(True)
+    layer.zero_grad(set_to_none=True)
+    y = layer(x, **call)
+    ((y * upstream_of(comm.rank, dtype)).sum() + y.l_aux).backward()
+    moe_runtime.sync_shared_gradients(layer, comm)  # the mean: times W is the sum
+    gate_grad = layer.gates[0].wg.weight.grad * comm.size
+    scale = comm.size if layer.expert_gradient == "mean" else 1
+    expert_grads = {name: g * scale for name, g in layer.gather_experts(grad=True).items()}
+    return y.detach(), x.grad, gate_grad, expert_grads, y.l_aux.detach()
+
+
+def reference(layer, comm, dtype, *, capacity_factor, top_k=None, batch_prioritized_routing=False,
+              is_postscore=True):
+    """The reference's (y, x grad, gate grad, expert grads, l_aux) for this rank."""
+    experts = {name: t.double().requires_grad_(True) for name, t in layer.gather_experts().items()}
+    gate_weight = layer.gates[0].wg.weight.detach().double().requires_grad_(True)
+    xs = [tokens_of(i, dtype).double().requires_grad_(True) for i in range(comm.size)]
+    ys, l_auxes, capacity = moe_runtime.moe_reference(
+        xs, gate_weight, experts, top_k=top_k or layer.gates[0].top_k, capacity_factor=capacity_factor,
+        batch_prioritized_routing=batch_prioritized_routing, is_postscore=is_postscore,
+    )
+    loss = sum((y * upstream_of(i, dtype).double()).sum() + l for i, (y, l) in enumerate(zip(ys, l_auxes)))
+    loss.backward()
+    rank = comm.rank
+    grads = {name: t.grad for name, t in experts.items()}
+    return ys[rank].detach(), xs[rank].grad, gate_weight.grad, grads, l_auxes[rank].detach(), capacity
+
+
+def assert_matches(got, want, tolerance: float, what: str) -> None:
+    y, x_grad, gate_grad, expert_grads, l_aux = got
+    pairs = [("y", y, want[0]), ("x.grad", x_grad, want[1]), ("gate grad", gate_grad, want[2]),
+             ("l_aux", l_aux, want[4])]
+    pairs += [(f"grad {name}", expert_grads[name], want[3][name]) for name in want[3]]
+    for name, a, b in pairs:
+        error = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
+        assert error <= tolerance * scale, f"{what}: {name} differs from the reference by {error:.3g}"
+
+
+def agreed(comm: a2a.Comm, value: float) -> bool:
+    """Whether every rank holds `value` (numbers only)."""
+    row = np.array([value], dtype=np.float64)
+    table = a2a.all_gather(row, comm=comm)
+    return bool((table == table[0]).all())

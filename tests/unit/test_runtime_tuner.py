@@ -1,0 +1,470 @@
+"""moe_runtime.tuner.AdaptiveDictionary driven by a fake clock: a cost table
+cost(config, capacity) stands for the step time, a loop stands for training
+(choose, run, report), and brute force over every configuration is the
+reference for what the search must find, within Tutel's trial bound."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import random
+import statistics
+import sys
+
+import pytest
+
+from moe_runtime.tuner import DATA_PARALLEL, AdaptiveDictionary, Config, Entry
+
+TUNER_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "moe_runtime", "tuner.py")
+SIGNATURE = {"world_size": 16, "local_size": 4, "num_nodes": 4, "E": 4, "M": 1024, "H": 4096, "k": 2,
+             "dtype": "bfloat16", "device": "cuda"}
+
+
+def all_configs(valid_rs, degrees, algos):
+    """Every configuration the layer could run: brute force's search space."""
+    configs = [DATA_PARALLEL]
+    configs += [Config(r, d, a) for r in sorted(set(valid_rs)) if r > 0 for d in degrees for a in algos]
+    return configs
+
+
+def trial_bound(s, degrees, algos):
+    """Tutel's trials per key, (log_{3/2} s + 2) * |degrees| * |algos|, with log of 1 (and 0) taken as 0."""
+    return ((math.log(s, 1.5) if s > 1 else 0) + 2) * len(degrees) * len(algos)
+
+
+def tune(dictionary, capacity, cost, max_steps=100_000):
+    """Train at `capacity` until its key is tuned; the configurations that ran, in order, one per trial."""
+    ran = []
+    for _ in range(max_steps):
+        config = dictionary.choose(capacity)
+        if not dictionary.tuning(capacity):
+            return ran
+        if not ran or ran[-1] != config:
+            ran.append(config)
+        dictionary.report(capacity, config, cost(config, capacity))
+    raise AssertionError("the search did not end")
+
+
+class ConvexCost:
+    """A step time: g(r) convex over the valid r strictly between 0 and s,
+    anything at r = 0 and r = s, plus a penalty >= 0 for each (d, algo) that is
+    0 for one (d, algo) per r, which one varying with r, so the cost of r
+    (the minimum over its (d, algo)) is g(r)."""
+
+    def __init__(self, g, degrees, algos, seed=0):
+        self.g, self.pairs = g, [(d, a) for d in degrees for a in algos]
+        self.best_pair = {r: (r * 7 + seed) % len(self.pairs) for r in g}
+
+    def __call__(self, config, capacity):
+        if config.r == 0:
+            return self.g[0]
+        index = self.pairs.index((config.d, config.algo))
+        return self.g[config.r] + 0.01 * ((index - self.best_pair[config.r]) % len(self.pairs))
+
+
+def convex_g(valid_rs, shape, rng):
+    """g over valid_rs for a named shape, its minimum between 0 and s 10;
+    strict where it matters, so the optimum is unique."""
+    s, inner = max(valid_rs), sorted(r for r in valid_rs if 0 < r < max(valid_rs))
+    if shape == "inside":
+        centre = s * 0.4 + 0.13
+        values = [(r - centre) ** 2 for r in inner]
+    elif shape == "left":
+        values = [float(r) for r in inner]
+    elif shape == "right":
+        values = [float(-r) for r in inner]
+    else:  # increasing slopes: strictly convex, the minimum anywhere
+        slopes, total, values = sorted(rng.uniform(-10, 10) for _ in inner), 0.0, []
+        for slope in slopes:
+            total += slope
+            values.append(total)
+    g = {r: v + 10 - min(values) for r, v in zip(inner, values)}
+    g[0] = {"dp": 5.0, "ep_mp": 13.0}.get(shape, 10 + rng.uniform(1, 20))
+    g[s] = {"dp": 13.0, "ep_mp": 5.0}.get(shape, 10 + rng.uniform(1, 20))
+    return g
+
+
+def rs_sets(s):
+    """Sets of valid r with maximum s: contiguous, powers of two, and a random subset."""
+    rng = random.Random(s)
+    sets = [list(range(s + 1))]
+    powers = [0] + [r for r in range(1, s + 1) if r & (r - 1) == 0]
+    if powers[-1] == s:
+        sets.append(powers)
+    sets.append(sorted({0, s} | {r for r in range(1, s) if rng.random() < 0.4}))
+    return sets
+
+
+@pytest.mark.parametrize("two_level", [False, True])
+@pytest.mark.parametrize("shape", ["random", "inside", "left", "right", "dp", "ep_mp"])
+@pytest.mark.parametrize("s", [1, 2, 3, 4, 8, 16, 64])
+def test_finds_the_optimum_within_the_bound(s, shape, two_level):
+    degrees = (1, 2, 4, 8)
+    algos = ("linear", "2dh") if two_level else ("linear",)
+    rng = random.Random(f"{s}-{shape}")
+    for valid_rs in rs_sets(s):
+        for seed in range(3):
+            cost = ConvexCost(convex_g(valid_rs, shape, rng), degrees, algos, seed)
+            dictionary = AdaptiveDictionary(degrees=degrees, warmup=1, repeats=3)
+            dictionary.bind(SIGNATURE, valid_rs, two_level)
+            ran = tune(dictionary, 200, cost)
+            want = min(all_configs(valid_rs, degrees, algos), key=lambda c: cost(c, 200))
+            assert dictionary.choose(200) == want
+            assert dictionary.entries[1] == Entry(want, cost(want, 200), len(ran))
+            assert dictionary.trials(200) == len(ran) <= trial_bound(s, degrees, algos)
+            assert len(set(ran)) == len(ran), "a configuration was tried twice"
+            assert all(c.algo == "linear" for c in ran) or two_level
+
+
+# One (d, algo) is the tightest case: r = 0 counts one trial of the bound's 2 * |degrees| * |algos|.
+@pytest.mark.parametrize("degrees,algos,max_s", [((1,), ("linear",), 100), ((1, 2, 4, 8), ("linear", "2dh"), 24),
+                                                 ((2, 3), ("2dh",), 40)])
+def test_trial_bound_for_every_position_of_the_optimum(degrees, algos, max_s):
+    """The search's path depends only on where the optimum is: try every
+    position, for every s up to max_s and for sets of valid r with gaps."""
+    for s in range(1, max_s + 1):
+        for valid_rs in rs_sets(s):
+            inner = [r for r in valid_rs if 0 < r < s]
+            for position in range(max(len(inner), 1)):
+                g = {r: abs(i - position - 0.25) for i, r in enumerate(inner)}  # no ties
+                g[0], g[s] = 9.0, 8.0
+                cost = ConvexCost(g, degrees, algos)
+                dictionary = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=0, repeats=1)
+                dictionary.bind(SIGNATURE, valid_rs, two_level=True)
+                ran = tune(dictionary, 0, cost)
+                assert len(ran) <= trial_bound(s, degrees, algos), (s, valid_rs, position)
+                want = min(all_configs(valid_rs, degrees, algos), key=lambda c: cost(c, 0))
+                assert dictionary.choose(0) == want
+
+
+def test_r0_is_one_trial_and_first():
+    dictionary = AdaptiveDictionary()
+    dictionary.bind(SIGNATURE, [0], two_level=True)
+    assert dictionary.choose(5) == Config(0, 1, "linear")
+    ran = tune(dictionary, 5, lambda config, c: 1.0)
+    assert ran == [DATA_PARALLEL] and dictionary.trials(5) == 1
+    dictionary.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+    assert dictionary.choose(5) == DATA_PARALLEL
+    ran = tune(dictionary, 5, lambda config, c: 1.0 + config.r)
+    assert ran[0] == DATA_PARALLEL and DATA_PARALLEL not in ran[1:]
+    assert dictionary.choose(5) == DATA_PARALLEL
+
+
+def test_noise_from_four_ranks():
+    """Each rank's time is the cost times (1 + up to 4% noise), and now and then
+    one rank stalls 5x; the layer reports the maximum over ranks. The median of
+    3 repeats keeps the search on the noiseless optimum, and four ranks fed the
+    same agreed numbers decide the same thing at every step."""
+    degrees, algos, valid_rs = (1, 2, 4, 8), ("linear", "2dh"), list(range(17))
+    for seed in range(10):
+        rng = random.Random(seed)
+        g = convex_g(valid_rs, "random", rng)
+        pairs = [(d, a) for d in degrees for a in algos]
+        weight = {p: 1 + 0.3 * i for i, p in enumerate(rng.sample(pairs, len(pairs)))}
+
+        def cost(config, capacity, g=g, weight=weight):  # ratios >= 1.15 between r's, 1.3 between (d, algo)
+            return 1.15 ** g[config.r] * (1 if config.r == 0 else weight[(config.d, config.algo)])
+
+        ranks = [AdaptiveDictionary(degrees=degrees, algos=algos, warmup=1, repeats=3) for _ in range(4)]
+        for dictionary in ranks:
+            dictionary.bind(SIGNATURE, valid_rs, two_level=True)
+        step = 0
+        while ranks[0].tuning(300) or step == 0:
+            configs = {dictionary.choose(300) for dictionary in ranks}
+            assert len(configs) == 1
+            config = configs.pop()
+            times = [cost(config, 300) * (1 + rng.uniform(0, 0.04)) for _ in ranks]
+            if step % 4 == 1:  # never twice among a trial's 3 repeats
+                times[rng.randrange(4)] *= 5
+            for dictionary in ranks:
+                dictionary.report(300, config, max(times))
+            step += 1
+        want = min(all_configs(valid_rs, degrees, algos), key=lambda c: cost(c, 300))
+        assert {dictionary.choose(300) for dictionary in ranks} == {want}
+        assert ranks[0].trials(300) <= trial_bound(16, degrees, algos)
+
+
+def test_capacity_windows():
+    def cost(config, capacity):  # the best r grows with the capacity
+        return abs(config.r - capacity // 100) + config.d / 10 + 1
+
+    dictionary = AdaptiveDictionary(window=128, degrees=(1, 2), algos=("linear",))
+    dictionary.bind(SIGNATURE, [0, 1, 2, 3, 4], two_level=False)
+    assert not dictionary.tuning(100) and dictionary.trials(100) == 0
+    tune(dictionary, 100, cost)
+    assert dictionary.choose(100) == Config(1, 1, "linear")
+    trials = dictionary.trials(100)
+    for capacity in (0, 5, 127):  # the same key: no new trials
+        assert dictionary.choose(capacity) == Config(1, 1, "linear")
+        assert not dictionary.tuning(capacity) and dictionary.trials(capacity) == trials
+    assert dictionary.choose(128) != Config(1, 1, "linear") and dictionary.tuning(128)
+    assert not dictionary.tuning(100)
+    tune(dictionary, 300, cost)
+    assert dictionary.choose(300) == Config(3, 1, "linear")
+    assert set(dictionary.entries) == {0, 2}
+
+
+def test_keys_tune_interleaved():
+    """The capacity changes every step: both keys' searches advance, each with its own reports."""
+    def cost(config, capacity):
+        return abs(config.r - capacity // 100) + 1
+
+    dictionary = AdaptiveDictionary(window=100, degrees=(1,), algos=("linear",))
+    dictionary.bind(SIGNATURE, [0, 1, 2, 3, 4], two_level=False)
+    for step in range(200):
+        capacity = 150 if step % 2 else 350
+        config = dictionary.choose(capacity)
+        dictionary.report(capacity, config, cost(config, capacity))
+    assert dictionary.choose(150) == Config(1, 1, "linear")
+    assert dictionary.choose(350) == Config(3, 1, "linear")
+
+
+def test_warmup_reports_are_dropped():
+    dictionary = AdaptiveDictionary(degrees=(1,), algos=("linear",), warmup=2, repeats=3)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    for seconds in (100.0, 90.0, 1.0, 3.0, 2.0):  # two warmup steps, then three repeats
+        assert dictionary.choose(0) == DATA_PARALLEL
+        dictionary.report(0, DATA_PARALLEL, seconds)
+    assert dictionary.trials(0) == 1 and dictionary.choose(0) == Config(1, 1, "linear")
+    for seconds in (0.5, 0.5, 2.5, 2.5, 2.5):  # fast warmup does not count either
+        dictionary.report(0, Config(1, 1, "linear"), seconds)
+    assert not dictionary.tuning(0)
+    assert dictionary.entries[0] == Entry(DATA_PARALLEL, 2.0, 2)
+
+
+def test_forced_config_is_ignored_by_the_search():
+    dictionary = AdaptiveDictionary(degrees=(1,), algos=("linear",), warmup=0, repeats=2)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    dictionary.report(0, DATA_PARALLEL, 1.0)  # no search yet: nothing to count
+    assert dictionary.choose(0) == DATA_PARALLEL
+    dictionary.report(0, DATA_PARALLEL, 5.0)
+    dictionary.report(0, Config(1, 1, "linear"), 0.001)  # the user forced r = 1 on this step
+    dictionary.report(0, Config(1, 4, "linear"), 0.001)  # not even in the search space
+    assert dictionary.trials(0) == 0 and dictionary.choose(0) == DATA_PARALLEL
+    dictionary.report(0, DATA_PARALLEL, 5.0)
+    assert dictionary.choose(0) == Config(1, 1, "linear")
+    dictionary.report(0, Config(1, 1, "linear"), 7.0)
+    dictionary.report(0, Config(1, 1, "linear"), 7.0)
+    assert dictionary.entries[0] == Entry(DATA_PARALLEL, 5.0, 2)
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5])
+def test_drift_tunes_again(factor):
+    degrees, algos, valid_rs = (1, 2), ("linear",), [0, 1, 2, 4]
+    g = {0: 9.0, 1: 5.0, 2: 4.0, 4: 6.0}
+    cost = ConvexCost(g, degrees, algos)
+    dictionary = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=1, repeats=3, drift=0.25)
+    dictionary.bind(SIGNATURE, valid_rs, two_level=False)
+    tune(dictionary, 10, cost)
+    best = dictionary.choose(10)
+    old = dictionary.entries[0]
+    assert old.config == best and old.seconds == cost(best, 10)
+
+    dictionary.report(10, best, old.seconds * 1.2)  # within the drift: stays tuned
+    dictionary.report(10, best, old.seconds * 0.9)
+    dictionary.report(10, best, old.seconds * 10)  # one outlier: the median holds
+    dictionary.report(10, Config(4, 1, "linear"), old.seconds * 10)  # another config: not watched
+    assert not dictionary.tuning(10)
+    for _ in range(3):
+        dictionary.report(10, dictionary.choose(10), old.seconds * factor)
+    assert dictionary.tuning(10) and dictionary.choose(10) == DATA_PARALLEL
+    assert dictionary.trials(10) == 0 and dictionary.entries[0] == old  # the old entry serves until replaced
+
+    g = {0: 3.0, 1: 5.0, 2: 4.0, 4: 6.0}  # the machine changed: data parallel is now best
+    cost = ConvexCost({r: t * factor for r, t in g.items()}, degrees, algos)
+    ran = tune(dictionary, 10, cost)
+    assert ran[0] == DATA_PARALLEL and len(ran) == dictionary.trials(10)
+    assert dictionary.entries[0] == Entry(DATA_PARALLEL, 3.0 * factor, len(ran))
+    for _ in range(10):  # settled
+        dictionary.report(10, dictionary.choose(10), 3.0 * factor)
+    assert not dictionary.tuning(10)
+
+
+def test_drift_infinite_never_tunes_again():
+    dictionary = AdaptiveDictionary(degrees=(1,), algos=("linear",), drift=math.inf)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    tune(dictionary, 0, lambda config, c: 1.0 + config.r)
+    for _ in range(10):
+        dictionary.report(0, DATA_PARALLEL, 1000.0)
+    assert not dictionary.tuning(0)
+
+
+def train_two_keys(path, signature=SIGNATURE, writer=True):
+    dictionary = AdaptiveDictionary(degrees=(1, 2), path=path)
+    dictionary.bind(signature, [0, 1, 2, 4], two_level=True, writer=writer)
+    for capacity in (100, 700):
+        tune(dictionary, capacity, lambda config, c: 1 + abs(config.r - c // 200) + config.d / 10
+             + (config.algo == "2dh") / 20)
+    return dictionary
+
+
+def test_file_round_trip(tmp_path):
+    path = tmp_path / "tuner.json"
+    first = train_two_keys(path)
+    document = json.loads(path.read_text())
+    assert document["format"] == "moe_runtime.tuner" and document["version"] == 1
+    (name, entries), = document["tables"].items()
+    assert json.loads(name)["signature"] == SIGNATURE and json.loads(name)["window"] == 128
+    assert entries["0"] == {"r": 0, "d": 1, "algo": "linear", "seconds": 1.1, "trials": first.trials(100)}
+    assert entries["5"]["r"] == 4 and entries["5"]["d"] == 1 and entries["5"]["algo"] == "linear"
+    assert os.listdir(tmp_path) == ["tuner.json"]  # the temporary file was renamed
+
+    second = AdaptiveDictionary(degrees=(1, 2), path=path)
+    second.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+    assert dict(second.entries) == dict(first.entries)
+    for capacity in (100, 700):
+        assert second.choose(capacity) == first.choose(capacity) and not second.tuning(capacity)
+    assert "r=4 d=1 linear" in repr(second) and "[640, 768)" in repr(second)
+
+    third = AdaptiveDictionary.from_json(first.to_json(), degrees=(1, 2))
+    third.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+    assert dict(third.entries) == dict(first.entries)
+
+
+def test_other_tables_are_kept_and_not_used(tmp_path):
+    path = tmp_path / "tuner.json"
+    early = AdaptiveDictionary(degrees=(1, 2), path=path)  # reads the file before the others write it
+    train_two_keys(path, {**SIGNATURE, "H": 8192})
+    train_two_keys(path)
+    tables = json.loads(path.read_text())["tables"]
+    assert sorted(json.loads(name)["signature"]["H"] for name in tables) == [4096, 8192]
+
+    other = AdaptiveDictionary(degrees=(1, 2), path=path)
+    other.bind({**SIGNATURE, "H": 1024}, [0, 1, 2, 4], two_level=True)
+    assert dict(other.entries) == {} and other.choose(100) == DATA_PARALLEL and other.tuning(100)
+    narrower = AdaptiveDictionary(degrees=(1,), path=path)  # another search space: another table
+    narrower.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+    assert dict(narrower.entries) == {}
+
+    early.bind({**SIGNATURE, "H": 2048}, [0, 1, 2], two_level=False)
+    tune(early, 0, lambda config, c: 1.0 + config.r)  # saving merges with the file as it is now
+    tables = json.loads(path.read_text())["tables"]
+    assert sorted(json.loads(name)["signature"]["H"] for name in tables) == [2048, 4096, 8192]
+
+
+def test_only_the_writer_saves(tmp_path):
+    train_two_keys(tmp_path / "tuner.json", writer=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_rebinding_switches_tables():
+    dictionary = AdaptiveDictionary(degrees=(1,), algos=("linear",), warmup=1, repeats=2)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    tune(dictionary, 0, lambda config, c: 1.0 + config.r)
+    dictionary.bind({**SIGNATURE, "E": 8}, [0, 1, 2], two_level=False)
+    assert dict(dictionary.entries) == {} and dictionary.choose(0) == DATA_PARALLEL
+    dictionary.report(0, DATA_PARALLEL, 5.0)
+    dictionary.report(0, DATA_PARALLEL, 5.0)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    assert dictionary.entries[0].config == DATA_PARALLEL and not dictionary.tuning(0)
+    dictionary.bind({**SIGNATURE, "E": 8}, [0, 1, 2], two_level=False)
+    assert dictionary.tuning(0) and dictionary.trials(0) == 0  # the search resumes mid-trial
+    dictionary.report(0, DATA_PARALLEL, 5.0)
+    assert dictionary.trials(0) == 1
+
+
+ENTRY = '{{"format": "moe_runtime.tuner", "version": 1, "tables": {{"t": {{"0": {}}}}}}}'
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{not json", "not JSON"),
+    ('{"format": "something else", "version": 1, "tables": {}}', "format 'something else'"),
+    ("[1, 2]", "format 'list'"),
+    ('{"format": "moe_runtime.tuner", "version": 99, "tables": {}}', "version 99"),
+    ('{"format": "moe_runtime.tuner", "version": 1, "tables": {"t": {"x": {}}}}', "non-negative integer"),
+    ('{"format": "moe_runtime.tuner", "version": 1, "tables": {"t": {"0": {"r": 1}}}}', '"seconds"'),
+    (ENTRY.format('{"r": 1, "d": 1, "algo": "ring", "seconds": 1, "trials": 1}'), "'ring'"),
+    (ENTRY.format('{"r": 1, "d": 0, "algo": "linear", "seconds": 1, "trials": 1}'), "d >= 1"),
+    (ENTRY.format('{"r": 1, "d": 1, "algo": "linear", "seconds": -2, "trials": 1}'), "seconds must be"),
+])
+def test_bad_file(tmp_path, text, message):
+    path = tmp_path / "tuner.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as error:
+        AdaptiveDictionary(path=path)
+    assert str(path) in str(error.value)
+    with pytest.raises(ValueError, match=message):
+        AdaptiveDictionary.from_json(text)
+
+
+def test_entry_outside_the_search_space(tmp_path):
+    path = tmp_path / "tuner.json"
+    train_two_keys(path)
+    document = json.loads(path.read_text())
+    (entries,) = document["tables"].values()
+    entries["5"]["d"] = 8  # edited by hand
+    path.write_text(json.dumps(document))
+    dictionary = AdaptiveDictionary(degrees=(1, 2), path=path)
+    with pytest.raises(ValueError, match="r=4 d=8 linear"):
+        dictionary.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+
+
+@pytest.mark.parametrize("options,error,message", [
+    ({"window": 0}, ValueError, "window must be >= 1"),
+    ({"window": 1.5}, TypeError, "window"),
+    ({"degrees": ()}, ValueError, "degrees must not be empty"),
+    ({"degrees": (1, 0)}, ValueError, "degrees must be >= 1"),
+    ({"degrees": (2, 2)}, ValueError, "duplicates"),
+    ({"degrees": 4}, TypeError, "degrees: expected a sequence"),
+    ({"algos": ("linear", "ring")}, ValueError, "'ring'"),
+    ({"algos": "linear"}, TypeError, "algos: expected a sequence"),
+    ({"algos": ()}, ValueError, "algos must not be empty"),
+    ({"warmup": -1}, ValueError, "warmup must be >= 0"),
+    ({"repeats": 0}, ValueError, "repeats must be >= 1"),
+    ({"drift": 0}, ValueError, "drift must be > 0"),
+    ({"drift": math.nan}, ValueError, "drift must be > 0"),
+])
+def test_bad_options(options, error, message):
+    with pytest.raises(error, match=message):
+        AdaptiveDictionary(**options)
+
+
+def test_bad_calls():
+    dictionary = AdaptiveDictionary()
+    with pytest.raises(RuntimeError, match="bind"):
+        dictionary.choose(0)
+    with pytest.raises(RuntimeError, match="bind"):
+        dictionary.entries  # noqa: B018
+    assert "not bound" in repr(dictionary)
+    with pytest.raises(ValueError, match="valid_rs must include 0"):
+        dictionary.bind(SIGNATURE, [1, 2], two_level=False)
+    with pytest.raises(ValueError, match="valid_rs must be >= 0"):
+        dictionary.bind(SIGNATURE, [0, -1], two_level=False)
+    with pytest.raises(TypeError, match="valid_rs: expected an int"):
+        dictionary.bind(SIGNATURE, [0, 1.0], two_level=False)
+    with pytest.raises(TypeError, match="JSON-able"):
+        dictionary.bind({"device": object()}, [0, 1], two_level=False)
+    with pytest.raises(ValueError, match="not two-level"):
+        AdaptiveDictionary(algos=("2dh",)).bind(SIGNATURE, [0, 1], two_level=False)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    with pytest.raises(ValueError, match="capacity must be >= 0"):
+        dictionary.choose(-1)
+    with pytest.raises(ValueError, match="seconds must be finite"):
+        dictionary.report(0, DATA_PARALLEL, -1.0)
+    with pytest.raises(ValueError, match="seconds must be finite"):
+        dictionary.report(0, DATA_PARALLEL, math.nan)
+    with pytest.raises(TypeError, match="config must be a Config"):
+        dictionary.report(0, (0, 1, "linear"), 1.0)
+
+
+def test_median_is_the_trial_time():
+    """With repeats = 4 the median of an even count is the mean of the middle two."""
+    dictionary = AdaptiveDictionary(degrees=(1,), algos=("linear",), warmup=0, repeats=4)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    times = [1.0, 9.0, 2.0, 3.0]
+    for seconds in times:
+        dictionary.report(0, dictionary.choose(0), seconds)
+    for _ in range(4):
+        dictionary.report(0, dictionary.choose(0), 100.0)
+    assert dictionary.entries[0] == Entry(DATA_PARALLEL, statistics.median(times), 2)
+
+
+def test_module_imports_only_the_standard_library():
+    with open(TUNER_FILE, encoding="utf-8") as file:
+        tree = ast.parse(file.read())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert all(name.split(".")[0] in sys.stdlib_module_names or name == "__future__" for name in names), names
