@@ -176,7 +176,7 @@ class FFNExperts(torch.nn.Module):
             fc2_bias = self.fc2_bias(comm, shards.get("batched_fc2_bias"))
             if fc2_bias is not None:
                 full["batched_fc2_bias"] = fc2_bias
-        return {name: tensor.contiguous().clone() for name, tensor in full.items()}
+        return {name: tensor.detach().contiguous().clone() for name, tensor in full.items()}
 
     def extra_repr(self) -> str:
         return (

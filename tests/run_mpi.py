@@ -34,6 +34,7 @@ MPI_TESTS = os.path.join("tests", "mpi")
 TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
 THREAD_TESTS = os.path.join("tests", "mpi", "test_mpi_threads.py")
 FLEX_TESTS = os.path.join("tests", "mpi", "test_mpi_flex.py")
+RUNTIME_TESTS = os.path.join("tests", "mpi_runtime")  # moe_runtime: its own configurations
 
 # Variables of the library that a developer's shell must not leak into a run.
 A2A_VARIABLES = (
@@ -115,6 +116,11 @@ CONFIGS = [
     Config(
         "flex-datatypes-2x2", 4, 2, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "datatypes"}, note="flex: datatypes forced"
     ),
+    # moe_runtime's layer against its reference: the (W, E) pairs,
+    # on one node (linear only) and on two (linear and 2dh).
+    Config("moe-np4", 4, paths=[RUNTIME_TESTS], note="moe_runtime", timeout=900),
+    Config("moe-2x2", 4, 2, paths=[RUNTIME_TESTS], note="moe_runtime, 2 nodes x 2 ranks", timeout=900),
+    Config("moe-2x4", 8, 4, paths=[RUNTIME_TESTS], note="moe_runtime, 2 nodes x 4 ranks", timeout=900),
     Config(
         "timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
     ),
