@@ -41,6 +41,8 @@ import torch.nn.functional as F
 import a2a
 import a2a.torch as a2a_torch
 
+from .initialization import uniform
+
 __all__ = ["FFNExperts", "expert_layout"]
 
 _EXPERT_KEYS = {"type", "num_experts_per_device", "count_per_node", "hidden_size_per_expert", "activation_fn",
@@ -120,10 +122,10 @@ class FFNExperts(torch.nn.Module):
         with torch.no_grad():
             for local in range(self.num_local):
                 generator = torch.Generator().manual_seed(expert_seed * 1_000_003 + self.first_expert + local)
-                fc1 = _uniform((h, m), 1.0 / math.sqrt(m), generator)
-                fc2 = _uniform((h, m), 1.0 / math.sqrt(h), generator)
-                fc1_bias = _uniform((h,), 1.0 / math.sqrt(m), generator)
-                fc2_bias = _uniform((m,), 1.0 / math.sqrt(h), generator)
+                fc1 = uniform((h, m), 1.0 / math.sqrt(m), generator)
+                fc2 = uniform((h, m), 1.0 / math.sqrt(h), generator)
+                fc1_bias = uniform((h,), 1.0 / math.sqrt(m), generator)
+                fc2_bias = uniform((m,), 1.0 / math.sqrt(h), generator)
                 self.batched_fc1_w[local].copy_(fc1[rows])
                 self.batched_fc2_w[local].copy_(fc2[rows])
                 if self.batched_fc1_bias is not None:
@@ -183,7 +185,3 @@ class FFNExperts(torch.nn.Module):
             f"num_experts={self.num_experts}, sharers={self.sharers}, local={self.num_local}, "
             f"model_dim={self.model_dim}, hidden_size={self.hidden_size}"
         )
-
-
-def _uniform(shape: tuple[int, ...], bound: float, generator: torch.Generator) -> torch.Tensor:
-    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0) * bound

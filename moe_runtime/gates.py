@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .initialization import uniform
 from .losses import gshard_loss, load_importance_loss, z_loss
 
 __all__ = ["CosineTopKGate", "GateDecision", "LinearTopKGate", "decide", "make_gate"]
@@ -43,7 +44,7 @@ class LinearTopKGate(torch.nn.Module):
     def reset_parameters(self, generator: torch.Generator) -> None:
         bound = 1.0 / math.sqrt(self.wg.in_features)
         with torch.no_grad():
-            self.wg.weight.copy_(_uniform(self.wg.weight.shape, bound, generator))
+            self.wg.weight.copy_(uniform(self.wg.weight.shape, bound, generator))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp32_gate:
@@ -71,8 +72,8 @@ class CosineTopKGate(torch.nn.Module):
     def reset_parameters(self, generator: torch.Generator) -> None:
         bound = 1.0 / math.sqrt(self.cosine_projector.in_features)
         with torch.no_grad():
-            self.cosine_projector.weight.copy_(_uniform(self.cosine_projector.weight.shape, bound, generator))
-            self.cosine_projector.bias.copy_(_uniform(self.cosine_projector.bias.shape, bound, generator))
+            self.cosine_projector.weight.copy_(uniform(self.cosine_projector.weight.shape, bound, generator))
+            self.cosine_projector.bias.copy_(uniform(self.cosine_projector.bias.shape, bound, generator))
             self.sim_matrix.copy_(torch.randn(self.sim_matrix.shape, generator=generator, dtype=torch.float64) * 0.01)
             self.temperature.fill_(math.log(1.0 / self.init_t))
 
@@ -87,11 +88,6 @@ class CosineTopKGate(torch.nn.Module):
         logits = F.normalize(projected, dim=1) @ F.normalize(sim, dim=0)
         return logits * temperature.clamp(max=self.clamp_max).exp()
 
-
-def _uniform(shape: torch.Size, bound: float, generator: torch.Generator) -> torch.Tensor:
-    """U(-bound, bound) drawn in float64 from `generator` (the same numbers
-    whatever the parameter's dtype)."""
-    return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0) * bound
 
 
 def make_gate(spec: dict[str, Any], model_dim: int, num_experts: int) -> torch.nn.Module:
