@@ -16,6 +16,9 @@ _Exec: TypeAlias = tuple[int, int, int]
 # locations, counts, expert_offsets, capacity (-1: dropless), num_rows).
 _RoutingFields: TypeAlias = tuple[int, int, int, int, int, int, int, int, int, int]
 
+UNDEFINED: int
+"""A2A_UNDEFINED: the color of a rank that joins no communicator in Comm.split."""
+
 def build_config() -> str:
     """a2a_build_config(): "key=value;..." (version, mpi, cuda, nccl, ...)."""
 
@@ -131,6 +134,10 @@ class Comm:
     @property
     def topology(self) -> tuple[int, int, int, int, int, int]:
         """(rank, size, local_rank, local_size, node, num_nodes)."""
+
+    def split(self, color: int, key: int) -> Comm | None:
+        """a2a_comm_split (collective): the new communicator of color, ranked by
+        (key, rank); None for color UNDEFINED."""
 
     def set_stream(self, stream: int, /) -> None: ...
     def report_invalid(self, op: str, message: str, /) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import socket
 from typing import Any
@@ -14,6 +15,7 @@ from ._arrays import ArrayView, address_of, empty_like
 DEVICES = ("cpu", "cuda")
 TRANSPORTS = ("mpi", "nccl")
 MPI_THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")  # a2a_mpi_thread_level_t 0..3
+_C_INT_MIN, _C_INT_MAX = -(2**31), 2**31 - 1
 
 
 class Comm:
@@ -34,9 +36,10 @@ class Comm:
     Nodes are blocks of ``local_size`` consecutive ranks
     (``rank = node * local_size + local_rank``); 2DH needs them to be equal.
 
-    Create it with :meth:`from_mpi` or :meth:`from_torch`. Every communicator
-    has its own MPI duplicate and its own NCCL communicator, so it never
-    interferes with the caller's messages or other communicators.
+    Create it with :meth:`from_mpi` or :meth:`from_torch`, or from another
+    one with :meth:`split`. Every communicator has its own MPI duplicate and
+    its own NCCL communicator, so it never interferes with the caller's
+    messages or other communicators.
 
     On a CUDA communicator the collectives take torch CUDA tensors and CuPy
     arrays on its device and run on the framework's current stream: they are
@@ -168,6 +171,35 @@ class Comm:
         native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device))
         return cls(native)
 
+    def split(self, color: int | None, key: int | None = None) -> Comm | None:
+        """Splits this communicator, like ``MPI_Comm_split``. Collective: every
+        rank calls it. The ranks that pass the same ``color`` (an int >= 0)
+        form a new :class:`Comm`, ranked by ``(key, rank)``; ``key`` defaults
+        to this rank, which keeps the order. ``color=None`` joins no new
+        communicator and returns None.
+
+        The new communicator is of this one's kind: the same device and CUDA
+        device, transport (its own MPI communicator, split from this one's
+        duplicate; its own NCCL communicator, by ``ncclCommSplit``), timeout
+        and settings. Its nodes follow this one's: when its ranks on each node
+        form one block of consecutive ranks, and the blocks are of equal size,
+        ``local_size`` is that size, else 1 (2DH then runs like linear). It
+        does not depend on this communicator afterwards: either may be used,
+        or dropped, without the other. Its ``mpi_comm`` is None.
+
+        A color or key that is not an int (or a negative color) raises
+        ``InvalidArgumentError`` on its rank and ``RemoteError`` on the others,
+        and a failure to create the new communicator on any rank raises on
+        every rank; no rank then keeps one.
+        """
+        problem = _split_problem(color, key)
+        if problem is not None:
+            self._native.report_invalid("split", f"split on rank {self.rank} of {self.size}: {problem}")
+        native = self._native.split(
+            _C.UNDEFINED if color is None else int(color), self.rank if key is None else int(key)
+        )
+        return None if native is None else Comm(native)
+
     def _bind(self, v: ArrayView) -> str | None:
         """Checks that v lives where this communicator moves memory; on CUDA,
         sets the stream of the next collective to v's current stream. Returns
@@ -212,6 +244,21 @@ class Comm:
             f"local_size={self.local_size}, node={self.node}, num_nodes={self.num_nodes}, "
             f"device={where}, transport={self.transport})"
         )
+
+
+def _split_problem(color: Any, key: Any) -> str | None:
+    """Why (color, key) cannot be passed to Comm.split, or None."""
+    for name, value in (("color", color), ("key", key)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            wanted = "an int >= 0, or None" if name == "color" else "an int, or None"
+            return f"{name} must be {wanted}; got {type(value).__name__} {value!r}"
+        if not _C_INT_MIN <= int(value) <= _C_INT_MAX:
+            return f"{name} {int(value)} does not fit in a C int"
+    if color is not None and int(color) < 0:
+        return f"color {int(color)} is negative; pass an int >= 0, or None for a rank that joins no new communicator"
+    return None
 
 
 def _object_device(group: Any, cuda_device: int) -> Any:

@@ -175,6 +175,16 @@ a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_
   return create_comm(comm, [&] { return a2a::create_nccl_comm(id, size, rank, read_config(config)); });
 }
 
+a2a_status_t a2a_comm_split(a2a_comm_t comm, int color, int key, a2a_comm_t* out) {
+  if (out != nullptr) *out = nullptr;
+  return on_comm(comm, "split", [&](a2a::Comm& c) {
+    require_out(out, "out");
+    auto handle = std::make_unique<a2a_comm>();
+    handle->impl = c.split(color, key);
+    if (handle->impl != nullptr) *out = handle.release();
+  });
+}
+
 a2a_status_t a2a_comm_set_stream(a2a_comm_t comm, void* stream) {
   return on_comm(comm, "set_stream", [&](a2a::Comm& c) { c.set_stream(stream); }, false);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "core/algorithms.hpp"
 
@@ -39,7 +40,8 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       transport_kind_(parts.transport),
       topology_(std::move(topology)),
       use_strided_spans_(use_strided_spans && data_->supports_strided()),
-      in_band_(data_ == control_ && data_->supports_signed_exchange()) {}
+      in_band_(data_ == control_ && data_->supports_signed_exchange()),
+      splitter_(std::move(parts.splitter)) {}
 
 Comm::~Comm() {
   // Work still on the stream may be a NCCL kernel waiting for a peer that
@@ -300,6 +302,64 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
         transport, world, [&](int r) { return in_round(send_span(r), false); },
         [&](int r) { return in_round(recv_span(r), false); });
   });
+}
+
+std::unique_ptr<Comm> Comm::split(int color, int key) {
+  const char* op = "split";
+  if (!splitter_)
+    fail(A2A_ERROR_UNSUPPORTED, op, " on rank ", rank(), ": this communicator cannot make sub-communicators");
+  // Creating communicators waits for peers on the host, which cannot happen
+  // while this comm's stream is being captured into a CUDA graph (refused on
+  // every rank alike, as every rank captures or none does).
+  if (device_->capturing())
+    fail(A2A_ERROR_UNSUPPORTED, op, " on rank ", rank(), ": cannot create a communicator while the stream is being "
+         "captured into a CUDA graph; split before the capture");
+  std::string local_error;
+  if (color < 0 && color != A2A_UNDEFINED)
+    local_error = cat(op, " on rank ", rank(), " of ", size(), ": color ", color, " is negative; pass a color >= 0, "
+                      "or A2A_UNDEFINED (", A2A_UNDEFINED, ") for a rank that joins no new communicator");
+  agree(op, {}, local_error);
+
+  const SplitEntry mine{color, key, topology_.node};
+  std::vector<SplitEntry> entries(size());
+  run(op, [&] { control_->allgather(&mine, entries.data(), sizeof(SplitEntry)); });
+  const Topology topology = color == A2A_UNDEFINED ? Topology() : split_topology(entries, rank());
+
+  // The backends' split makes the same collective calls on every rank before
+  // anything can fail locally; then every rank learns whether all succeeded,
+  // so that none keeps a communicator that a peer lacks.
+  std::unique_ptr<Comm> child;
+  a2a_status_t status = A2A_SUCCESS;
+  std::string error;
+  try {
+    child = splitter_->split(*this, color, topology);
+  } catch (const Failure& e) {
+    status = e.status();
+    error = e.what();
+  } catch (const std::exception& e) {
+    status = A2A_ERROR_INTERNAL;
+    error = cat("internal error: ", e.what());
+  }
+  int64_t failed = error.empty() ? 0 : 1;
+  try {
+    run(op, [&] { control_->allreduce_int64(&failed, 1, ReduceOp::kMax); });
+  } catch (const Failure&) {
+    if (error.empty()) throw;  // else this rank's own failure says more
+  }
+  if (!error.empty()) {
+    child.reset();
+    const std::string message = cat(op, " on rank ", rank(), " of ", size(), ": ", error);
+    // Messages of the backends' split may still be in flight.
+    if (status == A2A_ERROR_TIMEOUT || status == A2A_ERROR_TRANSPORT) {
+      abort_transports();
+      mark_broken(message);
+    }
+    throw Failure(status, message);
+  }
+  if (failed != 0)
+    fail(A2A_ERROR_REMOTE, op, " on rank ", rank(), " of ", size(), ": another rank could not create its new "
+         "communicator (see the error on that rank); no rank keeps one");
+  return child;
 }
 
 void Comm::abort_transports() {

@@ -25,6 +25,23 @@ struct Field {
   int64_t value;
 };
 
+class Comm;
+
+// The backend half of Comm::split, which setup/ gives every communicator it
+// builds: it knows how that communicator was made (its MPI or NCCL
+// communicator, settings, arrangement of transports) and makes new ones alike.
+class Splitter {
+ public:
+  virtual ~Splitter() = default;
+  // Collective over every rank of `parent` (color A2A_UNDEFINED included):
+  // splits the backends' communicators and returns this rank's new one with
+  // `topology`, or nullptr for A2A_UNDEFINED. The backends order the ranks of
+  // a color by topology.rank, so that theirs match it. Must make the same
+  // collective calls on every rank until they are all made: a local failure
+  // (e.g. building the device) comes after them.
+  virtual std::unique_ptr<Comm> split(Comm& parent, int color, const Topology& topology) = 0;
+};
+
 // What a communicator is built from. `data` moves the collectives' buffers
 // (memory of `device`); `control` moves small host messages (the argument
 // check, all-to-all-v counts, the MoE capacity). They are one MPI transport on
@@ -41,6 +58,9 @@ struct CommParts {
   bool control_waits_for_stream = false;
   int device_type = A2A_DEVICE_CPU;     // a2a_device_type_t
   int transport = A2A_TRANSPORT_MPI;    // a2a_transport_t
+  // How to make sub-communicators of this kind; none: Comm::split fails
+  // with A2A_ERROR_UNSUPPORTED.
+  std::unique_ptr<Splitter> splitter;
 };
 
 // The argument check's verdict (Comm::agree): every rank throws one, nothing
@@ -101,6 +121,14 @@ class Comm {
   // for data and control, which can label messages (MPI).
   bool checks_in_band() const { return in_band_; }
 
+  // Collective (MPI_Comm_split semantics): the ranks that pass the same
+  // color form a new communicator of this one's kind, ranked by (key, rank);
+  // nullptr for color A2A_UNDEFINED. Its topology follows this one's nodes
+  // (split_topology). A bad color or a failure on any rank throws on every
+  // rank; a failure inside the backends' split (a timeout, an MPI or NCCL
+  // error) also retires this comm, as run() does.
+  std::unique_ptr<Comm> split(int color, int key);
+
   // Shared by everything that keeps a reference to this comm (a VPlan): it
   // expires when the comm is destroyed, so that a use after destruction is a
   // clear error instead of undefined behaviour.
@@ -160,6 +188,7 @@ class Comm {
   std::string broken_reason_;
   int64_t sequence_ = 0;
   CallGate call_gate_;
+  std::unique_ptr<Splitter> splitter_;
 };
 
 }  // namespace a2a

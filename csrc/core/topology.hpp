@@ -3,7 +3,9 @@
 // num_nodes x local_size by overriding local_size.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace a2a {
 
@@ -30,5 +32,21 @@ Topology make_topology(int rank, int size, int local_size);
 // `reason` (empty when the blocks are regular) says why 2DH cannot run on a
 // communicator that is usable by the linear algorithms only.
 Topology block_topology(int rank, int size, int local_size, const std::string& reason);
+
+// What each rank brings to Comm::split: its color (A2A_UNDEFINED: none), its
+// key, and its node in the communicator being split.
+struct SplitEntry {
+  int64_t color;
+  int64_t key;
+  int64_t node;
+};
+
+// The topology of rank `rank`'s new communicator in a split where rank r
+// brought entries[r] (its color defined): the ranks of its color ordered by
+// (key, rank). Nodes follow the old ones: when the new ranks on each old node
+// are one block of consecutive new ranks, and the blocks are of equal size,
+// local_size is that size, else 1. Every rank of the new communicator holds
+// the same entries, so all of them reach the same local_size.
+Topology split_topology(const std::vector<SplitEntry>& entries, int rank);
 
 }  // namespace a2a

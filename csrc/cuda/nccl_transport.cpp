@@ -72,6 +72,10 @@ class NcclTransport final : public Transport {
     }
   }
 
+  // Adopts `comm`, made by ncclCommSplit (split() below).
+  NcclTransport(ncclComm_t comm, int rank, int size, int cuda_device, double timeout_s)
+      : rank_(rank), size_(size), device_(cuda_device), timeout_s_(timeout_s), comm_(comm) {}
+
   ~NcclTransport() override {
     if (comm_ == nullptr || cuda_is_unloading()) return;  // at process exit the teardown frees it
     // Finalize flushes what is still enqueued; a peer that never comes must
@@ -148,6 +152,41 @@ class NcclTransport final : public Transport {
     comm_ = nullptr;
   }
 
+  // ncclCommSplit, non-blocking like every communicator here: NCCL reports
+  // the split on the parent (in progress until it completes, then the new
+  // handle is filled), and the new communicator's own setup on it. Both are
+  // polled with the timeout. A failure aborts this communicator, whose state
+  // is then unknown.
+  std::unique_ptr<Transport> split(int color, int key) {
+    check_usable();
+    const CurrentDevice current(device_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const bool joins = color != A2A_UNDEFINED;
+    const char* what = "splitting the NCCL communicator (ncclCommSplit)";
+    // NCCL may write the handle after the call returns: on the heap, and left
+    // there (not freed) if the wait fails.
+    auto handle = std::make_unique<ncclComm_t>(nullptr);
+    int rank = -1, size = 0;
+    try {
+      settle(ncclCommSplit(comm_, joins ? color : NCCL_SPLIT_NOCOLOR, key, handle.get(), &config), what);
+      if (!joins) return nullptr;
+      if (*handle == nullptr)
+        fail(A2A_ERROR_INTERNAL, "rank ", rank_, " of ", size_, ": ncclCommSplit with color ", color,
+             " made no communicator");
+      settle_on(*handle, ncclSuccess, what);
+      const ncclResult_t rank_result = ncclCommUserRank(*handle, &rank);
+      const ncclResult_t size_result = rank_result == ncclSuccess ? ncclCommCount(*handle, &size) : rank_result;
+      if (size_result != ncclSuccess) raise(size_result, "ncclCommUserRank / ncclCommCount of the split", -1);
+    } catch (...) {
+      if (*handle != nullptr) (void)ncclCommAbort(*handle);
+      (void)handle.release();
+      abort();
+      throw;
+    }
+    return std::make_unique<NcclTransport>(*handle, rank, size, device_, timeout_s_);
+  }
+
  private:
   void check_usable() const {
     if (comm_ == nullptr)
@@ -169,11 +208,13 @@ class NcclTransport final : public Transport {
   }
   // Waits, bounded, until a call that may return ncclInProgress has finished
   // (been enqueued, for the stream-ordered operations).
-  void settle(ncclResult_t result, const char* what) {
+  void settle(ncclResult_t result, const char* what) { settle_on(comm_, result, what); }
+  // The same for a call on `comm` (this communicator, or one split from it).
+  void settle_on(ncclComm_t comm, ncclResult_t result, const char* what) {
     if (result != ncclSuccess && result != ncclInProgress) raise(result, what, -1);
     const bool settled = poll_until(timeout_s_, [&] {
       ncclResult_t state = ncclSuccess;
-      const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+      const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
       if (query != ncclSuccess) raise(query, "ncclCommGetAsyncError", -1);
       if (state != ncclSuccess && state != ncclInProgress) raise(state, what, -1);
       return state == ncclSuccess;
@@ -205,6 +246,13 @@ void nccl_unique_id(void* id) {
 std::unique_ptr<Transport> make_nccl_transport(const void* id, int size, int rank, int cuda_device, double timeout_s) {
   return std::make_unique<NcclTransport>(id, size, rank, cuda_device < 0 ? current_cuda_device() : cuda_device,
                                          timeout_s);
+}
+
+std::unique_ptr<Transport> split_nccl_transport(Transport& parent, int color, int key) {
+  auto* nccl = dynamic_cast<NcclTransport*>(&parent);
+  if (nccl == nullptr)
+    fail(A2A_ERROR_INTERNAL, "split_nccl_transport: the ", parent.name(), " transport is not a NCCL transport");
+  return nccl->split(color, key);
 }
 
 }  // namespace a2a

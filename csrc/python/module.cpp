@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -241,6 +242,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
+  m.attr("UNDEFINED") = A2A_UNDEFINED;
   m.def("build_config", [] { return std::string(a2a_build_config()); });
   // (address, C-contiguous, writeable) of a NumPy array in one call: reading
   // them as Python attributes costs several microseconds per collective.
@@ -341,6 +343,18 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("id"), py::arg("size"), py::arg("rank"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
           py::arg("cuda_device") = -1)
+      .def(
+          "split",
+          [](a2a::Communicator& c, int color, int key) -> py::object {
+            std::optional<a2a::Communicator> child;
+            {
+              py::gil_scoped_release release;
+              child = c.split(color, key);
+            }
+            if (!child) return py::none();
+            return py::cast(std::move(*child));
+          },
+          py::arg("color"), py::arg("key"))
       .def("set_stream", [](a2a::Communicator& c, uintptr_t stream) { c.set_stream(as_mutable(stream)); })
       .def_property_readonly("device",
                              [](const a2a::Communicator& c) {

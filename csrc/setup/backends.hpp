@@ -23,5 +23,10 @@ void nccl_unique_id(void* id);
 // One NCCL communicator of `size` ranks from `id`, on `cuda_device`. The
 // creation is collective and bounded by timeout_s.
 std::unique_ptr<Transport> make_nccl_transport(const void* id, int size, int rank, int cuda_device, double timeout_s);
+// ncclCommSplit of `parent` (a transport from make_nccl_transport or from
+// this function), collective over its ranks: the new NCCL transport of the
+// ranks of `color`, ordered by key, on the parent's device and timeout; nullptr
+// for color A2A_UNDEFINED. Bounded by the timeout; a failure aborts `parent`.
+std::unique_ptr<Transport> split_nccl_transport(Transport& parent, int color, int key);
 
 }  // namespace a2a

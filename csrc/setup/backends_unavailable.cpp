@@ -32,6 +32,7 @@ namespace {
 
 void nccl_unique_id(void*) { no_nccl(); }
 std::unique_ptr<Transport> make_nccl_transport(const void*, int, int, int, double) { no_nccl(); }
+std::unique_ptr<Transport> split_nccl_transport(Transport&, int, int) { no_nccl(); }
 #endif
 
 }  // namespace a2a

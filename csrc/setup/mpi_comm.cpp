@@ -3,6 +3,8 @@
 #include <climits>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/debug.hpp"
 #include "core/error.hpp"
@@ -55,6 +57,92 @@ MPI_Comm duplicate(MPI_Comm parent, double timeout_s) {
   return *dup;
 }
 
+// What a communicator over MPI was made with, so that its splits are made
+// alike (Comm::split).
+struct MpiRecipe {
+  int device_type;      // a2a_device_type_t
+  int transport;        // a2a_transport_t
+  int cuda_device;      // the CUDA ordinal of the device; -1 on the CPU
+  int cpu_threads;      // copy threads of a host device
+  double timeout_s;
+  size_t max_count;     // A2A_MPI_MAX_COUNT
+  bool use_datatypes;
+  int thread_level;     // a2a_mpi_thread_level_t
+  HostArrangement arrange;
+};
+
+std::unique_ptr<Comm> assemble(std::unique_ptr<MpiTransport> mpi, std::unique_ptr<Device> device,
+                               std::unique_ptr<Transport> nccl, const Topology& topo, const MpiRecipe& recipe);
+
+// Splits the MPI duplicate (and the NCCL communicator, if any) of a
+// communicator made over MPI.
+class MpiSplitter final : public Splitter {
+ public:
+  // mpi and nccl belong to the communicator that owns this splitter.
+  MpiSplitter(MpiRecipe recipe, MpiTransport& mpi, Transport* nccl)
+      : recipe_(std::move(recipe)), mpi_(mpi), nccl_(nccl) {}
+
+  std::unique_ptr<Comm> split(Comm& parent, int color, const Topology& topology) override {
+    const bool joins = color != A2A_UNDEFINED;
+    // Blocking (MPI has no nonblocking split), but every rank is known to be
+    // here: Comm::split's allgather just completed on all of them.
+    MPI_Comm split_comm = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(mpi_.mpi_comm(), joins ? color : MPI_UNDEFINED, topology.rank, &split_comm),
+              "MPI_Comm_split", parent.rank(), "split");
+    std::unique_ptr<MpiTransport> mpi;
+    if (split_comm != MPI_COMM_NULL)
+      mpi = std::make_unique<MpiTransport>(split_comm, recipe_.timeout_s, recipe_.max_count);
+    std::unique_ptr<Transport> nccl;
+    if (nccl_ != nullptr) nccl = split_nccl_transport(*nccl_, color, topology.rank);
+    if (!joins) return nullptr;
+    if (mpi == nullptr || mpi->rank() != topology.rank || mpi->size() != topology.size)
+      fail(A2A_ERROR_INTERNAL, "rank ", parent.rank(), ": MPI_Comm_split made rank ", mpi ? mpi->rank() : -1, " of ",
+           mpi ? mpi->size() : 0, " where rank ", topology.rank, " of ", topology.size, " was expected");
+    std::unique_ptr<Device> device;
+    if (recipe_.device_type == A2A_DEVICE_CUDA)
+      device = make_cuda_device(recipe_.cuda_device);
+    else
+      device = std::make_unique<CpuDevice>(recipe_.cpu_threads);
+    auto comm = assemble(std::move(mpi), std::move(device), std::move(nccl), topology, recipe_);
+    report_created(*comm, "a split", "the nodes of the communicator split", recipe_.timeout_s,
+                   cat(", ", mpi_thread_level_name(recipe_.thread_level)));
+    return comm;
+  }
+
+ private:
+  MpiRecipe recipe_;
+  MpiTransport& mpi_;
+  Transport* nccl_;
+};
+
+// The communicator around its MPI transport: host memory over MPI, CUDA
+// memory over NCCL (`nccl`) or staged through host memory, or the test-only
+// arrangement.
+std::unique_ptr<Comm> assemble(std::unique_ptr<MpiTransport> mpi, std::unique_ptr<Device> device,
+                               std::unique_ptr<Transport> nccl, const Topology& topo, const MpiRecipe& recipe) {
+  MpiTransport& host = *mpi;
+  Transport* const nccl_transport = nccl.get();
+  const bool cuda = recipe.device_type == A2A_DEVICE_CUDA;
+  CommParts parts;
+  parts.device = std::move(device);
+  parts.device_type = recipe.device_type;
+  parts.transport = recipe.transport;
+  parts.data = parts.control = mpi.get();
+  parts.transports.push_back(std::move(mpi));
+  if (nccl) {
+    parts.data = parts.transports.emplace_back(std::move(nccl)).get();
+  } else if (cuda) {
+    parts.data =
+        parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, recipe.timeout_s)).get();
+  } else if (recipe.arrange) {
+    recipe.arrange(parts, recipe.timeout_s);
+  }
+  parts.splitter = std::make_unique<MpiSplitter>(recipe, host, nccl_transport);
+  auto comm = std::make_unique<Comm>(std::move(parts), topo, recipe.use_datatypes && !cuda);
+  comm->call_gate().set_mpi_thread_level(recipe.thread_level);
+  return comm;
+}
+
 }  // namespace
 
 std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config) {
@@ -94,7 +182,8 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   proposal.local_size = detect_local_size(dup, timeout_s, &proposal.irregular_reason);
   // The host's cores shared among the ranks on it (measured in
   // docs/benchmarks.md: more copy threads than cores only slowed copies).
-  if (!cuda) device = std::make_unique<CpuDevice>(cpu::threads_per_rank(proposal.local_size));
+  const int cpu_threads = cuda ? 0 : cpu::threads_per_rank(proposal.local_size);
+  if (!cuda) device = std::make_unique<CpuDevice>(cpu_threads);
   proposal.source = "local_size= / A2A_LOCAL_SIZE";
   const int given = config.local_size > 0 ? config.local_size : static_cast<int>(env_local > 0 ? env_local : 0);
   if (given > 0) {
@@ -104,13 +193,7 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   }
   const Topology topo = agree_topology(*mpi, proposal, config, settings);
 
-  CommParts parts;
-  parts.device = std::move(device);
-  parts.device_type = config.device_type;
-  parts.transport = config.transport;
-  parts.data = parts.control = mpi.get();
-  parts.transports.push_back(std::move(mpi));
-  Transport& host = *parts.control;
+  std::unique_ptr<Transport> nccl;
   if (config.transport == A2A_TRANSPORT_NCCL) {
     // Rank 0 makes the id; everyone takes rank 0's share of an allgather.
     std::vector<char> ids(kNcclUniqueIdBytes * static_cast<size_t>(topo.size), 0);
@@ -125,28 +208,21 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
         std::memset(mine.data() + 1, 0xff, kNcclUniqueIdBytes - 1);
       }
     }
-    host.allgather(mine.data(), ids.data(), kNcclUniqueIdBytes);
+    mpi->allgather(mine.data(), ids.data(), kNcclUniqueIdBytes);
     int64_t failed = id_error.empty() ? 0 : 1;
-    host.allreduce_int64(&failed, 1, ReduceOp::kMax);
+    mpi->allreduce_int64(&failed, 1, ReduceOp::kMax);
     if (failed) fail(A2A_ERROR_TRANSPORT, "rank ", topo.rank, ": rank 0 could not create a NCCL unique id",
                      id_error.empty() ? std::string() : cat(": ", id_error));
-    parts.data = parts.transports
-                     .emplace_back(make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*parts.device),
-                                                       timeout_s))
-                     .get();
-  } else if (cuda) {
-    parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, timeout_s)).get();
-  } else if (arrange) {
-    arrange(parts, timeout_s);
+    nccl = make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*device), timeout_s);
   }
-  auto comm = std::make_unique<Comm>(std::move(parts), topo, use_datatypes != 0 && !cuda);
-  const int thread_level = query_thread_level();
-  comm->call_gate().set_mpi_thread_level(thread_level);
+  const MpiRecipe recipe{config.device_type, config.transport, cuda ? cuda_device_of(*device) : -1, cpu_threads,
+                         timeout_s, max_count, use_datatypes != 0, query_thread_level(), arrange};
+  auto comm = assemble(std::move(mpi), std::move(device), std::move(nccl), topo, recipe);
   report_created(*comm, "MPI",
                  !proposal.explicit_size ? "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"
                  : config.local_size > 0 ? "local_size="
                                          : "A2A_LOCAL_SIZE",
-                 timeout_s, cat(", ", mpi_thread_level_name(thread_level)));
+                 timeout_s, cat(", ", mpi_thread_level_name(recipe.thread_level)));
   return comm;
 }
 

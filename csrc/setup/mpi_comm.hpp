@@ -20,7 +20,8 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
 // How a host communicator's transports are arranged, when not MPI for both
 // data and control. Gets the parts with the CPU device and the MPI transport
 // as `data` and `control`, and the timeout. Only the test-only factory
-// (setup/testing_comm.hpp) passes one.
+// (setup/testing_comm.hpp) passes one. The communicator keeps it: its splits
+// (Comm::split) are arranged alike.
 using HostArrangement = std::function<void(CommParts& parts, double timeout_s)>;
 std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& config, const HostArrangement& arrange);
 

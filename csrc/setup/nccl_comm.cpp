@@ -1,5 +1,7 @@
 #include "setup/nccl_comm.hpp"
 
+#include <utility>
+
 #include "core/debug.hpp"
 #include "core/error.hpp"
 #include "core/staging.hpp"
@@ -35,6 +37,49 @@ LocalSizeProposal local_size_from(const a2a_comm_config_t& config, int size, Set
   return proposal;
 }
 
+// The parts of a communicator whose data and control both go over `nccl`
+// (control through a device buffer), with the splitter that makes its
+// sub-communicators alike.
+CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> nccl, double timeout_s);
+
+class NcclSplitter final : public Splitter {
+ public:
+  // nccl belongs to the communicator that owns this splitter.
+  NcclSplitter(Transport& nccl, int cuda_device, double timeout_s)
+      : nccl_(nccl), cuda_device_(cuda_device), timeout_s_(timeout_s) {}
+
+  std::unique_ptr<Comm> split(Comm& parent, int color, const Topology& topology) override {
+    std::unique_ptr<Transport> nccl = split_nccl_transport(nccl_, color, topology.rank);
+    if (color == A2A_UNDEFINED) return nullptr;
+    if (nccl == nullptr || nccl->rank() != topology.rank || nccl->size() != topology.size)
+      fail(A2A_ERROR_INTERNAL, "rank ", parent.rank(), ": ncclCommSplit made rank ", nccl ? nccl->rank() : -1, " of ",
+           nccl ? nccl->size() : 0, " where rank ", topology.rank, " of ", topology.size, " was expected");
+    auto comm = std::make_unique<Comm>(nccl_parts(make_cuda_device(cuda_device_), std::move(nccl), timeout_s_),
+                                       topology, false);
+    report_created(*comm, "a split", "the nodes of the communicator split", timeout_s_);
+    return comm;
+  }
+
+ private:
+  Transport& nccl_;
+  int cuda_device_;
+  double timeout_s_;
+};
+
+CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> nccl, double timeout_s) {
+  CommParts parts;
+  parts.device = std::move(device);
+  parts.device_type = A2A_DEVICE_CUDA;
+  parts.transport = A2A_TRANSPORT_NCCL;
+  parts.data = parts.transports.emplace_back(std::move(nccl)).get();
+  parts.control =
+      parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(*parts.data, *parts.device, timeout_s))
+          .get();
+  parts.control_waits_for_stream = true;
+  parts.splitter = std::make_unique<NcclSplitter>(*parts.data, cuda_device_of(*parts.device), timeout_s);
+  return parts;
+}
+
 }  // namespace
 
 std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const a2a_comm_config_t& config) {
@@ -53,16 +98,9 @@ std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const
   a2a_comm_config_t kind = config;
   kind.device_type = A2A_DEVICE_CUDA;
   kind.transport = A2A_TRANSPORT_NCCL;
-  CommParts parts;
-  parts.device = make_cuda_device(config.cuda_device);
-  parts.device_type = A2A_DEVICE_CUDA;
-  parts.transport = A2A_TRANSPORT_NCCL;
-  parts.data =
-      parts.transports.emplace_back(make_nccl_transport(id, size, rank, cuda_device_of(*parts.device), timeout_s)).get();
-  parts.control =
-      parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(*parts.data, *parts.device, timeout_s))
-          .get();
-  parts.control_waits_for_stream = true;
+  std::unique_ptr<Device> device = make_cuda_device(config.cuda_device);
+  std::unique_ptr<Transport> nccl = make_nccl_transport(id, size, rank, cuda_device_of(*device), timeout_s);
+  CommParts parts = nccl_parts(std::move(device), std::move(nccl), timeout_s);
   const Topology topo = agree_topology(*parts.control, proposal, kind, SettingReader());
   auto comm = std::make_unique<Comm>(std::move(parts), topo, false);
   report_created(*comm, "a NCCL unique id", proposal.explicit_size ? proposal.source : "the default: one node",

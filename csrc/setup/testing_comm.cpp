@@ -15,7 +15,8 @@ std::unique_ptr<Comm> create_staged_host_comm(MPI_Comm parent, const a2a_comm_co
   if (config.device_type != A2A_DEVICE_CPU || config.transport != A2A_TRANSPORT_MPI)
     fail(A2A_ERROR_INVALID_ARGUMENT, "testing staging mode '", mode, "' runs host communicators only (device cpu, "
          "transport mpi)");
-  return create_mpi_comm(parent, config, [&](CommParts& parts, double timeout_s) {
+  // Kept by the communicator for its splits: captures by value.
+  return create_mpi_comm(parent, config, [mode](CommParts& parts, double timeout_s) {
     Transport& host = *parts.control;
     if (mode == "staged") {
       parts.data = parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, timeout_s)).get();

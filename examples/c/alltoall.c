@@ -164,6 +164,41 @@ int main(int argc, char** argv) {
     free(dispatched); free(expert_in); free(y); free(grad_gates);
   }
 
+  /* Sub-communicators (MPI_Comm_split semantics): the even and the odd ranks,
+   * each ordered from the highest rank down; with more than 2 ranks, rank 0
+   * joins none. Then a negative color on the last rank fails on every rank. */
+  {
+    const int excluded = size > 2 ? 0 : -1;
+    const int color = rank == excluded ? A2A_UNDEFINED : rank % 2;
+    a2a_comm_t half = comm; /* overwritten: NULL for A2A_UNDEFINED */
+    CHECK(a2a_comm_split(comm, color, -rank, &half));
+    long split_wrong = 0;
+    if (color == A2A_UNDEFINED) {
+      split_wrong += half != NULL;
+    } else {
+      int half_rank, half_size, expected_rank = 0, expected_size = 0;
+      int32_t mine = rank, sum = 0, expected_sum = 0;
+      for (int r = 0; r < size; ++r) {
+        if (r == excluded || r % 2 != color) continue;
+        expected_size += 1;
+        expected_rank += r > rank;
+        expected_sum += r;
+      }
+      CHECK(a2a_comm_topology(half, &half_rank, &half_size, NULL, NULL, NULL, NULL));
+      CHECK(a2a_all_reduce(half, &mine, &sum, 1, A2A_INT32, A2A_SUM));
+      split_wrong += half_rank != expected_rank || half_size != expected_size || sum != expected_sum;
+      CHECK(a2a_comm_destroy(half));
+    }
+    a2a_comm_t refused = comm;
+    const a2a_status_t split_status = a2a_comm_split(comm, rank == size - 1 ? -2 : 0, 0, &refused);
+    split_wrong += split_status != (rank == size - 1 ? A2A_ERROR_INVALID_ARGUMENT : A2A_ERROR_REMOTE);
+    split_wrong += refused != NULL;
+    if (rank == size - 1) printf("negative color rejected: %s\n", a2a_get_last_error());
+    MPI_Allreduce(MPI_IN_PLACE, &split_wrong, 1, MPI_LONG, MPI_SUM, world);
+    if (rank == 0) printf("a2a_comm_split + all_reduce ranks %d  #wrong %ld\n", size, split_wrong);
+    failures += split_wrong;
+  }
+
   /* Bad input is an error code and a message, never a crash. */
   a2a_status_t status = a2a_all_to_all(comm, send, send, count, A2A_FLOAT32, A2A_ALGO_LINEAR, NULL, 0);
   if (status != A2A_ERROR_INVALID_ARGUMENT) failures += 1;

@@ -265,3 +265,31 @@ def test_transport_nccl_needs_cuda():
 
     with pytest.raises(ValueError, match="device='cuda'"):
         a2a.Comm.from_mpi(MPI.COMM_SELF, transport="nccl")
+
+
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm", "torch_comm"])
+def test_split_makes_a_cuda_comm_of_the_same_kind(request, comm_name, host_comm):
+    """A split of a CUDA communicator (ncclCommSplit for NCCL, with MPI or
+    NCCL itself as the control transport; the staged MPI transport) is one of
+    the same kind, and so is its own split."""
+    comm = request.getfixturevalue(comm_name)
+    assert comm.split(None) is None
+    child = comm.split(0)
+    grandchild = child.split(3, key=-1)
+    for c in (child, grandchild):
+        assert (c.device, c.transport, c.cuda_device) == (comm.device, comm.transport, comm.cuda_device)
+        assert (c.rank, c.size, c.local_size) == (0, 1, 1)
+        for algo in ("linear", "2dh"):
+            x = ref.a2a_input("gpu-split", 0, 1, (100, 3), "bfloat16")
+            want = a2a.all_to_all(ref.to_framework(x, "bfloat16", "torch"), comm=host_comm, algo=algo)
+            ref.assert_bitwise_equal(a2a.all_to_all(_cuda(x, "bfloat16"), comm=c, algo=algo).cpu(), want, algo)
+            got, counts = a2a.all_to_all_v(_cuda(x, "bfloat16"), [100], comm=c, algo=algo)
+            assert list(counts) == [100]
+            ref.assert_bitwise_equal(got.cpu(), want, f"all_to_all_v {algo}")
+        d = ref.a2a_input("gpu-split-dense", 0, 1, (6, 5), "float32")
+        ref.assert_bitwise_equal(a2a.all_reduce(_cuda(d, "float32"), comm=c, op="max").cpu(), d, "all_reduce")
+        ref.assert_bitwise_equal(a2a.all_gather(_cuda(d, "float32"), comm=c).cpu(), d, "all_gather")
+    del child
+    torch.cuda.synchronize()
+    ref.assert_bitwise_equal(a2a.all_reduce(_cuda(d, "float32"), comm=grandchild).cpu(), d, "after its parent")
+

@@ -286,3 +286,53 @@ def test_creation_waiting_for_a_missing_rank_times_out(late_creation, world):
     for fragment in (f"rank {world.Get_rank()} of {world.Get_size()}", "communicator creation", "MPI_Comm_idup"):
         assert fragment in message, message
     assert late_creation["seconds"] < 2.5, late_creation["seconds"]
+
+
+@pytest.fixture(scope="module")
+def late_split(world):
+    """Every rank but the last splits a communicator with a 1 s timeout; the
+    last calls split only after they gave up; then every rank calls split
+    again on that communicator."""
+    if world.Get_size() < 2:
+        pytest.skip("needs at least 2 ranks")
+    missing = world.Get_size() - 1
+    comm = a2a.Comm.from_mpi(world, timeout_s=1)
+    record = {"missing": missing}
+    world.Barrier()
+    if comm.rank != missing:
+        start = time.monotonic()
+        record["outcome"] = attempt(lambda: comm.split(0))
+        record["seconds"] = time.monotonic() - start
+    world.Barrier()
+    if comm.rank == missing:
+        record["late"] = attempt(lambda: comm.split(0))
+    world.Barrier()
+    record["again"] = attempt(lambda: comm.split(0))
+    world.Barrier()
+    return record
+
+
+def test_split_waiting_for_a_missing_rank_times_out(late_split, world):
+    if world.Get_rank() == late_split["missing"]:
+        pytest.skip("this rank is the one that came late")
+    result, error = late_split["outcome"]
+    assert isinstance(error, a2a.A2ATimeoutError), f"split without rank {late_split['missing']}: {result!r}"
+    message = str(error)
+    for fragment in ("split", f"rank {world.Get_rank()} of {world.Get_size()}", "timed out"):
+        assert fragment in message, message
+    assert late_split["seconds"] < 5, late_split["seconds"]
+
+
+def test_a_late_split_fails_too(late_split, world):
+    if world.Get_rank() != late_split["missing"]:
+        pytest.skip("only the late rank")
+    result, error = late_split["late"]
+    assert isinstance(error, (a2a.A2ATimeoutError, a2a.TransportError)), f"late split: {result!r}"
+    assert "split" in str(error), str(error)
+
+
+def test_a_timed_out_split_retires_the_comm(late_split):
+    result, error = late_split["again"]
+    assert isinstance(error, a2a.TransportError), f"split on the retired comm: {result!r} / {error!r}"
+    message = str(error)
+    assert "split" in message and "unusable" in message, message

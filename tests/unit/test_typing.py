@@ -24,8 +24,10 @@ def stub_tree() -> ast.Module:
 
 
 def defined(body) -> set[str]:
-    """Functions and classes defined in a stub body (type aliases are the stub's own)."""
-    return {node.name for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    """Functions, classes and annotated constants (``UNDEFINED: int``) defined
+    in a stub body (type aliases are the stub's own)."""
+    names = {node.name for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return names | {node.target.id for node in body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
 
 
 def test_py_typed_marks_the_package():

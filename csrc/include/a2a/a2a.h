@@ -129,6 +129,26 @@ A2A_API a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* tra
 A2A_API a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local_rank,
                                        int* local_size, int* node, int* num_nodes);
 
+/* The color of a rank that joins no new communicator in a2a_comm_split (the
+ * value of MPI_UNDEFINED in Open MPI and MPICH). */
+#define A2A_UNDEFINED (-32766)
+
+/* MPI_Comm_split semantics: the ranks of comm that pass the same color form a
+ * new communicator, ranked by (key, rank in comm). Collective over comm: every
+ * rank must call it, those with color A2A_UNDEFINED too, which get *out =
+ * NULL. color is otherwise >= 0; keys may repeat. The new communicator is of
+ * comm's kind: the same device (CPU or the same CUDA device), transport (its
+ * MPI communicator split from comm's own duplicate; its NCCL communicator by
+ * ncclCommSplit of comm's), timeout, settings and MPI thread level. It does not
+ * depend on comm afterwards: either may be destroyed first.
+ * Its nodes come from comm's: when the new ranks on each node of comm are one
+ * block of consecutive new ranks, and the blocks are of equal size, local_size
+ * is that size, else 1 (e.g. splitting 2 nodes x 4 ranks by parity gives
+ * 2 x 2; the ranks of one node give 1 x 4). A bad color, or a failure to
+ * create the new communicator on any rank, fails on every rank (the others
+ * with A2A_ERROR_REMOTE), and *out stays NULL everywhere. */
+A2A_API a2a_status_t a2a_comm_split(a2a_comm_t comm, int color, int key, a2a_comm_t* out);
+
 /* Threads. Calls on one communicator must not overlap: a call made while
  * another thread is inside a call on the same communicator fails at once
  * with A2A_ERROR_UNSUPPORTED (MPI forbids concurrent collectives on one

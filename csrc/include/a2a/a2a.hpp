@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -63,6 +64,14 @@ class Communicator {
     Topology t{};
     check(a2a_comm_topology(handle_, &t.rank, &t.size, &t.local_rank, &t.local_size, &t.node, &t.num_nodes));
     return t;
+  }
+
+  // See a2a_comm_split: collective; std::nullopt for color A2A_UNDEFINED.
+  std::optional<Communicator> split(int color, int key) {
+    a2a_comm_t child = nullptr;
+    check(a2a_comm_split(handle_, color, key, &child));
+    if (child == nullptr) return std::nullopt;
+    return adopt(child);
   }
 
   // The CUDA stream of the following collectives (a cudaStream_t).
