@@ -11,8 +11,10 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   ``reduce_scatter`` (with the ops of ``REDUCE_OPS``: ``"sum"``, ``"max"``,
   ``"min"``).
 - MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
-  ``fast_decode`` and the dropless ``permute`` / ``unpermute``; autograd
-  versions in :mod:`a2a.torch`.
+  ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
+- Autograd: :mod:`a2a.torch` has torch.autograd versions of the collectives
+  and the MoE kernels; the functions above use them by themselves when a
+  torch input requires grad while grad mode is on.
 - Errors: :class:`A2AError` and its subclasses, each with the core's status.
 - The build: ``config()`` (what it contains, NCCL and CUDA included),
   ``get_include()`` and ``get_cmake_dir()`` for C and C++ users.
@@ -25,18 +27,8 @@ from __future__ import annotations
 import os
 
 from . import _C
-from ._collectives import (
-    ALGORITHMS,
-    REDUCE_OPS,
-    VPlan,
-    all_gather,
-    all_reduce,
-    all_to_all,
-    all_to_all_flex,
-    all_to_all_v,
-    plan_v,
-    reduce_scatter,
-)
+from ._collective_api import all_gather, all_reduce, all_to_all, all_to_all_flex, all_to_all_v, reduce_scatter
+from ._collectives import ALGORITHMS, REDUCE_OPS, VPlan, plan_v
 from ._comm import Comm
 from ._errors import (
     A2AError,

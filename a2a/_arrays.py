@@ -50,6 +50,17 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def records_autograd(*arrays: Any) -> bool:
+    """Whether an op on `arrays` records autograd: a torch tensor among them
+    requires grad while grad mode is on."""
+    torch = _torch()
+    return (
+        torch is not None
+        and any(isinstance(a, torch.Tensor) and a.requires_grad for a in arrays)
+        and torch.is_grad_enabled()
+    )
+
+
 def _cupy():
     """cupy if the caller already imported it."""
     return sys.modules.get("cupy")

@@ -1,4 +1,7 @@
-"""The collectives: all_to_all, all_to_all_flex, all_to_all_v.
+"""The collectives: all_to_all, all_to_all_flex, all_to_all_v, the dense
+ones, and plans. These record no autograd: a2a's public functions
+(a2a._collective_api) come here, or to a2a.torch when a torch input requires
+grad.
 
 Every function is collective over ``comm`` and blocking. Arguments that must
 agree across ranks are checked on every call; a rank whose input is invalid
@@ -15,7 +18,16 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import NUMPY_CODES, ArrayView, check_out, check_supported, empty_like, is_torch_tensor, view
+from ._arrays import (
+    NUMPY_CODES,
+    ArrayView,
+    check_out,
+    check_supported,
+    empty_like,
+    is_torch_tensor,
+    records_autograd,
+    view,
+)
 from ._comm import Comm
 from ._errors import A2AError, InvalidArgumentError
 
@@ -304,7 +316,10 @@ class VPlan:
         """Collective: sends ``send_counts[i]`` rows of ``x`` to rank i and
         returns the ``sum(recv_counts)`` rows received, rank j's before rank
         j+1's. ``x`` has ``sum(send_counts)`` rows and the planned row shape
-        and dtype; ``out=`` takes the result's place."""
+        and dtype; ``out=`` takes the result's place.
+
+        A plan records no autograd: a torch ``x`` that requires grad while
+        grad mode is on is an error (a2a.all_to_all_v differentiates)."""
         comm = self.comm
         if (
             self._framework == "numpy"
@@ -321,6 +336,13 @@ class VPlan:
         op = "all_to_all_v"
         with _ReportToAllRanks(comm, op):
             v = _prepare(comm, op, x, self.algo)
+            if records_autograd(x):
+                _reject(
+                    comm,
+                    op,
+                    f"input {v.describe()} requires grad while grad mode is on, and a plan records no autograd: "
+                    "use a2a.all_to_all_v (or a2a.torch.all_to_all_v), or run the plan under torch.no_grad()",
+                )
             if v.framework != self._framework or v.dtype_name != self.dtype or tuple(v.shape[1:]) != self.row_shape:
                 _reject(
                     comm,

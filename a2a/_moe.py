@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._arrays import is_torch_tensor
+from ._arrays import records_autograd
 from ._errors import InvalidArgumentError
 from ._moe_kernels import combine, dispatch, dispatched_rows
 from ._routing import Routing, permutation, require_dropless, require_padded
@@ -31,11 +31,7 @@ __all__ = ["fast_decode", "fast_encode", "permute", "unpermute"]
 def _records_autograd(op: str, out: Any, *arrays: Any) -> bool:
     """Whether a torch input requires grad while grad mode is on (then the op
     goes through a2a.torch, which cannot write into out=)."""
-    if not any(is_torch_tensor(a) and a.requires_grad for a in arrays):
-        return False
-    import torch
-
-    if not torch.is_grad_enabled():
+    if not records_autograd(*arrays):
         return False
     if out is not None:
         raise InvalidArgumentError(f"{op}: out= cannot be used while recording autograd (inputs require grad)")

@@ -1,11 +1,27 @@
-"""torch.autograd versions of a2a's MoE kernels (CPU and CUDA tensors).
+"""torch.autograd versions of a2a's collectives and MoE kernels (CPU and CUDA tensors).
 
-``fast_encode``, ``fast_decode``, ``permute`` and ``unpermute`` take the same
-arguments as the functions of the same name in ``a2a`` and differentiate with
-respect to the data and the gates. The backward passes are the same sparse
-kernels (docs/moe_kernels.md): encode's data gradient is a combine, decode's a
-dispatch, and the gate gradient is a per-choice dot product (Tutel's K2).
-Routings (from ``a2a.route`` / ``a2a.permute``) carry no gradient.
+Collectives: ``all_to_all``, ``all_to_all_flex``, ``all_to_all_v``,
+``all_gather``, ``reduce_scatter`` and ``all_reduce`` take the arguments of
+the functions of the same name in ``a2a`` except ``out=``. Each backward is
+the adjoint collective of the gradient (all_to_all: itself; all_to_all_flex:
+the axes swapped; all_to_all_v: the rows sent back; all_gather and
+reduce_scatter: each other; all_reduce: itself); only the sum reductions
+differentiate. Backward is collective: every rank must run it, in the same
+order, which holds when every rank runs the same graph (a rank that records
+while another does not leaves that one waiting, until ``A2A_TIMEOUT_S``).
+The backward passes record too, so double backward works. docs/moe_kernels.md
+has the table.
+
+MoE kernels: ``fast_encode``, ``fast_decode``, ``permute`` and ``unpermute``
+take the same arguments as the functions of the same name in ``a2a`` and
+differentiate with respect to the data and the gates. The backward passes are
+the same sparse kernels (docs/moe_kernels.md): encode's data gradient is a
+combine, decode's a dispatch, and the gate gradient is a per-choice dot
+product (Tutel's K2). Routings (from ``a2a.route`` / ``a2a.permute``) carry no
+gradient.
+
+``a2a.all_to_all(x, ...)`` and the other functions of ``a2a`` come here by
+themselves when a torch input requires grad while grad mode is on.
 """
 
 from __future__ import annotations
@@ -17,8 +33,27 @@ import torch
 from ._errors import InvalidArgumentError
 from ._moe_kernels import combine, dispatch, dispatched_rows, gate_grad
 from ._routing import Routing, permutation, require_dropless, require_padded
+from ._torch_collectives import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    all_to_all_flex,
+    all_to_all_v,
+    reduce_scatter,
+)
 
-__all__ = ["fast_decode", "fast_encode", "permute", "unpermute"]
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_flex",
+    "all_to_all_v",
+    "fast_decode",
+    "fast_encode",
+    "permute",
+    "reduce_scatter",
+    "unpermute",
+]
 
 
 class _GatedKernel(torch.autograd.Function):

@@ -101,6 +101,7 @@ def test_no_import_cycles_in_a2a():
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph()
     assert "a2a.torch" in graph["a2a._moe"]  # inside a function: the autograd hand-over
+    assert "a2a._torch_collectives" in graph["a2a._collective_api"]  # the same for the collectives
     assert "a2a._routing" in graph["a2a"]  # from ._routing import ...
     assert "a2a.launch" in graph["a2a.bench.collectives"]  # from .. import launch
     assert "a2a.bench.common" in graph["a2a.bench.kernels"]  # from . import common

@@ -122,9 +122,14 @@ def test_read_only_input_is_fine(comm):
 
 
 def test_torch_tensor_requiring_grad(comm, torch):
-    """The collectives move data, not autograd history: the output is a plain tensor."""
+    """A tensor that requires grad records autograd (a2a.torch; its tests are
+    in test_torch_collectives.py); without grad mode the output is a plain tensor."""
     x = torch.arange(6, dtype=torch.float32).requires_grad_()
     y = a2a.all_to_all(x, comm=comm)
+    assert y.requires_grad
+    assert torch.equal(y.detach(), x.detach())
+    with torch.no_grad():
+        y = a2a.all_to_all(x, comm=comm)
     assert not y.requires_grad
     assert torch.equal(y, x.detach())
 

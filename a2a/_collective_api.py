@@ -1,0 +1,104 @@
+"""The public collectives: the plain call (a2a._collectives), or, when a
+torch input requires grad while grad mode is on, the autograd one
+(a2a._torch_collectives, public as a2a.torch), as a2a's MoE kernels do.
+
+The autograd functions are imported only when a call records, so a2a never
+imports torch itself; NumPy arrays go straight to the plain call and its
+fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _collectives
+from ._arrays import records_autograd
+from ._comm import Comm
+
+__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_flex", "all_to_all_v", "reduce_scatter"]
+
+_RECORDING = """
+    With a torch tensor that requires grad while grad mode is on, the call
+    records autograd: it is ``a2a.torch.{name}``, whose backward is a
+    collective too (every rank must run it), and ``out=`` is an error, raised
+    on every rank.
+"""
+
+
+def _documented_as(plain: Callable) -> Callable[[Callable], Callable]:
+    """Gives the public function the plain call's docstring, plus what
+    recording autograd changes."""
+
+    def document(public: Callable) -> Callable:
+        if plain.__doc__ is not None:  # None under python -OO
+            public.__doc__ = plain.__doc__.rstrip() + "\n" + _RECORDING.format(name=plain.__name__)
+        return public
+
+    return document
+
+
+def _autograd(op: str, comm: Any, out: Any) -> Any:
+    """a2a.torch's collectives, for a call that records autograd (they
+    allocate their outputs: out= fails on every rank)."""
+    from . import _torch_collectives
+
+    if out is not None:
+        _torch_collectives.report_invalid(
+            comm,
+            op,
+            "out= cannot be used while recording autograd (a torch input requires grad and grad mode is on)",
+        )
+    return _torch_collectives
+
+
+@_documented_as(_collectives.all_to_all)
+def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("all_to_all", comm, out).all_to_all(x, comm=comm, algo=algo)
+    return _collectives.all_to_all(x, comm=comm, algo=algo, out=out)
+
+
+@_documented_as(_collectives.all_to_all_flex)
+def all_to_all_flex(
+    x: Any, *, comm: Comm, split_axis: int, concat_axis: int, algo: str = "linear", out: Any = None
+) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("all_to_all_flex", comm, out).all_to_all_flex(
+            x, comm=comm, split_axis=split_axis, concat_axis=concat_axis, algo=algo
+        )
+    return _collectives.all_to_all_flex(
+        x, comm=comm, split_axis=split_axis, concat_axis=concat_axis, algo=algo, out=out
+    )
+
+
+@_documented_as(_collectives.all_to_all_v)
+def all_to_all_v(
+    x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", out: Any = None
+) -> tuple[Any, np.ndarray]:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("all_to_all_v", comm, out).all_to_all_v(x, send_counts, comm=comm, algo=algo)
+    return _collectives.all_to_all_v(x, send_counts, comm=comm, algo=algo, out=out)
+
+
+@_documented_as(_collectives.all_gather)
+def all_gather(x: Any, *, comm: Comm, out: Any = None) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("all_gather", comm, out).all_gather(x, comm=comm)
+    return _collectives.all_gather(x, comm=comm, out=out)
+
+
+@_documented_as(_collectives.all_reduce)
+def all_reduce(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("all_reduce", comm, out).all_reduce(x, comm=comm, op=op)
+    return _collectives.all_reduce(x, comm=comm, op=op, out=out)
+
+
+@_documented_as(_collectives.reduce_scatter)
+def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("reduce_scatter", comm, out).reduce_scatter(x, comm=comm, op=op)
+    return _collectives.reduce_scatter(x, comm=comm, op=op, out=out)
