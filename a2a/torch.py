@@ -8,7 +8,8 @@ the axes swapped; all_to_all_v: the rows sent back; all_gather and
 reduce_scatter: each other; all_reduce: itself); only the sum reductions
 differentiate. Backward is collective: every rank must run it, in the same
 order, which holds when every rank runs the same graph (a rank that records
-while another does not leaves that one waiting, until ``A2A_TIMEOUT_S``).
+while another does not waits in its backward for a collective the other never
+calls).
 The backward passes record too, so double backward works. docs/moe_kernels.md
 has the table.
 
