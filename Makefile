@@ -1,4 +1,6 @@
 # make bench   build, then run `python -m a2a.bench` on 4 MPI ranks
+# make bench-moe  build, then run `python -m moe_runtime.bench` on 4 MPI ranks
+#              (BENCH_MOE_ARGS="--quick" for a short run)
 # make test    build, then run the whole suite (unit + mpirun + C program; the
 #              GPU tests skip themselves without a GPU)
 # make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
@@ -13,7 +15,7 @@ NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
-.PHONY: all build bench test test-unit test-mpi test-c test-gpu lint clean FORCE
+.PHONY: all build bench bench-moe test test-unit test-mpi test-c test-gpu lint clean FORCE
 
 all: build
 
@@ -37,6 +39,9 @@ build: $(VENV)/.built
 
 bench: build
 	$(PY) -m a2a.bench $(BENCH_ARGS)
+
+bench-moe: build
+	$(PY) -m moe_runtime.bench $(BENCH_MOE_ARGS)
 
 test: test-unit test-gpu test-mpi test-c
 

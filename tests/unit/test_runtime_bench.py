@@ -1,0 +1,298 @@
+"""python -m moe_runtime.bench: its command line, its pure helpers, the GShard
+peer against the layer (one rank, in this process), and one --quick run on
+2 ranks through the launcher. No timing is asserted: benchmarks are not
+timed tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from a2a.bench import common
+from moe_runtime import bench
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---------------------------------------------------------------------------
+# Command line
+
+
+def test_defaults_are_the_full_run():
+    args = bench.parse_args([])
+    for name, value in bench.DEFAULTS.items():
+        assert getattr(args, name) == value, name
+    assert (args.threads, args.dtype, args.np, args.json, args.plot) == (1, "float32", None, None, None)
+    assert args.factors == [1.0, 2.0, 4.0, 8.0] and args.degrees == [1, 2, 4, 8]
+    assert args.algos == ["linear", "2dh"]
+
+
+def test_quick_preset_and_flags_that_override_it():
+    args = bench.parse_args(["--quick"])
+    for name, value in bench.QUICK.items():
+        assert getattr(args, name) == value, name
+    args = bench.parse_args(["--quick", "-T", "96", "--factors", "1,4", "--algos", "2dh", "-d", "bf16"])
+    assert (args.tokens, args.factors, args.algos, args.dtype) == (96, [1.0, 4.0], ["2dh"], "bfloat16")
+    assert args.model_dim == bench.QUICK["model_dim"]
+
+
+def test_flags():
+    args = bench.parse_args(
+        ["-T", "512", "-M", "64", "-H", "128", "-E", "4", "-k", "1", "--degrees", "1,4", "--peer-tokens", "2048",
+         "--peer-factors", "1,2", "-w", "0", "-r", "5", "--tune-repeats", "2", "--threads", "2", "-d", "double"]
+    )
+    assert (args.tokens, args.model_dim, args.hidden, args.experts, args.top_k) == (512, 64, 128, 4, 1)
+    assert (args.degrees, args.peer_tokens, args.peer_factors) == ([1, 4], 2048, [1.0, 2.0])
+    assert (args.warmup, args.repeats, args.tune_repeats, args.threads, args.dtype) == (0, 5, 2, 2, "float64")
+    assert bench.parse_args(["--no-peer"]).peer_tokens == 0  # no peer: no comparison cases
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        "--algos foo",
+        "--algos linear,linear",
+        "--degrees 0",
+        "--degrees 1,1",
+        "--factors 0",
+        "--factors -1",
+        "--factors 1,x",
+        "--peer-factors 1,1",
+        "-T 0",
+        "-r 0",
+        "-w -1",
+        "--tune-repeats 0",
+        "--threads 0",
+        "-k 9",
+        "-d half",
+        "--np 0",
+        "--np 4 --local-size 3",
+        "-E 3",  # neither a multiple nor a divisor of the 4 default ranks
+        "-E 2 -H 1023",  # 2 ranks share each expert: H must split in 2
+    ],
+)
+def test_bad_flags_exit_with_usage(argv, capsys, monkeypatch):
+    from a2a import launch
+
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(argv.split())
+    assert info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_experts_may_be_shared_by_ranks():
+    assert bench.parse_args(["-E", "2", "--np", "4"]).experts == 2
+    assert bench.layout_error(bench.parse_args(["-E", "16"]), 8) is None
+    assert "multiple or a divisor" in bench.layout_error(bench.parse_args(["-E", "16"]), 6)
+
+
+def test_strip_np():
+    assert bench._strip_np(["--np", "4", "-T", "64"]) == ["-T", "64"]
+    assert bench._strip_np(["-T", "64", "--np=8", "--json", "x"]) == ["-T", "64", "--json", "x"]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Replaces a2a.launch.run; records (np, command, env)."""
+    from a2a import launch
+
+    calls = []
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setattr(launch, "run", lambda np, command, env=None: calls.append((np, command, env)) or 0)
+    monkeypatch.delenv("A2A_LOCAL_SIZE", raising=False)
+    monkeypatch.delenv(common.COMMAND_ENV, raising=False)
+    return calls
+
+
+def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
+    assert bench.main([]) == 0
+    [(np_, command, env)] = launched
+    assert np_ == 4
+    assert command == [sys.executable, "-m", "moe_runtime.bench"]
+    assert env["A2A_LOCAL_SIZE"] == "2"
+    assert env[common.COMMAND_ENV] == "python -m moe_runtime.bench"
+
+
+def test_np_is_stripped_and_local_size_passed_on(launched):
+    assert bench.main(["--np", "8", "--local-size", "4", "--quick"]) == 0
+    [(np_, command, env)] = launched
+    assert np_ == 8
+    assert command == [sys.executable, "-m", "moe_runtime.bench", "--local-size", "4", "--quick"]
+    assert env["A2A_LOCAL_SIZE"] == "4"
+
+
+def test_explicit_np_uses_the_real_topology(launched):
+    bench.main(["--np", "2"])
+    [(np_, _command, env)] = launched
+    assert np_ == 2 and "A2A_LOCAL_SIZE" not in env
+
+
+# ---------------------------------------------------------------------------
+# Pure helpers
+
+
+def test_static_configs_run_data_parallel_once():
+    assert bench.static_configs([0, 1], [1, 2], ["linear", "2dh"]) == [
+        (0, 1, "linear"),
+        (1, 1, "linear"),
+        (1, 1, "2dh"),
+        (1, 2, "linear"),
+        (1, 2, "2dh"),
+    ]
+    assert len(bench.static_configs([0, 1, 2, 4], [1, 2, 4, 8], ["linear"])) == 1 + 3 * 4
+    assert bench.config_label(1, 4, "2dh") == "r1/d4/2dh"
+
+
+def _summary(tokens=256, factor=1.0, best=100.0, worst=150.0, adaptive=102.0, expert=95.0, gshard=None,
+             comparison=False):
+    static = comparison is False
+    return {
+        "tokens": tokens,
+        "factor": factor,
+        "comparison": comparison,
+        "capacity": 64,
+        "best": {"config": "r1/d1/linear", "time_ms": best} if static else None,
+        "worst": {"config": "r0/d1/linear", "time_ms": worst} if static else None,
+        "adaptive": {"config": "r1/d1/linear", "time_ms": adaptive, "steps": 37, "trials": 9},
+        "adaptive_vs_best": adaptive / best if static else None,
+        "worst_vs_adaptive": worst / adaptive if static else None,
+        "expert": {"time_ms": expert, "shape": [2, 256, 1024, 1024]},
+        "step_vs_expert": adaptive / expert,
+        "gshard_ms": gshard,
+        "gshard_vs_step": None if gshard is None else gshard / adaptive,
+    }
+
+
+ISSUE = {"model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2}
+
+
+def test_targets_met_and_missed():
+    summaries = [
+        _summary(best=100, worst=150, adaptive=102, expert=95),  # 1.02x best, 1.47x worst, 1.07x expert: met
+        _summary(factor=2, best=100, worst=150, adaptive=104, expert=80),  # 1.04x best: missed; 1.3x expert: missed
+        _summary(tokens=4096, adaptive=1000, expert=900, gshard=4500, comparison=True),  # 4.5x GShard: met
+    ]
+    adaptive, expert, gshard = bench.evaluate_targets(summaries, ISSUE)
+    assert [c["verdict"] for c in adaptive["cases"]] == ["met", "missed"]  # the comparison case has no statics
+    assert adaptive["verdict"] == "missed"
+    assert [c["verdict"] for c in expert["cases"]] == ["met", "missed", "met"]
+    assert [c["verdict"] for c in gshard["cases"]] == ["met"] and gshard["cases"][0]["issue_size"]
+    assert gshard["verdict"] == "met"
+    lines = "\n".join(bench.target_lines([adaptive, expert, gshard]))
+    assert "T=256 f=2: adaptive / best 1.040, worst / adaptive 1.44x: missed" in lines
+    assert "T=4096 f=1: GShard / step 4.50x: met" in lines
+
+
+def test_worst_must_be_far_enough_and_gshard_counts_only_at_the_issue_size():
+    [adaptive, _, gshard] = bench.evaluate_targets(
+        [_summary(best=100, worst=110, adaptive=100), _summary(tokens=128, gshard=150, comparison=True)], ISSUE
+    )
+    assert adaptive["verdict"] == "missed"  # within 3%, but the worst is only 1.1x
+    assert gshard["cases"][0]["issue_size"] is False
+    assert gshard["verdict"] == "not measured"
+    other = bench.evaluate_targets([_summary(tokens=4096, gshard=9000, comparison=True)], {**ISSUE, "hidden": 512})
+    assert other[2]["verdict"] == "not measured"
+
+
+def _ends(line: str) -> list[int]:
+    """Where each word ends ("vs best" is one column name)."""
+    return [m.end() for m in re.finditer(r"\S+", line.replace("vs best", "vs_best"))]
+
+
+def test_rows_line_up_with_their_headers():
+    row = {"tokens": 4096, "factor": 1.0, "capacity": 1024, "buffer_capacity": 1024, "r": 1, "d": 8,
+           "algo": "linear", "time_ms": 12345.678, "vs_best": 1.5}
+    header = bench.header_lines()[0]
+    assert _ends(header) == _ends(bench.format_row(row))  # right-aligned: every value ends under its name
+    assert bench.format_row(row).split() == ["4096", "1", "1024", "1024", "1", "8", "linear", "12345.68", "1.50x"]
+    header = bench.summary_header_lines()[0]
+    for summary in (_summary(gshard=300.0), _summary(comparison=True)):
+        line = bench.format_summary(summary)
+        assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
+        fields = line.split()
+        assert len(fields) == 15 and fields[0] == "256" and fields[10] == "37/9"
+    assert bench.format_summary(_summary(comparison=True)).split()[2:4] == ["-", "-"]
+
+
+# ---------------------------------------------------------------------------
+# The GShard peer computes what the layer computes (one rank, in this process)
+
+
+def test_the_peer_equals_the_layer(comm, torch):
+    from moe_runtime.bench_peer import check_peer
+
+    result = check_peer(comm, experts=4, top_k=2, factors=(1.0, 0.5, 2.0))
+    assert result.passed, result
+    assert result.output_error < 1e-12 and result.grad_error < 1e-12
+
+
+def test_the_check_catches_a_peer_with_another_capacity(comm, torch, monkeypatch):
+    from moe_runtime import bench_peer
+
+    # One slot more per expert: a choice the layer drops reaches the peer's expert.
+    rule = bench_peer.rule_capacity
+    monkeypatch.setattr(bench_peer, "rule_capacity", lambda *a: rule(*a) + 1)
+    result = bench_peer.check_peer(comm, experts=4, top_k=2, factors=(0.5,))
+    assert not result.passed and result.output_error > 1e-3
+
+
+# ---------------------------------------------------------------------------
+# A real run
+
+
+def _clean_env() -> dict[str, str]:
+    keys = ("OMPI_", "PMIX_", "PMI_", "MPI_LOCALNRANKS", "A2A_LOCAL_SIZE", common.COMMAND_ENV)
+    return {k: v for k, v in os.environ.items() if not k.startswith(keys)}
+
+
+def test_quick_run_on_two_ranks(tmp_path, torch):
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = ["--np", "2", "--quick", "--json", str(out)]
+    try:
+        import matplotlib  # noqa: F401
+
+        argv += ["--plot", str(plot)]
+    except ImportError:
+        plot = None
+    proc = subprocess.run([sys.executable, "-m", "moe_runtime.bench", *argv], check=False, cwd=REPO,
+                          env=_clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    assert record["ranks"] == 2 and "--np 2" in record["command"] and record["valid_rs"] == [0, 1]
+    assert record["peer_check"]["passed"] is True
+    assert "peer check" in proc.stdout and ": OK" in proc.stdout
+
+    quick = bench.QUICK
+    static = [row for row in record["rows"] if row["kind"] == "static"]
+    configs = bench.static_configs([0, 1], quick["degrees"], quick["algos"])
+    assert len(static) == len(quick["factors"]) * len(configs)
+    assert all(row["tokens"] == quick["tokens"] and row["time_ms"] > 0 and row["vs_best"] >= 1 for row in static)
+    assert all(row["capacity"] <= row["buffer_capacity"] and len(row["samples_ms"]) == quick["repeats"]
+               for row in static)
+    kinds = [row["kind"] for row in record["rows"] if row["kind"] != "static"]
+    assert kinds == ["adaptive", "expert", "gshard"] * (len(quick["factors"]) + len(quick["peer_factors"]))
+
+    summaries = record["summaries"]
+    assert [(s["tokens"], s["factor"]) for s in summaries] == [
+        *((quick["tokens"], f) for f in quick["factors"]),
+        *((quick["peer_tokens"], f) for f in quick["peer_factors"]),
+    ]
+    for s in summaries:
+        assert s["adaptive"]["steps"] > s["adaptive"]["trials"] > 0
+        assert s["expert"]["time_ms"] > 0 and s["gshard_ms"] > 0
+        assert (s["best"] is None) == s["comparison"]
+    assert [t["name"] for t in record["targets"]] == ["adaptive", "expert", "gshard"]
+    assert all(t["verdict"] in ("met", "missed", "not measured") for t in record["targets"])
+    assert record["targets"][2]["verdict"] == "not measured"  # --quick is not the issue's size
+
+    table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
+    assert len(table) == len(static) + len(summaries)
+    assert "# targets" in proc.stdout
+    if plot is not None:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
