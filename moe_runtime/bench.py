@@ -200,7 +200,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{flag} has duplicates: {','.join(map(str, values))}")
     if len(set(args.peer_factors)) != len(args.peer_factors):
         parser.error("--peer-factors has duplicates")
-    for flag, value, low in (
+    common.require_at_least(parser, (
         ("--tokens", args.tokens, 1),
         ("--model-dim", args.model_dim, 1),
         ("--hidden", args.hidden, 1),
@@ -212,9 +212,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--tune-repeats", args.tune_repeats, 1),
         ("--threads", args.threads, 1),
         *(("--degrees", degree, 1) for degree in args.degrees),
-    ):
-        if value < low:
-            parser.error(f"{flag} must be at least {low}, got {value}")
+    ))
     for flag, values in (("--factors", args.factors), ("--peer-factors", args.peer_factors)):
         if any(not (f > 0 and math.isfinite(f)) for f in values):
             parser.error(f"{flag}: capacity factors must be positive and finite, got {','.join(map(str, values))}")

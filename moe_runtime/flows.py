@@ -69,7 +69,12 @@ class Shape:
     group: int  # g
     chunks: int  # d
     chunk_rows: int  # Cd
-    world: int  # W
+    world: int  # W; 0 for r = 0, which exchanges nothing
+
+    @property
+    def exchanged(self) -> bool:
+        """Whether the rows travel to the experts (r >= 1) or stay (r = 0)."""
+        return self.world > 0
 
     @property
     def blocks(self) -> int:
@@ -79,7 +84,7 @@ class Shape:
     @property
     def rows(self) -> int:
         """Rows each local expert computes per chunk."""
-        if self.world == 0:  # r = 0: the local capacity
+        if not self.exchanged:  # r = 0: the local capacity
             return self.chunk_rows
         return self.world * self.chunk_rows // self.group
 
@@ -141,7 +146,7 @@ class Segment:
         dtype, device = dispatched.dtype, dispatched.device
         chunks = dispatched.view(sh.chunks, sh.experts, sh.chunk_rows, sh.model_dim)
         combined = lease.get("combine", chunks.shape, dtype, device)
-        exchanged = sh.world > 0
+        exchanged = sh.exchanged
         local = (sh.local_experts, sh.rows, sh.model_dim)
         received = lease.get("received", (sh.chunks, *local), dtype, device) if exchanged else chunks
         outputs = lease.get("expert_out", (sh.chunks, *local), dtype, device) if exchanged else combined
@@ -170,7 +175,7 @@ class Segment:
         sh, lease = self.shape, self.lease
         dtype, device = grad_combined.dtype, grad_combined.device
         grads = grad_combined.view(sh.chunks, sh.experts, sh.chunk_rows, sh.model_dim)
-        exchanged = sh.world > 0
+        exchanged = sh.exchanged
         local = (sh.local_experts, sh.rows, sh.model_dim)
         # The forward's expert outputs are dead: their buffer takes the output gradients.
         grad_outputs = lease.get("expert_out", (sh.chunks, *local), dtype, device) if exchanged else grads

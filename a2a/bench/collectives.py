@@ -680,16 +680,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
     except ValueError as error:
         parser.error(str(error))
-    for flag, value, low in (
+    common.require_at_least(parser, (
         ("-n/--iters", args.iters, 1),
         ("-r/--repeats", args.repeats, 1),
         ("-w/--warmup_iters", args.warmup_iters, 0),
         ("-c/--check", args.check, 0),
         ("--experts-per-rank", args.experts_per_rank, 1),
         ("--hidden", args.hidden, 1),
-    ):
-        if value < low:
-            parser.error(f"{flag} must be at least {low}, got {value}")
+    ))
     if args.np is not None and args.np < 1:
         parser.error(f"--np must be positive, got {args.np}")
     if args.transport is not None and args.device != "cuda":

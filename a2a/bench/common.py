@@ -10,7 +10,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = [
@@ -93,6 +93,13 @@ def take_turns(timings: list[Callable[[], float]], repeats: int) -> list[list[fl
 
 # ---------------------------------------------------------------------------
 # Output
+
+
+def require_at_least(parser: Any, checks: Iterable[tuple[str, float, float]]) -> None:
+    """parser.error for the first (flag, value, low) whose value is below low."""
+    for flag, value, low in checks:
+        if value < low:
+            parser.error(f"{flag} must be at least {low}, got {value}")
 
 
 def format_time(us: float, width: int = 7) -> str:

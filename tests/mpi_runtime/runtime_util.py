@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import a2a
@@ -77,9 +76,3 @@ def assert_matches(got, want, tolerance: float, what: str) -> None:
         scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
         assert error <= tolerance * scale, f"{what}: {name} differs from the reference by {error:.3g}"
 
-
-def agreed(comm: a2a.Comm, value: float) -> bool:
-    """Whether every rank holds `value` (numbers only)."""
-    row = np.array([value], dtype=np.float64)
-    table = a2a.all_gather(row, comm=comm)
-    return bool((table == table[0]).all())
