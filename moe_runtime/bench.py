@@ -81,7 +81,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -247,46 +246,14 @@ def layout_error(args: argparse.Namespace, ranks: int) -> str | None:
     return None
 
 
-def _strip_np(argv: list[str]) -> list[str]:
-    """argv without --np N / --np=N (the relaunched command runs under mpirun instead)."""
-    out: list[str] = []
-    skip = False
-    for token in argv:
-        if skip:
-            skip = False
-        elif token == "--np":
-            skip = True
-        elif not token.startswith("--np="):
-            out.append(token)
-    return out
-
-
-def _command(argv: list[str]) -> str:
-    return os.environ.get(common.COMMAND_ENV) or shlex.join(["python", "-m", "moe_runtime.bench", *argv])
-
-
-def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
-    ranks = args.np if args.np is not None else DEFAULT_NP
-    env = {common.COMMAND_ENV: _command(argv)}
-    local_size = args.local_size
-    if local_size is None and args.np is None and "A2A_LOCAL_SIZE" not in os.environ and ranks % DEFAULT_LOCAL_SIZE == 0:
-        local_size = DEFAULT_LOCAL_SIZE
-    if local_size is not None:
-        env["A2A_LOCAL_SIZE"] = str(local_size)
-    try:
-        return launch.run(ranks, [sys.executable, "-m", "moe_runtime.bench", *_strip_np(argv)], env=env)
-    except FileNotFoundError as error:
-        print(f"moe_runtime.bench: {error}", file=sys.stderr)
-        return 2
-
-
 def main(argv: list[str] | None = None) -> int:
     """Relaunched under mpirun when not under it already (and more than one
     rank is asked for), else the benchmark on every rank of MPI_COMM_WORLD."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
-        return _self_launch(args, argv)
+        return common.relaunch("moe_runtime.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
+                               default_local_size=DEFAULT_LOCAL_SIZE)
     os.environ["A2A_NUM_THREADS"] = str(args.threads)  # read once, at a2a's first kernel call
     from mpi4py import MPI
 
@@ -775,7 +742,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         if lead:
             print(text, flush=True)
 
-    command = _command(argv)
+    command = common.command_line(argv, "moe_runtime.bench")
     if lead and args.np is not None and args.np != ranks:
         print(f"# note: --np {args.np} ignored: running on the {ranks} ranks of mpirun", flush=True)
     emulated = " (emulated: A2A_LOCAL_SIZE / --local-size)" if (args.local_size or os.environ.get("A2A_LOCAL_SIZE")) else ""

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import socket
 import statistics
 import sys
@@ -703,45 +702,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _strip_np(argv: list[str]) -> list[str]:
-    """argv without --np N / --np=N (the child runs under mpirun instead)."""
-    out, skip = [], False
-    for i, token in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if token == "--":
-            out += argv[i:]
-            break
-        if token == "--np":
-            skip = True
-            continue
-        if token.startswith("--np="):
-            continue
-        out.append(token)
-    return out
-
-
-def _self_launch(args: argparse.Namespace, argv: list[str]) -> int:
-    nranks = args.np if args.np is not None else DEFAULT_NP
-    env = {common.COMMAND_ENV: shlex.join(["python", "-m", "a2a.bench", *argv])}
-    local_size = args.local_size
-    if (
-        local_size is None
-        and args.np is None
-        and "A2A_LOCAL_SIZE" not in os.environ
-        and nranks % DEFAULT_LOCAL_SIZE == 0
-    ):
-        local_size = DEFAULT_LOCAL_SIZE
-    if local_size is not None:
-        env["A2A_LOCAL_SIZE"] = str(local_size)
-    try:
-        return launch.run(nranks, [sys.executable, "-m", "a2a.bench", *_strip_np(argv)], env=env)
-    except FileNotFoundError as error:
-        print(f"a2a.bench: {error}", file=sys.stderr)
-        return 2
-
-
 def main(argv: list[str]) -> int:
     """The sweep: relaunched under mpirun when not under it already (and more
     than one rank is asked for), else run on every rank of MPI_COMM_WORLD."""
@@ -749,7 +709,8 @@ def main(argv: list[str]) -> int:
     # One GPU is the CUDA default: a 1-rank run needs no mpirun.
     default_np = 1 if args.device == "cuda" else DEFAULT_NP
     if not launch.under_mpirun() and (args.np if args.np is not None else default_np) > 1:
-        return _self_launch(args, argv)
+        return common.relaunch("a2a.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
+                               default_local_size=DEFAULT_LOCAL_SIZE)
     from mpi4py import MPI
 
     try:

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shlex
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,6 +22,8 @@ __all__ = [
     "geomean",
     "out_of_bounds_line",
     "parse_size",
+    "relaunch",
+    "strip_np",
     "take_turns",
     "utc_timestamp",
     "write_json",
@@ -125,10 +128,54 @@ def out_of_bounds_line(wrong: int) -> str:
 # The JSON record
 
 
-def command_line(argv: list[str]) -> str:
+def command_line(argv: list[str], module: str = "a2a.bench") -> str:
     """The command as the user typed it: passed down by a relaunch under
     mpirun, else rebuilt from argv."""
-    return os.environ.get(COMMAND_ENV) or shlex.join(["python", "-m", "a2a.bench", *argv])
+    return os.environ.get(COMMAND_ENV) or shlex.join(["python", "-m", module, *argv])
+
+
+# ---------------------------------------------------------------------------
+# Relaunching under mpirun
+
+
+def strip_np(argv: list[str]) -> list[str]:
+    """argv without --np N / --np=N (the child runs under mpirun instead)."""
+    out, skip = [], False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if token == "--":
+            out += argv[i:]
+            break
+        if token == "--np":
+            skip = True
+            continue
+        if token.startswith("--np="):
+            continue
+        out.append(token)
+    return out
+
+
+def relaunch(module: str, argv: list[str], np: int | None, local_size: int | None, *, default_np: int,
+             default_local_size: int) -> int:
+    """Runs `python -m module argv` (without --np) on np ranks (default_np
+    when None) under mpirun. With neither --np, --local-size nor
+    A2A_LOCAL_SIZE, default_np ranks are emulated as nodes of
+    default_local_size."""
+    from a2a import launch
+
+    ranks = np if np is not None else default_np
+    env = {COMMAND_ENV: command_line(argv, module)}
+    if local_size is None and np is None and "A2A_LOCAL_SIZE" not in os.environ and ranks % default_local_size == 0:
+        local_size = default_local_size
+    if local_size is not None:
+        env["A2A_LOCAL_SIZE"] = str(local_size)
+    try:
+        return launch.run(ranks, [sys.executable, "-m", module, *strip_np(argv)], env=env)
+    except FileNotFoundError as error:
+        print(f"{module}: {error}", file=sys.stderr)
+        return 2
 
 
 def utc_timestamp() -> str:

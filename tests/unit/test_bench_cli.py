@@ -230,8 +230,11 @@ def test_bad_flags_exit_with_usage(argv, capsys):
 
 
 def test_strip_np():
-    assert bench._strip_np(["--np", "4", "-b", "1K"]) == ["-b", "1K"]
-    assert bench._strip_np(["-b", "1K", "--np=8", "--json", "x"]) == ["-b", "1K", "--json", "x"]
+    """The relaunch of both benches (a2a.bench, moe_runtime.bench) drops --np."""
+    assert common.strip_np(["--np", "4", "-b", "1K"]) == ["-b", "1K"]
+    assert common.strip_np(["-b", "1K", "--np=8", "--json", "x"]) == ["-b", "1K", "--json", "x"]
+    assert common.strip_np(["--np", "4", "-T", "64"]) == ["-T", "64"]
+    assert common.strip_np(["-T", "64", "--np=8", "--json", "x"]) == ["-T", "64", "--json", "x"]
 
 
 @pytest.fixture

@@ -92,11 +92,6 @@ def test_experts_may_be_shared_by_ranks():
     assert "multiple or a divisor" in bench.layout_error(bench.parse_args(["-E", "16"]), 6)
 
 
-def test_strip_np():
-    assert bench._strip_np(["--np", "4", "-T", "64"]) == ["-T", "64"]
-    assert bench._strip_np(["-T", "64", "--np=8", "--json", "x"]) == ["-T", "64", "--json", "x"]
-
-
 @pytest.fixture
 def launched(monkeypatch):
     """Replaces a2a.launch.run; records (np, command, env)."""
