@@ -31,3 +31,18 @@ def comm_copies(mpi):
 @pytest.fixture(scope="session")
 def torch():
     return pytest.importorskip("torch")
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Replaces a2a.launch.run for the benches' relaunch under mpirun;
+    records (np, command, env)."""
+    from a2a import launch
+    from a2a.bench import common
+
+    calls = []
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setattr(launch, "run", lambda np, command, env=None: calls.append((np, command, env)) or 0)
+    monkeypatch.delenv("A2A_LOCAL_SIZE", raising=False)
+    monkeypatch.delenv(common.COMMAND_ENV, raising=False)
+    return calls

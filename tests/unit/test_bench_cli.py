@@ -237,18 +237,6 @@ def test_strip_np():
     assert common.strip_np(["-T", "64", "--np=8", "--json", "x"]) == ["-T", "64", "--json", "x"]
 
 
-@pytest.fixture
-def launched(monkeypatch):
-    """Replaces a2a.launch.run; records (np, command, env)."""
-    from a2a import launch
-
-    calls = []
-    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
-    monkeypatch.setattr(launch, "run", lambda np, command, env=None: calls.append((np, command, env)) or 0)
-    monkeypatch.delenv("A2A_LOCAL_SIZE", raising=False)
-    return calls
-
-
 def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
     assert bench.main([]) == 0
     [(np_, command, env)] = launched

@@ -92,19 +92,6 @@ def test_experts_may_be_shared_by_ranks():
     assert "multiple or a divisor" in bench.layout_error(bench.parse_args(["-E", "16"]), 6)
 
 
-@pytest.fixture
-def launched(monkeypatch):
-    """Replaces a2a.launch.run; records (np, command, env)."""
-    from a2a import launch
-
-    calls = []
-    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
-    monkeypatch.setattr(launch, "run", lambda np, command, env=None: calls.append((np, command, env)) or 0)
-    monkeypatch.delenv("A2A_LOCAL_SIZE", raising=False)
-    monkeypatch.delenv(common.COMMAND_ENV, raising=False)
-    return calls
-
-
 def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
     assert bench.main([]) == 0
     [(np_, command, env)] = launched
