@@ -21,8 +21,10 @@ Stored per rank (Tutel's names)::
 Each flow gathers what it needs from this layout by an all-gather whose
 backward is a reduce-scatter (so gradients land on the shards): r = 0 the
 whole (E, H, M) from every rank; r >= 1 with group size g = s / r > 1 the
-group's H/r slice; nothing for g = 1. The fc2 bias is always gathered whole,
-(E, M), and added where the expert's rows come back (it is tiny).
+group's H/r slice; nothing for g = 1. The fc2 bias travels with them and is
+added at the expert when r <= 1 (its output is whole there); for r > 1 the
+experts' outputs are partial sums, so it is gathered whole, (E, M), and
+added once where the rows come back.
 
 Every expert is initialized from its own generator, seeded by
 (expert_seed, e), as nn.Linear would (uniform in +-1/sqrt(fan_in)), so the
@@ -135,32 +137,36 @@ class FFNExperts(torch.nn.Module):
                     self.batched_fc2_bias[local, : cols.stop - cols.start].copy_(fc2_bias[cols])
 
     def gathered(self, comm: a2a.Comm | None, shards: dict[str, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(fc1_w, fc1_bias, fc2_w) of the experts a flow computes here,
-        gathered over `comm` (None: this rank's shard alone): the world for
-        r = 0, (E, H, M); a group of g ranks sharing an expert, (1, g*H/s, M).
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """(fc1_w, fc1_bias, fc2_w, fc2_bias) of the experts a flow computes
+        here, gathered over `comm` (None: this rank's shard alone): the world
+        for r = 0, (E, H, M) and (E, M); a group of g ranks sharing an expert,
+        (1, g*H/s, M). fc2_bias (n, M) only where the ranks gathered hold all
+        its columns (s = 1, the world, or all s sharers: g = s), else None.
         `shards` replaces the parameters (by name) with same-shaped tensors."""
         shards = shards or {}
         fc1 = shards.get("batched_fc1_w", self.batched_fc1_w)
         fc1_bias = shards.get("batched_fc1_bias", self.batched_fc1_bias)
         fc2 = shards.get("batched_fc2_w", self.batched_fc2_w)
-        if comm is None or comm.size == 1:
-            return fc1, fc1_bias, fc2
-        experts = max(self.num_local * comm.size // self.sharers, 1)
+        fc2_bias = shards.get("batched_fc2_bias", self.batched_fc2_bias)
+        size = 1 if comm is None else comm.size
+        experts = max(self.num_local * size // self.sharers, 1)
 
-        def gather(p: torch.Tensor) -> torch.Tensor:
-            whole = a2a_torch.all_gather(p, comm=comm)
+        def gather(p: torch.Tensor | None) -> torch.Tensor | None:
+            if p is None:
+                return None
+            whole = p if size == 1 else a2a_torch.all_gather(p, comm=comm)
             return whole.reshape(experts, -1, *p.shape[2:])
 
-        return gather(fc1), None if fc1_bias is None else gather(fc1_bias), gather(fc2)
+        whole_bias = self.sharers == 1 or size % self.sharers == 0  # the ranks gathered hold every column
+        bias = gather(fc2_bias) if whole_bias else None
+        return gather(fc1), gather(fc1_bias), gather(fc2), None if bias is None else bias[:, : self.model_dim]
 
-    def fc2_bias(self, comm: a2a.Comm, shard: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The whole fc2 bias, (E, M), gathered from every rank (from `shard`
-        in place of the parameter when given)."""
-        bias = self.batched_fc2_bias if shard is None else shard
-        if bias is None:
+    def fc2_bias(self, comm: a2a.Comm) -> torch.Tensor | None:
+        """The whole fc2 bias, (E, M), gathered from every rank of `comm` (the world)."""
+        if self.batched_fc2_bias is None:
             return None
-        whole = bias if comm.size == 1 else a2a_torch.all_gather(bias, comm=comm)
+        whole = self.batched_fc2_bias if comm.size == 1 else a2a_torch.all_gather(self.batched_fc2_bias, comm=comm)
         return whole.reshape(self.num_experts, -1)[:, : self.model_dim]
 
     def gather_experts(self, comm: a2a.Comm, *, grad: bool = False) -> dict[str, torch.Tensor]:
@@ -171,11 +177,10 @@ class FFNExperts(torch.nn.Module):
             shards = {name: p.grad if p.grad is not None else torch.zeros_like(p)
                       for name, p in self.named_parameters()}
         with torch.no_grad():
-            fc1, fc1_bias, fc2 = self.gathered(comm, shards)
+            fc1, fc1_bias, fc2, fc2_bias = self.gathered(comm, shards)
             full = {"batched_fc1_w": fc1, "batched_fc2_w": fc2}
             if fc1_bias is not None:
                 full["batched_fc1_bias"] = fc1_bias
-            fc2_bias = self.fc2_bias(comm, shards.get("batched_fc2_bias"))
             if fc2_bias is not None:
                 full["batched_fc2_bias"] = fc2_bias
         return {name: tensor.detach().contiguous().clone() for name, tensor in full.items()}

@@ -158,13 +158,19 @@ class Segment:
             if exchanged:
                 self._to_experts(chunks[i], received[i])
 
+        # The fc2 bias goes where each row's output is whole: at the expert
+        # (r <= 1), else once, after the sum over the r partial outputs.
+        at_experts = sh.repeat == 1
+
         def compute(i: int) -> None:
             self._ffn_forward(received[i], fc1, fc1_bias, fc2, hidden[i], outputs[i])
+            if fc2_bias is not None and at_experts:
+                outputs[i].add_(fc2_bias.unsqueeze(1))
 
         def after(i: int) -> None:
             if exchanged:
                 self._from_experts(outputs[i], combined[i])
-            if fc2_bias is not None:
+            if fc2_bias is not None and not at_experts:
                 combined[i].add_(fc2_bias.unsqueeze(1))
 
         self.overlap.run(sh.chunks, before, compute, after)
@@ -190,7 +196,15 @@ class Segment:
             if exchanged:
                 self._to_experts(grads[i], grad_outputs[i])
 
+        at_experts = sh.repeat == 1
+        grad_fc2_bias = None
+        if with_fc2_bias:
+            grad_fc2_bias = (torch.zeros(sh.local_experts, sh.model_dim, dtype=dtype, device=device) if at_experts
+                             else grads.sum(dim=(0, 2)))
+
         def compute(i: int) -> None:
+            if grad_fc2_bias is not None and at_experts:
+                grad_fc2_bias.add_(grad_outputs[i].sum(dim=1))
             self._ffn_backward(i, grad_outputs[i], fc1, fc2, grad_fc1, grad_fc1_bias, grad_fc2, grad_inputs[i])
 
         def after(i: int) -> None:
@@ -198,7 +212,6 @@ class Segment:
                 self._from_experts(grad_inputs[i], grad_dispatched[i])
 
         self.overlap.run(sh.chunks, before, compute, after)
-        grad_fc2_bias = grads.sum(dim=(0, 2)) if with_fc2_bias else None
         self.inputs, self.hidden = [], []
         return grad_dispatched.view(grad_combined.shape), grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias
 

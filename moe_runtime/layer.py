@@ -277,16 +277,18 @@ class MoELayer(torch.nn.Module):
         gates = decision.gates
         dispatched = a2a_torch.fast_encode(tokens, layout, None if self.is_postscore else gates, out=buffer)
         if r == 0:
-            fc1, fc1_bias, fc2 = experts.gathered(self.comm)
+            fc1, fc1_bias, fc2, fc2_bias = experts.gathered(self.comm)
             shape = Shape(num_experts, model_dim, num_experts, experts.hidden_size, 1, 1, 1, rows, 0)
         else:
-            fc1, fc1_bias, fc2 = experts.gathered(self._groups.get(group))
+            fc1, fc1_bias, fc2, fc2_bias = experts.gathered(self._groups.get(group))
+            if r > 1:  # partial outputs: the whole bias is added once, at the tokens' rank
+                fc2_bias = experts.fc2_bias(self.comm)
             hidden = experts.hidden_size // r
             shape = Shape(num_experts, model_dim, experts.num_local, hidden, r, group, d, chunk_rows, self.comm.size)
         if d > 1:
             check_thread_level(self._exchange_comm)
         segment = Segment(shape, self.last_plan, self._exchange_comm, self._overlap, lease, experts.activation_fn)
-        combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, experts.fc2_bias(self.comm))
+        combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, fc2_bias)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None)
 
     # -- agreement and the dictionary ------------------------------------------
