@@ -48,6 +48,16 @@ minutes on 4 ranks sharing 2 cores). In each case:
   their outputs, input gradients and auxiliary losses must agree to 1e-10:
   the ``peer check`` line (the exit status is 1 when it fails).
 
+* ``switch`` (the sweep only, when the layer has more than one r): what
+  switching r costs. Each r of the layer (at the dictionary's d and
+  algorithm; r = 0 at d = 1) takes a step right after a step at another r
+  (the switch), then a step at the same r (steady); ``--switch-pairs`` such
+  pairs per r. The cost is switch - steady, the median over the pairs, in
+  ms and relative to the steady step. The parameters have one layout for
+  every r, so a switch moves nothing; this measures what is left (caches,
+  buffers of another shape), and checks that the layer's buffer pool is
+  the same before and after the pairs (no buffer allocated or grown).
+
 Timing: one sample is one training step, forward and backward of ``y.sum()
 + y.l_aux`` (grads cleared before), after a barrier, its time the maximum
 over ranks (``a2a.all_reduce(op="max")``). Every configuration of a case
@@ -65,7 +75,8 @@ adaptive choice and its time (``/best``: adaptive / best; ``worst/``: worst
 ``missed`` with its numbers: adaptive within 3% of the best static and at
 least 1.2x faster than the worst; the step within 1.15x of its expert
 compute; at least 4x faster than GShard at T = 4096, M = 1024, H = 1024,
-E = 8, k = 2, f = 1 (checked in the ``--peer-tokens`` cases at f = 1).
+E = 8, k = 2, f = 1 (checked in the ``--peer-tokens`` cases at f = 1);
+switching r costs less than 1% of a step and allocates no buffer.
 
 ``--json FILE`` writes the run (settings, peer check, every row, the
 summaries, the targets); ``--plot FILE.png`` draws step time against (r, d)
@@ -104,6 +115,7 @@ DTYPES = {"float": "float32", "float32": "float32", "fp32": "float32", "double":
 ADAPTIVE_VS_BEST_MAX = 1.03  # adaptive time / best static time
 WORST_VS_ADAPTIVE_MIN = 1.2  # worst static time / adaptive time
 STEP_VS_EXPERT_MAX = 1.15  # adaptive time / expert compute time
+SWITCH_VS_STEP_MAX = 0.01  # (first step after a switch of r - a steady step) / the steady step
 GSHARD_VS_STEP_MIN = 4.0  # GShard time / adaptive time
 ISSUE_SIZE = {"tokens": 4096, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factor": 1.0}
 
@@ -111,12 +123,12 @@ ISSUE_SIZE = {"tokens": 4096, "model_dim": 1024, "hidden": 1024, "experts": 8, "
 DEFAULTS = {
     "tokens": 256, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factors": [1.0, 2.0, 4.0, 8.0],
     "degrees": [1, 2, 4, 8], "algos": list(ALGOS), "warmup": 1, "repeats": 3, "tune_repeats": 3,
-    "peer_tokens": 4096, "peer_factors": [1.0],
+    "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 10,
 }
 QUICK = {
     "tokens": 64, "model_dim": 32, "hidden": 64, "experts": 8, "top_k": 2, "factors": [1.0, 2.0],
     "degrees": [1, 2], "algos": list(ALGOS), "warmup": 1, "repeats": 1, "tune_repeats": 1,
-    "peer_tokens": 128, "peer_factors": [1.0],
+    "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2,
 }
 TUNING_STEP_LIMIT = 10_000  # a search that takes more steps than this is a bug
 WINDOW = 128  # the dictionary's capacity window (its default)
@@ -169,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed rounds; rows show the median (default {d['repeats']})")
     p.add_argument("--tune-repeats", type=int, help="the dictionary's steps per trial after its one warm-up "
                    f"step (AdaptiveDictionary repeats; default {d['tune_repeats']})")
+    p.add_argument("--switch-pairs", type=int, help="pairs of steps per r that time switching r: a step right "
+                   f"after a step at another r, then a steady one (default {d['switch_pairs']}; 0: none)")
     p.add_argument("-d", "--dtype", default="float", help="float, bfloat16 or double (default float)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads and A2A_NUM_THREADS per rank (default 1: the ranks share the cores)")
@@ -209,6 +223,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--warmup", args.warmup, 0),
         ("--repeats", args.repeats, 1),
         ("--tune-repeats", args.tune_repeats, 1),
+        ("--switch-pairs", args.switch_pairs, 0),
         ("--threads", args.threads, 1),
         *(("--degrees", degree, 1) for degree in args.degrees),
     ))
@@ -467,6 +482,25 @@ class _Bench:
 
         return step, [count, rows, model_dim, hidden]
 
+    def switch_pairs(self, x: Any, factor: float, plan: Any) -> tuple[list[dict], bool]:
+        """Pairs of steps of the static layer that time switching r: each r of
+        the layer in turn takes a step right after a step at another r (the
+        switch), then one at the same r (steady). Every r runs at the
+        dictionary's d and algorithm (r = 0 at d = 1, linear), all warmed up
+        by the sweep. One record per pair, and whether the layer's buffer
+        pool stayed the same (no buffer allocated or grown) across them."""
+        configs = [(r, plan.d, plan.algo) if r else (0, 1, "linear") for r in self.layer.valid_rs]
+        steps = [self.layer_step(self.layer, x, capacity_factor=factor, adaptive_r=r, a2a_ffn_overlap_degree=d,
+                                 algo=algo) for r, d, algo in configs]
+        pairs, buffers = [], self.layer._pool.snapshot()
+        for _ in range(self.args.switch_pairs):
+            for (r, d, algo), step in zip(configs, steps):
+                switched = self.timed(step)
+                steady = self.timed(step)
+                pairs.append({"config": config_label(r, d, algo), "switch_ms": switched * 1e3,
+                              "steady_ms": steady * 1e3})
+        return pairs, self.layer._pool.snapshot() == buffers
+
     def peer_step(self, x: Any, factor: float) -> Callable[[], None]:
         peer = self.peer
 
@@ -522,6 +556,9 @@ class _Bench:
         for row in rows:
             row["vs_best"] = None if best_ms is None else row["time_ms"] / best_ms
         summary = summarize(case, rows, tuning, expert_shape, plan)
+        # Switching r: the sweep cases only (a comparison case's steps cost seconds each).
+        if not case.comparison and len(self.layer.valid_rs) > 1 and args.switch_pairs:
+            summary["switch"] = summarize_switch(*self.switch_pairs(x, case.factor, plan))
         del adaptive, x
         return rows, summary
 
@@ -555,7 +592,28 @@ def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int
         "step_vs_expert": adaptive_ms / expert_ms,
         "gshard_ms": None if gshard is None else gshard["time_ms"],
         "gshard_vs_step": None if gshard is None else gshard["time_ms"] / adaptive_ms,
+        "switch": None,
     }
+
+
+def summarize_switch(pairs: list[dict], buffers_unchanged: bool) -> dict:
+    """What switching r costs, from (switch, steady) pairs of steps (pure):
+    medians of the differences, in ms and relative to the steady step, over
+    all pairs and per configuration."""
+    median = statistics.median
+    by_config: dict[str, list[dict]] = {}
+    for pair in pairs:
+        by_config.setdefault(pair["config"], []).append(pair)
+    configs = [{"config": config,
+                "switch_ms": median(p["switch_ms"] for p in mine),
+                "steady_ms": median(p["steady_ms"] for p in mine),
+                "cost_ms": median(p["switch_ms"] - p["steady_ms"] for p in mine),
+                "relative": median((p["switch_ms"] - p["steady_ms"]) / p["steady_ms"] for p in mine)}
+               for config, mine in by_config.items()]
+    return {"pairs": len(pairs),
+            "cost_ms": median(p["switch_ms"] - p["steady_ms"] for p in pairs),
+            "relative": median((p["switch_ms"] - p["steady_ms"]) / p["steady_ms"] for p in pairs),
+            "buffers_unchanged": buffers_unchanged, "configs": configs, "samples": pairs}
 
 
 # ---------------------------------------------------------------------------
@@ -592,6 +650,13 @@ def evaluate_targets(summaries: list[dict], sizes: dict) -> list[dict]:
                           "issue_size": at_size, "verdict": verdict(s["gshard_vs_step"] >= GSHARD_VS_STEP_MIN)})
     targets.append({"name": "gshard", "text": f">= {GSHARD_VS_STEP_MIN:g}x the GShard-style layer at T = 4096, "
                     "M = 1024, H = 1024, E = 8, k = 2, f = 1", "cases": cases})
+    cases = [{"tokens": s["tokens"], "factor": s["factor"], "switch_relative": s["switch"]["relative"],
+              "switch_ms": s["switch"]["cost_ms"], "buffers_unchanged": s["switch"]["buffers_unchanged"],
+              "verdict": verdict(s["switch"]["relative"] < SWITCH_VS_STEP_MAX and s["switch"]["buffers_unchanged"])}
+             for s in summaries if s.get("switch")]
+    targets.append({"name": "switch", "text": f"switching r costs < {SWITCH_VS_STEP_MAX:.0%} of a step and "
+                    "allocates no buffer",
+                    "cases": cases})
     for target in targets:
         # The GShard target holds at the issue's size only; other sizes are shown for reading.
         judged = [c for c in target["cases"] if target["name"] != "gshard" or c["issue_size"]]
@@ -604,6 +669,7 @@ def evaluate_targets(summaries: list[dict], sizes: dict) -> list[dict]:
 # Output
 
 _ROW = "{:>7}  {:>6}  {:>8}  {:>6}  {:>2}  {:>2}  {:>6}  {:>10}  {:>7}"
+_SWITCH = "{:>7}  {:>6}  {:<12}  {:>10}  {:>10}  {:>8}  {:>9}"
 _SUMMARY = "{:>7}  {:>6}  {:<12}  {:>9}  {:<12}  {:>9}  {:<12}  {:>9}  {:>6}  {:>6}  {:>7}  {:>9}  {:>8}  {:>9}  {:>11}"
 
 
@@ -639,6 +705,24 @@ def format_summary(s: dict) -> str:
     )
 
 
+def switch_header_lines() -> list[str]:
+    return ["#" + _SWITCH.format("tokens", "factor", "config", "switch(ms)", "steady(ms)", "cost(ms)",
+                                 "cost/step")[1:]]
+
+
+def format_switch(s: dict) -> list[str]:
+    """A case's switch rows: one per configuration, then all of them ("all")."""
+    switch = s["switch"]
+    lines = []
+    for c in [*switch["configs"], {**switch, "config": "all", "switch_ms": None, "steady_ms": None}]:
+        lines.append(_SWITCH.format(
+            s["tokens"], f"{s['factor']:g}", c["config"],
+            "-" if c["switch_ms"] is None else f"{c['switch_ms']:.2f}",
+            "-" if c["steady_ms"] is None else f"{c['steady_ms']:.2f}",
+            f"{c['cost_ms']:+.2f}", f"{c['relative']:+.2%}"))
+    return lines
+
+
 def target_lines(targets: list[dict]) -> list[str]:
     lines = ["# targets"]
     for target in targets:
@@ -649,6 +733,9 @@ def target_lines(targets: list[dict]) -> list[str]:
                 numbers = f"adaptive / best {case['adaptive_vs_best']:.3f}, worst / adaptive {case['worst_vs_adaptive']:.2f}x"
             elif target["name"] == "expert":
                 numbers = f"step / expert compute {case['step_vs_expert']:.3f}x"
+            elif target["name"] == "switch":
+                numbers = (f"switch cost {case['switch_ms']:+.2f} ms, {case['switch_relative']:+.2%} of a step, "
+                           f"buffers {'unchanged' if case['buffers_unchanged'] else 'ALLOCATED'}")
             else:
                 numbers = f"GShard / step {case['gshard_vs_step']:.2f}x"
                 if not case["issue_size"]:
@@ -795,6 +882,17 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         say(line)
     for summary in summaries:
         say(format_summary(summary))
+    switched = [s for s in summaries if s["switch"]]
+    if switched:
+        say("#")
+        say("# switching r: each r takes a step right after a step at another r (switch), then one at the same r "
+            f"(steady), {args.switch_pairs} times;")
+        say("# medians in ms; cost = switch - steady; cost/step = the median of (switch - steady) / steady")
+        for line in switch_header_lines():
+            say(line)
+        for s in switched:
+            for line in format_switch(s):
+                say(line)
     sizes = {"model_dim": args.model_dim, "hidden": args.hidden, "experts": args.experts, "top_k": args.top_k}
     targets = evaluate_targets(summaries, sizes)
     say("#")
@@ -817,7 +915,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             "dtype": args.dtype,
             "settings": {name: getattr(args, name) for name in
                          ("tokens", "model_dim", "hidden", "experts", "top_k", "factors", "degrees", "algos",
-                          "warmup", "repeats", "tune_repeats", "peer_tokens", "peer_factors")},
+                          "warmup", "repeats", "tune_repeats", "peer_tokens", "peer_factors", "switch_pairs")},
             "valid_rs": list(layer.valid_rs),
             "peer_check": None if peer_check is None else {**vars(peer_check), "factors": list(peer_check.factors),
                                                            "passed": peer_check.passed},

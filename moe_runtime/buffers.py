@@ -36,6 +36,13 @@ class BufferPool:
     def _give_back(self, buffers: dict[str, torch.Tensor]) -> None:
         self._free.append(buffers)
 
+    def snapshot(self) -> list[tuple[str, int, int]]:
+        """(name, address, bytes) of every buffer of the free sets, sorted: two
+        equal snapshots mean nothing was allocated or grown in between (tests,
+        benchmarks)."""
+        return sorted((name, t.data_ptr(), t.numel() * t.element_size())
+                      for buffers in self._free for name, t in buffers.items())
+
     def clear(self) -> None:
         """Drops the free sets (leases still held keep theirs)."""
         self._free.clear()

@@ -95,6 +95,25 @@ def test_ranks_that_disagree_raise_on_every_rank(comm, argument, values):
     assert y.shape == x.shape
 
 
+def test_switching_r_allocates_nothing_once_every_r_has_run(comm):
+    layer = make_layer(comm, experts_cases(comm.size)[-1], torch.float64)
+    x = torch.randn(9, MODEL_DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
+    configs = [(r, d) for r in layer.valid_rs for d in (1, 2)]
+
+    def step(r, d):
+        y = layer(x, adaptive_r=r, a2a_ffn_overlap_degree=d)
+        (y.sum() + y.l_aux).backward()
+
+    for r, d in configs:
+        step(r, d)
+    sets, buffers = layer._pool.sets_created, layer._pool.snapshot()
+    assert buffers  # the big buffers live in the pool between steps
+    for r, d in configs[::-1] + configs:
+        step(r, d)
+    assert layer._pool.sets_created == sets
+    assert layer._pool.snapshot() == buffers  # the same buffers, none grown or replaced
+
+
 def test_switching_r_moves_no_bytes_and_trains_the_same(comm):
     num_experts = experts_cases(comm.size)[-1]
     fixed = make_layer(comm, num_experts, torch.float64)

@@ -132,7 +132,7 @@ def test_static_configs_run_data_parallel_once():
 
 
 def _summary(tokens=256, factor=1.0, best=100.0, worst=150.0, adaptive=102.0, expert=95.0, gshard=None,
-             comparison=False):
+             comparison=False, switch=None):
     static = comparison is False
     return {
         "tokens": tokens,
@@ -148,6 +148,7 @@ def _summary(tokens=256, factor=1.0, best=100.0, worst=150.0, adaptive=102.0, ex
         "step_vs_expert": adaptive / expert,
         "gshard_ms": gshard,
         "gshard_vs_step": None if gshard is None else gshard / adaptive,
+        "switch": switch,
     }
 
 
@@ -160,19 +161,20 @@ def test_targets_met_and_missed():
         _summary(factor=2, best=100, worst=150, adaptive=104, expert=80),  # 1.04x best: missed; 1.3x expert: missed
         _summary(tokens=4096, adaptive=1000, expert=900, gshard=4500, comparison=True),  # 4.5x GShard: met
     ]
-    adaptive, expert, gshard = bench.evaluate_targets(summaries, ISSUE)
+    adaptive, expert, gshard, switch = bench.evaluate_targets(summaries, ISSUE)
     assert [c["verdict"] for c in adaptive["cases"]] == ["met", "missed"]  # the comparison case has no statics
     assert adaptive["verdict"] == "missed"
     assert [c["verdict"] for c in expert["cases"]] == ["met", "missed", "met"]
     assert [c["verdict"] for c in gshard["cases"]] == ["met"] and gshard["cases"][0]["issue_size"]
     assert gshard["verdict"] == "met"
+    assert switch["cases"] == [] and switch["verdict"] == "not measured"
     lines = "\n".join(bench.target_lines([adaptive, expert, gshard]))
     assert "T=256 f=2: adaptive / best 1.040, worst / adaptive 1.44x: missed" in lines
     assert "T=4096 f=1: GShard / step 4.50x: met" in lines
 
 
 def test_worst_must_be_far_enough_and_gshard_counts_only_at_the_issue_size():
-    [adaptive, _, gshard] = bench.evaluate_targets(
+    [adaptive, _, gshard, _] = bench.evaluate_targets(
         [_summary(best=100, worst=110, adaptive=100), _summary(tokens=128, gshard=150, comparison=True)], ISSUE
     )
     assert adaptive["verdict"] == "missed"  # within 3%, but the worst is only 1.1x
@@ -180,6 +182,38 @@ def test_worst_must_be_far_enough_and_gshard_counts_only_at_the_issue_size():
     assert gshard["verdict"] == "not measured"
     other = bench.evaluate_targets([_summary(tokens=4096, gshard=9000, comparison=True)], {**ISSUE, "hidden": 512})
     assert other[2]["verdict"] == "not measured"
+
+
+def _pairs(config, *times):
+    return [{"config": config, "switch_ms": a, "steady_ms": b} for a, b in times]
+
+
+def test_switch_cost_is_the_median_difference_of_the_pairs():
+    pairs = _pairs("r0/d1/linear", (404, 400), (398, 400), (401, 400)) + _pairs("r1/d2/2dh", (103, 100), (99, 100),
+                                                                                 (100, 100))
+    switch = bench.summarize_switch(pairs, True)
+    assert switch["pairs"] == 6 and switch["samples"] == pairs
+    assert [(c["config"], c["switch_ms"], c["steady_ms"], c["cost_ms"]) for c in switch["configs"]] == [
+        ("r0/d1/linear", 401, 400, 1), ("r1/d2/2dh", 100, 100, 0)]
+    assert switch["cost_ms"] == 0.5  # median of 4, -2, 1, 3, -1, 0
+    assert switch["relative"] == pytest.approx((0.0025 + 0.0) / 2)  # median of the six relative differences
+    cheap, dear = (bench.summarize_switch(_pairs("r1/d1/linear", (a, 100)), True) for a in (100.5, 102))
+    allocating = bench.summarize_switch(_pairs("r1/d1/linear", (100, 100)), False)
+    [*_, switch_target] = bench.evaluate_targets(
+        [_summary(switch=cheap), _summary(factor=2, switch=dear), _summary(factor=4, switch=allocating)], ISSUE)
+    assert [c["verdict"] for c in switch_target["cases"]] == ["met", "missed", "missed"]
+    assert switch_target["verdict"] == "missed"
+    lines = "\n".join(bench.target_lines([switch_target]))
+    assert "T=256 f=2: switch cost +2.00 ms, +2.00% of a step, buffers unchanged: missed" in lines
+    assert "T=256 f=4: switch cost +0.00 ms, +0.00% of a step, buffers ALLOCATED: missed" in lines
+    rows = bench.format_switch(_summary(switch=switch))
+    assert [row.split() for row in rows] == [
+        ["256", "1", "r0/d1/linear", "401.00", "400.00", "+1.00", "+0.25%"],
+        ["256", "1", "r1/d2/2dh", "100.00", "100.00", "+0.00", "+0.00%"],
+        ["256", "1", "all", "-", "-", "+0.50", "+0.12%"],
+    ]
+    header = bench.switch_header_lines()[0]
+    assert all(len(row) == len(header) and _ends(row)[-1] == _ends(header)[-1] for row in rows)
 
 
 def _ends(line: str) -> list[int]:
@@ -269,12 +303,24 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
         assert s["adaptive"]["steps"] > s["adaptive"]["trials"] > 0
         assert s["expert"]["time_ms"] > 0 and s["gshard_ms"] > 0
         assert (s["best"] is None) == s["comparison"]
-    assert [t["name"] for t in record["targets"]] == ["adaptive", "expert", "gshard"]
+    # Switching r, timed in the sweep cases: every r of the layer, at the dictionary's d and algorithm.
+    for s in summaries:
+        if s["comparison"]:
+            assert s["switch"] is None
+            continue
+        switch = s["switch"]
+        assert switch["pairs"] == quick["switch_pairs"] * 2 == len(switch["samples"])
+        assert [c["config"].split("/")[0] for c in switch["configs"]] == ["r0", "r1"]
+        assert all(p["switch_ms"] > 0 and p["steady_ms"] > 0 for p in switch["samples"])
+        assert switch["buffers_unchanged"] is True
+    assert [t["name"] for t in record["targets"]] == ["adaptive", "expert", "gshard", "switch"]
     assert all(t["verdict"] in ("met", "missed", "not measured") for t in record["targets"])
     assert record["targets"][2]["verdict"] == "not measured"  # --quick is not the issue's size
+    assert len(record["targets"][3]["cases"]) == len(quick["factors"])
 
     table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
-    assert len(table) == len(static) + len(summaries)
+    switch_rows = len(quick["factors"]) * (2 + 1)  # per sweep case: r0, r1, all
+    assert len(table) == len(static) + len(summaries) + switch_rows
     assert "# targets" in proc.stdout
     if plot is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -101,7 +101,10 @@ def test_buffer_pool_reuses_sets_and_grows():
     assert again.get("x", (2, 5), torch.float32, torch.device("cpu")).data_ptr() == pointer
     assert again.get("x", (100,), torch.float32, torch.device("cpu")).numel() == 100  # grown
     assert pool.sets_created == 2
-    del held
+    del held, again
+    gc.collect()
+    [(name, address, size)] = pool.snapshot()  # both sets free; only the second holds a buffer
+    assert (name, size) == ("x", 400) and address != pointer  # grown: a new buffer
 
 
 def test_chunk_major_keeps_every_slot():
