@@ -64,11 +64,13 @@ class _GatedKernel(torch.autograd.Function):
     holds which."""
 
     @staticmethod
-    def forward(ctx, data, gates, routing, op, dispatching, what, out_box=(None,)):
-        # out= travels in a tuple: as a tensor argument autograd would take it for an input.
-        ctx.routing, ctx.op, ctx.dispatching = routing, op, dispatching
+    def forward(ctx, data, gates, routing, op, dispatching, what, buffers=(None, None)):
+        # The buffers (out=, grad_buffer=) travel in a tuple: as tensor
+        # arguments autograd would take them for inputs.
+        out, grad_buffer = buffers
+        ctx.routing, ctx.op, ctx.dispatching, ctx.grad_buffer = routing, op, dispatching, grad_buffer
         ctx.save_for_backward(data, gates)
-        return (dispatch if dispatching else combine)(data, routing, gates, op, out_box[0], what=what)
+        return (dispatch if dispatching else combine)(data, routing, gates, op, out, what=what)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -78,7 +80,7 @@ class _GatedKernel(torch.autograd.Function):
         grad_out = grad_out.contiguous()  # autograd may hand in expanded or strided gradients
         grad_data = grad_gates = None
         if ctx.needs_input_grad[0]:
-            grad_data = (combine if ctx.dispatching else dispatch)(grad_out, routing, gates, op)
+            grad_data = (combine if ctx.dispatching else dispatch)(grad_out, routing, gates, op, ctx.grad_buffer)
         if gates is not None and ctx.needs_input_grad[1]:
             tokens, rows = (data, grad_out) if ctx.dispatching else (grad_out, data)
             grad_gates = gate_grad(tokens, rows, routing, str(gates.dtype).removeprefix("torch."), op)
@@ -96,15 +98,40 @@ def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = 
     routing = require_padded(routing, "fast_encode")
     if out is not None and out.requires_grad:
         raise InvalidArgumentError("fast_encode: out= must not require grad")
-    rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x", (out,))
+    rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x", (out, None))
     return rows.view(routing.num_experts, routing.capacity, rows.shape[1])
 
 
-def fast_decode(dispatched: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None) -> torch.Tensor:
-    """dispatched (E, C, M) -> y (T, M); see a2a.fast_decode."""
+def fast_decode(dispatched: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None, *,
+                grad_buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """dispatched (E, C, M) -> y (T, M); see a2a.fast_decode.
+
+    ``grad_buffer=`` (a contiguous tensor of dispatched's shape, dtype and
+    device that does not require grad) receives dispatched's gradient in the
+    backward instead of a new (E, C, M) tensor: a training loop that passes
+    the same buffer every step keeps the biggest gradient of a MoE layer out
+    of the allocator. The gradient handed on to dispatched's producer is then
+    the buffer itself, so the caller must not write the buffer again until
+    that gradient has been used (until the step's backward has finished)."""
     routing = require_padded(routing, "fast_decode")
     rows = dispatched_rows(dispatched, routing, "fast_decode")
-    return _GatedKernel.apply(rows, gates, routing, "fast_decode", False, "dispatched")
+    if grad_buffer is not None:
+        _check_grad_buffer(grad_buffer, dispatched, "fast_decode")
+    return _GatedKernel.apply(rows, gates, routing, "fast_decode", False, "dispatched", (None, grad_buffer))
+
+
+def _check_grad_buffer(buffer: Any, like: torch.Tensor, op: str) -> None:
+    if not isinstance(buffer, torch.Tensor):
+        raise InvalidArgumentError(f"{op}: grad_buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.requires_grad:
+        raise InvalidArgumentError(f"{op}: grad_buffer must not require grad")
+    if (buffer.shape != like.shape or buffer.dtype != like.dtype or buffer.device != like.device
+            or not buffer.is_contiguous()):
+        raise InvalidArgumentError(
+            f"{op}: grad_buffer is a {'' if buffer.is_contiguous() else 'non-contiguous '}{tuple(buffer.shape)} "
+            f"{buffer.dtype} tensor on {buffer.device}; expected a contiguous {tuple(like.shape)} {like.dtype} "
+            f"tensor on {like.device} (dispatched's)"
+        )
 
 
 def permute(x: torch.Tensor, indices: Any, num_experts: int | None = None) -> tuple[torch.Tensor, Routing]:

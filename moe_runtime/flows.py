@@ -108,9 +108,12 @@ class Segment:
     """One call's exchange -> expert -> exchange, forward and backward."""
 
     def __init__(self, shape: Shape, plan: Plan, comm: a2a.Comm | None, overlap: Overlap, lease: Lease,
-                 activation):
+                 activation, weight_grad_scale: float = 1.0):
         self.shape, self.plan, self.comm, self.overlap, self.lease = shape, plan, comm, overlap, lease
         self.activation = activation
+        # Every expert weight's gradient is made here, so the layer's 1/W
+        # ("mean") is folded into its matmuls rather than applied afterwards.
+        self.scale = weight_grad_scale
         self.relu = activation in _RELU
         self.inputs: list[torch.Tensor] = []  # expert input rows of every chunk (kept for the weight gradients)
         self.hidden: list[torch.Tensor] = []  # relu(h) for relu, else the pre-activation
@@ -186,8 +189,9 @@ class Segment:
         # The forward's expert outputs are dead: their buffer takes the output gradients.
         grad_outputs = lease.get("expert_out", (sh.chunks, *local), dtype, device) if exchanged else grads
         grad_dispatched = lease.get("grad_dispatch", grads.shape, dtype, device)
-        grad_fc1, grad_fc2 = torch.zeros_like(fc1), torch.zeros_like(fc2)
-        grad_fc1_bias = None if fc1_bias is None else torch.zeros_like(fc1_bias)
+        # Chunk 0 writes the weight gradients (beta = 0 ignores their contents), later chunks add.
+        grad_fc1, grad_fc2 = torch.empty_like(fc1), torch.empty_like(fc2)
+        grad_fc1_bias = None if fc1_bias is None else torch.empty_like(fc1_bias)
         # Chunk i's input rows are dead once its weight gradient is summed: the
         # input gradient takes their place.
         grad_inputs = lease.get("received", (sh.chunks, *local), dtype, device) if exchanged else grad_dispatched
@@ -200,11 +204,11 @@ class Segment:
         grad_fc2_bias = None
         if with_fc2_bias:
             grad_fc2_bias = (torch.zeros(sh.local_experts, sh.model_dim, dtype=dtype, device=device) if at_experts
-                             else grads.sum(dim=(0, 2)))
+                             else grads.sum(dim=(0, 2)).mul_(self.scale))
 
         def compute(i: int) -> None:
             if grad_fc2_bias is not None and at_experts:
-                grad_fc2_bias.add_(grad_outputs[i].sum(dim=1))
+                grad_fc2_bias.add_(grad_outputs[i].sum(dim=1), alpha=self.scale)
             self._ffn_backward(i, grad_outputs[i], fc1, fc2, grad_fc1, grad_fc1_bias, grad_fc2, grad_inputs[i])
 
         def after(i: int) -> None:
@@ -233,20 +237,24 @@ class Segment:
         sh = self.shape
         grad_hidden = self.lease.get("grad_hidden", (sh.local_experts, sh.rows, sh.hidden), grad_out.dtype,
                                      grad_out.device)
+        beta, alpha = (0 if i == 0 else 1), self.scale  # chunk 0 writes, the others add
         torch.bmm(grad_out, fc2.transpose(1, 2), out=grad_hidden)
         if self.relu:
-            grad_fc2.baddbmm_(hidden.transpose(1, 2), grad_out)
+            grad_fc2.baddbmm_(hidden.transpose(1, 2), grad_out, beta=beta, alpha=alpha)
             grad_hidden.masked_fill_(hidden <= 0, 0)
         else:
             with torch.enable_grad():
                 pre = hidden.detach().requires_grad_(True)
                 activated = self.activation(pre)
                 (grad_pre,) = torch.autograd.grad(activated, pre, grad_hidden)
-            grad_fc2.baddbmm_(activated.detach().transpose(1, 2), grad_out)
+            grad_fc2.baddbmm_(activated.detach().transpose(1, 2), grad_out, beta=beta, alpha=alpha)
             grad_hidden.copy_(grad_pre)
-        grad_fc1.baddbmm_(grad_hidden.transpose(1, 2), x)
+        grad_fc1.baddbmm_(grad_hidden.transpose(1, 2), x, beta=beta, alpha=alpha)
         if grad_fc1_bias is not None:
-            grad_fc1_bias.add_(grad_hidden.sum(dim=1))
+            if i == 0:
+                torch.sum(grad_hidden, dim=1, out=grad_fc1_bias).mul_(alpha)
+            else:
+                grad_fc1_bias.add_(grad_hidden.sum(dim=1), alpha=alpha)
         torch.bmm(grad_hidden, fc1, out=grad_x)
 
 

@@ -165,9 +165,6 @@ class MoELayer(torch.nn.Module):
             self.adaptive_r = None
         else:
             self.adaptive = None
-        if expert_gradient == "mean" and comm.size > 1:
-            for parameter in self.experts.parameters():
-                parameter.register_hook(lambda grad, world=comm.size: grad / world)
 
         # Communicators, made once (Comm.split is collective): one per group
         # size g > 1 that some r needs, and one for the exchanges, so that a
@@ -287,9 +284,15 @@ class MoELayer(torch.nn.Module):
             shape = Shape(num_experts, model_dim, experts.num_local, hidden, r, group, d, chunk_rows, self.comm.size)
         if d > 1:
             check_thread_level(self._exchange_comm)
-        segment = Segment(shape, self.last_plan, self._exchange_comm, self._overlap, lease, experts.activation_fn)
+        scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        segment = Segment(shape, self.last_plan, self._exchange_comm, self._overlap, lease, experts.activation_fn,
+                          scale)
         combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, fc2_bias)
-        return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None)
+        # The combine buffer's gradient, as big as the buffer, is pooled too.
+        grad_buffer = None
+        if combined.requires_grad:
+            grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
+        return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
 
     # -- agreement and the dictionary ------------------------------------------
     def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple) -> int:

@@ -78,6 +78,22 @@ def test_routing_options(comm, options):
             assert_matches(got, want, 1e-12, f"{options} r={r} d={d}")
 
 
+def test_summed_expert_gradients_and_another_activation(comm):
+    """expert_gradient="sum" (no 1/W folded into the weight gradients) and an
+    activation other than relu (its backward through autograd), every r, d."""
+    num_experts = experts_cases(comm.size)[-1]
+    layer = moe_runtime.MoELayer(
+        {"type": "top", "k": 2, "capacity_factor": 1.0}, MODEL_DIM,
+        experts_spec(num_experts, comm.size, activation_fn=torch.nn.functional.gelu), comm=comm, seeds=(11, 12),
+        expert_gradient="sum",
+    ).double()
+    want = reference(layer, comm, torch.float64, capacity_factor=1.0, activation=torch.nn.functional.gelu)
+    for r in layer.valid_rs:
+        for d in (1, 2):
+            got = run_layer(layer, comm, torch.float64, adaptive_r=r, a2a_ffn_overlap_degree=d)
+            assert_matches(got, want, 1e-12, f"sum gelu r={r} d={d}")
+
+
 @pytest.mark.parametrize("argument, values", [
     ("adaptive_r", lambda rank, layer: layer.valid_rs[rank % len(layer.valid_rs)]),
     ("a2a_ffn_overlap_degree", lambda rank, layer: 1 + rank % 2),

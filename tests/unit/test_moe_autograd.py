@@ -195,6 +195,35 @@ def test_decode_gradients_match_torch(routing, dtype):
     check_close(gg, gg_ref, dtype, "grad gates")
 
 
+def test_decode_writes_its_gradient_into_grad_buffer(routing):
+    d, g = randn(NUM_EXPERTS, 3, MODEL_DIM, dtype=torch.float32), rand_gates(torch.float32)
+    w = randn(NUM_TOKENS, MODEL_DIM, seed=8, grad=False).float()
+    _, (gd, gg) = grads(lambda d, g: a2a_torch.fast_decode(d, routing, g), (d, g), w)
+    buffer = torch.full((NUM_EXPERTS, 3, MODEL_DIM), float("nan"))
+    seen = []
+    rows = d * 1.0  # an op before decode: its backward receives the gradient
+    rows.register_hook(lambda grad: seen.append(grad.data_ptr()))
+    (a2a_torch.fast_decode(rows, routing, g, grad_buffer=buffer) * w).sum().backward()
+    assert seen == [buffer.data_ptr()]  # the gradient is the buffer, not a copy of it
+    torch.testing.assert_close(buffer, gd, rtol=0, atol=0)  # every row written, the dropped slots zeroed
+    torch.testing.assert_close(d.grad, gd, rtol=0, atol=0)
+    torch.testing.assert_close(g.grad, gg, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("buffer, match", [
+    (torch.empty(NUM_EXPERTS, 3, MODEL_DIM, dtype=torch.float64),
+     r"\(3, 3, 4\) torch.float64 .* expected a contiguous \(3, 3, 4\) torch.float32"),
+    (torch.empty(NUM_EXPERTS, 4, MODEL_DIM), r"is a \(3, 4, 4\)"),
+    (torch.empty(NUM_EXPERTS, MODEL_DIM, 3).transpose(1, 2), "non-contiguous"),
+    (torch.empty(NUM_EXPERTS, 3, MODEL_DIM, requires_grad=True), "must not require grad"),
+    (np.empty((NUM_EXPERTS, 3, MODEL_DIM), np.float32), "must be a torch.Tensor, got ndarray"),
+])
+def test_a_wrong_grad_buffer_is_refused_at_the_call(routing, buffer, match):
+    d = randn(NUM_EXPERTS, 3, MODEL_DIM, dtype=torch.float32)
+    with pytest.raises(a2a.InvalidArgumentError, match=f"fast_decode: grad_buffer {match}|fast_decode: .*{match}"):
+        a2a_torch.fast_decode(d, routing, grad_buffer=buffer)
+
+
 def test_permute_unpermute_gradients_match_torch(perm):
     x, g = randn(NUM_TOKENS, MODEL_DIM, dtype=torch.float32), rand_gates(torch.float32)
     rm = torch.as_tensor(ref.as_numpy(perm.row_map))
