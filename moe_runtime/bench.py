@@ -51,9 +51,11 @@ minutes on 4 ranks sharing 2 cores). In each case:
 * ``switch`` (the sweep only, when the layer has more than one r): what
   switching r costs. Each r of the layer (at the dictionary's d and
   algorithm; r = 0 at d = 1) takes a step right after a step at another r
-  (the switch), then a step at the same r (steady); ``--switch-pairs`` such
-  pairs per r. The cost is switch - steady, the median over the pairs, in
-  ms and relative to the steady step. The parameters have one layout for
+  (the switch), then two steps at the same r (steady, again);
+  ``--switch-pairs`` such triples per r. The cost is switch - steady, the
+  median over them, in ms and relative to the steady step; the control is
+  again - steady, the same estimate between two steps without a switch (its
+  size is the noise of the estimate). The parameters have one layout for
   every r, so a switch moves nothing; this measures what is left (caches,
   buffers of another shape), and checks that the layer's buffer pool is
   the same before and after the pairs (no buffer allocated or grown).
@@ -123,7 +125,7 @@ ISSUE_SIZE = {"tokens": 4096, "model_dim": 1024, "hidden": 1024, "experts": 8, "
 DEFAULTS = {
     "tokens": 256, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factors": [1.0, 2.0, 4.0, 8.0],
     "degrees": [1, 2, 4, 8], "algos": list(ALGOS), "warmup": 1, "repeats": 3, "tune_repeats": 3,
-    "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 10,
+    "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 15,
 }
 QUICK = {
     "tokens": 64, "model_dim": 32, "hidden": 64, "experts": 8, "top_k": 2, "factors": [1.0, 2.0],
@@ -181,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed rounds; rows show the median (default {d['repeats']})")
     p.add_argument("--tune-repeats", type=int, help="the dictionary's steps per trial after its one warm-up "
                    f"step (AdaptiveDictionary repeats; default {d['tune_repeats']})")
-    p.add_argument("--switch-pairs", type=int, help="pairs of steps per r that time switching r: a step right "
-                   f"after a step at another r, then a steady one (default {d['switch_pairs']}; 0: none)")
+    p.add_argument("--switch-pairs", type=int, help="switches per r that time switching r: a step right after a "
+                   "step at another r, then two at the same r (default "
+                   f"{d['switch_pairs']}; 0: none)")
     p.add_argument("-d", "--dtype", default="float", help="float, bfloat16 or double (default float)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads and A2A_NUM_THREADS per rank (default 1: the ranks share the cores)")
@@ -483,22 +486,23 @@ class _Bench:
         return step, [count, rows, model_dim, hidden]
 
     def switch_pairs(self, x: Any, factor: float, plan: Any) -> tuple[list[dict], bool]:
-        """Pairs of steps of the static layer that time switching r: each r of
-        the layer in turn takes a step right after a step at another r (the
-        switch), then one at the same r (steady). Every r runs at the
+        """Steps of the static layer that time switching r: each r of the
+        layer in turn takes a step right after a step at another r (the
+        switch), then two at the same r (steady, again). Every r runs at the
         dictionary's d and algorithm (r = 0 at d = 1, linear), all warmed up
-        by the sweep. One record per pair, and whether the layer's buffer
-        pool stayed the same (no buffer allocated or grown) across them."""
+        by the sweep. One record per switch; `again - steady`, two steady
+        steps, is the control: what the same difference shows without a
+        switch. Also whether the layer's buffer pool stayed the same (no
+        buffer allocated or grown) across them."""
         configs = [(r, plan.d, plan.algo) if r else (0, 1, "linear") for r in self.layer.valid_rs]
         steps = [self.layer_step(self.layer, x, capacity_factor=factor, adaptive_r=r, a2a_ffn_overlap_degree=d,
                                  algo=algo) for r, d, algo in configs]
         pairs, buffers = [], self.layer._pool.snapshot()
         for _ in range(self.args.switch_pairs):
             for (r, d, algo), step in zip(configs, steps):
-                switched = self.timed(step)
-                steady = self.timed(step)
+                switched, steady, again = (self.timed(step) for _ in range(3))
                 pairs.append({"config": config_label(r, d, algo), "switch_ms": switched * 1e3,
-                              "steady_ms": steady * 1e3})
+                              "steady_ms": steady * 1e3, "again_ms": again * 1e3})
         return pairs, self.layer._pool.snapshot() == buffers
 
     def peer_step(self, x: Any, factor: float) -> Callable[[], None]:
@@ -597,23 +601,25 @@ def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int
 
 
 def summarize_switch(pairs: list[dict], buffers_unchanged: bool) -> dict:
-    """What switching r costs, from (switch, steady) pairs of steps (pure):
-    medians of the differences, in ms and relative to the steady step, over
-    all pairs and per configuration."""
+    """What switching r costs, from (switch, steady, again) steps (pure):
+    medians of switch - steady, in ms and relative to the steady step, over
+    all records and per configuration; ``control``: the same relative median
+    of again - steady, two steps without a switch between them."""
     median = statistics.median
+
+    def numbers(mine: list[dict]) -> dict:
+        return {"cost_ms": median(p["switch_ms"] - p["steady_ms"] for p in mine),
+                "relative": median((p["switch_ms"] - p["steady_ms"]) / p["steady_ms"] for p in mine),
+                "control": median((p["again_ms"] - p["steady_ms"]) / p["steady_ms"] for p in mine)}
+
     by_config: dict[str, list[dict]] = {}
     for pair in pairs:
         by_config.setdefault(pair["config"], []).append(pair)
-    configs = [{"config": config,
-                "switch_ms": median(p["switch_ms"] for p in mine),
-                "steady_ms": median(p["steady_ms"] for p in mine),
-                "cost_ms": median(p["switch_ms"] - p["steady_ms"] for p in mine),
-                "relative": median((p["switch_ms"] - p["steady_ms"]) / p["steady_ms"] for p in mine)}
+    configs = [{"config": config, "switch_ms": median(p["switch_ms"] for p in mine),
+                "steady_ms": median(p["steady_ms"] for p in mine), **numbers(mine)}
                for config, mine in by_config.items()]
-    return {"pairs": len(pairs),
-            "cost_ms": median(p["switch_ms"] - p["steady_ms"] for p in pairs),
-            "relative": median((p["switch_ms"] - p["steady_ms"]) / p["steady_ms"] for p in pairs),
-            "buffers_unchanged": buffers_unchanged, "configs": configs, "samples": pairs}
+    return {"pairs": len(pairs), **numbers(pairs), "buffers_unchanged": buffers_unchanged, "configs": configs,
+            "samples": pairs}
 
 
 # ---------------------------------------------------------------------------
@@ -651,7 +657,8 @@ def evaluate_targets(summaries: list[dict], sizes: dict) -> list[dict]:
     targets.append({"name": "gshard", "text": f">= {GSHARD_VS_STEP_MIN:g}x the GShard-style layer at T = 4096, "
                     "M = 1024, H = 1024, E = 8, k = 2, f = 1", "cases": cases})
     cases = [{"tokens": s["tokens"], "factor": s["factor"], "switch_relative": s["switch"]["relative"],
-              "switch_ms": s["switch"]["cost_ms"], "buffers_unchanged": s["switch"]["buffers_unchanged"],
+              "switch_ms": s["switch"]["cost_ms"], "switch_control": s["switch"]["control"],
+              "buffers_unchanged": s["switch"]["buffers_unchanged"],
               "verdict": verdict(s["switch"]["relative"] < SWITCH_VS_STEP_MAX and s["switch"]["buffers_unchanged"])}
              for s in summaries if s.get("switch")]
     targets.append({"name": "switch", "text": f"switching r costs < {SWITCH_VS_STEP_MAX:.0%} of a step and "
@@ -669,7 +676,7 @@ def evaluate_targets(summaries: list[dict], sizes: dict) -> list[dict]:
 # Output
 
 _ROW = "{:>7}  {:>6}  {:>8}  {:>6}  {:>2}  {:>2}  {:>6}  {:>10}  {:>7}"
-_SWITCH = "{:>7}  {:>6}  {:<12}  {:>10}  {:>10}  {:>8}  {:>9}"
+_SWITCH = "{:>7}  {:>6}  {:<12}  {:>10}  {:>10}  {:>8}  {:>9}  {:>7}"
 _SUMMARY = "{:>7}  {:>6}  {:<12}  {:>9}  {:<12}  {:>9}  {:<12}  {:>9}  {:>6}  {:>6}  {:>7}  {:>9}  {:>8}  {:>9}  {:>11}"
 
 
@@ -707,7 +714,7 @@ def format_summary(s: dict) -> str:
 
 def switch_header_lines() -> list[str]:
     return ["#" + _SWITCH.format("tokens", "factor", "config", "switch(ms)", "steady(ms)", "cost(ms)",
-                                 "cost/step")[1:]]
+                                 "cost/step", "control")[1:]]
 
 
 def format_switch(s: dict) -> list[str]:
@@ -719,7 +726,7 @@ def format_switch(s: dict) -> list[str]:
             s["tokens"], f"{s['factor']:g}", c["config"],
             "-" if c["switch_ms"] is None else f"{c['switch_ms']:.2f}",
             "-" if c["steady_ms"] is None else f"{c['steady_ms']:.2f}",
-            f"{c['cost_ms']:+.2f}", f"{c['relative']:+.2%}"))
+            f"{c['cost_ms']:+.2f}", f"{c['relative']:+.2%}", f"{c['control']:+.2%}"))
     return lines
 
 
@@ -734,8 +741,9 @@ def target_lines(targets: list[dict]) -> list[str]:
             elif target["name"] == "expert":
                 numbers = f"step / expert compute {case['step_vs_expert']:.3f}x"
             elif target["name"] == "switch":
-                numbers = (f"switch cost {case['switch_ms']:+.2f} ms, {case['switch_relative']:+.2%} of a step, "
-                           f"buffers {'unchanged' if case['buffers_unchanged'] else 'ALLOCATED'}")
+                numbers = (f"switch cost {case['switch_ms']:+.2f} ms, {case['switch_relative']:+.2%} of a step "
+                           f"(control {case['switch_control']:+.2%}), buffers "
+                           f"{'unchanged' if case['buffers_unchanged'] else 'ALLOCATED'}")
             else:
                 numbers = f"GShard / step {case['gshard_vs_step']:.2f}x"
                 if not case["issue_size"]:
@@ -885,9 +893,10 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     switched = [s for s in summaries if s["switch"]]
     if switched:
         say("#")
-        say("# switching r: each r takes a step right after a step at another r (switch), then one at the same r "
-            f"(steady), {args.switch_pairs} times;")
-        say("# medians in ms; cost = switch - steady; cost/step = the median of (switch - steady) / steady")
+        say("# switching r: each r takes a step right after a step at another r (switch), then two at the same r "
+            f"(steady, again), {args.switch_pairs} times;")
+        say("# medians in ms; cost = switch - steady; cost/step = the median of (switch - steady) / steady; "
+            "control = the median of (again - steady) / steady: the same estimate without a switch")
         for line in switch_header_lines():
             say(line)
         for s in switched:

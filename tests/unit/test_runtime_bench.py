@@ -185,32 +185,34 @@ def test_worst_must_be_far_enough_and_gshard_counts_only_at_the_issue_size():
 
 
 def _pairs(config, *times):
-    return [{"config": config, "switch_ms": a, "steady_ms": b} for a, b in times]
+    return [{"config": config, "switch_ms": a, "steady_ms": b, "again_ms": c} for a, b, c in times]
 
 
 def test_switch_cost_is_the_median_difference_of_the_pairs():
-    pairs = _pairs("r0/d1/linear", (404, 400), (398, 400), (401, 400)) + _pairs("r1/d2/2dh", (103, 100), (99, 100),
-                                                                                 (100, 100))
+    pairs = (_pairs("r0/d1/linear", (404, 400, 400), (398, 400, 404), (401, 400, 400))
+             + _pairs("r1/d2/2dh", (103, 100, 99), (99, 100, 100), (100, 100, 100)))
     switch = bench.summarize_switch(pairs, True)
     assert switch["pairs"] == 6 and switch["samples"] == pairs
     assert [(c["config"], c["switch_ms"], c["steady_ms"], c["cost_ms"]) for c in switch["configs"]] == [
         ("r0/d1/linear", 401, 400, 1), ("r1/d2/2dh", 100, 100, 0)]
     assert switch["cost_ms"] == 0.5  # median of 4, -2, 1, 3, -1, 0
     assert switch["relative"] == pytest.approx((0.0025 + 0.0) / 2)  # median of the six relative differences
-    cheap, dear = (bench.summarize_switch(_pairs("r1/d1/linear", (a, 100)), True) for a in (100.5, 102))
-    allocating = bench.summarize_switch(_pairs("r1/d1/linear", (100, 100)), False)
+    assert switch["control"] == 0.0  # median of again - steady: 0, +1%, 0, -1%, 0, 0
+    assert [c["control"] for c in switch["configs"]] == [0.0, 0.0]
+    cheap, dear = (bench.summarize_switch(_pairs("r1/d1/linear", (a, 100, 101)), True) for a in (100.5, 102))
+    allocating = bench.summarize_switch(_pairs("r1/d1/linear", (100, 100, 100)), False)
     [*_, switch_target] = bench.evaluate_targets(
         [_summary(switch=cheap), _summary(factor=2, switch=dear), _summary(factor=4, switch=allocating)], ISSUE)
     assert [c["verdict"] for c in switch_target["cases"]] == ["met", "missed", "missed"]
     assert switch_target["verdict"] == "missed"
     lines = "\n".join(bench.target_lines([switch_target]))
-    assert "T=256 f=2: switch cost +2.00 ms, +2.00% of a step, buffers unchanged: missed" in lines
-    assert "T=256 f=4: switch cost +0.00 ms, +0.00% of a step, buffers ALLOCATED: missed" in lines
+    assert "T=256 f=2: switch cost +2.00 ms, +2.00% of a step (control +1.00%), buffers unchanged: missed" in lines
+    assert "T=256 f=4: switch cost +0.00 ms, +0.00% of a step (control +0.00%), buffers ALLOCATED: missed" in lines
     rows = bench.format_switch(_summary(switch=switch))
     assert [row.split() for row in rows] == [
-        ["256", "1", "r0/d1/linear", "401.00", "400.00", "+1.00", "+0.25%"],
-        ["256", "1", "r1/d2/2dh", "100.00", "100.00", "+0.00", "+0.00%"],
-        ["256", "1", "all", "-", "-", "+0.50", "+0.12%"],
+        ["256", "1", "r0/d1/linear", "401.00", "400.00", "+1.00", "+0.25%", "+0.00%"],
+        ["256", "1", "r1/d2/2dh", "100.00", "100.00", "+0.00", "+0.00%", "+0.00%"],
+        ["256", "1", "all", "-", "-", "+0.50", "+0.12%", "+0.00%"],
     ]
     header = bench.switch_header_lines()[0]
     assert all(len(row) == len(header) and _ends(row)[-1] == _ends(header)[-1] for row in rows)
@@ -311,7 +313,7 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
         switch = s["switch"]
         assert switch["pairs"] == quick["switch_pairs"] * 2 == len(switch["samples"])
         assert [c["config"].split("/")[0] for c in switch["configs"]] == ["r0", "r1"]
-        assert all(p["switch_ms"] > 0 and p["steady_ms"] > 0 for p in switch["samples"])
+        assert all(p["switch_ms"] > 0 and p["steady_ms"] > 0 and p["again_ms"] > 0 for p in switch["samples"])
         assert switch["buffers_unchanged"] is True
     assert [t["name"] for t in record["targets"]] == ["adaptive", "expert", "gshard", "switch"]
     assert all(t["verdict"] in ("met", "missed", "not measured") for t in record["targets"])
