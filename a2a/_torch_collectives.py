@@ -140,13 +140,14 @@ class _AllGather(torch.autograd.Function):
     block that came from this rank (a reduce_scatter)."""
 
     @staticmethod
-    def forward(ctx, x, comm):
+    def forward(ctx, x, comm, out_box=(None,)):
+        # out= travels in a tuple: as a tensor argument autograd would take it for an input.
         ctx.comm = comm
-        return collectives.all_gather(x, comm=comm)
+        return collectives.all_gather(x, comm=comm, out=out_box[0])
 
     @staticmethod
     def backward(ctx, grad):
-        return _ReduceScatter.apply(_dense(grad), ctx.comm), None
+        return _ReduceScatter.apply(_dense(grad), ctx.comm), None, None
 
 
 class _ReduceScatter(torch.autograd.Function):
@@ -218,14 +219,21 @@ def all_to_all_v(
     return recv, exchange.counts[1].copy()
 
 
-def all_gather(x: torch.Tensor, *, comm: Comm) -> torch.Tensor:
+def all_gather(x: torch.Tensor, *, comm: Comm, out: torch.Tensor | None = None) -> torch.Tensor:
     """a2a.all_gather with autograd: ``(n, ...)`` on every rank ->
     ``(size * n, ...)``, rank i's ``x`` at rows ``[i*n, (i+1)*n)``.
 
     Backward (collective): reduce_scatter (sum) of the gradient: rank i gets
     the sum over ranks of the gradient's rows ``[i*n, (i+1)*n)``.
+
+    ``out=`` (as for a2a.all_gather, and not requiring grad) receives the
+    result, which still records autograd: the backward reads the gradient
+    only, never the output, so a training loop can gather into the same
+    buffer every step (a layer's weights, say) without allocating it.
     """
-    return _AllGather.apply(x, comm)
+    if out is not None and isinstance(out, torch.Tensor) and out.requires_grad:
+        report_invalid(comm, "all_gather", "out= must not require grad (it receives the gathered rows)")
+    return _AllGather.apply(x, comm, (out,))
 
 
 def _differentiable(op: str, x: Any, comm: Any, reduce_op: Any) -> bool:

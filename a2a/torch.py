@@ -2,7 +2,8 @@
 
 Collectives: ``all_to_all``, ``all_to_all_flex``, ``all_to_all_v``,
 ``all_gather``, ``reduce_scatter`` and ``all_reduce`` take the arguments of
-the functions of the same name in ``a2a`` except ``out=``. Each backward is
+the functions of the same name in ``a2a`` except ``out=`` (all_gather takes
+it: the gathered rows go into it and still record autograd). Each backward is
 the adjoint collective of the gradient (all_to_all: itself; all_to_all_flex:
 the axes swapped; all_to_all_v: the rows sent back; all_gather and
 reduce_scatter: each other; all_reduce: itself); only the sum reductions

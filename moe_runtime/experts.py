@@ -43,6 +43,7 @@ import torch.nn.functional as F
 import a2a
 import a2a.torch as a2a_torch
 
+from .buffers import Lease
 from .initialization import uniform
 
 __all__ = ["FFNExperts", "expert_layout"]
@@ -136,31 +137,38 @@ class FFNExperts(torch.nn.Module):
                     self.batched_fc2_bias[local].zero_()
                     self.batched_fc2_bias[local, : cols.stop - cols.start].copy_(fc2_bias[cols])
 
-    def gathered(self, comm: a2a.Comm | None, shards: dict[str, torch.Tensor] | None = None
+    def gathered(self, comm: a2a.Comm | None, shards: dict[str, torch.Tensor] | None = None,
+                 lease: Lease | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
         """(fc1_w, fc1_bias, fc2_w, fc2_bias) of the experts a flow computes
         here, gathered over `comm` (None: this rank's shard alone): the world
         for r = 0, (E, H, M) and (E, M); a group of g ranks sharing an expert,
         (1, g*H/s, M). fc2_bias (n, M) only where the ranks gathered hold all
         its columns (s = 1, the world, or all s sharers: g = s), else None.
-        `shards` replaces the parameters (by name) with same-shaped tensors."""
+        `shards` replaces the parameters (by name) with same-shaped tensors.
+        `lease`: the gathered tensors go into its buffers (a training step's:
+        r = 0 gathers every expert, 64 MiB at E = 8, H = M = 1024, which
+        allocated fresh each step costs page faults on every step)."""
         shards = shards or {}
-        fc1 = shards.get("batched_fc1_w", self.batched_fc1_w)
-        fc1_bias = shards.get("batched_fc1_bias", self.batched_fc1_bias)
-        fc2 = shards.get("batched_fc2_w", self.batched_fc2_w)
-        fc2_bias = shards.get("batched_fc2_bias", self.batched_fc2_bias)
+        names = ("batched_fc1_w", "batched_fc1_bias", "batched_fc2_w", "batched_fc2_bias")
+        fc1, fc1_bias, fc2, fc2_bias = (shards.get(name, getattr(self, name)) for name in names)
         size = 1 if comm is None else comm.size
         experts = max(self.num_local * size // self.sharers, 1)
 
-        def gather(p: torch.Tensor | None) -> torch.Tensor | None:
+        def gather(name: str, p: torch.Tensor | None) -> torch.Tensor | None:
             if p is None:
                 return None
-            whole = p if size == 1 else a2a_torch.all_gather(p, comm=comm)
+            if size == 1:
+                whole = p
+            else:
+                out = None if lease is None else lease.get(name, (size * p.shape[0], *p.shape[1:]), p.dtype, p.device)
+                whole = a2a_torch.all_gather(p, comm=comm, out=out)
             return whole.reshape(experts, -1, *p.shape[2:])
 
         whole_bias = self.sharers == 1 or size % self.sharers == 0  # the ranks gathered hold every column
-        bias = gather(fc2_bias) if whole_bias else None
-        return gather(fc1), gather(fc1_bias), gather(fc2), None if bias is None else bias[:, : self.model_dim]
+        bias = gather(names[3], fc2_bias) if whole_bias else None
+        return (gather(names[0], fc1), gather(names[1], fc1_bias), gather(names[2], fc2),
+                None if bias is None else bias[:, : self.model_dim])
 
     def fc2_bias(self, comm: a2a.Comm) -> torch.Tensor | None:
         """The whole fc2 bias, (E, M), gathered from every rank of `comm` (the world)."""

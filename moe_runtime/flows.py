@@ -108,12 +108,17 @@ class Segment:
     """One call's exchange -> expert -> exchange, forward and backward."""
 
     def __init__(self, shape: Shape, plan: Plan, comm: a2a.Comm | None, overlap: Overlap, lease: Lease,
-                 activation, weight_grad_scale: float = 1.0):
+                 activation, weight_grad_scale: float = 1.0, *, pooled_weight_grads: bool = False):
         self.shape, self.plan, self.comm, self.overlap, self.lease = shape, plan, comm, overlap, lease
         self.activation = activation
         # Every expert weight's gradient is made here, so the layer's 1/W
         # ("mean") is folded into its matmuls rather than applied afterwards.
         self.scale = weight_grad_scale
+        # True when the weights were gathered: their gradients feed the
+        # gather's backward only, so they may live in the lease's buffers.
+        # Never for a rank's own parameters: autograd keeps those gradients
+        # as .grad, and a pooled buffer would be overwritten by the next step.
+        self.pooled_weight_grads = pooled_weight_grads
         self.relu = activation in _RELU
         self.inputs: list[torch.Tensor] = []  # expert input rows of every chunk (kept for the weight gradients)
         self.hidden: list[torch.Tensor] = []  # relu(h) for relu, else the pre-activation
@@ -190,8 +195,8 @@ class Segment:
         grad_outputs = lease.get("expert_out", (sh.chunks, *local), dtype, device) if exchanged else grads
         grad_dispatched = lease.get("grad_dispatch", grads.shape, dtype, device)
         # Chunk 0 writes the weight gradients (beta = 0 ignores their contents), later chunks add.
-        grad_fc1, grad_fc2 = torch.empty_like(fc1), torch.empty_like(fc2)
-        grad_fc1_bias = None if fc1_bias is None else torch.empty_like(fc1_bias)
+        grad_fc1, grad_fc2 = self._weight_grad("grad_fc1", fc1), self._weight_grad("grad_fc2", fc2)
+        grad_fc1_bias = None if fc1_bias is None else self._weight_grad("grad_fc1_bias", fc1_bias)
         # Chunk i's input rows are dead once its weight gradient is summed: the
         # input gradient takes their place.
         grad_inputs = lease.get("received", (sh.chunks, *local), dtype, device) if exchanged else grad_dispatched
@@ -218,6 +223,12 @@ class Segment:
         self.overlap.run(sh.chunks, before, compute, after)
         self.inputs, self.hidden = [], []
         return grad_dispatched.view(grad_combined.shape), grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias
+
+    def _weight_grad(self, name: str, weight: torch.Tensor) -> torch.Tensor:
+        """A buffer of `weight`'s shape for its gradient (contents undefined)."""
+        if self.pooled_weight_grads:
+            return self.lease.get(name, weight.shape, weight.dtype, weight.device)
+        return torch.empty_like(weight)
 
     def _ffn_forward(self, x, fc1, fc1_bias, fc2, hidden, out) -> None:
         """out = act(x @ fc1^T + b1) @ fc2, per local expert; `hidden` keeps

@@ -274,10 +274,12 @@ class MoELayer(torch.nn.Module):
         gates = decision.gates
         dispatched = a2a_torch.fast_encode(tokens, layout, None if self.is_postscore else gates, out=buffer)
         if r == 0:
-            fc1, fc1_bias, fc2, fc2_bias = experts.gathered(self.comm)
+            gathered_over = self.comm
+            fc1, fc1_bias, fc2, fc2_bias = experts.gathered(gathered_over, lease=lease)
             shape = Shape(num_experts, model_dim, num_experts, experts.hidden_size, 1, 1, 1, rows, 0)
         else:
-            fc1, fc1_bias, fc2, fc2_bias = experts.gathered(self._groups.get(group))
+            gathered_over = self._groups.get(group)
+            fc1, fc1_bias, fc2, fc2_bias = experts.gathered(gathered_over, lease=lease)
             if r > 1:  # partial outputs: the whole bias is added once, at the tokens' rank
                 fc2_bias = experts.fc2_bias(self.comm)
             hidden = experts.hidden_size // r
@@ -285,8 +287,12 @@ class MoELayer(torch.nn.Module):
         if d > 1:
             check_thread_level(self._exchange_comm)
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        # Weights gathered from other ranks get their gradients in pooled buffers
+        # (the gather's backward reduce-scatters them into fresh shard gradients);
+        # a rank's own parameters get fresh ones, which autograd keeps as .grad.
+        gathered = gathered_over is not None and gathered_over.size > 1
         segment = Segment(shape, self.last_plan, self._exchange_comm, self._overlap, lease, experts.activation_fn,
-                          scale)
+                          scale, pooled_weight_grads=gathered)
         combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, fc2_bias)
         # The combine buffer's gradient, as big as the buffer, is pooled too.
         grad_buffer = None

@@ -101,6 +101,17 @@ def all_gather(world):
     return Case(equal(world, (3, 2)), equal(world, (3 * world, 2)), lambda x, c: a2a_torch.all_gather(x, comm=c))
 
 
+def all_gather_into_out(world):
+    """out= receives the rows and the call still records autograd."""
+    def call(x, c):
+        out = torch.full((3 * world, 2), float("nan"), dtype=x.dtype)
+        y = a2a_torch.all_gather(x, comm=c, out=out)
+        assert y.data_ptr() == out.data_ptr()
+        return y
+
+    return Case(equal(world, (3, 2)), equal(world, (3 * world, 2)), call)
+
+
 def reduce_scatter(world):
     return Case(equal(world, (3 * world, 2)), equal(world, (3, 2)), lambda x, c: a2a.reduce_scatter(x, comm=c))
 
@@ -126,6 +137,7 @@ CASES = {
     "v-2dh": all_to_all_v("mod", "2dh"),
     "v-edges-2dh": all_to_all_v("edges", "2dh"),
     "all_gather": all_gather,
+    "all_gather-out": all_gather_into_out,
     "reduce_scatter": reduce_scatter,
     "all_reduce": all_reduce,
 }

@@ -130,6 +130,37 @@ def test_switching_r_allocates_nothing_once_every_r_has_run(comm):
     assert layer._pool.snapshot() == buffers  # the same buffers, none grown or replaced
 
 
+def test_a_forward_before_the_last_backward_keeps_each_steps_buffers(comm):
+    """Two forwards, then both backwards: each step's pooled buffers (the
+    gathered weights and their gradients too) stay its own until its
+    backward has run, at every r."""
+    layer = make_layer(comm, experts_cases(comm.size)[-1], torch.float64)
+    generator = torch.Generator().manual_seed(comm.rank)
+    xs = [torch.randn(7 + i, MODEL_DIM, dtype=torch.float64, generator=generator) for i in range(2)]
+
+    def grads(x):
+        return [x.grad.clone(), *(g.clone() for g in layer.gather_experts(grad=True).values())]
+
+    for r in layer.valid_rs:
+        alone = []
+        for x in xs:
+            layer.zero_grad(set_to_none=True)
+            x = x.clone().requires_grad_(True)
+            y = layer(x, adaptive_r=r, a2a_ffn_overlap_degree=2)
+            (y.square().sum() + y.l_aux).backward()
+            alone.append(grads(x))
+        inputs = [x.clone().requires_grad_(True) for x in xs]
+        losses = []
+        for x in inputs:
+            y = layer(x, adaptive_r=r, a2a_ffn_overlap_degree=2)
+            losses.append(y.square().sum() + y.l_aux)
+        for x, loss, want in zip(inputs, losses, alone):
+            layer.zero_grad(set_to_none=True)
+            loss.backward()
+            for got, expected in zip(grads(x), want):
+                assert torch.equal(got, expected), f"r={r}"
+
+
 def test_switching_r_moves_no_bytes_and_trains_the_same(comm):
     num_experts = experts_cases(comm.size)[-1]
     fixed = make_layer(comm, num_experts, torch.float64)

@@ -204,6 +204,18 @@ def test_out_while_recording(comm, name, call):
         assert call(x, out, comm) is (x if name == "all_reduce" else out)
 
 
+def test_all_gather_into_out_records_autograd(comm):
+    x = randn((4, 2))
+    out = torch.full((4, 2), float("nan"), dtype=torch.float64)
+    y = a2a_torch.all_gather(x, comm=comm, out=out)
+    assert y.data_ptr() == out.data_ptr() and y.requires_grad and torch.equal(out, x.detach())
+    (y * 3).sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+    wanting_grad = torch.empty(4, 2, dtype=torch.float64, requires_grad=True)
+    raises_invalid(lambda: a2a_torch.all_gather(x, comm=comm, out=wanting_grad), "all_gather", "rank 0 of 1",
+                   "out= must not require grad")
+
+
 @pytest.mark.parametrize("op", ["max", "min"])
 @pytest.mark.parametrize(
     "name, fn",
