@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..bench.common import parse_size
@@ -35,17 +36,18 @@ FILE_FORMAT = "a2a.sim.topology"
 
 
 def _sizes(text: str) -> list[int]:
-    try:
-        return [parse_size(item) for item in text.split(",") if item.strip()]
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    return _comma_list(text, parse_size, "sizes (K/M/G suffixes)")
 
 
 def _ints(text: str) -> list[int]:
+    return _comma_list(text, int, "integers")
+
+
+def _comma_list(text: str, convert: Callable[[str], int], what: str) -> list[int]:
     try:
-        return [int(item) for item in text.split(",") if item.strip()]
+        return [convert(item.strip()) for item in text.split(",") if item.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--preset", default="local", help="the starting point and structure (default local)")
     ft.add_argument("--fit", metavar="NAMES", help="comma list of the parameters to fit (default: the preset's: "
                     + "; ".join(f"{k}: {','.join(v)}" for k, v in presets.FIT_PARAMETERS.items()) + ")")
+    ft.add_argument("--ratio-weight", type=float, default=2.0, help="weight of the ratios linear / 2dh against "
+                    "the rows in the least squares (default 2: ratios within a run are steadier than times)")
     ft.add_argument("--out", metavar="FILE", help="write the fitted topology (for predict --params)")
     ft.add_argument("--json", metavar="FILE", help="write the fit's report: parameters, rows, errors, ratios")
 
@@ -175,7 +179,9 @@ def _predict(args: argparse.Namespace) -> int:
     if args.plot:
         from .plot import write_plot
 
-        write_plot(args.plot, all_records, x=args.plot_x, y=args.plot_y)
+        names = ", ".join(dict.fromkeys(f"{r['preset']} (check {r['check']})" for r in all_records))
+        write_plot(args.plot, all_records, x=args.plot_x, y=args.plot_y,
+                   title=f"a2a.sim: predicted all-to-all, linear vs 2DH, {names}")
     return 0
 
 
@@ -193,7 +199,7 @@ def _fit(args: argparse.Namespace) -> int:
     measurements = fitting.median_rows(measurements)  # several runs of a sweep: the median of each row
     names = [n.strip() for n in args.fit.split(",") if n.strip()] if args.fit else list(
         presets.FIT_PARAMETERS.get(start.name, model.FITTABLE))
-    result = fitting.fit(start, measurements, names)
+    result = fitting.fit(start, measurements, names, ratio_weight=args.ratio_weight)
     for line in report_lines(result, skipped):
         print(line)
     if args.out:

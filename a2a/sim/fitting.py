@@ -226,11 +226,16 @@ def ratio_rows(rows: Sequence[FitRow]) -> list[dict[str, Any]]:
 
 
 def fit(topology: Topology, measurements: Sequence[Measurement], parameters: Sequence[str] | None = None,
-        *, max_iterations: int = 200) -> FitResult:
+        *, ratio_weight: float = 2.0, max_iterations: int = 200) -> FitResult:
     """`topology` with `parameters` (default: every numeric one) fitted to
-    `measurements` by least squares on log(predicted / measured)."""
+    `measurements` by least squares on log(predicted / measured) of each row
+    and, weighted by `ratio_weight`, of each ratio linear / 2dh (the rows of
+    both at one shape and size)."""
     if not measurements:
         raise ValueError("fit: no measurements to fit")
+    if not ratio_weight >= 0:
+        raise ValueError(f"fit: ratio_weight must be >= 0, got {ratio_weight}")
+    pairs = _pairs(measurements)
     names = list(FITTABLE if parameters is None else parameters)
     for name in names:
         if name not in FITTABLE:
@@ -240,7 +245,11 @@ def fit(topology: Topology, measurements: Sequence[Measurement], parameters: Seq
     measured = np.log([m.time_s for m in measurements])
 
     def residuals(top: Topology) -> np.ndarray:
-        return np.log([predict_measurement(top, m).time_s for m in measurements]) - measured
+        rows = np.log([predict_measurement(top, m).time_s for m in measurements]) - measured
+        if not pairs or ratio_weight == 0:
+            return rows
+        ratios = [rows[i] - rows[j] for i, j in pairs]  # log of predicted ratio / measured ratio
+        return np.concatenate([rows, ratio_weight * np.asarray(ratios)])
 
     def at(x: np.ndarray, which: list[str]) -> Topology:
         return topology.replace(**{name: float(math.exp(v)) for name, v in zip(which, x)})
@@ -287,6 +296,13 @@ def fit(topology: Topology, measurements: Sequence[Measurement], parameters: Seq
     top = at(x, fitted)
     rows = [FitRow(m, predict_measurement(top, m)) for m in measurements]
     return FitResult(top, rows, tuple(fitted), kept, iterations)
+
+
+def _pairs(measurements: Sequence[Measurement]) -> list[tuple[int, int]]:
+    """Indices (linear, 2dh) of the rows measured with both at one shape and size."""
+    index = {(m.algo, m.ranks, m.local_size, m.size): i for i, m in enumerate(measurements) if m.algo in ALGOS}
+    return [(i, index[("2dh", *key[1:])]) for key, i in index.items()
+            if key[0] == "linear" and ("2dh", *key[1:]) in index]
 
 
 def _bytes(size: int) -> str:

@@ -88,6 +88,10 @@ class Topology:
     all ranks share the host's ``cores``: every phase takes ``max(1, W / cores) **
     sharing_exponent`` times as long (busy-polling ranks time-sliced on too few
     cores lose more than their share: the exponent is fitted).
+    ``cache_bytes`` > 0 (CPU hosts): a copy whose bytes, read and written by
+    every rank of the host, do not fit in this much cache runs partly at
+    ``copy_memory_bandwidth``: the fraction ``cache / (cache + working set)``
+    of its bytes at ``copy_bandwidth``, the rest at ``copy_memory_bandwidth``.
     ``check``: how the argument check runs: ``"in_band"`` (MPI communicators:
     on the data's first round, or a round of empty messages), ``"round"``
     (NCCL: an allgather of the signatures over the host, ``ceil(log2 W)``
@@ -114,6 +118,8 @@ class Topology:
     emulated: bool = False
     cores: int = 0
     sharing_exponent: float = 1.0
+    cache_bytes: float = 0.0
+    copy_memory_bandwidth: float = 0.0
     check: str = "round"
     transport: str = "nccl"
 
@@ -164,7 +170,7 @@ FITTABLE = (
     "intra_bandwidth", "intra_latency", "intra_half_message",
     "nic_bandwidth", "inter_latency", "inter_half_message",
     "copy_bandwidth", "copy_latency", "copy_half_chunk",
-    "cross_rail_factor", "sharing_exponent",
+    "cross_rail_factor", "sharing_exponent", "cache_bytes", "copy_memory_bandwidth",
 )
 """The numeric parameters, the ones :func:`a2a.sim.fit` can fit."""
 
@@ -280,8 +286,18 @@ def _exchange_phase(top: Topology, name: str, traffic: _Traffic) -> Phase:
 def _copy_phase(top: Topology, name: str, nbytes: Any, chunks: Any) -> Phase:
     """A local copy of `nbytes` bytes in `chunks` contiguous pieces (the slowest rank's)."""
     nbytes, chunks = np.max(nbytes), np.max(chunks)
-    seconds = top.copy_latency + (nbytes + chunks * top.copy_half_chunk) / top.copy_bandwidth
+    seconds = top.copy_latency + (nbytes + chunks * top.copy_half_chunk) * _seconds_per_copied_byte(top, nbytes)
     return Phase(name, float(seconds) * _sharing(top), int(nbytes), int(chunks))
+
+
+def _seconds_per_copied_byte(top: Topology, nbytes: Any) -> Any:
+    """1 / copy_bandwidth; with a cache, the share of the bytes that miss it at memory speed."""
+    if not (top.cache_bytes > 0 and top.copy_memory_bandwidth > 0):
+        return 1.0 / top.copy_bandwidth
+    ranks_on_host = top.ranks if top.emulated else top.local_size
+    working_set = 2.0 * nbytes * ranks_on_host  # read and written, by every rank of the host
+    hit = top.cache_bytes / (top.cache_bytes + working_set)
+    return hit / top.copy_bandwidth + (1 - hit) / top.copy_memory_bandwidth
 
 
 def _sharing(top: Topology) -> float:
@@ -317,7 +333,9 @@ def _empty_round(top: Topology) -> _Traffic:
 def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Phase]:
     """The argument check of one call. `in_band`: the call's first round can carry it
     (linear on an MPI communicator); then messages of at most 64 KiB / W bytes carry
-    it (one copy of them out of scratch), larger ones follow an empty round."""
+    it into a scratch buffer and are copied out, a path that measured (docs/scaling.md)
+    about as much again as the exchange, so it costs the exchange once more; larger
+    ones follow a round of empty messages."""
     if top.check == "none":
         return []
     if top.check == "round":
@@ -325,7 +343,7 @@ def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Ph
         latency = top.inter_latency if top.nodes > 1 and not top.emulated else top.intra_latency
         return [Phase("check", rounds * latency * _sharing(top), 0, rounds)]
     if in_band and largest_message <= IN_BAND_BYTES // top.ranks:
-        return [_copy_phase(top, "check", largest_message * top.ranks, top.ranks)]
+        return [_exchange_phase(top, "check", _uniform_traffic(top, "world", largest_message))]
     return [_exchange_phase(top, "check", _empty_round(top))]
 
 
