@@ -14,7 +14,8 @@ API; torch is required here, never by a2a. docs/runtime.md shows the data
 layout at every step.
 
 - :class:`MoELayer`, :func:`sync_shared_gradients` (layer.py)
-- :class:`AdaptiveDictionary` and its :class:`Config` (tuner.py)
+- :class:`AdaptiveDictionary` and its :class:`Config` (tuner.py); its prior,
+  :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`)
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -28,6 +29,7 @@ from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
 from .layer import MoELayer, sync_shared_gradients
 from .losses import gshard_loss, load_importance_loss, z_loss
+from .prior import ExchangePrior
 from .reference import moe_reference
 from .tuner import AdaptiveDictionary, Config
 
@@ -35,6 +37,7 @@ __all__ = [
     "AdaptiveDictionary",
     "Config",
     "CosineTopKGate",
+    "ExchangePrior",
     "LinearTopKGate",
     "MoELayer",
     "Plan",

@@ -80,6 +80,15 @@ compute; at least 4x faster than GShard at T = 4096, M = 1024, H = 1024,
 E = 8, k = 2, f = 1 (checked in the ``--peer-tokens`` cases at f = 1);
 switching r costs less than 1% of a step and allocates no buffer.
 
+``--prior PRESET`` (``local``, ``a100``, ``h100``; default none) gives the
+adaptive layer's dictionary the scale model's prior
+(:class:`moe_runtime.prior.ExchangePrior`, ``--prior-factor``, default 4):
+the (d, algorithm) it predicts far slower are not tried. Each case then
+reports the trials the search ran, the trials it would have run without the
+prior (the search replayed, without it, on the static rows' times; in a
+comparison case, which has no static rows, the trials plus those the prior
+saved: the configurations it left out of the r the search measured).
+
 ``--json FILE`` writes the run (settings, peer check, every row, the
 summaries, the targets); ``--plot FILE.png`` draws step time against (r, d)
 per case, one line per algorithm, with the adaptive, expert and GShard times
@@ -183,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed rounds; rows show the median (default {d['repeats']})")
     p.add_argument("--tune-repeats", type=int, help="the dictionary's steps per trial after its one warm-up "
                    f"step (AdaptiveDictionary repeats; default {d['tune_repeats']})")
+    p.add_argument("--prior", choices=("local", "a100", "h100"), help="give the dictionary the scale model's prior "
+                   "(a2a.sim preset; default: none) and report the trials it saved")
+    p.add_argument("--prior-factor", type=float, default=4.0, help="the prior leaves out (d, algo) predicted more "
+                   "than this many times slower than the best of their r (default 4)")
     p.add_argument("--switch-pairs", type=int, help="switches per r that time switching r: a step right after a "
                    "step at another r, then two at the same r (default "
                    f"{d['switch_pairs']}; 0: none)")
@@ -233,6 +246,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for flag, values in (("--factors", args.factors), ("--peer-factors", args.peer_factors)):
         if any(not (f > 0 and math.isfinite(f)) for f in values):
             parser.error(f"{flag}: capacity factors must be positive and finite, got {','.join(map(str, values))}")
+    if not args.prior_factor > 1:
+        parser.error(f"--prior-factor must be > 1, got {args.prior_factor}")
     if args.top_k > args.experts:
         parser.error(f"--top-k {args.top_k} is more than the {args.experts} experts")
     key = args.dtype.strip().lower()
@@ -425,7 +440,7 @@ class _Bench:
         config = entry.config
         return {"config": config_label(config.r, config.d, config.algo), "r": config.r, "d": config.d,
                 "algo": config.algo, "steps": steps, "trials": entry.trials, "seconds": seconds,
-                "dictionary_ms": entry.seconds * 1e3}
+                "dictionary_ms": entry.seconds * 1e3, "skipped": layer.adaptive.skipped(capacity)}
 
     def expert_step(self, plan: Any) -> tuple[Callable[[], None], list[int]]:
         """The experts' FFN alone, forward and backward, on the rows and the
@@ -523,8 +538,14 @@ class _Bench:
 
         args = self.args
         x = self.tokens(case.tokens)
+        prior = None
+        if args.prior:
+            from .prior import ExchangePrior
+
+            prior = ExchangePrior(args.prior)
         dictionary = AdaptiveDictionary(window=WINDOW, degrees=tuple(args.degrees), algos=tuple(args.algos),
-                                        repeats=args.tune_repeats, drift=math.inf)
+                                        repeats=args.tune_repeats, drift=math.inf, prior=prior,
+                                        prior_factor=args.prior_factor)
         adaptive = self._layer(dictionary)
         tuning = self.tune(adaptive, x, case.factor)
         plan = adaptive.last_plan
@@ -559,12 +580,36 @@ class _Bench:
         best_ms = min((row["time_ms"] for row in static), default=None)
         for row in rows:
             row["vs_best"] = None if best_ms is None else row["time_ms"] / best_ms
+        if args.prior:
+            tuning["trials_without_prior"] = trials_without_prior(rows, tuning, self.layer.valid_rs, args,
+                                                                  self.comm.num_nodes > 1 and self.comm.local_size > 1)
         summary = summarize(case, rows, tuning, expert_shape, plan)
         # Switching r: the sweep cases only (a comparison case's steps cost seconds each).
         if not case.comparison and len(self.layer.valid_rs) > 1 and args.switch_pairs:
             summary["switch"] = summarize_switch(*self.switch_pairs(x, case.factor, plan))
         del adaptive, x
         return rows, summary
+
+
+def trials_without_prior(rows: list[dict], tuning: dict, valid_rs: list[int], args: argparse.Namespace,
+                         two_level: bool) -> int:
+    """The trials the case's search would have run without the prior: the
+    search replayed, without it, on the static rows' times (pure); with no
+    static rows (a comparison case), the trials plus those the prior saved."""
+    from .tuner import AdaptiveDictionary, Config
+
+    static = {Config(row["r"], row["d"], row["algo"]): row["time_ms"] for row in rows if row["kind"] == "static"}
+    if not static:
+        return tuning["trials"] + tuning["skipped"]
+    replay = AdaptiveDictionary(degrees=tuple(args.degrees), algos=tuple(args.algos), warmup=0, repeats=1,
+                                drift=math.inf)
+    replay.bind({"replay": True}, valid_rs, two_level)
+    for _ in range(TUNING_STEP_LIMIT):
+        config = replay.choose(0)
+        if not replay.tuning(0):
+            return replay.trials(0)
+        replay.report(0, config, static[config] / 1e3)
+    raise RuntimeError("the replayed search did not end")
 
 
 def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int], plan: Any) -> dict:
@@ -890,6 +935,15 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         say(line)
     for summary in summaries:
         say(format_summary(summary))
+    if args.prior:
+        say("#")
+        say(f"# prior: a2a.sim preset {args.prior}, factor {args.prior_factor:g}: trials of the search with the "
+            "prior, and without it (replayed on the static times)")
+        for s in summaries:
+            a = s["adaptive"]
+            say(f"#   T={s['tokens']} f={s['factor']:g}: {a['trials']} trials, {a['trials_without_prior']} without "
+                f"the prior ({a['trials_without_prior'] - a['trials']} saved; {a['skipped']} configurations of the "
+                f"measured r left out); choice {a['config']}")
     switched = [s for s in summaries if s["switch"]]
     if switched:
         say("#")
@@ -924,7 +978,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             "dtype": args.dtype,
             "settings": {name: getattr(args, name) for name in
                          ("tokens", "model_dim", "hidden", "experts", "top_k", "factors", "degrees", "algos",
-                          "warmup", "repeats", "tune_repeats", "peer_tokens", "peer_factors", "switch_pairs")},
+                          "warmup", "repeats", "tune_repeats", "peer_tokens", "peer_factors", "switch_pairs",
+                          "prior", "prior_factor")},
             "valid_rs": list(layer.valid_rs),
             "peer_check": None if peer_check is None else {**vars(peer_check), "factors": list(peer_check.factors),
                                                            "passed": peer_check.passed},

@@ -64,6 +64,23 @@ Trials per key are at most ``(log_{3/2}(s) + 2) * len(degrees) *
 len(allowed algos)`` (``tests/unit/test_runtime_tuner.py`` checks it over
 many s and sets of valid r).
 
+The prior
+---------
+With ``prior`` (e.g. :class:`moe_runtime.prior.ExchangePrior`, the exchange
+time the scale model :mod:`a2a.sim` predicts), a search starts by asking it
+for every configuration of every r > 0 at the key's capacity, and leaves out
+the (d, algo) of an r predicted more than ``prior_factor`` times slower than
+the best predicted (d, algo) of the same r; those are never tried. The best
+predicted of each r always is, so every r still has a cost and the search over
+r is unchanged. Predictions are compared only within an r because the prior
+sees the exchanges alone: the expert compute and the weight gathers differ
+between r but not between the (d, algo) of one r. A configuration the prior
+has no opinion of (None: r = 0) is never left out. The default factor, 4,
+is wide because a pipelined step hides part of its exchange behind compute:
+a larger d that exchanges more can still win. :meth:`skipped` says how many
+trials the prior saved at a key: the configurations it left out of the r the
+search measured.
+
 Persistence
 -----------
 With ``path``, the file is read at construction (a missing file is an empty
@@ -84,6 +101,7 @@ their own dictionaries can share one file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -141,12 +159,17 @@ class _Space:
     valid_rs: tuple[int, ...]
     degrees: tuple[int, ...]
     algos: tuple[str, ...]
+    skip: frozenset[Config] = frozenset()  # left out by the prior
 
     def configs_of(self, r: int) -> list[Config]:
-        """The trials that measure r."""
+        """Every configuration of r."""
         if r == 0:
             return [DATA_PARALLEL]
         return [Config(r, d, algo) for d in self.degrees for algo in self.algos]
+
+    def trials_of(self, r: int) -> list[Config]:
+        """The trials that measure r: its configurations less those the prior left out."""
+        return [config for config in self.configs_of(r) if config not in self.skip]
 
     def __contains__(self, config: Config) -> bool:
         return config.r in self.valid_rs and config in self.configs_of(config.r)
@@ -163,7 +186,7 @@ def _search(space: _Space) -> Generator[Config, float, tuple[Config, float]]:
     def measure(r: int) -> Generator[Config, float, float]:
         if r not in cost_of:
             cost = math.inf
-            for config in space.configs_of(r):
+            for config in space.trials_of(r):
                 seconds = yield config
                 cost = min(cost, seconds)
                 if not best or seconds < best[0][0]:
@@ -209,6 +232,8 @@ class _Tuning:
     """A running search at one key: turns reports into trial times for it."""
 
     def __init__(self, space: _Space, warmup: int, repeats: int):
+        self._space = space
+        self._measured_rs: set[int] = set()
         self._steps = _search(space)
         self._warmup, self._repeats = warmup, repeats
         self._times: list[float] = []
@@ -225,11 +250,17 @@ class _Tuning:
         trial_seconds = statistics.median(self._times[self._warmup :])
         self._times.clear()
         self.trials += 1
+        self._measured_rs.add(config.r)
         try:
             self.config = self._steps.send(trial_seconds)
         except StopIteration as done:
             return done.value
         return None
+
+    @property
+    def skipped(self) -> int:
+        """Trials the prior saved so far: the left-out configurations of the r measured."""
+        return sum(1 for config in self._space.skip if config.r in self._measured_rs)
 
 
 class _Table:
@@ -240,6 +271,7 @@ class _Table:
         self.entries: dict[int, Entry] = dict(entries or {})
         self.tunings: dict[int, _Tuning] = {}
         self.recent: dict[int, deque[float]] = {}
+        self.skipped: dict[int, int] = {}  # key -> trials the prior saved in its last search
         self.changed = False
 
 
@@ -268,6 +300,12 @@ class AdaptiveDictionary:
         drift: a tuned key is searched again when the median of its last
             ``repeats`` reports differs from its entry's time by more than this
             fraction of it; ``math.inf`` never searches again.
+        prior: ``prior(signature, capacity, config) -> seconds or None``,
+            the predicted cost of a configuration (the exchange time of
+            :class:`moe_runtime.prior.ExchangePrior`); None: no prior. See the
+            module docstring.
+        prior_factor: (d, algo) of an r predicted more than this many times
+            slower than the best predicted of that r are not tried (> 1).
 
     Use: :meth:`bind` once (and again for another signature), then every
     step :meth:`choose` and :meth:`report`.
@@ -275,7 +313,9 @@ class AdaptiveDictionary:
 
     def __init__(self, window: int = 128, degrees: Sequence[int] = (1, 2, 4, 8),
                  algos: Sequence[str] = ALGOS, warmup: int = 1, repeats: int = 3,
-                 path: str | os.PathLike[str] | None = None, drift: float = 0.25):
+                 path: str | os.PathLike[str] | None = None, drift: float = 0.25,
+                 prior: Callable[[Mapping[str, Any], int, Config], float | None] | None = None,
+                 prior_factor: float = 4.0):
         self._window = _as_int("window", window, 1)
         self._degrees = _unique("degrees", [_as_int("degrees", d, 1) for d in _sequence("degrees", degrees)])
         names = _unique("algos", list(_sequence("algos", algos)))
@@ -289,6 +329,14 @@ class AdaptiveDictionary:
         if not drift > 0:
             raise ValueError(f"drift must be > 0 (a fraction of the recorded time; math.inf: never), got {drift}")
         self._drift = drift
+        if prior is not None and not callable(prior):
+            raise TypeError(f"prior must be callable (signature, capacity, config) -> seconds, got "
+                            f"{type(prior).__name__}")
+        prior_factor = float(prior_factor)
+        if not prior_factor > 1:
+            raise ValueError(f"prior_factor must be > 1 (how many times slower than the best prediction), "
+                             f"got {prior_factor}")
+        self._prior, self._prior_factor = prior, prior_factor
         self._path = None if path is None else os.fspath(path)
         self._tables: dict[str, _Table] = {}
         self._binding: _Binding | None = None
@@ -346,7 +394,7 @@ class AdaptiveDictionary:
             entry = table.entries.get(key)
             if entry is not None:
                 return entry.config
-            tuning = table.tunings[key] = self._start()
+            tuning = table.tunings[key] = self._start(table, key, capacity)
             _log.info("tuner: tuning capacities %s", self._range(key))
         return tuning.config
 
@@ -364,6 +412,7 @@ class AdaptiveDictionary:
         if tuning is not None:
             result = tuning.report(config, seconds)
             if result is not None:
+                table.skipped[key] = tuning.skipped
                 self._finish(table, key, Entry(result[0], result[1], tuning.trials))
             return
         entry = table.entries.get(key)
@@ -377,7 +426,7 @@ class AdaptiveDictionary:
                 _log.info("tuner: capacities %s drifted (%s: %.6g s, recorded %.6g s); tuning again",
                           self._range(key), entry.config, now, entry.seconds)
                 del table.recent[key]
-                table.tunings[key] = self._start()
+                table.tunings[key] = self._start(table, key, capacity)
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -394,6 +443,15 @@ class AdaptiveDictionary:
             return table.tunings[key].trials
         entry = table.entries.get(key)
         return 0 if entry is None else entry.trials
+
+    def skipped(self, capacity: int) -> int:
+        """Trials the prior saved at the key: the configurations it left out of
+        the r that the search measured (so far, while it tunes; 0 without a
+        prior, or for a key never searched here)."""
+        table, key = self._table(), self._key(capacity)
+        if key in table.tunings:
+            return table.tunings[key].skipped
+        return table.skipped.get(key, 0)
 
     def tuning(self, capacity: int) -> bool:
         """Whether the key of `capacity` has a search running."""
@@ -418,7 +476,8 @@ class AdaptiveDictionary:
 
     def __repr__(self) -> str:
         head = (f"AdaptiveDictionary(window={self._window}, degrees={self._degrees}, algos={self._algos}, "
-                f"warmup={self._warmup}, repeats={self._repeats}, drift={self._drift}, path={self._path!r})")
+                f"warmup={self._warmup}, repeats={self._repeats}, drift={self._drift}, path={self._path!r}"
+                + (f", prior={self._prior!r}, prior_factor={self._prior_factor}" if self._prior else "") + ")")
         if self._binding is None:
             return head + " (not bound)"
         binding, table = self._binding, self._tables[self._binding.table]
@@ -448,9 +507,36 @@ class AdaptiveDictionary:
     def _range(self, key: int) -> str:
         return f"[{key * self._window}, {(key + 1) * self._window})"
 
-    def _start(self) -> _Tuning:
+    def _start(self, table: _Table, key: int, capacity: int) -> _Tuning:
         assert self._binding is not None
-        return _Tuning(self._binding.space, self._warmup, self._repeats)
+        space = self._binding.space
+        if self._prior is not None:
+            space = dataclasses.replace(space, skip=self._pruned(space, capacity))
+            if space.skip:
+                _log.info("tuner: the prior leaves out %s at capacity %d", ", ".join(map(str, sorted(
+                    space.skip, key=str))), capacity)
+        return _Tuning(space, self._warmup, self._repeats)
+
+    def _pruned(self, space: _Space, capacity: int) -> frozenset[Config]:
+        """The configurations of each r > 0 predicted more than prior_factor times slower
+        than the best predicted one of the same r."""
+        assert self._binding is not None and self._prior is not None
+        skip = set()
+        for r in space.valid_rs:
+            if r == 0:
+                continue
+            predicted = {}
+            for config in space.configs_of(r):
+                seconds = self._prior(self._binding.signature, capacity, config)
+                if seconds is not None:
+                    seconds = float(seconds)
+                    if not (seconds >= 0 and math.isfinite(seconds)):
+                        raise ValueError(f"prior: predicted {seconds} s for {config}; expected finite and >= 0")
+                    predicted[config] = seconds
+            if predicted:
+                best = min(predicted.values())
+                skip.update(c for c, seconds in predicted.items() if seconds > self._prior_factor * best)
+        return frozenset(skip)
 
     def _finish(self, table: _Table, key: int, entry: Entry) -> None:
         del table.tunings[key]

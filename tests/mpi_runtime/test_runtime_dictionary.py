@@ -118,3 +118,26 @@ def test_bad_parallel_type(comm, bad):
     with pytest.raises(ValueError, match="parallel_type"):
         moe_runtime.MoELayer({"type": "top"}, MODEL_DIM, experts_spec(comm.size, comm.size), comm=comm,
                              parallel_type=bad)
+
+
+def test_the_scale_model_prior_leaves_out_the_same_trials_on_every_rank(comm):
+    """With moe_runtime.ExchangePrior, every rank leaves out the same trials
+    (the prior sees only shared numbers), none of them runs, and the search
+    still ends on every rank with the same choice."""
+    prior = moe_runtime.ExchangePrior("local")
+    dictionary = moe_runtime.AdaptiveDictionary(warmup=0, repeats=1, prior=prior, prior_factor=1.2)
+    layer = make(comm, dictionary, cost_table)
+    plans = train(layer, comm, 60)
+    capacity = layer.last_plan.capacity
+    assert not dictionary.tuning(capacity)
+    assert same_on_every_rank(comm, plans)
+    skipped = np.array([dictionary.skipped(capacity)], dtype=np.int64)
+    assert (a2a.all_gather(skipped, comm=comm) == skipped[0]).all()
+    if comm.num_nodes > 1 and comm.local_size > 1:
+        assert skipped[0] > 0  # 2dh's second pass over the bytes is predicted > 1.2x on this host
+    signature = layer._bound_signature
+    ran = {moe_runtime.Config(*plan) for plan in plans}
+    for config in ran - {moe_runtime.Config(0, 1, "linear")}:
+        best = min(prior(signature, capacity, moe_runtime.Config(config.r, d, a)) for d in (1, 2, 4, 8)
+                   for a in ("linear", "2dh") if a == "linear" or comm.num_nodes > 1 and comm.local_size > 1)
+        assert prior(signature, capacity, config) <= 1.2 * best

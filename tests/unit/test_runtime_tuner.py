@@ -468,3 +468,93 @@ def test_module_imports_only_the_standard_library():
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert all(name.split(".")[0] in sys.stdlib_module_names or name == "__future__" for name in names), names
+
+
+# ---------------------------------------------------------------------------
+# The prior
+
+
+class TablePrior:
+    """A prior from a table: predicted seconds per configuration (None: no opinion); counts its calls."""
+
+    def __init__(self, table):
+        self.table, self.calls = table, []
+
+    def __call__(self, signature, capacity, config):
+        self.calls.append((capacity, config))
+        return self.table(config)
+
+
+@pytest.mark.parametrize("s", [1, 4, 16])
+def test_prior_pruned_candidates_are_never_tried(s):
+    degrees, algos, valid_rs = (1, 2, 4, 8), ("linear", "2dh"), list(range(s + 1))
+    rng = random.Random(s)
+    cost = ConvexCost(convex_g(valid_rs, "random", rng), degrees, algos)
+
+    def predicted(config):  # 2dh at d = 8 and every d = 4 predicted 10x the best of their r
+        if config.r == 0:
+            return None
+        return 10.0 if config.d == 4 or (config.d == 8 and config.algo == "2dh") else 1.0
+
+    prior = TablePrior(predicted)
+    dictionary = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=0, repeats=1, prior=prior, prior_factor=4)
+    dictionary.bind(SIGNATURE, valid_rs, two_level=True)
+    ran = tune(dictionary, 200, cost)
+    pruned = {c for c in all_configs(valid_rs, degrees, algos) if c.r and predicted(c) == 10.0}
+    assert pruned and not pruned & set(ran)
+    assert {capacity for capacity, _ in prior.calls} == {200}  # asked at the key's capacity
+    assert all(c.r > 0 for _, c in prior.calls) or s == 0
+    measured_rs = {c.r for c in ran if c.r > 0}
+    assert len(ran) == 1 + 5 * len(measured_rs)  # r = 0, then 5 of the 8 (d, algo) of each r measured
+    assert dictionary.skipped(200) == 3 * len(measured_rs)
+    assert dictionary.trials(200) == len(ran)
+
+
+@pytest.mark.parametrize("shape", ["random", "inside", "left", "right", "dp", "ep_mp"])
+def test_prior_that_is_right_keeps_the_optimum(shape):
+    """A prior proportional to the true cost within each r (off by up to 2x,
+    less than the factor) never leaves out the optimum, and saves trials."""
+    degrees, algos, valid_rs = (1, 2, 4, 8), ("linear", "2dh"), list(range(9))
+    rng = random.Random(shape)
+    g = convex_g(valid_rs, shape, rng)
+    pairs = [(d, a) for d in degrees for a in algos]
+    weight = {p: 1 + 3 * i for i, p in enumerate(rng.sample(pairs, len(pairs)))}  # 1, 4, 7, ... 22
+
+    def cost(config, capacity):
+        return g[config.r] * (1 if config.r == 0 else weight[(config.d, config.algo)])
+
+    def predicted(config):
+        return None if config.r == 0 else weight[(config.d, config.algo)] * rng.uniform(0.7, 1.4)
+
+    dictionary = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=0, repeats=1,
+                                    prior=TablePrior(predicted), prior_factor=4)
+    dictionary.bind(SIGNATURE, valid_rs, two_level=True)
+    ran = tune(dictionary, 0, cost)
+    want = min(all_configs(valid_rs, degrees, algos), key=lambda c: cost(c, 0))
+    assert dictionary.choose(0) == want
+    assert dictionary.skipped(0) > 0 and len(ran) < trial_bound(8, degrees, algos)
+
+
+def test_prior_without_opinion_prunes_nothing_and_r0_is_never_asked_about():
+    prior = TablePrior(lambda config: None)
+    dictionary = AdaptiveDictionary(degrees=(1, 2), algos=("linear",), warmup=0, repeats=1, prior=prior)
+    dictionary.bind(SIGNATURE, [0, 1, 2], two_level=False)
+    ran = tune(dictionary, 0, lambda c, capacity: 1.0 + c.r + c.d)
+    assert len(ran) == 5 and dictionary.skipped(0) == 0
+    assert Config(0, 1, "linear") not in [c for _, c in prior.calls]
+
+
+@pytest.mark.parametrize("options,error,message", [
+    ({"prior": 3}, TypeError, "callable"),
+    ({"prior": lambda *a: 1.0, "prior_factor": 1.0}, ValueError, "prior_factor"),
+])
+def test_prior_bad_options(options, error, message):
+    with pytest.raises(error, match=message):
+        AdaptiveDictionary(**options)
+
+
+def test_prior_bad_prediction():
+    dictionary = AdaptiveDictionary(prior=lambda *a: math.nan)
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False)
+    with pytest.raises(ValueError, match="finite"):
+        dictionary.choose(0)
