@@ -2,7 +2,6 @@
 #include "options.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <getopt.h>
 #include <math.h>
@@ -150,12 +149,10 @@ static int take_flag(const flag* f, const char* value, nte_options* o, char* err
     snprintf(name, sizeof name, "--%s", f->long_name);
   if (f->kind == REJECTED) return fail(err, n, "%s does not apply: %s", name, f->help);
   if (f->kind == ONLY) {
-    long given = 0, only = strtol(f->only, NULL, 10);
-    if (nte_parse_long(name, value, LONG_MIN, LONG_MAX, &given, err, n)) return -1;
-    if (given != only) {
-      snprintf(err, n, "%s %s does not apply: %s (only %s is accepted)", name, value, f->help, f->only);
-      return -1;
-    }
+    char* end = NULL;
+    const long given = strtol(value, &end, 0);
+    if (end == value || *end != '\0' || given != strtol(f->only, NULL, 10))
+      return fail(err, n, "%s %s does not apply: %s (only %s is accepted)", name, value, f->help, f->only);
     return 0;
   }
   const char* key = f->long_name;
@@ -203,6 +200,9 @@ static int take_flag(const flag* f, const char* value, nte_options* o, char* err
 
 /* Rules between flags, checked once all are read. */
 static int check_combinations(const nte_test* test, const nte_options* o, char* err, size_t n) {
+  if (getenv("NCCL_TESTS_SPLIT") || getenv("NCCL_TESTS_SPLIT_MASK"))
+    return fail(err, n, "NCCL_TESTS_SPLIT / NCCL_TESTS_SPLIT_MASK are not supported: every rank joins one "
+                        "communicator; start separate jobs for separate groups");
   if (o->min_bytes > o->max_bytes) {
     snprintf(err, n, "invalid sizes: -b %zu is larger than -e %zu", o->min_bytes, o->max_bytes);
     return -1;
