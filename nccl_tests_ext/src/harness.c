@@ -98,10 +98,10 @@ static void time_calls(const nte_test* test, void* state, const nte_options* o, 
 }
 
 typedef struct {
-  int errors;        /* results with wrong elements (each rank counts them, as nccl-tests does) */
+  int errors; /* results with wrong elements (each rank counts them, as nccl-tests does) */
   double busbw_sum;
   long results;
-  int round;         /* the last check round's data */
+  int round; /* the last check round's data */
 } totals;
 
 /* One row: set up, warm up, time, check, print. */
@@ -148,7 +148,7 @@ static void report_ranks(const nte_memory* mem, int rank, int size, int node, in
   char host[256] = "";
   gethostname(host, sizeof host - 1);
   host[strcspn(host, ".")] = '\0'; /* the short name, as nccl-tests prints it */
-  char where[64], fields[kLine - 64], line[kLine];
+  char where[64], fields[kLine - 64], line[kLine] = ""; /* zero-filled: all kLine bytes are sent */
   snprintf(where, sizeof where, "node %d local_rank %d", node, local_rank);
   nte_describe_device(mem, where, fields, sizeof fields);
   snprintf(line, sizeof line, "%s|%d|%s", host, (int)getpid(), fields);

@@ -78,6 +78,7 @@ int nte_memory_init(nte_memory* mem, nte_memory_kind kind, int device, int null_
     snprintf(err, err_size, "-D cuda: no usable CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(status));
     return -1;
   }
+  if (count == 1) device = 0; /* the launcher gave each rank its own GPU (CUDA_VISIBLE_DEVICES) */
   if (device >= count) {
     snprintf(err, err_size,
              "-D cuda: one GPU per rank needs GPU %d (this rank's index on its host), but %d %s visible", device,

@@ -31,8 +31,9 @@ typedef struct {
 /* 1 when this build has the CUDA half. */
 int nte_cuda_built(void);
 
-/* Selects `device` and creates the stream (NULL with null_stream). Returns 0,
- * or -1 with a message in err. */
+/* Selects `device` (this rank's index on its host; 0 where a rank sees a
+ * single GPU) and creates the stream (NULL with null_stream). Returns 0, or
+ * -1 with a message in err. */
 int nte_memory_init(nte_memory* mem, nte_memory_kind kind, int device, int null_stream, double timeout_s, char* err,
                     size_t err_size);
 void nte_memory_finalize(nte_memory* mem);

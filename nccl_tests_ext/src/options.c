@@ -80,7 +80,8 @@ static const flag flags[] = {
      "a2a's algorithm: linear (one exchange with every rank) or 2dh (intra-node, then inter-node) (default linear)",
      NULL},
     {'D', "device", "<host/cuda>", TAKEN,
-     "host: host buffers over MPI; cuda: one GPU per rank (its index on its host), buffers over NCCL (default host)",
+     "host: host buffers over MPI; cuda: one GPU per rank (its index on its host, or the one GPU it sees), buffers "
+     "over NCCL (default host)",
      NULL},
 };
 static const int num_flags = (int)(sizeof(flags) / sizeof(flags[0]));
