@@ -9,7 +9,6 @@
 typedef struct {
   const nte_context* ctx;
   size_t count; /* elements per peer */
-  int64_t* counts;
   nte_call_buffers buf;
 } state;
 
@@ -18,8 +17,6 @@ static void* prepare(const nte_context* ctx, size_t requested, nte_sizes* sizes)
   const size_t es = ctx->dtype->size, ranks = (size_t)ctx->size;
   s->ctx = ctx;
   s->count = nte_per_peer_count(requested, es, ctx->size);
-  s->counts = malloc(ranks * sizeof *s->counts);
-  for (size_t r = 0; r < ranks; ++r) s->counts[r] = (int64_t)s->count;
   size_t workspace_bytes = 0;
   NTE_A2A(a2a_all_to_all_workspace_size(ctx->comm, s->count, ctx->dtype->a2a, ctx->algo, &workspace_bytes));
   s->buf = nte_alloc_call(ctx, ranks * s->count, ranks * s->count, workspace_bytes);
@@ -32,7 +29,7 @@ static void* prepare(const nte_context* ctx, size_t requested, nte_sizes* sizes)
 static void fill(void* p, int rep) {
   state* s = p;
   const nte_context* ctx = s->ctx;
-  nte_fill_sent(s->buf.send.host, ctx->dtype->size, s->counts, ctx->size, ctx->rank, rep);
+  nte_fill_sent_blocks(s->buf.send.host, ctx->dtype->size, s->count, ctx->size, ctx->rank, rep);
   nte_load_call(ctx, &s->buf);
 }
 
@@ -47,13 +44,12 @@ static int64_t check(void* p, int rep) {
   state* s = p;
   const nte_context* ctx = s->ctx;
   nte_fetch_result(ctx, &s->buf);
-  return nte_count_wrong_received(s->buf.recv.host, ctx->dtype->size, s->counts, ctx->size, ctx->rank, rep);
+  return nte_count_wrong_received_blocks(s->buf.recv.host, ctx->dtype->size, s->count, ctx->size, ctx->rank, rep);
 }
 
 static void release(void* p) {
   state* s = p;
   nte_free_call(s->ctx, &s->buf);
-  free(s->counts);
   free(s);
 }
 

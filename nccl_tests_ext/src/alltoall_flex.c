@@ -25,7 +25,7 @@ static int combine = 0;
 typedef struct {
   const nte_context* ctx;
   size_t capacity, model_dim;
-  int64_t* counts; /* e*C*M per rank: the contiguous side's blocks */
+  size_t block; /* e*C*M: the elements between two ranks */
   int64_t in_shape[3], out_shape[3];
   int split_axis, concat_axis;
   nte_call_buffers buf;
@@ -39,8 +39,7 @@ static void* prepare(const nte_context* ctx, size_t requested, nte_sizes* sizes)
   s->model_dim = per_expert < (size_t)hidden ? (per_expert ? per_expert : 1) : (size_t)hidden;
   s->capacity = per_expert / s->model_dim;
   const size_t block = per_rank * s->capacity * s->model_dim;
-  s->counts = malloc(ranks * sizeof *s->counts);
-  for (size_t r = 0; r < ranks; ++r) s->counts[r] = (int64_t)block;
+  s->block = block;
   const int64_t experts_shape[3] = {(int64_t)(ranks * per_rank), (int64_t)s->capacity, (int64_t)s->model_dim};
   const int64_t dispatched_shape[3] = {(int64_t)per_rank, (int64_t)(ranks * s->capacity), (int64_t)s->model_dim};
   memcpy(s->in_shape, combine ? dispatched_shape : experts_shape, sizeof s->in_shape);
@@ -81,7 +80,7 @@ static void fill(void* p, int rep) {
   if (combine)
     dispatched_side(s, s->buf.send.host, rep, 1);
   else
-    nte_fill_sent(s->buf.send.host, ctx->dtype->size, s->counts, ctx->size, ctx->rank, rep);
+    nte_fill_sent_blocks(s->buf.send.host, ctx->dtype->size, s->block, ctx->size, ctx->rank, rep);
   nte_load_call(ctx, &s->buf);
 }
 
@@ -98,13 +97,12 @@ static int64_t check(void* p, int rep) {
   const nte_context* ctx = s->ctx;
   nte_fetch_result(ctx, &s->buf);
   if (!combine) return dispatched_side(s, s->buf.recv.host, rep, 0);
-  return nte_count_wrong_received(s->buf.recv.host, ctx->dtype->size, s->counts, ctx->size, ctx->rank, rep);
+  return nte_count_wrong_received_blocks(s->buf.recv.host, ctx->dtype->size, s->block, ctx->size, ctx->rank, rep);
 }
 
 static void release(void* p) {
   state* s = p;
   nte_free_call(s->ctx, &s->buf);
-  free(s->counts);
   free(s);
 }
 

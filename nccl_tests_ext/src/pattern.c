@@ -97,6 +97,19 @@ int64_t nte_count_wrong_received(const void* buf, size_t size, const int64_t* co
   return wrong;
 }
 
+void nte_fill_sent_blocks(void* buf, size_t size, size_t block, int num_ranks, int rank, int rep) {
+  for (int dst = 0; dst < num_ranks; ++dst)
+    nte_fill((unsigned char*)buf + (size_t)dst * block * size, size, block, rank, dst, 0, rep);
+}
+
+int64_t nte_count_wrong_received_blocks(const void* buf, size_t size, size_t block, int num_ranks, int rank,
+                                        int rep) {
+  int64_t wrong = 0;
+  for (int src = 0; src < num_ranks; ++src)
+    wrong += nte_count_wrong((const unsigned char*)buf + (size_t)src * block * size, size, block, src, rank, 0, rep);
+  return wrong;
+}
+
 void nte_poison(void* buf, size_t size, size_t n) {
   const uint64_t prime = prime_for(size);
   unsigned char* at = (unsigned char*)buf;

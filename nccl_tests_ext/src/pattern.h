@@ -44,6 +44,11 @@ void nte_fill_sent(void* buf, size_t size, const int64_t* counts, int num_ranks,
 int64_t nte_count_wrong_received(const void* buf, size_t size, const int64_t* counts, int num_ranks, int rank,
                                  int rep);
 
+/* The same with `block` elements for every rank (MPI_Alltoall's layout). */
+void nte_fill_sent_blocks(void* buf, size_t size, size_t block, int num_ranks, int rank, int rep);
+int64_t nte_count_wrong_received_blocks(const void* buf, size_t size, size_t block, int num_ranks, int rank,
+                                        int rep);
+
 /* Fills n elements of width `size` with the poison pattern. */
 void nte_poison(void* buf, size_t size, size_t n);
 

@@ -26,6 +26,9 @@ int main(void) {
     /* What each rank sends rank kMe, as an exchange delivers it. */
     for (int src = 0; src < kRanks; ++src) nte_fill(got + (size_t)src * block, size, kCount, src, kMe, 0, 7);
     expect(nte_count_wrong_received(got, size, counts, kRanks, kMe, 7), 0, "a correct exchange", size);
+    expect(nte_count_wrong_received_blocks(got, size, kCount, kRanks, kMe, 7), 0, "equal blocks", size);
+    expect(nte_count_wrong_received_blocks(got, size, kCount - 1, kRanks, kMe, 7), (kRanks - 1) * (kCount - 1),
+           "blocks one element short (all but the first shifted)", size);
     expect(nte_count_wrong_received(got, size, counts, kRanks, kMe, 8), kRanks * kCount,
            "data of another check round", size);
     expect(nte_count_wrong_received(got, size, counts, kRanks, kMe + 1, 7), kRanks * kCount,
@@ -40,6 +43,8 @@ int main(void) {
     nte_poison(got, size, kRanks * kCount); /* a call that wrote nothing */
     expect(nte_count_wrong_received(got, size, counts, kRanks, kMe, 7), kRanks * kCount, "the poison", size);
     /* nte_fill_sent lays out what kMe sends; rank 0 then finds its block at 0. */
+    nte_fill_sent_blocks(got, size, kCount, kRanks, kMe, 7);
+    expect(nte_count_wrong(got + 3 * block, size, kCount, kMe, 3, 0, 7), 0, "equal sent blocks", size);
     nte_fill_sent(got, size, counts, kRanks, kMe, 7);
     expect(nte_count_wrong(got, size, kCount, kMe, 0, 0, 7), 0, "the sent layout", size);
     expect(nte_count_wrong(got + block, size, kCount, kMe, 0, 0, 7), kCount, "the block of another destination",
