@@ -1,7 +1,9 @@
 # make bench   build, then run `python -m a2a.bench` on 4 MPI ranks
 # make bench-moe  build, then run `python -m moe_runtime.bench` on 4 MPI ranks
 #              (BENCH_MOE_ARGS="--quick" for a short run)
-# make test    build, then run the whole suite (unit + mpirun + C program; the
+# make nccl-tests-ext  build, then build nccl_tests_ext/ (alltoall_perf,
+#              alltoallv_perf, alltoall_flex_perf) into build/nccl-tests-ext
+# make test    build, then run the whole suite (unit + mpirun + C programs; the
 #              GPU tests skip themselves without a GPU)
 # make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
 # Both set up .venv from PyPI on first use (tools/bootstrap.sh).
@@ -15,7 +17,7 @@ NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
-.PHONY: all build bench bench-moe test test-unit test-mpi test-c test-gpu lint clean FORCE
+.PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu lint clean FORCE
 
 all: build
 
@@ -43,7 +45,10 @@ bench: build
 bench-moe: build
 	$(PY) -m moe_runtime.bench $(BENCH_MOE_ARGS)
 
-test: test-unit test-gpu test-mpi test-c
+nccl-tests-ext: build
+	$(PY) tests/c/run_nccl_tests_ext.py --build-only
+
+test: test-unit test-gpu test-mpi test-c test-nccl-tests-ext
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
@@ -53,6 +58,9 @@ test-mpi: build
 
 test-c: build
 	$(PY) tests/c/run_c_test.py
+
+test-nccl-tests-ext: build
+	$(PY) tests/c/run_nccl_tests_ext.py
 
 test-gpu: build
 	$(PY) -m pytest -q -rs tests/gpu
