@@ -74,11 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="x axis of --plot: GPU count (a panel per size) or size (a panel per GPU count)")
     pr.add_argument("--plot-y", choices=("time", "busbw"), default="time", help="y axis of --plot")
 
-    ft = sub.add_parser("fit", help="fit a preset's parameters to a2a.bench JSON rows", allow_abbrev=False)
-    ft.add_argument("files", nargs="+", metavar="FILE.json", help="python -m a2a.bench --json output")
+    ft = sub.add_parser("fit", help="fit a preset's parameters to a2a.bench JSON rows or alltoall_perf output",
+                        allow_abbrev=False)
+    ft.add_argument("files", nargs="+", metavar="FILE", help="python -m a2a.bench --json output, or the text "
+                    "output of an alltoall_perf in nccl-tests' format (nccl_tests_ext/, or NVIDIA's nccl-tests)")
     ft.add_argument("--preset", default="local", help="the starting point and structure (default local)")
     ft.add_argument("--fit", metavar="NAMES", help="comma list of the parameters to fit (default: the preset's: "
                     + "; ".join(f"{k}: {','.join(v)}" for k, v in presets.FIT_PARAMETERS.items()) + ")")
+    ft.add_argument("--check", choices=model.CHECKS, help="how the argument check runs (default: the preset's; "
+                    "none for NVIDIA nccl-tests' output: NCCL checks nothing across ranks)")
     ft.add_argument("--ratio-weight", type=float, default=2.0, help="weight of the ratios linear / 2dh against "
                     "the rows in the least squares (default 2: ratios within a run are steadier than times)")
     ft.add_argument("--out", metavar="FILE", help="write the fitted topology (for predict --params)")
@@ -191,6 +195,8 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     start = presets.preset(args.preset)
+    if args.check:
+        start = start.replace(check=args.check)
     measurements, skipped = [], []
     for path in args.files:
         found, why = fitting.load_measurements(path)

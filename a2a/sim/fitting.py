@@ -25,6 +25,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,17 +97,69 @@ class FitResult:
 
 
 def load_measurements(path: str | os.PathLike[str]) -> tuple[list[Measurement], list[str]]:
-    """The usable rows of a JSON file, and a line per row skipped saying why."""
+    """The usable rows of a file, and a line per row skipped saying why: JSON
+    (``python -m a2a.bench --json``, or rows with the same fields), or the
+    text output of an ``alltoall_perf`` in nccl-tests' format
+    (``nccl_tests_ext/``, or NVIDIA's nccl-tests)."""
     with open(path, encoding="utf-8") as fh:
-        try:
-            document = json.load(fh)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not JSON: {error}") from None
+        text = fh.read()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        if text.lstrip().startswith("#"):  # nccl-tests' output starts with its header block
+            return nccl_tests_rows(text, str(path))
+        raise ValueError(f"{path}: neither JSON nor nccl-tests output: {error}") from None
     rows = document.get("rows") if isinstance(document, dict) else document
     if not isinstance(rows, list):
         raise ValueError(f"{path}: expected a JSON list of rows (python -m a2a.bench --json) or an object with "  # noqa: TRY004 (a malformed file)
                          "'rows'")
     return parse_rows(rows, str(path))
+
+
+_A2A_ALGORITHM = re.compile(r"^# a2a: .*\balgorithm (\w+)", re.MULTILINE)
+_NODE_OF_RANK = re.compile(r"\bnode (\d+)\b")
+
+
+def nccl_tests_rows(text: str, origin: str = "output") -> tuple[list[Measurement], list[str]]:
+    """The out-of-place rows of an ``alltoall_perf`` run in nccl-tests' format
+    as uniform all-to-all measurements. The algorithm: the ``# a2a: ...
+    algorithm X`` line of nccl_tests_ext, else linear (NCCL's all-to-all, one
+    send and one receive per peer). Ranks: the device lines; nodes: the
+    ``node N`` of nccl_tests_ext's lines (emulated nodes too), else the
+    distinct host names. An output that does not name its program (nccl-tests
+    before 2.13 has no "Collective test starting" line) is taken for
+    alltoall_perf's. Rows of size 0 move nothing and are skipped."""
+    from ..bench import nccl_format
+
+    try:
+        report = nccl_format.parse(text)
+    except nccl_format.FormatError as error:
+        raise ValueError(f"{origin}: not nccl-tests output: {error}") from None
+    if report.program not in (None, "alltoall_perf"):  # older nccl-tests do not name the program
+        raise ValueError(f"{origin}: the model is fitted to alltoall_perf (uniform all-to-all) output, got "
+                         f"{report.program or 'a program it does not name'}: use python -m a2a.bench --json for "
+                         "the flexible and uneven forms")
+    if not report.devices:
+        raise ValueError(f"{origin}: no '#  Rank ...' device lines: cannot tell ranks and nodes")
+    nodes = set()
+    for device in report.devices:
+        found = _NODE_OF_RANK.search(device.bus)
+        nodes.add(found.group(1) if found else device.host)
+    ranks = len(report.devices)
+    if ranks % len(nodes):
+        raise ValueError(f"{origin}: {ranks} ranks on {len(nodes)} nodes are not whole nodes")
+    found = _A2A_ALGORITHM.search(text)
+    algo = found.group(1) if found else "linear"
+    rows, skipped = [], []
+    for index, row in enumerate(report.rows):
+        group = row.out_of_place
+        if row.size == 0 or group is None or not group.time_us > 0:
+            skipped.append(f"{origin} row {index}: size {row.size}: nothing moved, or no out-of-place time")
+            continue
+        rows.append({"algo": algo, "size": row.size, "time": group.time_us, "ranks": ranks,
+                     "local_size": ranks // len(nodes), "type": row.type})
+    measurements, more = parse_rows(rows, origin)
+    return measurements, skipped + more
 
 
 def parse_rows(rows: Iterable[Any], origin: str = "rows") -> tuple[list[Measurement], list[str]]:

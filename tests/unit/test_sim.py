@@ -264,6 +264,32 @@ def test_loader_reads_bench_rows_and_skips_baselines(tmp_path):
     assert (m.ranks, m.local_size, m.time_s) == (8, 2, pytest.approx(12.5e-6))
 
 
+NCCL_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "nccl_tests")
+
+
+@pytest.mark.parametrize("name, algo, ranks, local_size, rows", [
+    ("nccl_tests_ext_alltoall_2x2_2dh.txt", "2dh", 4, 2, 4),  # ours: "# a2a: ... algorithm 2dh", "node N"
+    ("alltoall_perf_2.19.6_8xH100.txt", "linear", 8, 8, 21),  # NVIDIA's: one host, size 0 skipped
+    ("alltoall_perf_2023_2x8xA100.txt", "linear", 16, 8, 11),  # two hosts; no "test starting" line
+])
+def test_loader_reads_alltoall_perf_output(name, algo, ranks, local_size, rows):
+    measurements, skipped = sim.load_measurements(os.path.join(NCCL_TESTS, name))
+    assert len(measurements) == rows and all(m.size > 0 for m in measurements)
+    assert {(m.algo, m.ranks, m.local_size) for m in measurements} == {(algo, ranks, local_size)}
+    assert all("size 0" in line for line in skipped)
+
+
+def test_loader_refuses_other_programs_and_text(tmp_path):
+    with open(os.path.join(NCCL_TESTS, "nccl_tests_ext_alltoall_2x2_2dh.txt"), encoding="utf-8") as fh:
+        other = fh.read()
+    (tmp_path / "v.txt").write_text(other.replace("alltoall_perf", "alltoallv_perf"))
+    with pytest.raises(ValueError, match="fitted to alltoall_perf"):
+        sim.load_measurements(tmp_path / "v.txt")
+    (tmp_path / "junk.txt").write_text("size time\n1 2\n")
+    with pytest.raises(ValueError, match="neither JSON nor nccl-tests output"):
+        sim.load_measurements(tmp_path / "junk.txt")
+
+
 @pytest.mark.parametrize("row,message", [
     ({"algo": "linear", "size": 1, "ranks": 4, "local_size": 2}, "no time"),
     ({"algo": "linear", "size": 1, "time_us": 1, "local_size": 2}, "'ranks'"),
