@@ -50,7 +50,9 @@ def plot_sweep(rows: list[dict], path: str, predicted: Iterable[Prediction] | No
     `rows` need ``algo``, ``size``, ``busbw``, ``algbw``, ``baseline`` and
     ``type``; rows of several datatypes get one line per (algo, type).
     `predicted`: (algo, size, busbw) points, drawn beside the measured line of
-    the same algo. Rows of size 0 have no place on a log axis and are left out."""
+    the same algo (or alone, when `rows` is empty: a prediction without a
+    measurement). Points of size 0 have no place on a log axis and are left
+    out."""
     message = matplotlib_missing()
     if message is not None:
         raise RuntimeError(message)
@@ -58,8 +60,12 @@ def plot_sweep(rows: list[dict], path: str, predicted: Iterable[Prediction] | No
     from matplotlib.ticker import FuncFormatter
 
     rows = [r for r in rows if r["size"] > 0]
-    if not rows:
-        raise ValueError("plot_sweep: no rows of positive size to draw")
+    by_algo: dict[str, list[tuple[int, float]]] = {}
+    for algo, size, busbw in predicted or ():
+        if size > 0:
+            by_algo.setdefault(algo, []).append((size, busbw))
+    if not rows and not by_algo:
+        raise ValueError("plot_sweep: no rows or predicted points of positive size to draw")
     types = list(dict.fromkeys(r["type"] for r in rows))
     baselines = list(dict.fromkeys(r["algo"] for r in rows if r["baseline"]))
     algos = list(dict.fromkeys(r["algo"] for r in rows if not r["baseline"]))
@@ -88,10 +94,6 @@ def plot_sweep(rows: list[dict], path: str, predicted: Iterable[Prediction] | No
             bandwidth.plot([r["size"] for r in mine], [r["busbw"] for r in mine], color="0.35", linestyle="--",
                            marker=_BASELINE_STYLES.get(base, "s"), ms=3,
                            label=label.replace(base, _BASELINE_LABELS.get(base, base), 1))
-    by_algo: dict[str, list[tuple[int, float]]] = {}
-    for algo, size, busbw in predicted or ():
-        if size > 0:
-            by_algo.setdefault(algo, []).append((size, busbw))
     for algo, points in by_algo.items():
         points.sort()
         bandwidth.plot(*zip(*points), linestyle=":", linewidth=2, color=colours.get(algo),
@@ -125,6 +127,8 @@ def plot_sweep(rows: list[dict], path: str, predicted: Iterable[Prediction] | No
 
 
 def _title(rows: list[dict], types: list[str]) -> str:
+    if not rows:
+        return "a2a: predicted busbw"
     first = rows[0]
     where = f"{first['ranks']} ranks" if "ranks" in first else ""
     if "num_nodes" in first and "local_size" in first:

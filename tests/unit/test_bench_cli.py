@@ -146,6 +146,17 @@ def test_bfloat16_values_are_exact():
     assert torch.equal(values.to(torch.bfloat16).float(), values)
 
 
+def test_gloo_is_timed_apart_after_the_turns_of_the_others(monkeypatch):
+    timed = []
+    monkeypatch.setattr(bench, "_time", lambda case, args: timed.append(case.algo) or len(timed))
+    cases = [bench.Case(algo, 0, 0, lambda: None, lambda: None, lambda: 0, apart=algo == "gloo")
+             for algo in ("mpi", "gloo", "linear")]
+    args = bench.parse_args(["-r", "3", "-w", "0"])
+    medians = bench._measure_group(cases, args)
+    assert timed == ["mpi", "linear"] * 3 + ["gloo"] * 3
+    assert medians == [3, 8, 4]  # the median sample of each, in the order of `cases`
+
+
 def _reference_all_to_all(nranks: int, count: int, modulus: int) -> list[np.ndarray]:
     """What every rank receives, computed the slow way: rank s sends
     expected_value(s, d, i) to rank d, which stores it at d's block s."""
@@ -344,8 +355,11 @@ def test_plot_sweep_draws_a_png_with_predicted_curves(tmp_path):
     plain = tmp_path / "plain.png"
     plot.plot_sweep(_sweep_rows(baselines=()), str(plain))  # no baseline: no ratio panel
     assert plain.read_bytes()[:8] == PNG_SIGNATURE
-    with pytest.raises(ValueError, match="no rows of positive size"):
-        plot.plot_sweep([dict(rows[0], size=0)], str(tmp_path / "empty.png"))
+    alone = tmp_path / "predicted.png"
+    plot.plot_sweep([], str(alone), predicted=predicted)  # a prediction without a measurement
+    assert alone.read_bytes()[:8] == PNG_SIGNATURE
+    with pytest.raises(ValueError, match="no rows or predicted points of positive size"):
+        plot.plot_sweep([dict(rows[0], size=0)], str(tmp_path / "empty.png"), predicted=[("linear", 0, 1.0)])
 
 
 def test_plot_sweep_says_how_to_install_matplotlib(monkeypatch, tmp_path):
