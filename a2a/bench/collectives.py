@@ -3,6 +3,7 @@
 
     python -m a2a.bench                              # 4 ranks (2 emulated nodes of 2)
     python -m a2a.bench --np 8 -b 1K -e 64M -f 2 --algo all --json out.json
+    python -m a2a.bench --local-size 2 --baseline mpi,gloo --plot sweep.png
     mpirun -np 16 python -m a2a.bench -b 8M -e 1G -f 2 -d half
 
 Under mpirun (or srun) it runs on every rank of ``MPI_COMM_WORLD``. Started
@@ -18,8 +19,10 @@ datatypes int8, uint8, int32, int64, half, float, double, bfloat16 (needs
 torch) or all).
 Added: ``--algo`` (``linear``, ``2dh``, ``flex``, ``v`` or ``all``, or a comma
 list), ``--inner-algo`` (the exchange under flex and v), ``--np``,
-``--local-size``, ``--json FILE``, ``--no-baseline``, ``--experts-per-rank``
-and ``--hidden`` (the flex shape).
+``--local-size``, ``--json FILE``, ``--plot FILE.png``, ``--baseline LIST``
+(``mpi``, ``gloo``, ``d2d`` or ``none``, or a comma list such as
+``mpi,gloo``; ``--no-baseline`` is ``--baseline none``),
+``--experts-per-rank`` and ``--hidden`` (the flex shape).
 
 What one row reports (out-of-place only; in-place is not supported):
 
@@ -55,11 +58,24 @@ What one row reports (out-of-place only; in-place is not supported):
   exchange of the counts that the call does; ``v-plan`` runs the same
   counts through one :func:`a2a.plan_v` made before timing. On one node, or with one rank
   per node, 2dh is the linear exchange (the header says so).
-  ``mpi``: the baseline, ``MPI_Alltoall`` through mpi4py on NumPy buffers
-  (for half and bfloat16 as 16-bit integers: the same bytes), measured the
-  same way in the same run, just before the a2a rows of the same size.
-* ``vs MPI``: algbw of the row divided by the algbw of the ``mpi`` row of
-  the same size (the same as the busbw ratio: both rows have the same ranks).
+  ``mpi``: the default baseline, ``MPI_Alltoall`` through mpi4py on NumPy
+  buffers (for half and bfloat16 as 16-bit integers: the same bytes),
+  measured the same way in the same run, taking turns with the a2a rows of
+  the same size. ``gloo`` (``--baseline gloo``): ``torch.distributed.
+  all_to_all_single`` over the gloo backend, on CPU tensors that share the
+  same buffers (same sizes, dtype, warm-up, iterations and check), timed
+  after the turns of the others rather than among them (waking up from
+  gloo's sleeping waits would be charged to the next case); the
+  process group is made in the same mpirun, rank and size from MPI, the
+  rendezvous store on rank 0 (``MASTER_ADDR`` / ``MASTER_PORT`` if set,
+  else its host name and a free port), its waits bounded by
+  ``A2A_TIMEOUT_S``. It needs torch, and says so before anything runs.
+* ``vs MPI`` / ``vs gloo``: algbw of the row divided by the algbw of that
+  baseline's row of the same size (the same as the busbw ratio: both rows
+  have the same ranks); one column per baseline, in ``--baseline``'s order.
+  The JSON keeps them all in ``ratios`` (``{"mpi": .., "gloo": ..}``, with
+  the baselines' algbw in ``baseline_algbws``); ``ratio`` and
+  ``baseline_algbw`` are the first baseline's.
 
 ``--device cuda`` moves torch CUDA tensors (one GPU per rank, by local rank;
 one rank by default, where mpirun is not needed) over ``--transport nccl``
@@ -72,8 +88,20 @@ copy. (The layout kernels alone: ``python -m a2a.bench --layout``.)
 Only rank 0 prints. The footer gives nccl-tests' ``Out of bounds values``
 (total wrong elements) and ``Avg bus bandwidth`` (mean busbw over all a2a
 rows), then the mean busbw of each algorithm and the geometric mean of its
-``vs MPI`` ratios. ``--json FILE`` writes every row (baseline included) as a
-JSON list. The exit code is 1 when any element was wrong.
+ratios to each baseline. ``--json FILE`` writes every row (baselines
+included) as a JSON list; ``--plot FILE.png`` draws busbw against size and
+the ratios (:mod:`a2a.bench.plot`; needs matplotlib, checked before the
+sweep). The exit code is 1 when any element was wrong.
+
+A sweep that runs longer than a couple of seconds shows how far it got on
+one line of stderr, rewritten in place (``[a2a.bench] 12/40 rows, float
+64M, 8 s``), when stderr is a terminal: in the process that relaunched
+itself under mpirun, which passes the ranks' stdout on and counts its rows
+(:func:`a2a.bench.common.forward_output`), or in rank 0 when it runs
+alone. Under a plain ``mpirun`` there is none: Open MPI gives the ranks a
+pipe for stderr and holds back a line until its newline. The line is
+erased before each row is printed and at the end, so stdout and the JSON
+never contain it.
 
 ``--op encode|decode|permute|unpermute|all`` switches to the MoE kernel
 benchmark (one process, no mpirun; :mod:`a2a.bench.kernels`, its own flags:
@@ -90,14 +118,14 @@ import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import launch
-from . import common
+from . import common, plot
 
 __all__ = [
     "DTYPES",
@@ -115,8 +143,10 @@ DEFAULT_NP = 4
 DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
 ALGOS = ("linear", "2dh", "flex", "combine", "v", "v-plan")
 BASELINE = "mpi"  # MPI_Alltoall on host buffers
+GLOO_BASELINE = "gloo"  # torch.distributed.all_to_all_single over gloo, on CPU tensors
 D2D_BASELINE = "d2d"  # --device cuda: a device-to-device copy of the same bytes
-BASELINES = (BASELINE, D2D_BASELINE)
+BASELINES = (BASELINE, GLOO_BASELINE, D2D_BASELINE)
+HOST_BASELINES = (BASELINE, GLOO_BASELINE)  # --device cpu
 
 
 # ---------------------------------------------------------------------------
@@ -194,7 +224,10 @@ def _have_torch() -> bool:
     """Whether torch is installed (without importing it: that takes seconds)."""
     import importlib.util
 
-    return importlib.util.find_spec("torch") is not None
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except ValueError:  # a module object without a spec stands in for it
+        return False
 
 
 # ---------------------------------------------------------------------------
@@ -328,6 +361,12 @@ class _Arrays:
             return x.view(self._torch.int16).numpy()
         return x
 
+    def tensor(self, x: Any) -> Any:
+        """A torch tensor sharing x's memory (for torch.distributed)."""
+        import torch
+
+        return x if torch.is_tensor(x) else torch.from_numpy(x)
+
     def swap_first_axes(self, x: Any) -> Any:
         """A C-contiguous copy of x with its first two axes swapped."""
         if self._torch is not None:
@@ -368,6 +407,7 @@ class Case:
     wrong: Callable[[], int]
     shape: tuple[int, ...] = ()
     synchronize: Callable[[], None] = lambda: None
+    apart: bool = False  # timed after the others' turns, not among them (see _measure_group)
 
 
 def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argparse.Namespace) -> Case:
@@ -452,7 +492,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
         shape = (sum(send_counts),)
         return Case(algo, world * count * dtype.itemsize, count, run, poison, wrong, shape, arrays.synchronize)
 
-    # linear, 2dh and the MPI baseline: the 1-D layout of MPI_Alltoall.
+    # linear, 2dh, the MPI and gloo baselines: the 1-D layout of MPI_Alltoall.
     send = arrays.empty((world * count,))
     recv = arrays.empty((world * count,))
     arrays.fill_blocks(send, [(rank, dst, count) for dst in range(world)])
@@ -465,6 +505,16 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
 
         def run() -> None:
             MPI.COMM_WORLD.Alltoall(msg, rmsg)
+
+    elif algo == GLOO_BASELINE:
+        # The process group _start_gloo made; the tensors share the buffers'
+        # memory, so the check below reads what gloo wrote.
+        import torch.distributed as dist
+
+        send_tensor, recv_tensor = arrays.tensor(send), arrays.tensor(recv)
+
+        def run() -> None:
+            dist.all_to_all_single(recv_tensor, send_tensor)
 
     elif algo == D2D_BASELINE:
         # The same bytes as one device-to-device copy: what a GPU exchange
@@ -485,7 +535,8 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
 
     shape = (world * count,)
     return Case(
-        algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape, arrays.synchronize
+        algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape, arrays.synchronize,
+        apart=algo == GLOO_BASELINE,
     )
 
 
@@ -506,12 +557,26 @@ def _time(case: Case, args: argparse.Namespace) -> float:
 
 def _measure_group(cases: list[Case], args: argparse.Namespace) -> list[float]:
     """Median seconds per call of each case over -r repetitions in which the
-    cases take turns."""
-    for case in cases:
+    cases take turns; the cases timed `apart` come after those turns, their
+    -r repetitions back to back.
+
+    gloo is timed apart: its calls sleep in the kernel while they wait, and
+    whichever case followed it in a turn paid for waking the ranks up (on 4
+    ranks over 2 cores, linear right after gloo measured 0.44x
+    MPI_Alltoall's algbw at 1 KiB; with gloo timed apart 0.63x, as in a run
+    without gloo)."""
+    turns = [case for case in cases if not case.apart]
+    for case in turns:
         for _ in range(args.warmup_iters):
             case.run()
-    samples = common.take_turns([lambda case=case: _time(case, args) for case in cases], args.repeats)
-    return [statistics.median(times) for times in samples]
+    samples = dict(zip(map(id, turns), common.take_turns([lambda case=case: _time(case, args) for case in turns],
+                                                          args.repeats)))
+    for case in cases:
+        if case.apart:
+            for _ in range(args.warmup_iters):
+                case.run()
+            samples[id(case)] = [_time(case, args) for _ in range(args.repeats)]
+    return [statistics.median(samples[id(case)]) for case in cases]
 
 
 def _check(case: Case, args: argparse.Namespace) -> int | None:
@@ -536,28 +601,39 @@ def _check(case: Case, args: argparse.Namespace) -> int | None:
 # Output
 
 
-_COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}  {:>7}"
+# nccl-tests' columns, then algo, then one ratio column per baseline.
+_COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}"
+_RATIO_COLUMN = "  {:>7}"
+_BASELINE_LABELS = {BASELINE: "vs MPI", GLOO_BASELINE: "vs gloo", D2D_BASELINE: "vs D2D"}
 
 
 def baseline_label(baseline: str) -> str:
-    return "vs D2D" if baseline == D2D_BASELINE else "vs MPI"
+    return _BASELINE_LABELS[baseline]
 
 
-def header_lines(baseline: str = BASELINE) -> list[str]:
+def _columns(baselines: Sequence[str]) -> str:
+    return _COLUMNS + _RATIO_COLUMN * len(baselines)
+
+
+def header_lines(baselines: Sequence[str] = (BASELINE,)) -> list[str]:
+    """The table's header, one ratio column per baseline in `baselines`."""
     def line(*cells: str) -> str:
-        return "#" + _COLUMNS.format(*cells)[1:]
+        return "#" + _columns(baselines).format(*cells)[1:]
 
+    names = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "algo")
+    units = ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "")
     return [
         "#" + " " * 61 + "out-of-place",
-        line("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "algo", baseline_label(baseline)),
-        line("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "", "(algbw)"),
+        line(*names, *(baseline_label(b) for b in baselines)),
+        line(*units, *("(algbw)" for _ in baselines)),
     ]
 
 
-def format_row(row: dict) -> str:
+def format_row(row: dict, baselines: Sequence[str] = (BASELINE,)) -> str:
+    """One line of the table; `row["ratios"]` gives the ratio column of each baseline."""
     wrong = "N/A" if row["wrong"] is None else str(row["wrong"])
-    ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
-    return _COLUMNS.format(
+    ratios = [row["ratios"].get(b) for b in baselines]
+    return _columns(baselines).format(
         row["size"],
         row["count"],
         row["type"],
@@ -568,11 +644,11 @@ def format_row(row: dict) -> str:
         f"{row['busbw']:6.2f}",
         wrong,
         row["algo"],
-        ratio,
+        *("-" if ratio is None else f"{ratio:.2f}x" for ratio in ratios),
     )
 
 
-def footer_lines(rows: list[dict], algos: list[str], baseline: str = BASELINE) -> list[str]:
+def footer_lines(rows: list[dict], algos: list[str], baselines: Sequence[str] = (BASELINE,)) -> list[str]:
     ours = [r for r in rows if not r["baseline"]]
     wrong = sum(r["wrong"] or 0 for r in rows)
     avg = sum(r["busbw"] for r in ours) / len(ours) if ours else 0.0
@@ -581,14 +657,18 @@ def footer_lines(rows: list[dict], algos: list[str], baseline: str = BASELINE) -
         f"# Avg bus bandwidth    : {avg:g} ",
         "#",
     ]
-    for algo in [*algos, baseline]:
+    for algo in [*algos, *baselines]:
         mine = [r for r in rows if r["algo"] == algo]
         if not mine:
             continue
         mean = sum(r["busbw"] for r in mine) / len(mine)
-        ratio = common.geomean([r["ratio"] for r in mine if r["ratio"]])
-        vs = f"   {baseline_label(baseline)} (geomean of ratios): {ratio:.2f}x" if ratio else ""
-        lines.append(f"#   {algo:<7} avg busbw {mean:8.3f} GB/s{vs}")
+        vs = []
+        for base in baselines:
+            ratio = common.geomean([r["ratios"].get(base) for r in mine])
+            if ratio:
+                vs.append(f"{baseline_label(base)}: {ratio:.2f}x" if vs else
+                          f"{baseline_label(base)} (geomean of ratios): {ratio:.2f}x")
+        lines.append(f"#   {algo:<7} avg busbw {mean:8.3f} GB/s" + ("   " + ", ".join(vs) if vs else ""))
     lines.append("#")
     return lines
 
@@ -655,9 +735,55 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="--device cuda: nccl (default) or mpi (staged through host memory; ranks may share a GPU)",
     )
-    p.add_argument("--no-baseline", action="store_true", help="skip the baseline rows (MPI_Alltoall, or D2D copy)")
+    p.add_argument(
+        "--baseline",
+        metavar="LIST",
+        default=None,
+        help="baselines measured in the same run, a comma list: mpi (MPI_Alltoall, the cpu default), gloo "
+        "(torch.distributed all_to_all_single over gloo on CPU tensors; needs torch), d2d (a device-to-device "
+        "copy, the cuda default), or none. One ratio column per baseline, in the order given",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the baseline rows (the same as --baseline none)")
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE (rank 0)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help=f"draw busbw against size per algorithm and baseline, and the ratios, to FILE.png (rank 0; needs "
+        f"matplotlib: {plot.INSTALL_HINT})",
+    )
     return p
+
+
+def resolve_baselines(text: str | None, *, device: str, no_baseline: bool, have_torch: bool) -> list[str]:
+    """The baselines of --baseline (a comma list, or none), checked against
+    the device. Raises ValueError."""
+    default = D2D_BASELINE if device == "cuda" else BASELINE
+    if text is None:
+        return [] if no_baseline else [default]
+    names: list[str] = []
+    for name in (part.strip().lower() for part in text.split(",")):
+        if name not in (*BASELINES, "none"):
+            raise ValueError(f"--baseline: unknown baseline {name!r}; expected mpi, gloo, d2d or none, or a comma list")
+        if name not in names:
+            names.append(name)
+    if "none" in names:
+        if len(names) > 1:
+            raise ValueError(f"--baseline: none cannot be combined with {', '.join(n for n in names if n != 'none')}")
+        return []
+    if no_baseline:
+        raise ValueError(f"--no-baseline contradicts --baseline {text}")
+    allowed = (D2D_BASELINE,) if device == "cuda" else HOST_BASELINES
+    for name in names:
+        if name not in allowed:
+            raise ValueError(
+                f"--baseline {name} does not apply to --device {device}: "
+                + ("a device-to-device copy needs --device cuda" if name == D2D_BASELINE
+                   else "it moves host buffers; --device cuda compares with d2d")
+            )
+    if GLOO_BASELINE in names and not have_torch:
+        raise ValueError("--baseline gloo needs torch (torch.distributed's gloo backend): pip install torch "
+                         "(or pip install 'a2a[torch]')")
+    return names
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -693,7 +819,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--transport chooses how CUDA buffers move: it needs --device cuda")
     if args.device == "cuda" and args.transport is None:
         args.transport = "nccl"
-    args.baseline = D2D_BASELINE if args.device == "cuda" else BASELINE
+    try:
+        args.baselines = resolve_baselines(args.baseline, device=args.device, no_baseline=args.no_baseline,
+                                           have_torch=_have_torch())
+    except ValueError as error:
+        parser.error(str(error))
+    # The ratio columns: one per baseline; with none, the default's column stays (all "-").
+    args.ratio_columns = args.baselines or [D2D_BASELINE if args.device == "cuda" else BASELINE]
+    if args.plot:
+        missing = plot.matplotlib_missing()
+        if missing is not None:  # refused now, not after the sweep
+            parser.error(missing)
     if args.local_size is not None:
         if args.local_size < 1:
             parser.error(f"--local-size must be positive, got {args.local_size}")
@@ -710,7 +846,7 @@ def main(argv: list[str]) -> int:
     default_np = 1 if args.device == "cuda" else DEFAULT_NP
     if not launch.under_mpirun() and (args.np if args.np is not None else default_np) > 1:
         return common.relaunch("a2a.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
-                               default_local_size=DEFAULT_LOCAL_SIZE)
+                               default_local_size=DEFAULT_LOCAL_SIZE, progress=_progress(args))
     from mpi4py import MPI
 
     try:
@@ -747,6 +883,17 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         comm = a2a.Comm.from_mpi(world, local_size=args.local_size, device="cuda", transport=args.transport)
     else:
         comm = a2a.Comm.from_mpi(world, local_size=args.local_size)
+    if GLOO_BASELINE not in args.baselines:
+        return _sweep(args, argv, world, comm, device_text)
+    stop_gloo = _start_gloo(world)
+    code = _sweep(args, argv, world, comm, device_text)
+    stop_gloo()  # on an exception main() aborts the job instead
+    return code
+
+
+def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, device_text: str) -> int:
+    import a2a
+
     rank, nranks = comm.rank, comm.size
     lead = rank == 0
 
@@ -799,11 +946,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         say("# v-plan: the same counts through a2a.plan_v once, then plan.run per call (no count exchange)")
     if args.device == "cuda":
         say(f"# device: CUDA ({_gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
-    baseline = not args.no_baseline
-    if baseline and args.device == "cuda":
-        say("# baseline: d2d = one device-to-device copy of the same bytes (torch copy_); vs D2D = algbw / its algbw")
-    elif baseline:
-        say(f"# baseline: MPI_Alltoall via mpi4py {_mpi4py_version()} on {_mpi_library()}")
+    for base in args.baselines:
+        say(f"# baseline: {_baseline_description(base)}")
     say("# time: max over ranks of the mean over -n calls; busbw = algbw * (ranks-1)/ranks; GB = 1e9 B")
     say("#")
 
@@ -812,37 +956,94 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     run = {"ranks": nranks, "local_size": comm.local_size, "num_nodes": comm.num_nodes, "inner_algo": None}
     run.update(device=args.device, transport=comm.transport, iters=args.iters, repeats=args.repeats)
     run.update(warmup_iters=args.warmup_iters, command=command, timestamp=common.utc_timestamp())
-    for line in header_lines(args.baseline):
+    for line in header_lines(args.ratio_columns):
         say(line)
+    algos = args.baselines + args.algos
+    progress = _progress(args, enabled=lead)
     for dtype in args.dtypes:
         for requested in args.sizes:
-            group: list[dict] = []
-            base_algbw = None
-            algos = ([args.baseline] if baseline else []) + args.algos
+            progress.show(len(rows))
             cases = [_make_case(algo, requested, dtype, comm, args) for algo in algos]
-            for case, seconds in zip(cases, _measure_group(cases, args)):
-                row = _row(case, requested, dtype, seconds, _check(case, args), nranks)
-                if row["baseline"]:
-                    base_algbw = row["algbw"]
-                group.append(row)
+            group = [
+                _row(case, requested, dtype, seconds, _check(case, args), nranks)
+                for case, seconds in zip(cases, _measure_group(cases, args))
+            ]
             del cases  # frees the buffers before the next size
+            base_algbw = {row["algo"]: row["algbw"] for row in group if row["baseline"]}
             for row in group:
-                row["baseline_algbw"] = base_algbw
                 # algbw ratios equal busbw ratios (same ranks), and exist on one rank too.
-                row["ratio"] = (row["algbw"] / base_algbw) if (base_algbw and not row["baseline"]) else None
+                row["ratios"] = {} if row["baseline"] else {
+                    base: row["algbw"] / algbw for base, algbw in base_algbw.items() if algbw
+                }
+                row["baseline_algbws"] = dict(base_algbw)
+                # The first baseline's, as the table's first ratio column.
+                row["baseline_algbw"] = base_algbw.get(args.baselines[0]) if args.baselines else None
+                row["ratio"] = row["ratios"].get(args.baselines[0]) if args.baselines else None
                 row.update(run)
                 if row["algo"] in ("flex", "combine", "v", "v-plan"):
                     row["inner_algo"] = args.inner_algo
-            # a2a rows first, then the baseline they are compared with.
+            progress.clear()  # the rows go to stdout, maybe the same terminal
+            # a2a rows first, then the baselines they are compared with.
             for row in [r for r in group if not r["baseline"]] + [r for r in group if r["baseline"]]:
-                say(format_row(row))
+                say(format_row(row, args.ratio_columns))
                 rows.append(row)
-    for line in footer_lines(rows, args.algos, args.baseline):
+    for line in footer_lines(rows, args.algos, args.ratio_columns):
         say(line)
     total_wrong = sum(r["wrong"] or 0 for r in rows)
     if lead and args.json:
         common.write_json(args.json, rows)
+    if lead and args.plot:
+        plot.plot_sweep(rows, args.plot)
     return 1 if total_wrong else 0
+
+
+def _progress(args: argparse.Namespace, enabled: bool = True) -> common.Progress:
+    """The progress line of this sweep: a group of rows per datatype and size, in the order they run."""
+    groups = [f"{dtype.name} {common.size_text(size)}" for dtype in args.dtypes for size in args.sizes]
+    return common.Progress(groups, len(args.baselines) + len(args.algos), label="a2a.bench", enabled=enabled)
+
+
+def _baseline_description(baseline: str) -> str:
+    if baseline == D2D_BASELINE:
+        return "d2d = one device-to-device copy of the same bytes (torch copy_); vs D2D = algbw / its algbw"
+    if baseline == GLOO_BASELINE:
+        import torch
+
+        return f"gloo = torch {torch.__version__} distributed.all_to_all_single over gloo, on CPU tensors"
+    return f"mpi = MPI_Alltoall via mpi4py {_mpi4py_version()} on {_mpi_library()}"
+
+
+def _start_gloo(world: Any) -> Callable[[], None]:
+    """torch.distributed over gloo on the ranks of `world` (rank and size
+    from MPI). Rank 0 opens the rendezvous store (MASTER_ADDR / MASTER_PORT
+    if set, else its host name and a free port) and tells the others where
+    it is over MPI. Every wait is bounded by A2A_TIMEOUT_S. Returns the
+    teardown, which joins gloo's threads."""
+    import datetime
+
+    import torch.distributed as dist
+
+    rank, size = world.Get_rank(), world.Get_size()
+    if not dist.is_available() or not dist.is_gloo_available():
+        raise SystemExit("a2a.bench: --baseline gloo needs torch.distributed with the gloo backend, "
+                         "which this torch build lacks")
+    timeout = datetime.timedelta(seconds=_timeout_s())
+    store, where = None, None
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        try:
+            store = dist.TCPStore(host, int(os.environ.get("MASTER_PORT", "0")), size, is_master=True,
+                                  timeout=timeout, wait_for_workers=False)
+            where = (host, store.port, None)
+        except Exception as error:  # noqa: BLE001 - sent to the other ranks, then raised everywhere
+            where = (host, None, f"{type(error).__name__}: {error}")
+    host, port, problem = world.bcast(where, root=0)
+    if problem is not None:
+        raise RuntimeError(f"a2a.bench: --baseline gloo: rank 0 could not open a TCPStore on {host}: {problem}")
+    if store is None:
+        store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
+    return dist.destroy_process_group
 
 
 def _row(case: Case, requested: int, dtype: DType, seconds: float, wrong: int | None, nranks: int) -> dict:
@@ -862,6 +1063,18 @@ def _row(case: Case, requested: int, dtype: DType, seconds: float, wrong: int | 
         "requested_size": requested,
         "shape": list(case.shape),
     }
+
+
+def _timeout_s() -> float:
+    """A2A_TIMEOUT_S, else a2a's default of 300 s."""
+    text = os.environ.get("A2A_TIMEOUT_S")
+    try:
+        value = float(text) if text else 300.0
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SystemExit(f"a2a.bench: A2A_TIMEOUT_S={text!r} is not a positive number of seconds")
+    return value
 
 
 def _mpi_library() -> str:

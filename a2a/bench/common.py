@@ -8,21 +8,27 @@ import json
 import math
 import os
 import re
+import select
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = [
     "COMMAND_ENV",
+    "PROGRESS_AFTER_S",
     "Clock",
+    "Progress",
     "command_line",
     "format_time",
+    "forward_output",
     "geomean",
     "out_of_bounds_line",
     "parse_size",
     "relaunch",
+    "size_text",
     "strip_np",
     "take_turns",
     "utc_timestamp",
@@ -48,6 +54,15 @@ def parse_size(text: str | int) -> int:
     if match is None:
         raise ValueError(f"invalid size {text!r}; expected an integer with an optional K, M or G suffix")
     return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def size_text(nbytes: int) -> str:
+    """The shortest exact spelling parse_size reads back: 64M, 1K, 1000."""
+    for suffix in ("T", "G", "M", "K"):
+        unit = _SIZE_UNITS[suffix.lower()]
+        if nbytes and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return str(nbytes)
 
 
 # ---------------------------------------------------------------------------
@@ -125,6 +140,112 @@ def out_of_bounds_line(wrong: int) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Progress
+
+PROGRESS_AFTER_S = 2.0  # a sweep done sooner shows no progress line at all
+
+
+class Progress:
+    """How far a long sweep got, as one line on stderr rewritten in place
+    ("\\r"): ``[a2a.bench] 12/40 rows, float 64M, 8 s``.
+
+    The sweep is `groups` (labels, measured in this order) of
+    `rows_per_group` table rows each. Only where `enabled` (the lead rank),
+    only when the stream is a terminal (a pipe, a file or a log gets
+    nothing), and only once `after_s` seconds passed, so short runs stay
+    silent. Whoever prints to stdout clears the line first (both may be the
+    same terminal), and at the end; stdout and the JSON never see it."""
+
+    def __init__(self, groups: list[str], rows_per_group: int, *, label: str, enabled: bool = True,
+                 stream: Any = None, after_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self.groups = groups
+        self.rows_per_group = max(1, rows_per_group)
+        self.total = len(groups) * rows_per_group
+        self.label = label
+        self.stream = sys.stderr if stream is None else stream
+        self.after_s = PROGRESS_AFTER_S if after_s is None else after_s
+        self.clock = clock
+        self.start = clock()
+        self.active = enabled and _is_terminal(self.stream)
+        self.width = 0  # characters of the line on screen; 0 when none is
+
+    def show(self, rows: int) -> None:
+        """Rewrites the line: `rows` rows are done, the next group is being measured."""
+        if not self.active or not self.groups or rows >= self.total:  # done: the footer follows
+            return
+        elapsed = self.clock() - self.start
+        if elapsed < self.after_s:
+            return
+        what = self.groups[min(rows // self.rows_per_group, len(self.groups) - 1)]
+        text = f"[{self.label}] {rows}/{self.total} rows, {what}, {elapsed:.0f} s".ljust(self.width)
+        self.stream.write("\r" + text)
+        self.stream.flush()
+        self.width = len(text)
+
+    def clear(self) -> None:
+        """Erases the line, if one is on screen."""
+        if self.width:
+            self.stream.write("\r" + " " * self.width + "\r")
+            self.stream.flush()
+            self.width = 0
+
+
+def forward_output(command: list[str], env: dict[str, str], progress: Progress, *, out: BinaryIO | None = None,
+                   tick_s: float = 1.0) -> int:
+    """Runs `command` with its stdout passed through this process, and
+    returns its exit code.
+
+    The progress line of a relaunch under mpirun is drawn here, by the
+    process the user started: the ranks get a pipe, not the terminal, for
+    stderr, and Open MPI holds back a line until its newline, so no rank
+    can rewrite a line in place. Each whole line of `command`'s stdout goes
+    on to `out` (default: this stdout) unchanged, after the progress line
+    is cleared; a table row (a line that is neither empty nor a ``#``
+    comment) counts one row; the line is redrawn after each batch of lines
+    and every `tick_s` seconds, so its clock keeps going through a long
+    size. stdin and stderr are the command's own."""
+    out = sys.stdout.buffer if out is None else out
+    rows, pending = 0, b""
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], tick_s)
+                data = os.read(fd, 1 << 16) if ready else None
+                if data == b"":  # the command closed its stdout
+                    break
+                if data:
+                    *lines, pending = (pending + data).split(b"\n")
+                    if lines:
+                        progress.clear()
+                        out.write(b"".join(line + b"\n" for line in lines))
+                        out.flush()
+                        rows += sum(1 for line in lines if line.strip() and not line.startswith(b"#"))
+                progress.show(rows)
+        except BaseException:  # Ctrl-C (mpirun got it too), or this stdout went away
+            proc.stdout.close()
+            try:
+                proc.wait(timeout=5)  # mpirun stops its ranks
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        finally:
+            progress.clear()
+        if pending:  # a last line without its newline
+            out.write(pending)
+            out.flush()
+    return proc.returncode
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+# ---------------------------------------------------------------------------
 # The JSON record
 
 
@@ -158,11 +279,12 @@ def strip_np(argv: list[str]) -> list[str]:
 
 
 def relaunch(module: str, argv: list[str], np: int | None, local_size: int | None, *, default_np: int,
-             default_local_size: int) -> int:
+             default_local_size: int, progress: Progress | None = None) -> int:
     """Runs `python -m module argv` (without --np) on np ranks (default_np
     when None) under mpirun. With neither --np, --local-size nor
     A2A_LOCAL_SIZE, default_np ranks are emulated as nodes of
-    default_local_size."""
+    default_local_size. An active `progress` (this stderr is a terminal)
+    is drawn from the rows the run prints (:func:`forward_output`)."""
     from a2a import launch
 
     ranks = np if np is not None else default_np
@@ -171,8 +293,11 @@ def relaunch(module: str, argv: list[str], np: int | None, local_size: int | Non
         local_size = default_local_size
     if local_size is not None:
         env["A2A_LOCAL_SIZE"] = str(local_size)
+    command = [sys.executable, "-m", module, *strip_np(argv)]
     try:
-        return launch.run(ranks, [sys.executable, "-m", module, *strip_np(argv)], env=env)
+        if progress is not None and progress.active:
+            return forward_output(launch.mpirun_command(ranks, command), {**os.environ, **env}, progress)
+        return launch.run(ranks, command, env=env)
     except FileNotFoundError as error:
         print(f"{module}: {error}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -145,6 +146,17 @@ def test_bfloat16_values_are_exact():
     assert torch.equal(values.to(torch.bfloat16).float(), values)
 
 
+def test_gloo_is_timed_apart_after_the_turns_of_the_others(monkeypatch):
+    timed = []
+    monkeypatch.setattr(bench, "_time", lambda case, args: timed.append(case.algo) or len(timed))
+    cases = [bench.Case(algo, 0, 0, lambda: None, lambda: None, lambda: 0, apart=algo == "gloo")
+             for algo in ("mpi", "gloo", "linear")]
+    args = bench.parse_args(["-r", "3", "-w", "0"])
+    medians = bench._measure_group(cases, args)
+    assert timed == ["mpi", "linear"] * 3 + ["gloo"] * 3
+    assert medians == [3, 8, 4]  # the median sample of each, in the order of `cases`
+
+
 def _reference_all_to_all(nranks: int, count: int, modulus: int) -> list[np.ndarray]:
     """What every rank receives, computed the slow way: rank s sends
     expected_value(s, d, i) to rank d, which stores it at d's block s."""
@@ -229,6 +241,259 @@ def test_bad_flags_exit_with_usage(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------------------
+# --baseline and --plot
+
+
+@pytest.fixture
+def with_torch(monkeypatch):
+    """parse_args believes torch is installed (it only looks, never imports)."""
+    monkeypatch.setattr(bench, "_have_torch", lambda: True)
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        ([], ["mpi"]),
+        (["--baseline", "gloo"], ["gloo"]),
+        (["--baseline", "mpi,gloo"], ["mpi", "gloo"]),
+        (["--baseline", " GLOO , mpi,gloo"], ["gloo", "mpi"]),  # order kept, repeats dropped
+        (["--baseline", "none"], []),
+        (["--no-baseline"], []),
+        (["--no-baseline", "--baseline", "none"], []),
+        (["--device", "cuda"], ["d2d"]),
+        (["--device", "cuda", "--baseline", "d2d"], ["d2d"]),
+        (["--device", "cuda", "--baseline", "none"], []),
+    ],
+)
+def test_baseline_flag(argv, expect, with_torch):
+    args = bench.parse_args(argv)
+    assert args.baselines == expect
+    # One ratio column per baseline; with none, the device's default column (all "-").
+    assert args.ratio_columns == (expect or (["d2d"] if "cuda" in argv else ["mpi"]))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ("--baseline foo", "unknown baseline 'foo'"),
+        ("--baseline mpi,", "unknown baseline ''"),
+        ("--baseline none,mpi", "none cannot be combined with mpi"),
+        ("--baseline d2d", "d2d does not apply to --device cpu"),
+        ("--device cuda --baseline gloo", "gloo does not apply to --device cuda"),
+        ("--device cuda --baseline mpi", "mpi does not apply to --device cuda"),
+        ("--no-baseline --baseline gloo", "--no-baseline contradicts --baseline gloo"),
+    ],
+)
+def test_bad_baselines_exit_with_usage(argv, message, with_torch, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(argv.split())
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _hide_module(monkeypatch, name):
+    """importlib.util.find_spec finds no `name`, as if it were not installed."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: None if module == name else real(module, *a))
+
+
+def test_gloo_without_torch_fails_before_anything_runs(monkeypatch, launched, capsys):
+    _hide_module(monkeypatch, "torch")
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--baseline", "mpi,gloo"])
+    assert info.value.code == 2
+    assert "--baseline gloo needs torch" in capsys.readouterr().err
+    assert launched == []  # nothing was launched
+    assert bench.parse_args(["--baseline", "mpi"]).baselines == ["mpi"]  # the MPI baseline needs no torch
+
+
+def test_plot_without_matplotlib_fails_before_the_sweep(monkeypatch, launched, capsys):
+    _hide_module(monkeypatch, "matplotlib")
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--plot", "sweep.png"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and "pip install 'a2a[plot]'" in err
+    assert launched == []
+    assert bench.parse_args([]).plot is None  # no --plot, no matplotlib needed
+
+
+def test_plot_is_an_optional_extra():
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as fh:
+        extras = tomllib.load(fh)["project"]["optional-dependencies"]
+    assert extras["plot"] == ["matplotlib"]
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _sweep_rows(baselines=("mpi", "gloo"), algos=("linear", "2dh"), sizes=(K, 64 * K, M), dtype="float"):
+    """Rows shaped like the sweep's JSON records, with made-up numbers."""
+    rows = []
+    for size in sizes:
+        for algo in (*algos, *baselines):
+            algbw = size / 1e6 * (1 + len(algo) / 10)
+            rows.append({"algo": algo, "size": size, "type": dtype, "algbw": algbw, "busbw": algbw * 3 / 4,
+                         "baseline": algo in baselines, "ranks": 4, "num_nodes": 2, "local_size": 2})
+    return rows
+
+
+def test_plot_sweep_draws_a_png_with_predicted_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    from a2a.bench import plot
+
+    rows = _sweep_rows() + _sweep_rows(dtype="half") + [dict(_sweep_rows()[0], size=0)]  # size 0: left out
+    predicted = [("linear", size, size / 2e6) for size in (K, 64 * K, M)] + [("2dh", M, 1.0)]
+    path = tmp_path / "sweep.png"
+    plot.plot_sweep(rows, str(path), predicted=predicted)
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    plain = tmp_path / "plain.png"
+    plot.plot_sweep(_sweep_rows(baselines=()), str(plain))  # no baseline: no ratio panel
+    assert plain.read_bytes()[:8] == PNG_SIGNATURE
+    alone = tmp_path / "predicted.png"
+    plot.plot_sweep([], str(alone), predicted=predicted)  # a prediction without a measurement
+    assert alone.read_bytes()[:8] == PNG_SIGNATURE
+    with pytest.raises(ValueError, match="no rows or predicted points of positive size"):
+        plot.plot_sweep([dict(rows[0], size=0)], str(tmp_path / "empty.png"), predicted=[("linear", 0, 1.0)])
+
+
+def test_plot_sweep_says_how_to_install_matplotlib(monkeypatch, tmp_path):
+    from a2a.bench import plot
+
+    _hide_module(monkeypatch, "matplotlib")
+    with pytest.raises(RuntimeError, match=r"pip install 'a2a\[plot\]'"):
+        plot.plot_sweep(_sweep_rows(), str(tmp_path / "x.png"))
+
+
+# ---------------------------------------------------------------------------
+# The progress line
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self):
+        return True
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+GROUPS = ["float 1K", "float 64M", "int8 1K", "int8 64M"]  # 10 rows each
+
+
+def test_progress_shows_on_the_lead_terminal_once_the_sweep_takes_a_while():
+    stream, clock = _Terminal(), _Clock()
+    progress = common.Progress(GROUPS, 10, label="a2a.bench", stream=stream, after_s=2.0, clock=clock)
+    progress.show(0)
+    assert stream.getvalue() == ""  # not 2 s yet
+    clock.now += 8.4
+    progress.show(12)
+    first = "[a2a.bench] 12/40 rows, float 64M, 8 s"
+    assert stream.getvalue() == "\r" + first
+    clock.now += 2
+    progress.show(20)  # shorter: blanks out what is left of the longer line
+    assert stream.getvalue().endswith("\r" + "[a2a.bench] 20/40 rows, int8 1K, 10 s".ljust(len(first)))
+    progress.clear()
+    assert stream.getvalue().endswith("\r" + " " * len(first) + "\r")
+    before = stream.getvalue()
+    progress.clear()  # nothing on screen: nothing written
+    assert stream.getvalue() == before and "\n" not in before
+    progress.show(39)
+    assert stream.getvalue().endswith("[a2a.bench] 39/40 rows, int8 64M, 10 s")
+    progress.clear()
+    before = stream.getvalue()
+    progress.show(40)  # done: no line (the footer follows)
+    assert stream.getvalue() == before
+
+
+@pytest.mark.parametrize("stream, enabled", [(_Terminal(), False), (io.StringIO(), True)])
+def test_progress_stays_off_other_ranks_and_off_pipes_and_files(stream, enabled):
+    clock = _Clock()
+    progress = common.Progress(GROUPS, 10, label="a2a.bench", enabled=enabled, stream=stream, after_s=0.0, clock=clock)
+    clock.now += 60
+    progress.show(1)
+    progress.clear()
+    assert stream.getvalue() == ""
+    assert not progress.active
+
+
+# A child that prints like a relaunched sweep: comments, rows, a pause, a last line without newline.
+CHILD = (
+    "import sys, time\n"
+    "print('# header'); print('  1024  x  linear'); print('  1024  x  mpi', flush=True)\n"
+    "time.sleep(0.3)\n"
+    "print('# note\\n'); sys.stdout.write('  4096  x  linear\\n# Avg bus bandwidth'); sys.stdout.flush()\n"
+)
+
+
+def test_forward_output_passes_stdout_on_unchanged_and_draws_progress_from_the_rows():
+    expected = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, check=True).stdout
+    stream, out = _Terminal(), io.BytesIO()
+    progress = common.Progress(["float 1K", "float 4K"], 2, label="a2a.bench", stream=stream, after_s=0.0)
+    code = common.forward_output([sys.executable, "-c", CHILD], dict(os.environ), progress, out=out, tick_s=0.05)
+    assert code == 0
+    assert out.getvalue() == expected  # byte for byte, the last partial line too
+    shown = stream.getvalue()
+    assert "\r[a2a.bench] 2/4 rows, float 4K, " in shown  # after the first two rows
+    assert "[a2a.bench] 3/4 rows, float 4K, " in shown
+    assert shown.endswith("\r") and shown.split("\r")[-2].strip() == ""  # erased at the end
+    failing = common.forward_output([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), progress,
+                                    out=io.BytesIO(), tick_s=0.05)
+    assert failing == 3
+
+
+def test_relaunch_forwards_only_when_stderr_is_a_terminal(launched, monkeypatch):
+    from a2a import launch
+
+    forwarded = []
+    monkeypatch.setattr(launch, "mpirun_command", lambda np, command: ["mpirun", "-np", str(np), *command])
+    monkeypatch.setattr(common, "forward_output", lambda command, env, progress: forwarded.append(command) or 0)
+    args = bench.parse_args(["-b", "1K", "-e", "4K"])
+    off = bench._progress(args)  # stderr is not a terminal under pytest
+    assert common.relaunch("a2a.bench", [], 2, None, default_np=4, default_local_size=2, progress=off) == 0
+    assert len(launched) == 1 and forwarded == []
+    on = bench._progress(args)
+    on.active = True
+    assert common.relaunch("a2a.bench", [], 2, None, default_np=4, default_local_size=2, progress=on) == 0
+    assert len(launched) == 1 and forwarded == [["mpirun", "-np", "2", sys.executable, "-m", "a2a.bench"]]
+    assert on.groups == ["float 1K", "float 4K"] and on.rows_per_group == 7  # mpi + the six algorithms
+
+
+def _in_process_sweep(monkeypatch, capsys, stderr) -> tuple[str, str]:
+    """(stdout, stderr) of a 1-rank sweep whose timings are fixed, so that
+    two runs print the same bytes."""
+    from a2a import launch
+
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setattr(bench, "_measure_group", lambda cases, args: [1e-3 * (i + 1) for i in range(len(cases))])
+    monkeypatch.setattr(common, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert bench.main(["--np", "1", "-b", "1K", "-e", "16K", "-n", "1", "-w", "0", "--algo", "linear,v"]) == 0
+    return capsys.readouterr().out, stderr.getvalue()
+
+
+def test_progress_never_touches_stdout(monkeypatch, capsys):
+    on_terminal, progress = _in_process_sweep(monkeypatch, capsys, _Terminal())
+    on_pipe, nothing = _in_process_sweep(monkeypatch, capsys, io.StringIO())
+    assert on_terminal == on_pipe  # byte for byte
+    assert "[a2a.bench]" not in on_terminal and "\r" not in on_terminal
+    assert nothing == ""
+    assert "\r[a2a.bench] 0/9 rows, float 1K, 0 s" in progress  # 3 sizes x (mpi, linear, v)
+    assert "\r[a2a.bench] 6/9 rows, float 16K" in progress
+    assert progress.endswith("\r") and progress.split("\r")[-2].strip() == ""  # erased at the end
+
+
 def test_strip_np():
     """The relaunch of both benches (a2a.bench, moe_runtime.bench) drops --np."""
     assert common.strip_np(["--np", "4", "-b", "1K"]) == ["-b", "1K"]
@@ -266,7 +531,7 @@ def test_explicit_np_uses_the_real_topology(launched):
 
 def _row(**kw):
     row = {"size": 1024, "count": 64, "type": "float", "redop": "none", "root": -1, "time_us": 12.5}
-    row.update(algbw=0.08, busbw=0.06, wrong=0, algo="linear", ratio=1.5, baseline=False)
+    row.update(algbw=0.08, busbw=0.06, wrong=0, algo="linear", ratios={"mpi": 1.5}, baseline=False)
     row.update(kw)
     return row
 
@@ -294,12 +559,37 @@ def test_row_lines_up_with_the_header():
 
 
 def test_row_without_check_or_baseline():
-    fields = bench.format_row(_row(wrong=None, ratio=None, algo="mpi")).split()
+    fields = bench.format_row(_row(wrong=None, ratios={}, algo="mpi")).split()
     assert fields[-3:] == ["N/A", "mpi", "-"]
 
 
+def test_one_ratio_column_per_baseline():
+    baselines = ["mpi", "gloo"]
+    header = bench.header_lines(baselines)[1]
+    assert header.split()[-4:] == ["vs", "MPI", "vs", "gloo"]
+    line = bench.format_row(_row(ratios={"mpi": 0.5, "gloo": 4.25}), baselines)
+    assert line.split()[-3:] == ["linear", "0.50x", "4.25x"]
+    header_ends = [m.end() for m in re.finditer(r"\S+", header) if m.group() not in ("#", "vs")]
+    assert header_ends == [m.end() for m in re.finditer(r"\S+", line)]
+    assert bench.format_row(_row(ratios={"gloo": 2.0}), baselines).split()[-2:] == ["-", "2.00x"]
+    units = bench.header_lines(baselines)[2]
+    assert units.split()[-2:] == ["(algbw)", "(algbw)"]
+
+
+def test_footer_gives_the_geomean_against_each_baseline():
+    rows = [
+        _row(busbw=1.0, ratios={"mpi": 0.5, "gloo": 2.0}),
+        _row(busbw=3.0, ratios={"mpi": 2.0, "gloo": 8.0}),
+        _row(busbw=2.0, algo="mpi", baseline=True, ratios={}),
+        _row(busbw=0.5, algo="gloo", baseline=True, ratios={}),
+    ]
+    lines = bench.footer_lines(rows, ["linear"], ["mpi", "gloo"])
+    assert "#   linear  avg busbw    2.000 GB/s   vs MPI (geomean of ratios): 1.00x, vs gloo: 4.00x" in lines
+    assert "#   gloo    avg busbw    0.500 GB/s" in lines
+
+
 def test_footer():
-    rows = [_row(busbw=1.0), _row(busbw=3.0, algo="v", ratio=0.5), _row(busbw=9.0, algo="mpi", baseline=True)]
+    rows = [_row(busbw=1.0), _row(busbw=3.0, algo="v", ratios={"mpi": 0.5}), _row(busbw=9.0, algo="mpi", baseline=True)]
     text = "\n".join(bench.footer_lines(rows, ["linear", "v"]))
     assert "# Out of bounds values : 0 OK" in text
     assert "# Avg bus bandwidth    : 2 " in text  # a2a rows only
@@ -408,3 +698,37 @@ def test_two_emulated_nodes_with_2dh_underneath(tmp_path):
         if r["algo"] == "flex":
             experts, capacity, hidden = r["shape"]
             assert experts == 8 and r["size"] == experts * capacity * hidden * 2 <= r["requested_size"]
+
+
+def test_gloo_baseline_and_plot_on_two_ranks(tmp_path):
+    """--baseline mpi,gloo in one mpirun: a gloo row per size, checked like
+    the others, its ratio in the table and the JSON; --plot writes a PNG."""
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    out, picture = tmp_path / "bench.json", tmp_path / "bench.png"
+    argv = ["--np", "2", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "-r", "2", "-d", "half"]
+    proc = _run([*argv, "--algo", "linear,2dh", "--baseline", "mpi,gloo", "--json", str(out), "--plot", str(picture)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    sizes = [K, 4 * K, 16 * K]
+    for algo in ("linear", "2dh", "mpi", "gloo"):
+        mine = [r for r in rows if r["algo"] == algo]
+        assert [r["size"] for r in mine] == sizes, algo
+        assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["type"] == "half" for r in mine), algo
+        assert all(r["baseline"] == (algo in ("mpi", "gloo")) for r in mine)
+    for r in rows:
+        assert set(r["baseline_algbws"]) == {"mpi", "gloo"} and r["baseline_algbw"] == r["baseline_algbws"]["mpi"]
+        if r["baseline"]:
+            assert r["ratios"] == {} and r["ratio"] is None
+        else:
+            assert r["ratios"]["gloo"] == pytest.approx(r["algbw"] / r["baseline_algbws"]["gloo"])
+            assert r["ratio"] == r["ratios"]["mpi"]
+    header = next(line for line in proc.stdout.splitlines() if "#wrong" in line)
+    assert header.split()[-4:] == ["vs", "MPI", "vs", "gloo"]
+    table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
+    assert [fields[9] for fields in table] == ["linear", "2dh", "mpi", "gloo"] * len(sizes)
+    assert all(fields[8] == "0" for fields in table)
+    assert "# baseline: gloo = torch" in proc.stdout
+    assert "vs gloo: " in proc.stdout  # the footer's geomean
+    assert "[a2a.bench]" not in proc.stderr  # stderr is a pipe here: no progress line
+    assert picture.read_bytes()[:8] == PNG_SIGNATURE

@@ -121,9 +121,9 @@ def test_bench_transport_needs_device_cuda(capsys):
 
 def test_bench_device_cuda_defaults():
     args = bench_module.parse_args(["--device", "cuda"])
-    assert (args.transport, args.baseline) == ("nccl", "d2d")
-    assert bench_module.parse_args([]).baseline == "mpi"
-    assert "vs D2D" in bench_module.header_lines("d2d")[1]
+    assert (args.transport, args.baselines) == ("nccl", ["d2d"])
+    assert bench_module.parse_args([]).baselines == ["mpi"]
+    assert "vs D2D" in bench_module.header_lines(["d2d"])[1]
     assert "vs MPI" in bench_module.header_lines()[1]
 
 
