@@ -91,7 +91,10 @@ rows), then the mean busbw of each algorithm and the geometric mean of its
 ratios to each baseline. ``--json FILE`` writes every row (baselines
 included) as a JSON list; ``--plot FILE.png`` draws busbw against size and
 the ratios (:mod:`a2a.bench.plot`; needs matplotlib, checked before the
-sweep). The exit code is 1 when any element was wrong.
+sweep), with the busbw that the scale model :mod:`a2a.sim` predicts for the
+linear and 2dh rows at this run's topology beside them (``--predict PRESET``:
+``local``, fitted on this kind of host, by default on cpu; ``none`` by
+default on cuda). The exit code is 1 when any element was wrong.
 
 A sweep that runs longer than a couple of seconds shows how far it got on
 one line of stderr, rewritten in place (``[a2a.bench] 12/40 rows, float
@@ -126,6 +129,8 @@ import numpy as np
 
 from .. import launch
 from . import common, plot
+
+PREDICT_PRESETS = ("local", "a100", "h100")  # a2a.sim's presets (tests check they stay the same)
 
 __all__ = [
     "DTYPES",
@@ -751,7 +756,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"draw busbw against size per algorithm and baseline, and the ratios, to FILE.png (rank 0; needs "
         f"matplotlib: {plot.INSTALL_HINT})",
     )
+    p.add_argument(
+        "--predict",
+        metavar="PRESET",
+        default=None,
+        help="the scale model (a2a.sim) preset whose predicted busbw of linear and 2dh is drawn beside the "
+        "measured lines in --plot, at this run's ranks and ranks per node: local, a100, h100, or none "
+        "(default: local on cpu, none on cuda, which has no fitted preset for its GPU)",
+    )
     return p
+
+
+def predicted_curves(rows: list[dict], preset: str, ranks: int, local_size: int) -> list[plot.Prediction]:
+    """(algo, size, busbw in GB/s) that `preset` of a2a.sim predicts for the
+    linear and 2dh rows of a sweep (the other forms need their layouts)."""
+    from .. import sim
+
+    topology = sim.preset(preset, ranks=ranks, local_size=local_size)
+    points = {(row["algo"], row["size"]) for row in rows if not row["baseline"] and row["algo"] in ("linear", "2dh")}
+    return [(algo, size, sim.predict(topology, algo, size).busbw / 1e9) for algo, size in sorted(points) if size]
 
 
 def resolve_baselines(text: str | None, *, device: str, no_baseline: bool, have_torch: bool) -> list[str]:
@@ -830,6 +853,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         missing = plot.matplotlib_missing()
         if missing is not None:  # refused now, not after the sweep
             parser.error(missing)
+    if args.predict is None:
+        args.predict = "none" if args.device == "cuda" else "local"
+    if args.predict not in ("none", *PREDICT_PRESETS):
+        parser.error(f"--predict: unknown preset {args.predict!r}; expected {', '.join(PREDICT_PRESETS)} or none")
     if args.local_size is not None:
         if args.local_size < 1:
             parser.error(f"--local-size must be positive, got {args.local_size}")
@@ -993,7 +1020,10 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
     if lead and args.json:
         common.write_json(args.json, rows)
     if lead and args.plot:
-        plot.plot_sweep(rows, args.plot)
+        predicted = None
+        if args.predict != "none":
+            predicted = predicted_curves(rows, args.predict, comm.size, comm.local_size)
+        plot.plot_sweep(rows, args.plot, predicted)
     return 1 if total_wrong else 0
 
 

@@ -362,6 +362,29 @@ def test_plot_sweep_draws_a_png_with_predicted_curves(tmp_path):
         plot.plot_sweep([dict(rows[0], size=0)], str(tmp_path / "empty.png"), predicted=[("linear", 0, 1.0)])
 
 
+def test_predicted_curves_come_from_the_scale_model():
+    from a2a import sim
+
+    assert set(bench.PREDICT_PRESETS) == set(sim.PRESETS)
+    rows = _sweep_rows() + [dict(_sweep_rows()[0], algo="flex"), dict(_sweep_rows()[0], size=0)]
+    curves = bench.predicted_curves(rows, "local", 4, 2)
+    measured = sorted({(r["algo"], r["size"]) for r in rows
+                       if r["algo"] in ("linear", "2dh") and not r["baseline"] and r["size"]})
+    assert [(algo, size) for algo, size, _ in curves] == measured  # flex, baselines and size 0 left out
+    topology = sim.preset("local", ranks=4, local_size=2)
+    for algo, size, busbw in curves:
+        assert busbw == pytest.approx(sim.predict(topology, algo, size).busbw / 1e9)
+
+
+def test_predict_flag_defaults_by_device_and_rejects_unknown_presets(capsys):
+    assert bench.parse_args([]).predict == "local"
+    assert bench.parse_args(["--predict", "h100"]).predict == "h100"
+    assert bench.parse_args(["--predict", "none"]).predict == "none"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--predict", "b200"])
+    assert "unknown preset 'b200'" in capsys.readouterr().err
+
+
 def test_plot_sweep_says_how_to_install_matplotlib(monkeypatch, tmp_path):
     from a2a.bench import plot
 
