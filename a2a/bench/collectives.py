@@ -141,7 +141,6 @@ __all__ = [
     "main",
     "per_peer_count",
     "sweep_sizes",
-    "v_counts",
 ]
 
 DEFAULT_NP = 4
@@ -282,19 +281,6 @@ def flex_shape(count: int, nranks: int, experts_per_rank: int, hidden: int) -> t
     per_expert = count // experts_per_rank
     m = max(1, min(hidden, per_expert))
     return experts, per_expert // m, m
-
-
-def v_counts(nranks: int, count: int) -> list[list[int]]:
-    """counts[src][dst] for all_to_all_v: count + delta((src + dst) % nranks),
-    where delta pairs +h_j and -h_j (h_j = count * (j + 1) // (pairs + 1)).
-    As delta sums to 0 over the residues, every row and every column sums to
-    nranks * count: each rank sends and receives exactly the even size."""
-    pairs = nranks // 2
-    delta = [0] * nranks
-    for k in range(2 * pairs):
-        h = count * (k // 2 + 1) // (pairs + 1)
-        delta[k] = h if k % 2 == 0 else -h
-    return [[count + delta[(src + dst) % nranks] for dst in range(nranks)] for src in range(nranks)]
 
 
 def expected_value(src: int, dst: int, index: int, modulus: int) -> int:
@@ -461,7 +447,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
         )
 
     if algo in ("v", "v-plan"):
-        counts = v_counts(world, count)
+        counts = common.v_counts(world, count)
         send_counts = counts[rank]
         recv_expected = [counts[src][rank] for src in range(world)]
         send = arrays.empty((sum(send_counts),))

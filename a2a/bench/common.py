@@ -32,6 +32,7 @@ __all__ = [
     "strip_np",
     "take_turns",
     "utc_timestamp",
+    "v_counts",
     "write_json",
 ]
 
@@ -312,3 +313,20 @@ def write_json(path: str, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(rows, fh, indent=1)
         fh.write("\n")
+
+
+# ---------------------------------------------------------------------------
+# Uneven counts (the sweep's all_to_all_v, and a2a.sim's fit of its rows)
+
+
+def v_counts(nranks: int, count: int) -> list[list[int]]:
+    """counts[src][dst] for all_to_all_v: count + delta((src + dst) % nranks),
+    where delta pairs +h_j and -h_j (h_j = count * (j + 1) // (pairs + 1)).
+    As delta sums to 0 over the residues, every row and every column sums to
+    nranks * count: each rank sends and receives exactly the even size."""
+    pairs = nranks // 2
+    delta = [0] * nranks
+    for k in range(2 * pairs):
+        h = count * (k // 2 + 1) // (pairs + 1)
+        delta[k] = h if k % 2 == 0 else -h
+    return [[count + delta[(src + dst) % nranks] for dst in range(nranks)] for src in range(nranks)]

@@ -249,7 +249,7 @@ def predict_measurement(topology: Topology, m: Measurement) -> Prediction:
     if m.algo in ("flex", "combine"):
         split, concat = (0, 1) if m.algo == "flex" else (1, 0)
         return predict_flex(top, m.inner_algo, flex_layout(m.shape, split, concat, m.itemsize, m.ranks))
-    from ..bench.collectives import v_counts  # the benchmark's uneven counts, element for element
+    from ..bench.common import v_counts  # the benchmark's uneven counts, element for element
 
     counts = np.asarray(v_counts(m.ranks, m.count), dtype=np.int64) * m.itemsize
     return predict_v(top, m.inner_algo, counts, plan=m.algo == "v")

@@ -89,18 +89,18 @@ def test_bus_bandwidth_formula():
 @pytest.mark.parametrize("nranks", range(1, 10))
 @pytest.mark.parametrize("count", [0, 1, 5, 1000])
 def test_v_counts_are_uneven_but_every_rank_moves_the_even_size(nranks, count):
-    counts = bench.v_counts(nranks, count)
+    counts = common.v_counts(nranks, count)
     assert all(c >= 0 for row in counts for c in row)
     for r in range(nranks):
         assert sum(counts[r]) == nranks * count  # sent by r
         assert sum(counts[s][r] for s in range(nranks)) == nranks * count  # received by r
     if nranks >= 2 and count >= 3:
         assert len({c for row in counts for c in row}) > 1
-    assert counts == bench.v_counts(nranks, count)  # deterministic: every rank computes the same
+    assert counts == common.v_counts(nranks, count)  # deterministic: every rank computes the same
 
 
 def test_v_counts_depend_on_rank_plus_peer():
-    counts = bench.v_counts(4, 300)
+    counts = common.v_counts(4, 300)
     assert counts[0] == [400, 200, 500, 100]
     assert counts[1] == counts[0][1:] + counts[0][:1]
 
