@@ -29,13 +29,16 @@ import a2a.torch as a2a_torch
 
 from .buffers import BufferPool
 from .capacity import RULES, buffer_capacity, local_capacity
+from .dropless import dropless_moe
 from .experts import EXPERT_TAG, FFNExperts
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
 from .pipeline import Overlap, check_thread_level
 from .tuner import AdaptiveDictionary, Config
 
-__all__ = ["MoELayer", "sync_shared_gradients"]
+__all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
+
+DISPATCHERS = ("capacity", "dropless")
 
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 _NONE = -1  # "not given" in the agreement vector
@@ -99,6 +102,9 @@ class MoELayer(torch.nn.Module):
     (see moe_runtime.capacity). ``expert_gradient``: ``"mean"`` (default:
     expert gradients divided by the world size, as DDP averages the shared
     ones) or ``"sum"``. ``timer``: the clock of the dictionary's trials.
+    ``dispatcher``: ``"capacity"`` (default: Tutel's padded buffers, every
+    r and d) or ``"dropless"`` (moe_runtime.dropless: nothing dropped or
+    padded; r = 1, d = 1, whole experts on every rank).
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
     adaptive_r=, algo=, gate_index=)`` -> y of x's shape, with ``y.l_aux``;
@@ -124,6 +130,7 @@ class MoELayer(torch.nn.Module):
         capacity_rule: str = "tutel",
         expert_gradient: str = "mean",
         timer: Callable[[], float] = time.perf_counter,
+        dispatcher: str = "capacity",
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -134,6 +141,9 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"capacity_rule must be one of {RULES}, got {capacity_rule!r}")
         if expert_gradient not in ("mean", "sum"):
             raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {expert_gradient!r}")
+        if dispatcher not in DISPATCHERS:
+            raise ValueError(f"dispatcher must be one of {DISPATCHERS}, got {dispatcher!r}")
+        self.dispatcher = dispatcher
         self.comm, self.model_dim = comm, model_dim
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
@@ -165,6 +175,9 @@ class MoELayer(torch.nn.Module):
             self.adaptive_r = None
         else:
             self.adaptive = None
+
+        if dispatcher == "dropless":
+            _check_dropless(self)
 
         # Communicators, made once (Comm.split is collective): one per group
         # size g > 1 that some r needs, and one for the exchanges, so that a
@@ -240,13 +253,16 @@ class MoELayer(torch.nn.Module):
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
         decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
                           is_gshard_loss=self.is_gshard_loss)
-        factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
-        mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
-        capacity = self._agree(mine, k, gate_index, request)
-        plan_r, plan_d, plan_algo = self._configure(capacity, request, tokens.dtype, k)
-
-        y = self._moe(tokens, decision, capacity, plan_r, plan_d, plan_algo)
+        if self.dispatcher == "dropless":
+            self._agree(0, k, gate_index, request)
+            y = self._dropless(tokens, decision, request)
+        else:
+            factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
+            mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
+            capacity = self._agree(mine, k, gate_index, request)
+            plan_r, plan_d, plan_algo = self._configure(capacity, request, tokens.dtype, k)
+            y = self._moe(tokens, decision, capacity, plan_r, plan_d, plan_algo)
         y = y.view(x.shape)
         if not recording:
             self._stop_clock(start)
@@ -299,6 +315,25 @@ class MoELayer(torch.nn.Module):
         if combined.requires_grad:
             grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
+
+    def _dropless(self, tokens, decision, request: tuple) -> torch.Tensor:
+        """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1."""
+        r, d, algo = request
+        if r is not None and self._valid_r(r, "adaptive_r") != 1:
+            raise ValueError(f"MoELayer(dispatcher='dropless') runs r = 1 only, got adaptive_r={r}")
+        if d is not None and d != 1:
+            raise ValueError(f"MoELayer(dispatcher='dropless') runs d = 1 only (its rows have no capacity axis "
+                             f"to pipeline), got a2a_ffn_overlap_degree={d}")
+        algo = self.default_algo if algo is None else algo
+        experts = self.experts
+        weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
+        scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        y, rows = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
+                               activation=experts.activation_fn, comm=self._exchange_comm, algo=algo,
+                               weight_grad_scale=scale)
+        most = int(rows.max()) if rows.size else 0
+        self.last_plan = Plan(1, 1, algo, most, most, 0)
+        return y
 
     # -- agreement and the dictionary ------------------------------------------
     def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple) -> int:
@@ -362,6 +397,29 @@ class MoELayer(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
                 f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}")
+
+
+def _check_dropless(layer: MoELayer) -> None:
+    """What the dropless dispatcher needs of the layer, checked at construction."""
+    if layer.experts.sharers > 1:
+        raise ValueError(
+            f"MoELayer(dispatcher='dropless') needs whole experts on each rank (E >= W), but "
+            f"{layer.experts.sharers} ranks share each of the {layer.num_global_experts} experts; use the "
+            "capacity dispatcher for shared experts"
+        )
+    if layer.adaptive is not None:
+        raise ValueError("MoELayer(dispatcher='dropless') runs r = 1, d = 1: there is nothing for the dictionary "
+                         "(adaptive=, parallel_type='adaptive:auto') to choose")
+    if layer.adaptive_r != 1:
+        raise ValueError(f"MoELayer(dispatcher='dropless') runs r = 1 only, got parallel_type r = {layer.adaptive_r}")
+    if layer.a2a_ffn_overlap_degree != 1:
+        raise ValueError("MoELayer(dispatcher='dropless') runs d = 1 only (its rows have no capacity axis to "
+                         f"pipeline), got a2a_ffn_overlap_degree={layer.a2a_ffn_overlap_degree}")
+    if not layer.is_postscore:
+        raise ValueError("MoELayer(dispatcher='dropless') applies the gates at the combine: is_postscore must be True")
+    if layer.batch_prioritized_routing:
+        raise ValueError("MoELayer(dispatcher='dropless') drops nothing, so batch_prioritized_routing (which orders "
+                         "who is dropped) has no meaning there")
 
 
 def _shown(column: int, value: int) -> str:

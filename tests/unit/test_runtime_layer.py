@@ -43,6 +43,23 @@ def test_every_r_and_d_equals_the_reference(comm, options):
                 assert torch.allclose(grad, experts[name].grad, atol=1e-12), (name, r, d)
 
 
+def test_dropless_equals_the_reference_without_drops(comm):
+    layer = layer_for(comm, dispatcher="dropless", capacity_factor=0.5)  # the factor is not used
+    x = torch.randn(11, M, dtype=torch.float64, requires_grad=True)
+    experts = {name: t.requires_grad_(True) for name, t in layer.gather_experts().items()}
+    wg = layer.gates[0].wg.weight.detach().clone().requires_grad_(True)
+    xr = x.detach().clone().requires_grad_(True)
+    (y_ref,), (l_ref,), _ = moe_runtime.moe_reference([xr], wg, experts, top_k=2, capacity_factor=1000.0)
+    (y_ref.sum() + l_ref).backward()
+    y = layer(x)
+    (y.sum() + y.l_aux).backward()
+    assert torch.allclose(y, y_ref, atol=1e-12) and torch.allclose(x.grad, xr.grad, atol=1e-12)
+    assert torch.allclose(layer.gates[0].wg.weight.grad, wg.grad, atol=1e-12)
+    for name, grad in layer.gather_experts(grad=True).items():
+        assert torch.allclose(grad, experts[name].grad, atol=1e-12), name
+    assert layer.last_plan.dropped == 0
+
+
 def test_plan_loss_and_shapes(comm):
     layer = layer_for(comm)
     x = torch.randn(2, 5, M, dtype=torch.float64)

@@ -1,0 +1,115 @@
+"""The dropless dispatcher (MoELayer(dispatcher="dropless")): every routed
+choice reaches its expert. Against the float64 reference with a capacity
+large enough that nothing drops, and against the capacity dispatcher at such
+a capacity; its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runtime_util import (
+    MODEL_DIM,
+    assert_matches,
+    experts_cases,
+    experts_spec,
+    reference,
+    run_layer,
+    tokens_of,
+    two_level,
+)
+
+import a2a
+import moe_runtime
+
+NOTHING_DROPS = 1000.0  # a capacity factor no routing here can fill
+
+
+def make_layer(comm, num_experts, dtype=torch.float64, **options):
+    factor = options.pop("capacity_factor", 1.0)
+    layer = moe_runtime.MoELayer(
+        {"type": "top", "k": options.pop("k", 2), "capacity_factor": factor}, MODEL_DIM,
+        experts_spec(num_experts, comm.size), comm=comm, seeds=(21, 22), **options,
+    )
+    return layer.to(dtype)
+
+
+def whole_expert_cases(comm):
+    """The issue's E with whole experts on every rank (E >= W), else W and 2W."""
+    return [e for e in experts_cases(comm.size) if e >= comm.size] or [comm.size, 2 * comm.size]
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_dropless_equals_the_reference_that_drops_nothing(comm, dtype, tolerance, k):
+    algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
+    for num_experts in whole_expert_cases(comm):
+        layer = make_layer(comm, num_experts, dtype, k=k, dispatcher="dropless")
+        want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
+        for algo in algos:
+            got = run_layer(layer, comm, dtype, algo=algo)
+            assert_matches(got, want, tolerance, f"dropless E={num_experts} k={k} {algo} {dtype}")
+            assert layer.last_plan.dropped == 0 and (layer.last_plan.r, layer.last_plan.d) == (1, 1)
+
+
+def test_dropless_equals_the_capacity_dispatcher_when_nothing_drops(comm):
+    num_experts = whole_expert_cases(comm)[0]
+    padded = make_layer(comm, num_experts, capacity_factor=NOTHING_DROPS)
+    dropless = make_layer(comm, num_experts, dispatcher="dropless")
+    a, b = (run_layer(layer, comm, torch.float64) for layer in (padded, dropless))
+    assert padded.last_plan.dropped == 0
+    assert_matches(b, (*a, None), 1e-12, "dropless against capacity")
+
+
+def test_a_capacity_that_drops_is_not_what_dropless_computes(comm):
+    """At f = 0.25 the capacity dispatcher drops choices; dropless serves them
+    all: it equals the reference without drops, not the one with."""
+    num_experts = whole_expert_cases(comm)[0]
+    padded = make_layer(comm, num_experts, capacity_factor=0.25)
+    dropless = make_layer(comm, num_experts, dispatcher="dropless")
+    run_layer(padded, comm, torch.float64)
+    dropped = a2a.all_reduce(torch.tensor([float(padded.last_plan.dropped)]), comm=comm)
+    assert float(dropped) > 0
+    got = run_layer(dropless, comm, torch.float64)
+    assert_matches(got, reference(dropless, comm, torch.float64, capacity_factor=NOTHING_DROPS), 1e-12, "dropless")
+    y_padded = run_layer(padded, comm, torch.float64)[0]
+    difference = torch.tensor([float((y_padded - got[0]).abs().max())])
+    assert float(a2a.all_reduce(difference, comm=comm, op="max")) > 1e-6  # some rank's tokens lost a choice
+
+
+def test_every_rank_may_hold_a_different_number_of_tokens_and_experts_may_get_none(comm):
+    """All tokens of every rank routed to expert 0 (a gate that only sees it):
+    the other experts receive no rows, and nothing is lost."""
+    num_experts = whole_expert_cases(comm)[0]
+    layer = make_layer(comm, num_experts, k=1, dispatcher="dropless")
+    with torch.no_grad():
+        layer.gates[0].wg.weight.zero_()
+        layer.gates[0].wg.weight[0].fill_(1.0)  # with positive inputs, expert 0 always wins
+    x = tokens_of(comm.rank, torch.float64).abs() + 0.1
+    y = layer(x)
+    experts = layer.gather_experts()
+    hidden = torch.relu(x @ experts["batched_fc1_w"][0].T + experts["batched_fc1_bias"][0])
+    gate = torch.softmax(layer.gates[0].wg(x), dim=1)[:, :1]  # k = 1: the gate is expert 0's score
+    want = gate * (hidden @ experts["batched_fc2_w"][0] + experts["batched_fc2_bias"][0])
+    assert torch.allclose(y, want, atol=1e-12)
+    assert layer.last_plan.capacity == (sum(5 + 2 * i for i in range(comm.size)) if comm.rank == 0 else 0)
+
+
+def test_dropless_errors(comm):
+    num_experts = whole_expert_cases(comm)[0]
+    layer = make_layer(comm, num_experts, dispatcher="dropless")
+    x = tokens_of(comm.rank, torch.float64)
+    with pytest.raises(ValueError, match="r = 1 only"):
+        layer(x, adaptive_r=0)
+    with pytest.raises(ValueError, match="d = 1 only"):
+        layer(x, a2a_ffn_overlap_degree=2)
+    for options, match in [({"a2a_ffn_overlap_degree": 2}, "d = 1 only"), ({"parallel_type": "data"}, "r = 1"),
+                           ({"parallel_type": "adaptive:auto"}, "nothing for the dictionary"),
+                           ({"is_postscore": False}, "is_postscore"),
+                           ({"batch_prioritized_routing": True}, "batch_prioritized_routing"),
+                           ({"dispatcher": "sorted"}, "dispatcher must be one of")]:
+        options = {"dispatcher": "dropless", **options}
+        with pytest.raises(ValueError, match=match):
+            make_layer(comm, num_experts, **options)
+    if comm.size > 1:  # E = W / 2: two ranks share each expert
+        with pytest.raises(ValueError, match="whole experts on each rank"):
+            make_layer(comm, comm.size // 2, dispatcher="dropless")
