@@ -60,6 +60,12 @@ minutes on 4 ranks sharing 2 cores). In each case:
   buffers of another shape), and checks that the layer's buffer pool is
   the same before and after the pairs (no buffer allocated or grown).
 
+* ``dropless`` (after the cases; needs E >= W): the capacity dispatcher at
+  r1/d1/linear at each factor of ``--dropless-factors`` against
+  ``dispatcher="dropless"`` (same weights, ``--tokens`` tokens), taking
+  turns: step times, the rows and MiB the busiest rank sends to the others
+  per step (four exchanges), and the choices the capacity dropped.
+
 Timing: one sample is one training step, forward and backward of ``y.sum()
 + y.l_aux`` (grads cleared before), after a barrier, its time the maximum
 over ranks (``a2a.all_reduce(op="max")``). Every configuration of a case
@@ -134,12 +140,12 @@ ISSUE_SIZE = {"tokens": 4096, "model_dim": 1024, "hidden": 1024, "experts": 8, "
 DEFAULTS = {
     "tokens": 256, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factors": [1.0, 2.0, 4.0, 8.0],
     "degrees": [1, 2, 4, 8], "algos": list(ALGOS), "warmup": 1, "repeats": 3, "tune_repeats": 3,
-    "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 15,
+    "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 15, "dropless_factors": [1.25, 2.0, 4.0],
 }
 QUICK = {
     "tokens": 64, "model_dim": 32, "hidden": 64, "experts": 8, "top_k": 2, "factors": [1.0, 2.0],
     "degrees": [1, 2], "algos": list(ALGOS), "warmup": 1, "repeats": 1, "tune_repeats": 1,
-    "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2,
+    "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
 }
 TUNING_STEP_LIMIT = 10_000  # a search that takes more steps than this is a bug
 WINDOW = 128  # the dictionary's capacity window (its default)
@@ -186,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default {d['peer_tokens']}; 0: none)")
     p.add_argument("--peer-factors", type=_float_list,
                    help=f"capacity factors of those cases (default {','.join(f'{f:g}' for f in d['peer_factors'])})")
+    p.add_argument("--dropless-factors", type=_float_list, help="capacity factors at which the capacity "
+                   "dispatcher (r1/d1/linear) is timed against the dropless one at --tokens, comma list (default "
+                   f"{','.join(f'{f:g}' for f in d['dropless_factors'])}; empty: none)")
     p.add_argument("--no-peer", action="store_true", help="skip the GShard peer (its check, rows and cases)")
     p.add_argument("-w", "--warmup", type=int, help=f"untimed steps of each configuration (default {d['warmup']})")
     p.add_argument("-r", "--repeats", type=int,
@@ -227,6 +236,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{flag} must not be empty")
         if len(set(values)) != len(values):
             parser.error(f"{flag} has duplicates: {','.join(map(str, values))}")
+    if any(not (f > 0 and math.isfinite(f)) for f in args.dropless_factors):
+        parser.error("--dropless-factors: capacity factors must be positive and finite")
     if len(set(args.peer_factors)) != len(args.peer_factors):
         parser.error("--peer-factors has duplicates")
     common.require_at_least(parser, (
@@ -520,6 +531,43 @@ class _Bench:
                               "steady_ms": steady * 1e3, "again_ms": again * 1e3})
         return pairs, self.layer._pool.snapshot() == buffers
 
+    def dropless_rows(self, factors: list[float]) -> list[dict]:
+        """The capacity dispatcher (r1/d1/linear) at each factor against the
+        dropless one, same weights and tokens, taking turns: step times, the
+        rows and bytes each rank sends to the others per step (four exchanges:
+        two forward, two backward; the maximum over ranks), and the choices the
+        capacity dropped (summed over ranks)."""
+        if self.layer.experts.sharers > 1 or not factors:
+            return []
+        import numpy as np
+
+        from .layer import MoELayer
+
+        dropless = MoELayer(*self.layer_args, comm=self.comm, seeds=(1, 2), dispatcher="dropless").to(self.dtype)
+        x = self.tokens(self.args.tokens)
+        steps = [self.layer_step(self.layer, x, capacity_factor=f, adaptive_r=1, a2a_ffn_overlap_degree=1,
+                                 algo="linear") for f in factors]
+        steps.append(self.layer_step(dropless, x))
+        plans = []
+        for step, layer in zip(steps, [self.layer] * len(factors) + [dropless]):
+            for _ in range(max(self.args.warmup, 1)):
+                step()
+            plans.append(layer.last_plan)
+        samples = common.take_turns([lambda s=step: self.timed(s) for step in steps], self.args.repeats)
+        row_bytes = self.args.model_dim * self.torch.empty((), dtype=self.dtype).element_size()
+        counts = np.array([[p.rows_sent for p in plans], [p.dropped for p in plans]], dtype=np.float64)
+        most_sent = self.a2a.all_reduce(counts[0].copy(), comm=self.comm, op="max")
+        dropped = self.a2a.all_reduce(counts[1].copy(), comm=self.comm)
+        dropless_ms = statistics.median(samples[-1]) * 1e3
+        rows = []
+        for index, factor in enumerate([*factors, None]):
+            time_ms = statistics.median(samples[index]) * 1e3
+            rows.append({"dispatcher": "dropless" if factor is None else "capacity", "factor": factor,
+                         "tokens": self.args.tokens, "time_ms": time_ms, "vs_dropless": time_ms / dropless_ms,
+                         "rows_sent": int(most_sent[index]), "mib_sent": 4 * most_sent[index] * row_bytes / 2**20,
+                         "dropped": int(dropped[index]), "samples_ms": [t * 1e3 for t in samples[index]]})
+        return rows
+
     def peer_step(self, x: Any, factor: float) -> Callable[[], None]:
         peer = self.peer
 
@@ -757,6 +805,20 @@ def format_summary(s: dict) -> str:
     )
 
 
+_DROPLESS = "{:>11}  {:>6}  {:>7}  {:>10}  {:>11}  {:>9}  {:>9}  {:>8}"
+
+
+def dropless_header_lines() -> list[str]:
+    return ["#" + _DROPLESS.format("dispatcher", "factor", "tokens", "time(ms)", "vs dropless", "rows sent",
+                                   "MiB sent", "dropped")[1:]]
+
+
+def format_dropless(row: dict) -> str:
+    return _DROPLESS.format(row["dispatcher"], "-" if row["factor"] is None else f"{row['factor']:g}", row["tokens"],
+                            f"{row['time_ms']:.2f}", f"{row['vs_dropless']:.2f}x", row["rows_sent"],
+                            f"{row['mib_sent']:.2f}", row["dropped"])
+
+
 def switch_header_lines() -> list[str]:
     return ["#" + _SWITCH.format("tokens", "factor", "config", "switch(ms)", "steady(ms)", "cost(ms)",
                                  "cost/step", "control")[1:]]
@@ -944,6 +1006,16 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             say(f"#   T={s['tokens']} f={s['factor']:g}: {a['trials']} trials, {a['trials_without_prior']} without "
                 f"the prior ({a['trials_without_prior'] - a['trials']} saved; {a['skipped']} configurations of the "
                 f"measured r left out); choice {a['config']}")
+    dropless = bench.dropless_rows(args.dropless_factors)
+    if dropless:
+        say("#")
+        say(f"# dropless: the capacity dispatcher (r1/d1/linear) at each factor against dispatcher='dropless', "
+            f"T={args.tokens}; sent = the most any rank sends to the others per step (4 exchanges); dropped = "
+            "choices the capacity dropped, all ranks")
+        for line in dropless_header_lines():
+            say(line)
+        for row in dropless:
+            say(format_dropless(row))
     switched = [s for s in summaries if s["switch"]]
     if switched:
         say("#")
@@ -986,6 +1058,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             "rows": rows,
             "summaries": summaries,
             "targets": targets,
+            "dropless": dropless,
         }
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(record, fh, indent=1)

@@ -60,9 +60,9 @@ def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
 def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
                  weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
                  activation: Callable[[torch.Tensor], torch.Tensor], comm: a2a.Comm, algo: str,
-                 weight_grad_scale: float = 1.0) -> tuple[torch.Tensor, np.ndarray]:
-    """y (T, M) of this rank's tokens, and the rows each local expert
-    computed (n,). `weights`: this rank's (fc1 (n, H, M), fc1_bias (n, H) or
+                 weight_grad_scale: float = 1.0) -> tuple[torch.Tensor, np.ndarray, int]:
+    """y (T, M) of this rank's tokens, the rows each local expert computed
+    (n,), and the rows this rank sent to other ranks (in each exchange). `weights`: this rank's (fc1 (n, H, M), fc1_bias (n, H) or
     None, fc2 (n, H, M), fc2_bias (n, M) or None); `gates` (T, k) weigh the
     expert outputs at the combine (None: weight 1)."""
     fc1, fc1_bias, fc2, fc2_bias = weights
@@ -93,4 +93,5 @@ def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tenso
     back = a2a_torch.unpermute(computed, local_perm)  # the received order again
     returned, _ = a2a_torch.all_to_all_v(back, recv_counts, comm=comm, algo=algo)
     y = a2a_torch.unpermute(returned, perm, gates)
-    return y, per_source.sum(axis=0)
+    sent_to_others = int(send_counts.sum() - send_counts[comm.rank])
+    return y, per_source.sum(axis=0), sent_to_others

@@ -55,6 +55,7 @@ class Plan:
     capacity: int
     buffer_capacity: int
     dropped: int = 0
+    rows_sent: int | None = None  # rows this rank sends to other ranks in each exchange of the call
 
 
 @dataclass(frozen=True)

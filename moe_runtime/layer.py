@@ -283,7 +283,9 @@ class MoELayer(torch.nn.Module):
         layout = routing
         if rows != capacity or d > 1:
             layout = chunk_major(routing, indices, num_experts, d, chunk_rows, scores)
-        self.last_plan = Plan(r, d, algo, capacity, rows, routing.num_dropped)
+        # Each exchange sends E r C_b rows in all (blocks of the repeat r), 1/W of them to this rank itself.
+        sent = 0 if r == 0 else num_experts * r * rows * (self.comm.size - 1) // self.comm.size
+        self.last_plan = Plan(r, d, algo, capacity, rows, routing.num_dropped, sent)
 
         lease = self._pool.lease()
         buffer = lease.get("dispatch", (d * num_experts, chunk_rows, model_dim), tokens.dtype, tokens.device)
@@ -328,11 +330,11 @@ class MoELayer(torch.nn.Module):
         experts = self.experts
         weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
-        y, rows = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
-                               activation=experts.activation_fn, comm=self._exchange_comm, algo=algo,
-                               weight_grad_scale=scale)
+        y, rows, sent = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
+                                     activation=experts.activation_fn, comm=self._exchange_comm, algo=algo,
+                                     weight_grad_scale=scale)
         most = int(rows.max()) if rows.size else 0
-        self.last_plan = Plan(1, 1, algo, most, most, 0)
+        self.last_plan = Plan(1, 1, algo, most, most, 0, sent)
         return y
 
     # -- agreement and the dictionary ------------------------------------------

@@ -58,6 +58,8 @@ def test_dropless_equals_the_capacity_dispatcher_when_nothing_drops(comm):
     a, b = (run_layer(layer, comm, torch.float64) for layer in (padded, dropless))
     assert padded.last_plan.dropped == 0
     assert_matches(b, (*a, None), 1e-12, "dropless against capacity")
+    plan, world = padded.last_plan, comm.size
+    assert plan.rows_sent == num_experts * plan.buffer_capacity * (world - 1) // world  # every other rank's blocks
 
 
 def test_a_capacity_that_drops_is_not_what_dropless_computes(comm):
@@ -92,6 +94,7 @@ def test_every_rank_may_hold_a_different_number_of_tokens_and_experts_may_get_no
     want = gate * (hidden @ experts["batched_fc2_w"][0] + experts["batched_fc2_bias"][0])
     assert torch.allclose(y, want, atol=1e-12)
     assert layer.last_plan.capacity == (sum(5 + 2 * i for i in range(comm.size)) if comm.rank == 0 else 0)
+    assert layer.last_plan.rows_sent == (0 if comm.rank == 0 else x.shape[0])  # all to rank 0's expert 0
 
 
 def test_dropless_errors(comm):

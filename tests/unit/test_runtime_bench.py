@@ -218,6 +218,20 @@ def test_switch_cost_is_the_median_difference_of_the_pairs():
     assert all(len(row) == len(header) and _ends(row)[-1] == _ends(header)[-1] for row in rows)
 
 
+def test_dropless_rows_line_up_with_their_header():
+    header = bench.dropless_header_lines()[0]
+    rows = [{"dispatcher": "capacity", "factor": 1.25, "tokens": 256, "time_ms": 120.5, "vs_dropless": 1.1,
+             "rows_sent": 480, "mib_sent": 7.5, "dropped": 12},
+            {"dispatcher": "dropless", "factor": None, "tokens": 256, "time_ms": 109.5, "vs_dropless": 1.0,
+             "rows_sent": 384, "mib_sent": 6.0, "dropped": 0}]
+    for row in rows:
+        line = bench.format_dropless(row)
+        assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
+    assert bench.format_dropless(rows[1]).split() == ["dropless", "-", "256", "109.50", "1.00x", "384", "6.00", "0"]
+    assert bench.parse_args(["--dropless-factors", "1.5,3"]).dropless_factors == [1.5, 3.0]
+    assert bench.parse_args(["--dropless-factors", ""]).dropless_factors == []
+
+
 def _ends(line: str) -> list[int]:
     """Where each word ends ("vs best" is one column name)."""
     return [m.end() for m in re.finditer(r"\S+", line.replace("vs best", "vs_best"))]
@@ -322,7 +336,13 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
 
     table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
     switch_rows = len(quick["factors"]) * (2 + 1)  # per sweep case: r0, r1, all
-    assert len(table) == len(static) + len(summaries) + switch_rows
+    dropless = record["dropless"]
+    assert len(table) == len(static) + len(summaries) + switch_rows + len(dropless)
+    # The capacity dispatcher at each --dropless-factors against the dropless one.
+    assert [(r["dispatcher"], r["factor"]) for r in dropless] == [
+        *(("capacity", f) for f in quick["dropless_factors"]), ("dropless", None)]
+    assert dropless[-1]["dropped"] == 0 and dropless[-1]["vs_dropless"] == 1.0
+    assert all(r["time_ms"] > 0 and r["rows_sent"] > 0 and r["mib_sent"] > 0 for r in dropless)
     assert "# targets" in proc.stdout
     if plot is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
