@@ -672,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m a2a.bench",
         description="nccl-tests alltoall_perf-compatible sweep of the a2a all-to-all collectives, "
-        "with an MPI_Alltoall baseline measured in the same run.",
+        "with an MPI_Alltoall baseline (and, with --baseline mpi,gloo, torch.distributed gloo) measured in the same run.",
         epilog="--op encode|decode|permute|unpermute|all benchmarks the MoE kernels instead, in this process "
         "(see python -m a2a.bench --op all --help); --layout the layout kernels (--layout --help).",
         allow_abbrev=False,
