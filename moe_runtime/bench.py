@@ -275,6 +275,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     error = layout_error(args, args.np if args.np is not None else DEFAULT_NP)
     if error and not launch.under_mpirun():
         parser.error(error)
+    if args.plot:
+        from a2a.bench import plot
+
+        missing = plot.matplotlib_missing()
+        if missing is not None:  # refused now, not after a sweep of minutes
+            parser.error(missing)
     if args.no_peer or not args.peer_factors:
         args.peer_tokens = 0
     return args

@@ -86,6 +86,15 @@ def test_bad_flags_exit_with_usage(argv, capsys, monkeypatch):
     assert "error" in capsys.readouterr().err
 
 
+def test_plot_without_matplotlib_fails_before_the_run(monkeypatch, capsys):
+    from a2a.bench import plot
+
+    monkeypatch.setattr(plot, "matplotlib_missing", lambda flag="--plot": "--plot needs matplotlib (test)")
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(["--plot", "x.png"])
+    assert info.value.code == 2 and "--plot needs matplotlib (test)" in capsys.readouterr().err
+
+
 def test_experts_may_be_shared_by_ranks():
     assert bench.parse_args(["-E", "2", "--np", "4"]).experts == 2
     assert bench.layout_error(bench.parse_args(["-E", "16"]), 8) is None
