@@ -11,6 +11,7 @@ stream waits on; on CPU with a plain ``copy_`` into the separate pool.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -77,8 +78,13 @@ class ExpertCache:
 
     def fetch(self, active_experts: Iterable[int]) -> dict[int, int]:
         """Makes every expert of this batch resident; returns {expert: slot} (weights at ``pool[name][slot]``)."""
-        active = set(active_experts)
-        unknown = sorted(e for e in active if not (isinstance(e, int) and 0 <= e < self.num_experts))
+        active = set()
+        for expert in active_experts:
+            try:
+                active.add(operator.index(expert))  # ints, NumPy and 0-d torch integers
+            except TypeError:
+                raise ValueError(f"expert id {expert!r} is not an integer") from None
+        unknown = sorted(e for e in active if not 0 <= e < self.num_experts)
         if unknown:
             raise ValueError(f"expert ids {unknown} are unknown: the cache holds experts 0..{self.num_experts - 1}")
         if len(active) > self.num_slots:

@@ -145,3 +145,6 @@ def test_storage_errors():
         cache.fetch([1, 5, 9])
     with pytest.raises(ValueError, match=r"expert ids \[-1\]"):
         cache.fetch([-1])
+    with pytest.raises(ValueError, match=r"expert id 1.5 is not an integer"):
+        cache.fetch([1.5])
+    assert set(cache.fetch(torch.tensor([1, 3]))) == {1, 3}  # tensor elements are expert ids too
