@@ -61,6 +61,12 @@ def test_lifo_beats_fifo_on_repeated_serial_batches(size, slots, repeats):
     assert simulate(trace, slots, "lru").misses == size * repeats
 
 
+def test_lifo_can_lose_to_fifo():
+    # no general LIFO <= FIFO: 2 is inserted last, so LIFO evicts it for 1 and misses it again
+    trace = [{0, 2}, {1}, {2}]
+    assert (simulate(trace, 2, "lifo").misses, simulate(trace, 2, "fifo").misses) == (4, 3)
+
+
 def test_belady_is_a_lower_bound_on_random_traces():
     rng = random.Random(12)
     for _ in range(300):
