@@ -104,19 +104,25 @@ def _weights(experts=5, dim=6, hidden=4):
     }
 
 
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
+)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_slots_hold_exactly_the_fetched_experts(policy):
+def test_slots_hold_exactly_the_fetched_experts(policy, device):
     weights = _weights()
     rng = random.Random(5)
     trace = [set(rng.sample(range(5), rng.randint(1, 3))) for _ in range(40)]
-    cache = ExpertCache(3, policy, weights=weights, trace=trace)
+    cache = ExpertCache(3, policy, weights=weights, trace=trace, device=device)
     assert cache.pool["fc1_w"].data_ptr() != weights["fc1_w"].data_ptr()
+    assert all(w.is_pinned() for w in cache.host.values()) == (device == "cuda")
     for batch in trace:
         slots = cache.fetch(batch)
         assert set(slots) == batch and len(set(slots.values())) == len(batch)
         for expert, slot in slots.items():
             for name, w in weights.items():
-                assert torch.equal(cache.pool[name][slot], w[expert]), (name, expert, slot)
+                # on CUDA the compute stream waits for the copies: reading here must see them
+                assert torch.equal(cache.pool[name][slot].cpu(), w[expert]), (name, expert, slot)
     expected = simulate(trace, 3, policy) if policy != "belady" else None
     report = cache.report()
     per_expert = (4 * 6 + 4 * 6 + 4 + 6) * 4
