@@ -92,11 +92,13 @@ class PolicyCore:
         self.batch_index = 0
         self.stats = CacheStats()
         self.future: dict[int, list[int]] = {}
+        self.trace: list[set[int]] = []
         if policy == "belady":
             if trace is None:
                 raise ValueError("policy='belady' needs the whole future trace (trace=...)")
+            self.trace = [set(batch) for batch in trace]
             position = 0
-            for batch in trace:
+            for batch in self.trace:
                 for expert in sorted(set(batch)):
                     self.future.setdefault(expert, []).append(position)
                     position += 1
@@ -122,6 +124,14 @@ class PolicyCore:
     def access_batch(self, active: Iterable[int]) -> list[Access]:
         """Requests ``sorted(active)`` one by one; returns what happened to each."""
         batch = set(active)
+        if self.policy == "belady":
+            # MIN's choices are only right for the trace it was given
+            expected = self.trace[self.batch_index] if self.batch_index < len(self.trace) else None
+            if batch != expected:
+                raise ValueError(
+                    f"batch {self.batch_index} is {sorted(batch)} but belady's trace has "
+                    + (f"{sorted(expected)} there" if expected is not None else f"only {len(self.trace)} batches")
+                )
         accesses: list[Access] = []
         requested: set[int] = set()
         for expert in sorted(batch):

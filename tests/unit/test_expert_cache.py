@@ -92,6 +92,13 @@ def test_policy_errors():
         simulate([{0}], 1, "mru")
     with pytest.raises(ValueError, match="belady.*future trace"):
         PolicyCore(2, "belady")
+    core = PolicyCore(2, "belady", trace=[{0, 1}, {2}])
+    with pytest.raises(ValueError, match=r"batch 0 is \[1\] but belady's trace has \[0, 1\] there"):
+        core.access_batch({1})
+    core.access_batch({0, 1})
+    core.access_batch({2})
+    with pytest.raises(ValueError, match=r"batch 2 is \[0\] but belady's trace has only 2 batches"):
+        core.access_batch({0})
 
 
 def _weights(experts=5, dim=6, hidden=4):
