@@ -16,6 +16,8 @@ layout at every step.
 - :class:`MoELayer`, :func:`sync_shared_gradients` (layer.py)
 - :class:`AdaptiveDictionary` and its :class:`Config` (tuner.py); its prior,
   :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`)
+- :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
+  ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -25,6 +27,7 @@ layout at every step.
 from __future__ import annotations
 
 from .capacity import buffer_capacity, local_capacity, rule_capacity
+from .expert_cache import ExpertCache
 from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
 from .layer import MoELayer, sync_shared_gradients
@@ -38,6 +41,7 @@ __all__ = [
     "Config",
     "CosineTopKGate",
     "ExchangePrior",
+    "ExpertCache",
     "LinearTopKGate",
     "MoELayer",
     "Plan",

@@ -1,0 +1,43 @@
+"""python -m moe_runtime.bench_cache: the table's and the JSON's format, seeded traces, argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moe_runtime import bench_cache
+from moe_runtime.cache_policy import POLICIES
+
+
+def test_json_rows_cover_every_size_and_policy(capsys):
+    assert bench_cache.main(["--experts", "5", "--batches", "60", "--tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["slots"] for r in out["rows"]] == [1, 2, 3, 4, 5]
+    for row in out["rows"]:
+        assert all(0.0 <= row[p] <= 1.0 for p in POLICIES)
+        assert row["belady"] <= min(row[p] for p in POLICIES)
+        assert row["memory_saved"] == pytest.approx((5 - row["slots"]) / 5)
+    assert set(out["targets"]) >= {"lifo_le_fifo_at_every_size", "lifo_minus_min_mean"}
+
+
+def test_table_states_the_papers_targets(capsys):
+    assert bench_cache.main(["--experts", "4", "--batches", "30", "--tokens", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "LIFO <= FIFO at every size (paper, Fig. 12b):" in text and "LIFO - MIN: mean" in text
+    assert len([line for line in text.splitlines() if line.strip()[:1].isdigit()]) == 4
+
+
+def test_traces_are_seeded_and_sticky():
+    a = bench_cache.synthetic_trace(8, 50, 4, 1.2, 0.8, seed=1)
+    assert a == bench_cache.synthetic_trace(8, 50, 4, 1.2, 0.8, seed=1)
+    assert a != bench_cache.synthetic_trace(8, 50, 4, 1.2, 0.8, seed=2)
+    frozen = bench_cache.synthetic_trace(8, 20, 4, 1.2, 1.0, seed=3)
+    assert all(batch <= frozen[0] for batch in frozen)  # sticky=1 only ever reuses the first batch's experts
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--experts", "0"), ("--sticky", "1.5"), ("--zipf", "-1")])
+def test_bad_arguments_are_named(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        bench_cache.main([flag, value])
+    assert flag in capsys.readouterr().err
