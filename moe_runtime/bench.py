@@ -236,8 +236,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"{flag} must not be empty")
         if len(set(values)) != len(values):
             parser.error(f"{flag} has duplicates: {','.join(map(str, values))}")
-    if any(not (f > 0 and math.isfinite(f)) for f in args.dropless_factors):
-        parser.error("--dropless-factors: capacity factors must be positive and finite")
     if len(set(args.peer_factors)) != len(args.peer_factors):
         parser.error("--peer-factors has duplicates")
     common.require_at_least(parser, (
@@ -254,7 +252,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--threads", args.threads, 1),
         *(("--degrees", degree, 1) for degree in args.degrees),
     ))
-    for flag, values in (("--factors", args.factors), ("--peer-factors", args.peer_factors)):
+    for flag, values in (("--factors", args.factors), ("--peer-factors", args.peer_factors),
+                         ("--dropless-factors", args.dropless_factors)):
         if any(not (f > 0 and math.isfinite(f)) for f in values):
             parser.error(f"{flag}: capacity factors must be positive and finite, got {','.join(map(str, values))}")
     if not args.prior_factor > 1:

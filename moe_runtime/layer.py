@@ -321,11 +321,7 @@ class MoELayer(torch.nn.Module):
     def _dropless(self, tokens, decision, request: tuple) -> torch.Tensor:
         """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1."""
         r, d, algo = request
-        if r is not None and self._valid_r(r, "adaptive_r") != 1:
-            raise ValueError(f"MoELayer(dispatcher='dropless') runs r = 1 only, got adaptive_r={r}")
-        if d is not None and d != 1:
-            raise ValueError(f"MoELayer(dispatcher='dropless') runs d = 1 only (its rows have no capacity axis "
-                             f"to pipeline), got a2a_ffn_overlap_degree={d}")
+        _require_dropless_r_d(None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
         algo = self.default_algo if algo is None else algo
         experts = self.experts
         weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
@@ -412,16 +408,21 @@ def _check_dropless(layer: MoELayer) -> None:
     if layer.adaptive is not None:
         raise ValueError("MoELayer(dispatcher='dropless') runs r = 1, d = 1: there is nothing for the dictionary "
                          "(adaptive=, parallel_type='adaptive:auto') to choose")
-    if layer.adaptive_r != 1:
-        raise ValueError(f"MoELayer(dispatcher='dropless') runs r = 1 only, got parallel_type r = {layer.adaptive_r}")
-    if layer.a2a_ffn_overlap_degree != 1:
-        raise ValueError("MoELayer(dispatcher='dropless') runs d = 1 only (its rows have no capacity axis to "
-                         f"pipeline), got a2a_ffn_overlap_degree={layer.a2a_ffn_overlap_degree}")
+    _require_dropless_r_d(layer.adaptive_r, layer.a2a_ffn_overlap_degree, "parallel_type r")
     if not layer.is_postscore:
         raise ValueError("MoELayer(dispatcher='dropless') applies the gates at the combine: is_postscore must be True")
     if layer.batch_prioritized_routing:
         raise ValueError("MoELayer(dispatcher='dropless') drops nothing, so batch_prioritized_routing (which orders "
                          "who is dropped) has no meaning there")
+
+
+def _require_dropless_r_d(r: int | None, d: int | None, r_name: str) -> None:
+    """The dropless dispatcher's r and d (None: not given), at construction and per call."""
+    if r is not None and r != 1:
+        raise ValueError(f"MoELayer(dispatcher='dropless') runs r = 1 only, got {r_name}={r}")
+    if d is not None and d != 1:
+        raise ValueError("MoELayer(dispatcher='dropless') runs d = 1 only (its rows have no capacity axis to "
+                         f"pipeline), got a2a_ffn_overlap_degree={d}")
 
 
 def _shown(column: int, value: int) -> str:

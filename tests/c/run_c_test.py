@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 
-import a2a
+from c_programs import cmake_build, mpirun_env
+
 from a2a.launch import mpirun_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,20 +20,11 @@ CONFIGS = [(4, None), (4, 2), (3, 1)]  # (ranks, emulated local_size)
 
 def main() -> int:
     shutil.rmtree(BUILD, ignore_errors=True)
-    cmake = shutil.which("cmake") or "cmake"
-    subprocess.run(
-        [cmake, "-S", os.path.join(ROOT, "examples", "c"), "-B", BUILD, f"-Da2a_DIR={a2a.get_cmake_dir()}"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    subprocess.run([cmake, "--build", BUILD], check=True, stdout=subprocess.DEVNULL)
+    cmake_build(os.path.join(ROOT, "examples", "c"), BUILD)
     passed = failed = 0
     for ranks, local_size in CONFIGS:
-        env = dict(os.environ, A2A_TIMEOUT_S="60")
-        env.pop("A2A_LOCAL_SIZE", None)
-        if local_size:
-            env["A2A_LOCAL_SIZE"] = str(local_size)
-        code = subprocess.run(mpirun_command(ranks, [os.path.join(BUILD, "alltoall")]), env=env, timeout=300, check=False).returncode
+        command = mpirun_command(ranks, [os.path.join(BUILD, "alltoall")])
+        code = subprocess.run(command, env=mpirun_env(local_size), timeout=300, check=False).returncode
         label = f"C program, {ranks} ranks" + (f", local_size {local_size}" if local_size else "")
         print(f"{'PASS' if code == 0 else 'FAIL'}: {label}")
         passed += code == 0

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 
-import a2a
+from c_programs import cmake_build, mpirun_env
+
 from a2a.bench.nccl_format import Report, parse
 from a2a.launch import mpirun_command
 
@@ -63,19 +63,13 @@ RUNS = [
 
 
 def build() -> None:
-    cmake = shutil.which("cmake") or "cmake"
-    configure = [cmake, "-S", SOURCE, "-B", BUILD, f"-Da2a_DIR={a2a.get_cmake_dir()}"]
-    subprocess.run(configure, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run([cmake, "--build", BUILD, "--parallel", "2"], check=True, stdout=subprocess.DEVNULL)
+    cmake_build(SOURCE, BUILD, "--parallel", "2")
 
 
 def launch(program: str, ranks: int, local_size: int | None, args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, A2A_TIMEOUT_S="60")
-    env.pop("A2A_LOCAL_SIZE", None)
-    if local_size:
-        env["A2A_LOCAL_SIZE"] = str(local_size)
     command = mpirun_command(ranks, [os.path.join(BUILD, program), *args])
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(command, env=mpirun_env(local_size), capture_output=True, text=True, timeout=300,
+                          check=False)
 
 
 def expected_sizes(args: tuple[str, ...]) -> list[int]:

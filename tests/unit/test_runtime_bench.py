@@ -63,6 +63,7 @@ def test_flags():
         "--factors -1",
         "--factors 1,x",
         "--peer-factors 1,1",
+        "--dropless-factors 0",
         "-T 0",
         "-r 0",
         "-w -1",
