@@ -108,10 +108,10 @@ class PolicyCore:
         i = bisect.bisect_right(uses, self.clock - 1)  # the current request sits at position clock - 1
         return uses[i] if i < len(uses) else float("inf")
 
-    def _victim(self, batch: set[int], requested: set[int]) -> int:
+    def _victim(self, batch: set[int], requested: set[int], keep_batch: bool) -> int:
         residents = list(self.slot_of)
         if self.policy == "belady":
-            candidates = [e for e in residents if e not in requested] if self.keep_batch else residents
+            candidates = [e for e in residents if e not in requested] if keep_batch else residents
             return max(candidates, key=lambda e: (self._next_use(e), -e))
         inactive = [e for e in residents if e not in batch]
         candidates = inactive or residents
@@ -121,8 +121,19 @@ class PolicyCore:
             return min(candidates, key=lambda e: self.inserted[e])
         return min(candidates, key=lambda e: self.used[e])  # lru
 
-    def access_batch(self, active: Iterable[int]) -> list[Access]:
-        """Requests ``sorted(active)`` one by one; returns what happened to each."""
+    def forget_residents(self) -> None:
+        """Empties every slot (their contents are stale, e.g. the weights changed); stats and the trace position stay."""
+        self.slot_of.clear()
+        self.inserted.clear()
+        self.used.clear()
+        self.free = list(range(self.num_slots - 1, -1, -1))
+
+    def access_batch(self, active: Iterable[int], keep_batch: bool | None = None) -> list[Access]:
+        """Requests ``sorted(active)`` one by one; returns what happened to each.
+        ``keep_batch`` overrides the core's setting for this batch (False: an
+        expert already requested in the batch may be evicted, for a caller
+        that uses each expert before requesting the next)."""
+        keep_batch = self.keep_batch if keep_batch is None else keep_batch
         batch = set(active)
         if self.policy == "belady":
             # MIN's choices are only right for the trace it was given
@@ -145,7 +156,7 @@ class PolicyCore:
                 self.stats.misses += 1
                 hit = False
                 if not self.free:
-                    evicted = self._victim(batch, requested)
+                    evicted = self._victim(batch, requested, keep_batch)
                     self.free.append(self.slot_of.pop(evicted))
                     self.inserted.pop(evicted)
                     self.used.pop(evicted)

@@ -31,17 +31,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 import a2a
 
+from .activation import activate, activation_backward
 from .buffers import Lease
 from .pipeline import Overlap
 
 __all__ = ["Plan", "Segment", "chunk_major", "run_segment"]
-
-_RELU = (F.relu, torch.relu)
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -120,7 +117,6 @@ class Segment:
         # Never for a rank's own parameters: autograd keeps those gradients
         # as .grad, and a pooled buffer would be overwritten by the next step.
         self.pooled_weight_grads = pooled_weight_grads
-        self.relu = activation in _RELU
         self.inputs: list[torch.Tensor] = []  # expert input rows of every chunk (kept for the weight gradients)
         self.hidden: list[torch.Tensor] = []  # relu(h) for relu, else the pre-activation
 
@@ -238,11 +234,7 @@ class Segment:
             torch.bmm(x, fc1.transpose(1, 2), out=hidden)
         else:
             torch.baddbmm(fc1_bias.unsqueeze(1), x, fc1.transpose(1, 2), out=hidden)
-        if self.relu:
-            hidden.relu_()
-            torch.bmm(hidden, fc2, out=out)
-        else:
-            torch.bmm(self.activation(hidden), fc2, out=out)
+        torch.bmm(activate(self.activation, hidden), fc2, out=out)
 
     def _ffn_backward(self, i, grad_out, fc1, fc2, grad_fc1, grad_fc1_bias, grad_fc2, grad_x) -> None:
         x, hidden = self.inputs[i], self.hidden[i]
@@ -251,15 +243,9 @@ class Segment:
                                      grad_out.device)
         beta, alpha = (0 if i == 0 else 1), self.scale  # chunk 0 writes, the others add
         torch.bmm(grad_out, fc2.transpose(1, 2), out=grad_hidden)
-        if self.relu:
-            grad_fc2.baddbmm_(hidden.transpose(1, 2), grad_out, beta=beta, alpha=alpha)
-            grad_hidden.masked_fill_(hidden <= 0, 0)
-        else:
-            with torch.enable_grad():
-                pre = hidden.detach().requires_grad_(True)
-                activated = self.activation(pre)
-                (grad_pre,) = torch.autograd.grad(activated, pre, grad_hidden)
-            grad_fc2.baddbmm_(activated.detach().transpose(1, 2), grad_out, beta=beta, alpha=alpha)
+        activated, grad_pre = activation_backward(self.activation, hidden, grad_hidden)
+        grad_fc2.baddbmm_(activated.transpose(1, 2), grad_out, beta=beta, alpha=alpha)
+        if grad_pre is not grad_hidden:
             grad_hidden.copy_(grad_pre)
         grad_fc1.baddbmm_(grad_hidden.transpose(1, 2), x, beta=beta, alpha=alpha)
         if grad_fc1_bias is not None:

@@ -30,6 +30,7 @@ import a2a.torch as a2a_torch
 from .buffers import BufferPool
 from .capacity import RULES, buffer_capacity, local_capacity
 from .dropless import dropless_moe
+from .expert_cache import ExpertCache
 from .experts import EXPERT_TAG, FFNExperts
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
@@ -104,7 +105,10 @@ class MoELayer(torch.nn.Module):
     ones) or ``"sum"``. ``timer``: the clock of the dictionary's trials.
     ``dispatcher``: ``"capacity"`` (default: Tutel's padded buffers, every
     r and d) or ``"dropless"`` (moe_runtime.dropless: nothing dropped or
-    padded; r = 1, d = 1, whole experts on every rank).
+    padded; r = 1, d = 1, whole experts on every rank). ``expert_cache``: an
+    :class:`ExpertCache` (dropless only) that serves calls recording no
+    autograd graph (inference): this rank's experts' weights are held on the
+    host and only those receiving rows are brought into its device slots.
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
     adaptive_r=, algo=, gate_index=)`` -> y of x's shape, with ``y.l_aux``;
@@ -131,6 +135,7 @@ class MoELayer(torch.nn.Module):
         expert_gradient: str = "mean",
         timer: Callable[[], float] = time.perf_counter,
         dispatcher: str = "capacity",
+        expert_cache: ExpertCache | None = None,
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -178,6 +183,13 @@ class MoELayer(torch.nn.Module):
 
         if dispatcher == "dropless":
             _check_dropless(self)
+        if expert_cache is not None and not isinstance(expert_cache, ExpertCache):
+            raise TypeError(f"expert_cache must be a moe_runtime.ExpertCache, got {type(expert_cache).__name__}")
+        if expert_cache is not None and dispatcher != "dropless":
+            raise ValueError("expert_cache needs dispatcher='dropless': the padded flows compute every local expert, "
+                             "active or not, so there is nothing to leave on the host")
+        self.expert_cache = expert_cache
+        self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
 
         # Communicators, made once (Comm.split is collective): one per group
         # size g > 1 that some r needs, and one for the exchanges, so that a
@@ -256,7 +268,7 @@ class MoELayer(torch.nn.Module):
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
         if self.dispatcher == "dropless":
             self._agree(0, k, gate_index, request)
-            y = self._dropless(tokens, decision, request)
+            y = self._dropless(tokens, decision, request, cached=self.expert_cache is not None and not recording)
         else:
             factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
             mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
@@ -318,8 +330,9 @@ class MoELayer(torch.nn.Module):
             grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
 
-    def _dropless(self, tokens, decision, request: tuple) -> torch.Tensor:
-        """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1."""
+    def _dropless(self, tokens, decision, request: tuple, cached: bool) -> torch.Tensor:
+        """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1;
+        `cached`: the experts' weights come from the expert cache."""
         r, d, algo = request
         _require_dropless_r_d(None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
         algo = self.default_algo if algo is None else algo
@@ -328,10 +341,25 @@ class MoELayer(torch.nn.Module):
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
         y, rows, sent = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
                                      activation=experts.activation_fn, comm=self._exchange_comm, algo=algo,
-                                     weight_grad_scale=scale)
+                                     weight_grad_scale=scale,
+                                     expert_cache=self._bound_cache(tokens.device) if cached else None)
         most = int(rows.max()) if rows.size else 0
         self.last_plan = Plan(1, 1, algo, most, most, 0, sent)
         return y
+
+    def _bound_cache(self, device: torch.device) -> ExpertCache:
+        """The expert cache holding the current expert weights: (re)bound when
+        a parameter changed since (an optimizer step, a load) or the tokens
+        moved to another device."""
+        cache, experts = self.expert_cache, self.experts
+        named = {"fc1_w": experts.batched_fc1_w, "fc1_bias": experts.batched_fc1_bias,
+                 "fc2_w": experts.batched_fc2_w, "fc2_bias": experts.batched_fc2_bias}
+        weights = {name: p for name, p in named.items() if p is not None}
+        versions = (device, *((p.data_ptr(), p._version) for p in weights.values()))
+        if versions != self._cached_versions:
+            cache.bind(weights, device)
+            self._cached_versions = versions
+        return cache
 
     # -- agreement and the dictionary ------------------------------------------
     def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple) -> int:

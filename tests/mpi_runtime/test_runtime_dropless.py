@@ -116,3 +116,45 @@ def test_dropless_errors(comm):
     if comm.size > 1:  # E = W / 2: two ranks share each expert
         with pytest.raises(ValueError, match="whole experts on each rank"):
             make_layer(comm, comm.size // 2, dispatcher="dropless")
+
+
+@pytest.mark.parametrize("slots", [1, 2, 64], ids=["one-slot", "two-slots", "all-fit"])
+def test_the_expert_cache_serves_inference_bitwise_equal_to_the_uncached_layer(comm, slots):
+    """Inference with an ExpertCache equals the uncached dropless layer
+    bitwise, whether the batch's experts fit the slots at once (fetched before
+    the exchange) or not (fetched one at a time); training bypasses it, and an
+    optimizer step rebinds it to the new weights."""
+    num_experts = whole_expert_cases(comm)[0]
+    local = num_experts // comm.size
+    cache = moe_runtime.ExpertCache(min(slots, local), "lifo", record=True)
+    cached = make_layer(comm, num_experts, dispatcher="dropless", expert_cache=cache)
+    plain = make_layer(comm, num_experts, dispatcher="dropless")
+    x = tokens_of(comm.rank, torch.float64)
+    for step in range(3):
+        with torch.no_grad():
+            assert torch.equal(cached(x * (step + 1)), plain(x * (step + 1))), step
+    assert len(cache.recorded) == 3 and all(batch <= set(range(local)) for batch in cache.recorded)
+    report = cache.report()
+    assert report["requests"] == sum(map(len, cache.recorded)) and report["hits"] + report["misses"] == report["requests"]
+    if slots >= local:
+        assert report["misses"] == len(set().union(*cache.recorded))  # cold misses only
+
+    # A recording call trains on the parameters, not the cache.
+    requests = report["requests"]
+    y = cached(x)
+    assert y.requires_grad and cache.report()["requests"] == requests
+    optimizer = torch.optim.SGD(cached.parameters(), lr=0.5)
+    (y.square().sum()).backward()
+    optimizer.step()
+    with torch.no_grad():
+        for p, q in zip(plain.parameters(), cached.parameters()):
+            p.copy_(q)
+        assert torch.equal(cached(x), plain(x))  # the cache holds the stepped weights
+
+
+def test_the_expert_cache_needs_the_dropless_dispatcher(comm):
+    num_experts = whole_expert_cases(comm)[0]
+    with pytest.raises(ValueError, match="expert_cache needs dispatcher='dropless'"):
+        make_layer(comm, num_experts, expert_cache=moe_runtime.ExpertCache(1))
+    with pytest.raises(TypeError, match="expert_cache must be a moe_runtime.ExpertCache"):
+        make_layer(comm, num_experts, dispatcher="dropless", expert_cache=2)

@@ -41,3 +41,16 @@ def test_bad_arguments_are_named(flag, value, capsys):
     with pytest.raises(SystemExit):
         bench_cache.main([flag, value])
     assert flag in capsys.readouterr().err
+
+
+def test_from_layer_records_the_layers_trace_and_times_every_cache_size(capsys):
+    args = ["--from-layer", "--experts", "4", "--batches", "12", "--tokens", "3", "--model-dim", "8", "--hidden",
+            "16", "--timed-batches", "5", "--json"]
+    assert bench_cache.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["slots"] for r in out["rows"]] == [1, 2, 3, 4]
+    assert [r["slots"] for r in out["timing"]] == [0, 1, 2, 4]  # uncached, then 1, E/4 (=1), E/2, E
+    assert all(r["seconds"] > 0 and 0.0 <= r["miss_rate"] <= 1.0 for r in out["timing"])
+    inputs = bench_cache.layer_inputs(12, 3, 8, 0.8, seed=0)
+    trace = bench_cache.recorded_trace(inputs, 4, 8, 16)
+    assert len(trace) == 12 and all(1 <= len(batch) <= 3 and batch <= set(range(4)) for batch in trace)

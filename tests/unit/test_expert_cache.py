@@ -167,3 +167,32 @@ def test_storage_errors():
     with pytest.raises(ValueError, match=r"expert id 1.5 is not an integer"):
         cache.fetch([1.5])
     assert set(cache.fetch(torch.tensor([1, 3]))) == {1, 3}  # tensor elements are expert ids too
+
+
+def test_fetch_each_serves_more_experts_than_slots_one_at_a_time():
+    weights = _weights()
+    cache = ExpertCache(2, "lifo", weights=weights, record=True)
+    served = []
+    for expert, slot in cache.fetch_each([4, 0, 2]):
+        # the expert is resident while the caller uses it, before it asks for the next
+        assert all(torch.equal(cache.pool[n][slot], w[expert]) for n, w in weights.items())
+        served.append(expert)
+    assert served == [0, 2, 4]  # increasing id, the paper's serial order
+    # like simulate: the batch (0, 2, 4) on 2 slots, LIFO evicts 2 (the last in) for 4
+    assert (cache.stats.misses, cache.stats.evictions) == (3, 1) and set(cache.core.slot_of) == {0, 4}
+    assert cache.recorded == [frozenset({0, 2, 4})]
+
+
+def test_an_unbound_cache_is_bound_later_and_rebinding_forgets_the_residents():
+    cache = ExpertCache(2)
+    assert not cache.bound and cache.memory_saved == 0
+    with pytest.raises(RuntimeError, match="no weights yet"):
+        cache.fetch([0])
+    weights = _weights()
+    cache.bind(weights, "cpu")
+    cache.fetch([0, 1])
+    changed = {name: w + 1 for name, w in weights.items()}
+    cache.bind(changed, "cpu")
+    slots = cache.fetch([0])
+    assert cache.stats.misses == 3  # 0 is fetched again: its slot held the old weights
+    assert torch.equal(cache.pool["fc1_w"][slots[0]], changed["fc1_w"][0])

@@ -1,0 +1,97 @@
+"""The experts' FFN on rows grouped by expert (the dropless layout), with a hand-written backward.
+
+rows (R, M), expert e's rows at [offsets[e], offsets[e + 1]) (n experts,
+R = offsets[n]; an expert may have none)::
+
+    out[rows of e] = act(rows_e @ fc1[e]^T + fc1_bias[e]) @ fc2[e] + fc2_bias[e]
+    fc1, fc2 (n, H, M); fc1_bias (n, H); fc2_bias (n, M) (biases may be None)
+
+The forward keeps rows and one (R, H) hidden tensor (relu's output or the
+pre-activation, activation.py) for the backward, instead of autograd's graph
+of every expert's ops; the backward writes each weight gradient once with the
+layer's 1/W (`weight_grad_scale`) folded into its matmul, like the padded
+flows' segment (flows.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from .activation import Activation, activate, activation_backward
+
+__all__ = ["ExpertWeights", "ffn_rows", "ragged_ffn"]
+
+# One expert's (fc1 (H, M), fc1_bias (H,) or None, fc2 (H, M), fc2_bias (M,) or None).
+ExpertWeights = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
+
+
+def _bias(bias: torch.Tensor | None, e: int) -> torch.Tensor | None:
+    return None if bias is None else bias[e]
+
+
+def ffn_rows(rows: torch.Tensor, offsets: Sequence[int], experts: Iterable[tuple[int, ExpertWeights]],
+             activation: Activation, out: torch.Tensor, hidden: torch.Tensor) -> None:
+    """out[rows of e] for every (e, weights) of `experts` (in any order; an
+    expert without rows is skipped); `hidden` (R, H) receives what the
+    backward needs. Experts not listed leave their rows of `out` unwritten."""
+    for e, (fc1, fc1_bias, fc2, fc2_bias) in experts:
+        lo, hi = offsets[e], offsets[e + 1]
+        if lo == hi:
+            continue
+        h = hidden[lo:hi]
+        if fc1_bias is None:
+            torch.mm(rows[lo:hi], fc1.t(), out=h)
+        else:
+            torch.addmm(fc1_bias, rows[lo:hi], fc1.t(), out=h)
+        activated = activate(activation, h)
+        if fc2_bias is None:
+            torch.mm(activated, fc2, out=out[lo:hi])
+        else:
+            torch.addmm(fc2_bias, activated, fc2, out=out[lo:hi])
+
+
+class _RaggedFFN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, scale):
+        hidden = rows.new_empty((rows.shape[0], fc1.shape[1]))
+        out = rows.new_empty((rows.shape[0], fc2.shape[2]))
+        weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
+        ffn_rows(rows, offsets, weights, activation, out, hidden)
+        ctx.save_for_backward(rows, hidden, fc1, fc2)
+        ctx.offsets, ctx.activation, ctx.scale = offsets, activation, scale
+        ctx.with_bias = (fc1_bias is not None, fc2_bias is not None)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        rows, hidden, fc1, fc2 = ctx.saved_tensors
+        offsets, scale = ctx.offsets, ctx.scale
+        grad_out = grad_out.contiguous()
+        grad_rows = torch.empty_like(rows)
+        grad_fc1, grad_fc2 = torch.zeros_like(fc1), torch.zeros_like(fc2)  # experts without rows get 0
+        grad_fc1_bias = fc1.new_zeros(fc1.shape[:2]) if ctx.with_bias[0] else None
+        grad_fc2_bias = fc2.new_zeros((fc2.shape[0], fc2.shape[2])) if ctx.with_bias[1] else None
+        for e in range(fc1.shape[0]):
+            lo, hi = offsets[e], offsets[e + 1]
+            if lo == hi:
+                continue
+            grad = grad_out[lo:hi]
+            activated, grad_pre = activation_backward(ctx.activation, hidden[lo:hi], grad @ fc2[e].t())
+            grad_fc2[e].addmm_(activated.t(), grad, beta=0, alpha=scale)
+            grad_fc1[e].addmm_(grad_pre.t(), rows[lo:hi], beta=0, alpha=scale)
+            if grad_fc1_bias is not None:
+                torch.sum(grad_pre, dim=0, out=grad_fc1_bias[e]).mul_(scale)
+            if grad_fc2_bias is not None:
+                torch.sum(grad, dim=0, out=grad_fc2_bias[e]).mul_(scale)
+            torch.mm(grad_pre, fc1[e], out=grad_rows[lo:hi])
+        return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias, None, None, None
+
+
+def ragged_ffn(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+               fc2: torch.Tensor, fc2_bias: torch.Tensor | None, activation: Activation,
+               weight_grad_scale: float = 1.0) -> torch.Tensor:
+    """out (R, M) of every local expert on its rows (see the module docstring); differentiable."""
+    return _RaggedFFN.apply(rows, fc1, fc1_bias, fc2, fc2_bias, list(offsets), activation, weight_grad_scale)
