@@ -17,7 +17,9 @@ One call (docs/runtime.md draws the data at every step)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +36,8 @@ from .experts import EXPERT_TAG, FFNExperts
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
 from .pipeline import Overlap, check_thread_level
+from .placement import as_assignment
+from .relocation import Moved, move_experts
 from .tuner import AdaptiveDictionary, Config
 
 __all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
@@ -192,6 +196,13 @@ class MoELayer(torch.nn.Module):
         self._step_seconds: float | None = None
         self.l_aux: torch.Tensor | None = None
         self.last_plan: Plan | None = None
+        # Placement (place()): logical expert e sits at physical position
+        # _positions[e] = rank * n + slot, the same table on every rank; the
+        # gate's choices are mapped through it before dispatch.
+        self._positions = np.arange(self.num_global_experts, dtype=np.int64)
+        self._position_table: torch.Tensor | None = None  # _positions on the tokens' device, None for identity
+        # A list: each call appends this rank's (E,) counts of routed choices per logical expert.
+        self.routing_trace: list[np.ndarray] | None = None
 
     # -- construction helpers --------------------------------------------------
     def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
@@ -222,9 +233,103 @@ class MoELayer(torch.nn.Module):
 
     def gather_experts(self, *, grad: bool = False) -> dict[str, torch.Tensor]:
         """Every expert whole on every rank (collective): batched_fc1_w (E, H, M),
-        batched_fc2_w (E, H, M), batched_fc1_bias (E, H), batched_fc2_bias (E, M).
+        batched_fc2_w (E, H, M), batched_fc1_bias (E, H), batched_fc2_bias (E, M),
+        indexed by logical expert whatever the placement.
         ``grad=True``: their gradients instead (zeros where there is none)."""
-        return self.experts.gather_experts(self.comm, grad=grad)
+        whole = self.experts.gather_experts(self.comm, grad=grad)
+        if self._position_table is None:
+            return whole
+        positions = torch.from_numpy(self._positions)
+        return {name: tensor.index_select(0, positions.to(tensor.device)) for name, tensor in whole.items()}
+
+    # -- placement (the Deployment paper, Section VII; moe_runtime.placement) --
+    @property
+    def placement(self) -> np.ndarray:
+        """(W, n) int64: the logical experts each rank holds, slot by slot."""
+        by_position = np.empty_like(self._positions)
+        by_position[self._positions] = np.arange(self._positions.size)
+        return by_position.reshape(self.comm.size, -1)
+
+    def place(self, assignment: Any, optimizer: torch.optim.Optimizer | None = None) -> Moved:
+        """Collective: rank w holds the experts of row w of `assignment` ((W, n),
+        every expert once, the same on every rank) from now on. Each expert that
+        changes rank is sent once, point to point, with its gradients and, given
+        `optimizer`, its state (tensors shaped like the parameter move; scalar
+        state such as Adam's step must agree across ranks). The layer's function
+        is unchanged: the gate keeps logical ids, mapped to positions at dispatch.
+        Returns what this rank sent."""
+        if self.experts.sharers > 1:
+            raise ValueError(f"MoELayer.place moves whole experts, but {self.experts.sharers} ranks share each of "
+                             f"the {self.num_global_experts} experts (num_experts_per_device < 0): there is no "
+                             "placement to choose")
+        problem, table, state_print = None, np.full(self.num_global_experts, -1, dtype=np.int64), 0
+        try:
+            table = as_assignment(assignment, self.num_global_experts, self.comm.size).reshape(-1)
+            tensors, state_print = self._placed_tensors(optimizer)
+        except ValueError as error:
+            problem = f"MoELayer.place on rank {self.comm.rank}: {error}"
+        row = np.concatenate([[problem is None, optimizer is not None, state_print], table]).astype(np.int64)
+        rows = a2a.all_gather(row, comm=self.comm).reshape(self.comm.size, -1)
+        if problem is not None:
+            raise ValueError(problem)
+        bad = np.flatnonzero(rows[:, 0] == 0).tolist()
+        if bad:
+            raise a2a.RemoteError(f"MoELayer.place on rank {self.comm.rank}: the assignment or optimizer of "
+                                  f"rank(s) {bad} is invalid (their error says why); no expert moved")
+        checks = ((slice(3, None), "assignment"), (slice(1, 2), "optimizer (given or not)"),
+                  (slice(2, 3), "optimizer state (keys, dtypes, gradients or scalar state such as step)"))
+        for columns, what in checks:
+            differ = np.flatnonzero((rows[:, columns] != rows[0, columns]).any(axis=1)).tolist()
+            if differ:
+                raise a2a.MismatchError(f"MoELayer.place on rank {self.comm.rank}: ranks {differ} passed a "
+                                        f"different {what} than rank 0; every rank must pass the same; no expert moved")
+        new = np.empty_like(self._positions)
+        new[table] = np.arange(table.size)
+        moved = move_experts(tensors, self._positions, new, self.comm)
+        self._positions = new
+        identity = (new == np.arange(new.size)).all()
+        self._position_table = None if identity else torch.from_numpy(new)
+        return moved
+
+    def _placed_tensors(self, optimizer: torch.optim.Optimizer | None) -> tuple[list[torch.Tensor], int]:
+        """Every per-expert tensor place() moves (parameters, gradients,
+        optimizer state of the parameter's shape) and a fingerprint of their
+        structure and of the scalar state, which every rank must share."""
+        held = set()
+        if optimizer is not None:
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        tensors, described = [], []
+        for name, parameter in self.experts.named_parameters():
+            tensors.append(parameter)
+            if parameter.grad is not None:
+                tensors.append(parameter.grad)
+            described.append((name, parameter.grad is not None))
+            if optimizer is not None:
+                if id(parameter) not in held:
+                    raise ValueError(f"the optimizer does not hold the expert parameter {name}; pass the optimizer "
+                                     "that trains this layer (or none)")
+                tensors += self._per_expert_state(optimizer.state.get(parameter, {}), parameter, name, described)
+        for tensor in tensors:
+            if not tensor.is_contiguous():
+                raise ValueError(f"a tensor of shape {tuple(tensor.shape)} among the expert parameters, gradients "
+                                 "and optimizer state is not contiguous: place moves contiguous tensors only")
+        return tensors, zlib.crc32(repr(described).encode())
+
+    @staticmethod
+    def _per_expert_state(state: dict, parameter: torch.Tensor, name: str, described: list) -> list[torch.Tensor]:
+        """The optimizer state of `parameter` that place() moves (tensors of its
+        shape); scalar state (e.g. Adam's step) goes into `described` only."""
+        moving = []
+        for key, value in sorted(state.items()):
+            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape == parameter.shape:
+                moving.append(value)
+                described.append((key, str(value.dtype)))
+            elif isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+                described.append((key, repr(float(value))))
+            elif value is not None:
+                raise ValueError(f"optimizer state {key!r} of {name} is neither per expert (shape "
+                                 f"{tuple(parameter.shape)}) nor a scalar: place cannot move it")
+        return moving
 
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
@@ -253,6 +358,12 @@ class MoELayer(torch.nn.Module):
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
         decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
                           is_gshard_loss=self.is_gshard_loss)
+        if self.routing_trace is not None:
+            counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
+            self.routing_trace.append(counts.cpu().numpy())
+        if self._position_table is not None:  # logical experts -> their positions after place()
+            table = self._position_table.to(decision.indices.device)
+            decision = dataclasses.replace(decision, indices=table[decision.indices])
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
         if self.dispatcher == "dropless":
             self._agree(0, k, gate_index, request)
