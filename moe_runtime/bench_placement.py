@@ -1,7 +1,7 @@
 """Expert placement: Max Load and Avg Max Load of the placements, and what ``MoELayer.place`` costs.
 
     python -m moe_runtime.bench_placement [--np 4] [--experts-per-rank 4] [--batches 400]
-                                          [--tokens 4096] [--seed 0] [--json out.json]
+                                          [--tokens 4096] [--seed 0] [--trials 1] [--json out.json]
 
 Started plainly it runs itself under mpirun on ``--np`` ranks (a2a.launch).
 Three traces of (batches, E) counts, E = W x ``--experts-per-rank``, each
@@ -15,6 +15,8 @@ layer's), greedy and anti-correlation:
 * ``correlated``: ``--topics`` groups of experts (shuffled ids); each batch
   has one topic whose experts get ``--boost`` times the weight: experts of
   a topic rise and fall together, with equal means.
+
+``--trials N``: the synthetic rows are means over N seeds.
 * ``layer``: recorded from an MoELayer (``routing_trace``): dropless,
   top-2, M = H = ``--dim``, on tokens from ``--topics`` clusters with Zipf
   popularity (the gate maps each cluster mostly to a few experts), summed
@@ -73,6 +75,26 @@ def evaluate(name: str, trace: np.ndarray, ranks: int) -> dict:
         row[f"{policy}_avg_max_load"] = result["avg_max_load"]
         row[f"{policy}_assignment"] = result["assignment"].tolist()
     return row
+
+
+def synthetic_rows(args: argparse.Namespace, experts: int, ranks: int) -> list[dict]:
+    """The skewed and correlated rows; with --trials N, the metrics are means over
+    seeds seed .. seed + N - 1 (the assignment shown is the first seed's)."""
+    trials = {"skewed": [], "correlated": []}
+    for seed in range(args.seed, args.seed + args.trials):
+        rng = np.random.default_rng(seed)
+        trials["skewed"].append(evaluate("skewed", skewed_trace(experts, args.batches, args.tokens, args.zipf, rng),
+                                         ranks))
+        trace = correlated_trace(experts, args.batches, args.tokens, args.topics, args.boost, rng)
+        trials["correlated"].append(evaluate("correlated", trace, ranks))
+    rows = []
+    for runs in trials.values():
+        row = dict(runs[0], trials=len(runs))
+        for key in row:
+            if key.endswith("load"):
+                row[key] = float(np.mean([run[key] for run in runs]))
+        rows.append(row)
+    return rows
 
 
 class LayerRun:
@@ -160,10 +182,7 @@ def _bench(args: argparse.Namespace) -> int:
     experts = ranks * args.experts_per_rank
     rows = []
     if lead:
-        rng = np.random.default_rng(args.seed)
-        rows.append(evaluate("skewed", skewed_trace(experts, args.batches, args.tokens, args.zipf, rng), ranks))
-        rows.append(evaluate("correlated", correlated_trace(experts, args.batches, args.tokens, args.topics,
-                                                            args.boost, rng), ranks))
+        rows += synthetic_rows(args, experts, ranks)
     trace = run.record()
     layer_row = evaluate("layer", trace, ranks)
     inputs = [run.tokens(max(1, args.tokens // (2 * ranks))) for _ in range(args.steps)]
@@ -177,7 +196,7 @@ def _bench(args: argparse.Namespace) -> int:
     if not lead:
         return 0
     print(f"Max Load / Avg Max Load, fitted on the first half, measured on the second; W = {ranks}, "
-          f"E = {experts}, floor 1/W = {1 / ranks:.3f}")
+          f"E = {experts}, floor 1/W = {1 / ranks:.3f}; synthetic rows: mean of {args.trials} seed(s)")
     print(f"{'trace':>10} " + " ".join(f"{p:>22}" for p in POLICY_NAMES))
     for row in rows:
         print(f"{row['trace']:>10} " + " ".join(
@@ -209,9 +228,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="timed training steps before and after place")
     parser.add_argument("--repeats", type=int, default=5, help="placements timed (back and forth)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trials", type=int, default=1, help="synthetic traces: mean over this many seeds")
     parser.add_argument("--json", help="write the rows, config and command to this file")
     args = parser.parse_args(argv)
-    for name in ("experts_per_rank", "batches", "tokens", "topics", "dim", "steps", "repeats"):
+    for name in ("experts_per_rank", "batches", "tokens", "topics", "dim", "steps", "repeats", "trials"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if args.batches < 2:
