@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
 from .pipeline import Overlap, check_thread_level
 from .placement import as_assignment
-from .relocation import Moved, move_experts
+from .relocation import Moved, move_experts, placed_tensors
 from .tuner import AdaptiveDictionary, Config
 
 __all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
@@ -265,7 +264,7 @@ class MoELayer(torch.nn.Module):
         problem, table, state_print = None, np.full(self.num_global_experts, -1, dtype=np.int64), 0
         try:
             table = as_assignment(assignment, self.num_global_experts, self.comm.size).reshape(-1)
-            tensors, state_print = self._placed_tensors(optimizer)
+            tensors, state_print = placed_tensors(self.experts, optimizer)
         except ValueError as error:
             problem = f"MoELayer.place on rank {self.comm.rank}: {error}"
         row = np.concatenate([[problem is None, optimizer is not None, state_print], table]).astype(np.int64)
@@ -290,46 +289,6 @@ class MoELayer(torch.nn.Module):
         identity = (new == np.arange(new.size)).all()
         self._position_table = None if identity else torch.from_numpy(new)
         return moved
-
-    def _placed_tensors(self, optimizer: torch.optim.Optimizer | None) -> tuple[list[torch.Tensor], int]:
-        """Every per-expert tensor place() moves (parameters, gradients,
-        optimizer state of the parameter's shape) and a fingerprint of their
-        structure and of the scalar state, which every rank must share."""
-        held = set()
-        if optimizer is not None:
-            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        tensors, described = [], []
-        for name, parameter in self.experts.named_parameters():
-            tensors.append(parameter)
-            if parameter.grad is not None:
-                tensors.append(parameter.grad)
-            described.append((name, parameter.grad is not None))
-            if optimizer is not None:
-                if id(parameter) not in held:
-                    raise ValueError(f"the optimizer does not hold the expert parameter {name}; pass the optimizer "
-                                     "that trains this layer (or none)")
-                tensors += self._per_expert_state(optimizer.state.get(parameter, {}), parameter, name, described)
-        for tensor in tensors:
-            if not tensor.is_contiguous():
-                raise ValueError(f"a tensor of shape {tuple(tensor.shape)} among the expert parameters, gradients "
-                                 "and optimizer state is not contiguous: place moves contiguous tensors only")
-        return tensors, zlib.crc32(repr(described).encode())
-
-    @staticmethod
-    def _per_expert_state(state: dict, parameter: torch.Tensor, name: str, described: list) -> list[torch.Tensor]:
-        """The optimizer state of `parameter` that place() moves (tensors of its
-        shape); scalar state (e.g. Adam's step) goes into `described` only."""
-        moving = []
-        for key, value in sorted(state.items()):
-            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape == parameter.shape:
-                moving.append(value)
-                described.append((key, str(value.dtype)))
-            elif isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-                described.append((key, repr(float(value))))
-            elif value is not None:
-                raise ValueError(f"optimizer state {key!r} of {name} is neither per expert (shape "
-                                 f"{tuple(parameter.shape)}) nor a scalar: place cannot move it")
-        return moving
 
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,

@@ -19,6 +19,7 @@ optimizer's references to them stay valid.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ import torch
 
 import a2a
 
-__all__ = ["Moved", "move_experts"]
+__all__ = ["Moved", "move_experts", "placed_tensors"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,49 @@ class Moved:
 
     experts_sent: int
     bytes_sent: int
+
+
+def placed_tensors(experts: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+                   ) -> tuple[list[torch.Tensor], int]:
+    """Every per-expert tensor a placement moves (the parameters of `experts`,
+    their gradients, the optimizer state shaped like them) and a fingerprint
+    of their structure and of the scalar state (e.g. Adam's step, shared by
+    all experts of a parameter), which every rank must share."""
+    held = set()
+    if optimizer is not None:
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    tensors, described = [], []
+    for name, parameter in experts.named_parameters():
+        tensors.append(parameter)
+        if parameter.grad is not None:
+            tensors.append(parameter.grad)
+        described.append((name, parameter.grad is not None))
+        if optimizer is not None:
+            if id(parameter) not in held:
+                raise ValueError(f"the optimizer does not hold the expert parameter {name}; pass the optimizer "
+                                 "that trains this layer (or none)")
+            tensors += _per_expert_state(optimizer.state.get(parameter, {}), parameter, name, described)
+    for tensor in tensors:
+        if not tensor.is_contiguous():
+            raise ValueError(f"a tensor of shape {tuple(tensor.shape)} among the expert parameters, gradients "
+                             "and optimizer state is not contiguous: place moves contiguous tensors only")
+    return tensors, zlib.crc32(repr(described).encode())
+
+
+def _per_expert_state(state: dict, parameter: torch.Tensor, name: str, described: list) -> list[torch.Tensor]:
+    """The optimizer state of `parameter` that moves (tensors of its shape);
+    scalar state goes into `described` only."""
+    moving = []
+    for key, value in sorted(state.items()):
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape == parameter.shape:
+            moving.append(value)
+            described.append((key, str(value.dtype)))
+        elif isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+            described.append((key, repr(float(value))))
+        elif value is not None:
+            raise ValueError(f"optimizer state {key!r} of {name} is neither per expert (shape "
+                             f"{tuple(parameter.shape)}) nor a scalar: place cannot move it")
+    return moving
 
 
 def _bytes_of(tensor: torch.Tensor, n: int) -> torch.Tensor:

@@ -170,6 +170,10 @@ def test_place_errors(comm):
     other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(ValueError, match="the optimizer does not hold the expert parameter batched_fc1_w"):
         layer.place([[0, 1, 2, 3]], other)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    optimizer.state[layer.experts.batched_fc2_w]["history"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="optimizer state 'history' of batched_fc2_w is neither per expert"):
+        layer.place([[0, 1, 2, 3]], optimizer)
     assert layer.placement.tolist() == [[0, 1, 2, 3]]  # nothing moved
     shared = moe_runtime.MoELayer({"type": "top", "k": 1}, 6, {"type": "ffn", "num_experts_per_device": -1,
                                                                "hidden_size_per_expert": 4}, comm=comm, seeds=(1, 2))
