@@ -18,6 +18,9 @@ layout at every step.
   :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`)
 - :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
   ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
+- expert placement: ``MoELayer.place`` (moves whole experts, relocation.py)
+  and the policies and metrics of :mod:`moe_runtime.placement` (greedy,
+  anti-correlation, Max Load), ``python -m moe_runtime.bench_placement``
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -26,6 +29,7 @@ layout at every step.
 
 from __future__ import annotations
 
+from . import placement
 from .capacity import buffer_capacity, local_capacity, rule_capacity
 from .expert_cache import ExpertCache
 from .flows import Plan
@@ -50,6 +54,7 @@ __all__ = [
     "load_importance_loss",
     "local_capacity",
     "moe_reference",
+    "placement",
     "rule_capacity",
     "sync_shared_gradients",
     "z_loss",

@@ -17,6 +17,7 @@ One call (docs/runtime.md draws the data at every step)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +36,8 @@ from .experts import EXPERT_TAG, FFNExperts
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
 from .pipeline import Overlap, check_thread_level
+from .placement import as_assignment
+from .relocation import Moved, move_experts, placed_tensors
 from .tuner import AdaptiveDictionary, Config
 
 __all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
@@ -204,6 +207,13 @@ class MoELayer(torch.nn.Module):
         self._step_seconds: float | None = None
         self.l_aux: torch.Tensor | None = None
         self.last_plan: Plan | None = None
+        # Placement (place()): logical expert e sits at physical position
+        # _positions[e] = rank * n + slot, the same table on every rank; the
+        # gate's choices are mapped through it before dispatch.
+        self._positions = np.arange(self.num_global_experts, dtype=np.int64)
+        self._position_table: torch.Tensor | None = None  # _positions on the tokens' device, None for identity
+        # A list: each call appends this rank's (E,) counts of routed choices per logical expert.
+        self.routing_trace: list[np.ndarray] | None = None
 
     # -- construction helpers --------------------------------------------------
     def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
@@ -234,9 +244,63 @@ class MoELayer(torch.nn.Module):
 
     def gather_experts(self, *, grad: bool = False) -> dict[str, torch.Tensor]:
         """Every expert whole on every rank (collective): batched_fc1_w (E, H, M),
-        batched_fc2_w (E, H, M), batched_fc1_bias (E, H), batched_fc2_bias (E, M).
+        batched_fc2_w (E, H, M), batched_fc1_bias (E, H), batched_fc2_bias (E, M),
+        indexed by logical expert whatever the placement.
         ``grad=True``: their gradients instead (zeros where there is none)."""
-        return self.experts.gather_experts(self.comm, grad=grad)
+        whole = self.experts.gather_experts(self.comm, grad=grad)
+        if self._position_table is None:
+            return whole
+        positions = torch.from_numpy(self._positions)
+        return {name: tensor.index_select(0, positions.to(tensor.device)) for name, tensor in whole.items()}
+
+    # -- placement (the Deployment paper, Section VII; moe_runtime.placement) --
+    @property
+    def placement(self) -> np.ndarray:
+        """(W, n) int64: the logical experts each rank holds, slot by slot."""
+        by_position = np.empty_like(self._positions)
+        by_position[self._positions] = np.arange(self._positions.size)
+        return by_position.reshape(self.comm.size, -1)
+
+    def place(self, assignment: Any, optimizer: torch.optim.Optimizer | None = None) -> Moved:
+        """Collective: rank w holds the experts of row w of `assignment` ((W, n),
+        every expert once, the same on every rank) from now on. Each expert that
+        changes rank is sent once, point to point, with its gradients and, given
+        `optimizer`, its state (tensors shaped like the parameter move; scalar
+        state such as Adam's step must agree across ranks). The layer's function
+        is unchanged: the gate keeps logical ids, mapped to positions at dispatch.
+        Returns what this rank sent."""
+        if self.experts.sharers > 1:
+            raise ValueError(f"MoELayer.place moves whole experts, but {self.experts.sharers} ranks share each of "
+                             f"the {self.num_global_experts} experts (num_experts_per_device < 0): there is no "
+                             "placement to choose")
+        problem, table, state_print = None, np.full(self.num_global_experts, -1, dtype=np.int64), 0
+        try:
+            table = as_assignment(assignment, self.num_global_experts, self.comm.size).reshape(-1)
+            tensors, state_print = placed_tensors(self.experts, optimizer)
+        except ValueError as error:
+            problem = f"MoELayer.place on rank {self.comm.rank}: {error}"
+        row = np.concatenate([[problem is None, optimizer is not None, state_print], table]).astype(np.int64)
+        rows = a2a.all_gather(row, comm=self.comm).reshape(self.comm.size, -1)
+        if problem is not None:
+            raise ValueError(problem)
+        bad = np.flatnonzero(rows[:, 0] == 0).tolist()
+        if bad:
+            raise a2a.RemoteError(f"MoELayer.place on rank {self.comm.rank}: the assignment or optimizer of "
+                                  f"rank(s) {bad} is invalid (their error says why); no expert moved")
+        checks = ((slice(3, None), "assignment"), (slice(1, 2), "optimizer (given or not)"),
+                  (slice(2, 3), "optimizer state (keys, dtypes, gradients or scalar state such as step)"))
+        for columns, what in checks:
+            differ = np.flatnonzero((rows[:, columns] != rows[0, columns]).any(axis=1)).tolist()
+            if differ:
+                raise a2a.MismatchError(f"MoELayer.place on rank {self.comm.rank}: ranks {differ} passed a "
+                                        f"different {what} than rank 0; every rank must pass the same; no expert moved")
+        new = np.empty_like(self._positions)
+        new[table] = np.arange(table.size)
+        moved = move_experts(tensors, self._positions, new, self.comm)
+        self._positions = new
+        identity = (new == np.arange(new.size)).all()
+        self._position_table = None if identity else torch.from_numpy(new)
+        return moved
 
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
@@ -265,6 +329,12 @@ class MoELayer(torch.nn.Module):
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
         decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
                           is_gshard_loss=self.is_gshard_loss)
+        if self.routing_trace is not None:
+            counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
+            self.routing_trace.append(counts.cpu().numpy())
+        if self._position_table is not None:  # logical experts -> their positions after place()
+            table = self._position_table.to(decision.indices.device)
+            decision = dataclasses.replace(decision, indices=table[decision.indices])
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
         if self.dispatcher == "dropless":
             self._agree(0, k, gate_index, request)
