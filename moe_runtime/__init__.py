@@ -18,6 +18,9 @@ layout at every step.
   :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`)
 - :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
   ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
+- :class:`DynamicCapacity`, the per-expert capacity policy of
+  ``MoELayer(dispatcher="dynamic")`` (dynamic_capacity.py; its flow is
+  ragged.py), and :class:`CapacityTracker`, its state
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -27,6 +30,7 @@ layout at every step.
 from __future__ import annotations
 
 from .capacity import buffer_capacity, local_capacity, rule_capacity
+from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
 from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
@@ -38,8 +42,10 @@ from .tuner import AdaptiveDictionary, Config
 
 __all__ = [
     "AdaptiveDictionary",
+    "CapacityTracker",
     "Config",
     "CosineTopKGate",
+    "DynamicCapacity",
     "ExchangePrior",
     "ExpertCache",
     "LinearTopKGate",

@@ -32,7 +32,9 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-__all__ = ["dropless_moe"]
+__all__ = ["dropless_moe", "expert_ffn", "scale_weight_gradients"]
+
+Weights = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
 
 
 class _ScaledGradient(torch.autograd.Function):
@@ -47,6 +49,24 @@ class _ScaledGradient(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.scale, None
+
+
+def scale_weight_gradients(weights: Weights, scale: float) -> Weights:
+    """The weights (fc1, fc1_bias, fc2, fc2_bias), their gradients scaled by
+    `scale` (the layer's 1/W for "mean"; unchanged for 1)."""
+    if scale == 1.0:
+        return weights
+    return tuple(None if w is None else _ScaledGradient.apply(w, scale) for w in weights)
+
+
+def expert_ffn(rows: torch.Tensor, weights: Weights, expert: int,
+               activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Local expert `expert`'s FFN on its rows (R, M) -> (R, M):
+    fc2^T act(fc1 x + b1) + b2."""
+    fc1, fc1_bias, fc2, fc2_bias = weights
+    hidden = torch.nn.functional.linear(rows, fc1[expert], None if fc1_bias is None else fc1_bias[expert])
+    return torch.nn.functional.linear(activation(hidden), fc2[expert].t(),
+                                      None if fc2_bias is None else fc2_bias[expert])
 
 
 def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
@@ -65,13 +85,9 @@ def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tenso
     (n,), and the rows this rank sent to other ranks (in each exchange). `weights`: this rank's (fc1 (n, H, M), fc1_bias (n, H) or
     None, fc2 (n, H, M), fc2_bias (n, M) or None); `gates` (T, k) weigh the
     expert outputs at the combine (None: weight 1)."""
-    fc1, fc1_bias, fc2, fc2_bias = weights
-    local = fc1.shape[0]
+    local = weights[0].shape[0]
     num_experts = local * comm.size
-    if weight_grad_scale != 1.0:
-        fc1, fc2 = (_ScaledGradient.apply(w, weight_grad_scale) for w in (fc1, fc2))
-        fc1_bias, fc2_bias = (None if b is None else _ScaledGradient.apply(b, weight_grad_scale)
-                              for b in (fc1_bias, fc2_bias))
+    weights = scale_weight_gradients(weights, weight_grad_scale)
 
     x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
     per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
@@ -83,13 +99,8 @@ def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tenso
     expert_of_row = torch.from_numpy(expert_of_row).to(tokens.device).view(-1, 1)
     by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
     offsets = local_perm.offsets.tolist()
-    outputs = []
-    for e in range(local):
-        rows = by_expert[offsets[e] : offsets[e + 1]]
-        hidden = torch.nn.functional.linear(rows, fc1[e], None if fc1_bias is None else fc1_bias[e])
-        outputs.append(torch.nn.functional.linear(activation(hidden), fc2[e].t(),
-                                                  None if fc2_bias is None else fc2_bias[e]))
-    computed = torch.cat(outputs)
+    computed = torch.cat([expert_ffn(by_expert[offsets[e] : offsets[e + 1]], weights, e, activation)
+                          for e in range(local)])
     back = a2a_torch.unpermute(computed, local_perm)  # the received order again
     returned, _ = a2a_torch.all_to_all_v(back, recv_counts, comm=comm, algo=algo)
     y = a2a_torch.unpermute(returned, perm, gates)
