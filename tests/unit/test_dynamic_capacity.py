@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
-from moe_runtime import CapacityTracker, DynamicCapacity  # noqa: E402
+from moe_runtime import CapacityTracker, DynamicCapacity
 
 
 def tracker(num_experts=3, **settings):
