@@ -14,8 +14,8 @@ from runtime_util import (
     reference,
     run_layer,
     tokens_of,
-    two_level,
     whole_expert_cases,
+    whole_expert_runs,
 )
 
 import a2a
@@ -24,14 +24,8 @@ import a2a
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_dropless_equals_the_reference_that_drops_nothing(comm, dtype, tolerance, k):
-    algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
-    for num_experts in whole_expert_cases(comm):
-        layer = make_layer(comm, num_experts, dtype, k=k, dispatcher="dropless")
-        want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
-        for algo in algos:
-            got = run_layer(layer, comm, dtype, algo=algo)
-            assert_matches(got, want, tolerance, f"dropless E={num_experts} k={k} {algo} {dtype}")
-            assert layer.last_plan.dropped == 0 and (layer.last_plan.r, layer.last_plan.d) == (1, 1)
+    for layer, what in whole_expert_runs(comm, "dropless", dtype, tolerance, k):
+        assert layer.last_plan.dropped == 0 and (layer.last_plan.r, layer.last_plan.d) == (1, 1), what
 
 
 def test_dropless_equals_the_capacity_dispatcher_when_nothing_drops(comm):

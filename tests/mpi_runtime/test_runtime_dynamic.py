@@ -17,8 +17,8 @@ from runtime_util import (
     reference,
     run_layer,
     tokens_of,
-    two_level,
     whole_expert_cases,
+    whole_expert_runs,
 )
 
 import a2a
@@ -40,18 +40,12 @@ def demand_of(layer, x, k) -> np.ndarray:
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_dynamic_equals_the_reference_that_drops_nothing(comm, dtype, tolerance, k):
-    algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
-    for num_experts in whole_expert_cases(comm):
-        layer = make_layer(comm, num_experts, dtype, k=k, dispatcher="dynamic")
-        want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
-        for algo in algos:
-            got = run_layer(layer, comm, dtype, algo=algo)
-            assert_matches(got, want, tolerance, f"dynamic E={num_experts} k={k} {algo} {dtype}")
-            plan = layer.last_plan
-            assert plan.dropped == 0 and (plan.r, plan.d) == (1, 1)
-            assert len(plan.capacities) == num_experts and plan.capacity == max(plan.capacities)
-            table = gathered(plan.capacities, comm)
-            assert (table == table[0]).all(), f"the ranks' capacities differ: {table.tolist()}"
+    for layer, what in whole_expert_runs(comm, "dynamic", dtype, tolerance, k):
+        plan = layer.last_plan
+        assert plan.dropped == 0 and (plan.r, plan.d) == (1, 1), what
+        assert len(plan.capacities) == layer.num_global_experts and plan.capacity == max(plan.capacities)
+        table = gathered(plan.capacities, comm)
+        assert (table == table[0]).all(), f"{what}: the ranks' capacities differ: {table.tolist()}"
 
 
 def test_dynamic_with_gates_at_the_dispatch(comm):
