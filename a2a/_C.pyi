@@ -55,6 +55,25 @@ def route(
 ) -> tuple[int, int, int]:
     """a2a_route: fills locations, counts and offsets; returns (capacity, num_rows, num_dropped)."""
 
+def route_capacities(
+    exec: _Exec,
+    comm: Comm | None,
+    indices: int,
+    index_dtype: int,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    token_order: int,
+    capacities: list[int],
+    workspace: int,
+    workspace_bytes: int,
+    locations: int,
+    counts: int,
+    offsets: int,
+) -> tuple[int, int, list[int]]:
+    """a2a_route_capacities: fills locations, counts and offsets; returns
+    (num_rows, num_dropped, the per-expert capacities agreed across ranks)."""
+
 def moe_dispatch(
     exec: _Exec,
     routing: _RoutingFields,

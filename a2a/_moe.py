@@ -1,7 +1,8 @@
 """Tutel's fast encode / decode and the dropless permute / unpermute.
 
 ``fast_encode`` scatters tokens into the (E, C, M) buffer that the
-all-to-all moves and ``fast_decode`` gathers them back with the gates (the
+all-to-all moves (the ragged (sum of C_e, M) buffer with per-expert
+capacities C_e) and ``fast_decode`` gathers them back with the gates (the
 routing comes from ``a2a.route``); ``permute`` / ``unpermute`` do the same
 without a capacity (rows packed by expert, for ``all_to_all_v``).
 docs/moe_kernels.md shows the layouts.
@@ -22,7 +23,7 @@ from typing import Any
 
 from ._arrays import records_autograd
 from ._errors import InvalidArgumentError
-from ._moe_kernels import combine, dispatch, dispatched_rows
+from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape
 from ._routing import Routing, permutation, require_dropless, require_padded
 
 __all__ = ["fast_decode", "fast_encode", "permute", "unpermute"]
@@ -41,7 +42,8 @@ def _records_autograd(op: str, out: Any, *arrays: Any) -> bool:
 def fast_encode(x: Any, routing: Routing, gates: Any = None, *, out: Any = None) -> Any:
     """x (T, M) -> dispatched (E, C, M): ``dispatched[e, loc] = g * x[t]`` for
     every kept choice (g = 1 without gates: apply them at decode), unused
-    slots zero. ``gates`` (T, k) are float32 or x's dtype."""
+    slots zero. ``gates`` (T, k) are float32 or x's dtype. With per-expert
+    capacities the result is (num_rows, M): ``dispatched[offsets[e] + loc]``."""
     op = "fast_encode"
     routing = require_padded(routing, op)
     if _records_autograd(op, out, x, gates):
@@ -49,12 +51,13 @@ def fast_encode(x: Any, routing: Routing, gates: Any = None, *, out: Any = None)
 
         return autograd.fast_encode(x, routing, gates)
     rows = dispatch(x, routing, gates, op, out)
-    return rows.reshape(routing.num_experts, routing.capacity, rows.shape[1])
+    return rows.reshape(dispatched_shape(routing, rows.shape[1]))
 
 
 def fast_decode(dispatched: Any, routing: Routing, gates: Any = None, *, out: Any = None) -> Any:
     """dispatched (E, C, M) -> y (T, M): ``y[t] = sum_k g_k * dispatched[e_k, loc_k]``
-    over kept choices, accumulated in float32 (float64 for float64)."""
+    over kept choices, accumulated in float32 (float64 for float64).
+    ``dispatched`` is (num_rows, M) with per-expert capacities."""
     op = "fast_decode"
     routing = require_padded(routing, op)
     if _records_autograd(op, out, dispatched, gates):

@@ -17,7 +17,7 @@ from ._arrays import DTYPE_CODES, ArrayView, address_of, argument_view, empty_li
 from ._errors import InvalidArgumentError
 from ._routing import Routing, native_routing, routing_view
 
-__all__ = ["combine", "dispatch", "dispatched_rows", "gate_grad"]
+__all__ = ["combine", "dispatch", "dispatched_rows", "dispatched_shape", "gate_grad"]
 
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
@@ -111,9 +111,22 @@ def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str
     return grad
 
 
+def dispatched_shape(routing: Routing, model_dim: int) -> tuple[int, ...]:
+    """The dispatched buffer of a padded routing: (E, C, M) for one capacity,
+    (num_rows, M) for per-expert capacities (the ragged layout)."""
+    if routing.per_expert:
+        return (routing.num_rows, model_dim)
+    return (routing.num_experts, routing.capacity, model_dim)
+
+
 def dispatched_rows(dispatched: Any, routing: Routing, op: str) -> Any:
-    """The (E, C, M) buffer of a padded routing as (E*C, M) rows (a view)."""
+    """The dispatched buffer of a padded routing as (num_rows, M) rows (a view)."""
     d = argument_view(dispatched, "dispatched", op)
+    if routing.per_expert:
+        if len(d.shape) != 2 or d.shape[0] != routing.num_rows or d.dtype_name not in FLOAT_DTYPES:
+            _fail(op, f"dispatched must be (num_rows, model_dim) = ({routing.num_rows}, M) of "
+                      f"{', '.join(FLOAT_DTYPES)} (per-expert capacities); got {d.describe()}")
+        return d.obj
     experts, capacity = routing.num_experts, routing.capacity
     if len(d.shape) != 3 or d.shape[:2] != (experts, capacity) or d.dtype_name not in FLOAT_DTYPES:
         _fail(

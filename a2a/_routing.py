@@ -1,7 +1,8 @@
 """MoE routing: where every (token, choice) of a gate's top-k goes.
 
-``route`` hands out slots in Tutel's order under a capacity (the capacity
-rules are in its docstring and docs/moe_kernels.md); ``permutation`` is the
+``route`` hands out slots in Tutel's order under a capacity, one for all
+experts or one per expert (the capacity rules are in its docstring and
+docs/moe_kernels.md); ``permutation`` is the
 dropless routing of ``permute``. A :class:`Routing` keeps the tables that the
 kernels read to itself: what it hands out are copies, so nothing done to them
 can send a kernel out of bounds.
@@ -24,6 +25,7 @@ __all__ = ["Routing", "native_routing", "permutation", "require_dropless", "requ
 
 INDEX_DTYPES = ("int32", "int64")
 DROPLESS = -1  # A2A_CAPACITY_DROPLESS
+PER_EXPERT = -2  # A2A_CAPACITY_PER_EXPERT
 INT64_MAX = 2**63 - 1  # the core takes counts and capacities as int64_t
 # The routing's offsets, num_experts + 1 int64 values, must fit in an array.
 MAX_EXPERTS = INT64_MAX // 8 - 1
@@ -37,8 +39,9 @@ def _fail(op: str, message: str):
 class Routing:
     """Where every (token, choice) goes: see docs/moe_kernels.md.
 
-    Made by :func:`a2a.route` (the padded (E, C, M) layout of a capacity)
-    and :func:`a2a.permute` (the dropless layout); it cannot be built or
+    Made by :func:`a2a.route` (the padded (E, C, M) layout of a capacity, or
+    the ragged (sum of C_e, M) layout of per-expert capacities C_e) and
+    :func:`a2a.permute` (the dropless layout); it cannot be built or
     changed by hand. Its arrays have the framework and device of the indices
     it was made from: ``indices`` (T, k), ``locations`` (T, k) int64,
     ``counts`` (E,) int64 choices kept per expert, ``offsets`` (E + 1,) int64
@@ -53,8 +56,8 @@ class Routing:
         raise TypeError("an a2a.Routing is made by a2a.route or a2a.permute, not directly")
 
     @classmethod
-    def _create(cls, indices: ArrayView, locations: Any, counts: Any, offsets: Any, capacity: int | None,
-                num_rows: int, num_dropped: int) -> Routing:
+    def _create(cls, indices: ArrayView, locations: Any, counts: Any, offsets: Any,
+                capacity: int | tuple[int, ...] | None, num_rows: int, num_dropped: int) -> Routing:
         self = object.__new__(cls)
         self._indices = indices  # a view of the private copy of the caller's indices
         self._locations, self._counts, self._offsets = locations, counts, offsets
@@ -99,7 +102,8 @@ class Routing:
 
     @property
     def offsets(self) -> Any:
-        """(E + 1,) int64: first row of each expert (e * C, or prefix sums of counts when dropless)."""
+        """(E + 1,) int64: first row of each expert (e * C; the prefix sums of the per-expert
+        capacities; or of counts when dropless)."""
         return self._show(self._offsets)
 
     @property
@@ -138,9 +142,19 @@ class Routing:
         return len(self._counts)
 
     @property
-    def capacity(self) -> int | None:
-        """C, the rows per expert; None for the dropless layout of permute."""
+    def capacity(self) -> int | np.ndarray | None:
+        """C, the rows per expert; with per-expert capacities (``route(...,
+        capacity=<(E,) array>)``) a new read-only (E,) int64 NumPy array of
+        them (as agreed across ranks); None for the dropless layout of permute."""
+        if isinstance(self._capacity, tuple):
+            return self._show(np.array(self._capacity, dtype=np.int64))
         return self._capacity
+
+    @property
+    def per_expert(self) -> bool:
+        """Whether every expert has its own capacity (the ragged layout: expert
+        e owns rows offsets[e] .. offsets[e + 1] - 1 of a (num_rows, M) buffer)."""
+        return isinstance(self._capacity, tuple)
 
     @property
     def dropless(self) -> bool:
@@ -149,7 +163,8 @@ class Routing:
 
     @property
     def num_rows(self) -> int:
-        """Rows of the dispatched buffer: E * C, or the routed choices when dropless."""
+        """Rows of the dispatched buffer: E * C, the sum of the per-expert capacities, or the routed
+        choices when dropless."""
         return self._num_rows
 
     @property
@@ -158,7 +173,8 @@ class Routing:
         return self._num_dropped
 
     def __repr__(self) -> str:
-        layout = "dropless" if self._capacity is None else f"capacity={self._capacity}"
+        capacity = list(self._capacity) if isinstance(self._capacity, tuple) else self._capacity
+        layout = "dropless" if capacity is None else f"capacity={capacity}"
         sizes = f"num_tokens={self.num_tokens}, top_k={self.top_k}, num_experts={self.num_experts}, {layout}"
         rows = f"num_rows={self._num_rows}, num_dropped={self._num_dropped}"
         return f"a2a.Routing({sizes}, {rows}, on {self._indices.framework} {self._indices.device_text})"
@@ -181,7 +197,7 @@ def native_routing(routing: Routing) -> tuple:
         address_of(routing._locations),
         address_of(routing._counts),
         address_of(routing._offsets),
-        DROPLESS if routing._capacity is None else routing._capacity,
+        DROPLESS if routing._capacity is None else PER_EXPERT if routing.per_expert else routing._capacity,
         routing._num_rows,
     )
 
@@ -290,37 +306,52 @@ class _Tables:
         self.workspace = empty_like(idx, (workspace_bytes,), "uint8")
 
 
-def _locate(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int, setting: float, order: Any,
-            comm: Comm | None) -> Routing:
-    """Runs the core's route (collective with a comm) into `tables`."""
+def _locate(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int | list[int], setting: float,
+            order: Any, comm: Comm | None) -> Routing:
+    """Runs the core's route (collective with a comm) into `tables`: one
+    capacity (an int), or one per expert (a list)."""
     num_tokens, top_k = idx.shape
+    problem = (tables.execution, None if comm is None else comm._native, idx.address, idx.dtype_code, num_tokens,
+               top_k, num_experts, 0 if order is None else address_of(order))
+    outputs = (address_of(tables.workspace), tables.workspace.nbytes, address_of(tables.locations),
+               address_of(tables.counts), address_of(tables.offsets))
     with idx.device_guard():
-        final_capacity, num_rows, num_dropped = _C.route(
-            tables.execution,
-            None if comm is None else comm._native,
-            idx.address,
-            idx.dtype_code,
-            num_tokens,
-            top_k,
-            num_experts,
-            0 if order is None else address_of(order),
-            capacity,
-            setting,
-            address_of(tables.workspace),
-            tables.workspace.nbytes,
-            address_of(tables.locations),
-            address_of(tables.counts),
-            address_of(tables.offsets),
-        )
-    capacity_or_none = None if final_capacity < 0 else final_capacity
-    return Routing._create(idx, tables.locations, tables.counts, tables.offsets, capacity_or_none, num_rows, num_dropped)
+        if isinstance(capacity, list):
+            num_rows, num_dropped, agreed = _C.route_capacities(*problem, capacity, *outputs)
+            kept: int | tuple[int, ...] | None = tuple(agreed)
+        else:
+            final_capacity, num_rows, num_dropped = _C.route(*problem, capacity, setting, *outputs)
+            kept = None if final_capacity < 0 else final_capacity
+    return Routing._create(idx, tables.locations, tables.counts, tables.offsets, kept, num_rows, num_dropped)
+
+
+def _is_per_expert(capacity: Any) -> bool:
+    """Whether `capacity` is an array-like of per-expert capacities (not one number)."""
+    shape = getattr(capacity, "shape", None)
+    if shape is not None:
+        return len(shape) >= 1
+    return isinstance(capacity, (list, tuple, range))
+
+
+def _per_expert_capacities(capacity: Any, num_experts: int, op: str) -> list[int]:
+    """The (E,) capacities as a list of ints >= 0 with an int64 sum."""
+    shape = getattr(capacity, "shape", None)
+    if shape is not None and len(shape) != 1:
+        _fail(op, f"capacity must be one number or a 1-D array of one per expert; got shape {tuple(shape)}")
+    values = capacity.tolist() if hasattr(capacity, "tolist") else list(capacity)
+    if len(values) != num_experts:
+        _fail(op, f"capacity has {len(values)} entries; expected one per expert (num_experts = {num_experts})")
+    capacities = [_as_int(value, f"capacity[{e}]", op, 0) for e, value in enumerate(values)]
+    if sum(capacities) > INT64_MAX:
+        _fail(op, f"the capacities sum to {sum(capacities)}, more than 2**63 - 1 rows")
+    return capacities
 
 
 def route(
     indices: Any,
     num_experts: int,
     *,
-    capacity: int | None = None,
+    capacity: Any = None,
     capacity_setting: float | None = None,
     scores: Any = None,
     batch_prioritized: bool = False,
@@ -332,13 +363,18 @@ def route(
     negative means not routed. ``capacity`` fixes the rows per expert;
     otherwise ``capacity_setting`` x (default 1.0): x > 0 gives ceil(k*x*T/E),
     x == 0 the smallest capacity that drops nothing, x < 0 like 0 but at most
-    ceil(k*(-x)*T/E). All first choices take slots before any second choice;
+    ceil(k*(-x)*T/E). ``capacity`` may also be an array-like of E integers
+    >= 0 (a list, NumPy array or tensor): one capacity per expert (DynaMoE),
+    the ragged layout where expert e owns ``capacity[e]`` rows from
+    ``offsets[e]`` (``routing.capacity`` is then that array). All first
+    choices take slots before any second choice;
     ``batch_prioritized=True`` orders tokens by descending ``scores`` ((T,)
     or (T, n), C-contiguous, beside the indices). With ``comm`` the call is
-    collective, the capacity is the maximum over the ranks, and a local error
+    collective, the capacity (each expert's, when per expert) is the maximum
+    over the ranks, and a local error
     is raised on every rank (RemoteError on the others). Choices beyond the
     capacity are dropped (``num_dropped``). ``num_experts`` and ``capacity``
-    are at most 2**63 - 1.
+    (or the sum of the per-expert ones) are at most 2**63 - 1.
     """
     op = "route"
     if comm is not None and not isinstance(comm, Comm):
@@ -348,7 +384,9 @@ def route(
         num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
         if capacity is not None and capacity_setting is not None:
             _fail(op, "pass either capacity or capacity_setting, not both")
-        if capacity is not None:
+        if _is_per_expert(capacity):
+            capacity = _per_expert_capacities(capacity, num_experts, op)
+        elif capacity is not None:
             capacity = _as_int(capacity, "capacity", op, 1)
         setting = 1.0 if capacity_setting is None else _as_float(capacity_setting, "capacity_setting", op)
         order = _token_order(scores, idx, op) if batch_prioritized else None
@@ -362,7 +400,7 @@ def route(
             message = f"{type(error).__name__}: {message}"
         comm._native.report_invalid(op, f"{op} on rank {comm.rank} of {comm.size}: {message}")
         raise  # not reached: report_invalid raises
-    return _locate(idx, tables, num_experts, capacity or 0, setting, order, comm)
+    return _locate(idx, tables, num_experts, 0 if capacity is None else capacity, setting, order, comm)
 
 
 def permutation(indices: Any, num_experts: Any, op: str) -> Routing:

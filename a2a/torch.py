@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ._errors import InvalidArgumentError
-from ._moe_kernels import combine, dispatch, dispatched_rows, gate_grad
+from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape, gate_grad
 from ._routing import Routing, permutation, require_dropless, require_padded
 from ._torch_collectives import (
     all_gather,
@@ -90,7 +90,8 @@ class _GatedKernel(torch.autograd.Function):
 
 def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None, *,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, M) -> dispatched (E, C, M); see a2a.fast_encode.
+    """x (T, M) -> dispatched (E, C, M), or (num_rows, M) with per-expert
+    capacities; see a2a.fast_encode.
 
     ``out=`` (a buffer that does not require grad, as for a2a.fast_encode)
     receives the result, which still records autograd: the backward reads
@@ -100,12 +101,13 @@ def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = 
     if out is not None and out.requires_grad:
         raise InvalidArgumentError("fast_encode: out= must not require grad")
     rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x", (out, None))
-    return rows.view(routing.num_experts, routing.capacity, rows.shape[1])
+    return rows.view(dispatched_shape(routing, rows.shape[1]))
 
 
 def fast_decode(dispatched: torch.Tensor, routing: Routing, gates: torch.Tensor | None = None, *,
                 grad_buffer: torch.Tensor | None = None) -> torch.Tensor:
-    """dispatched (E, C, M) -> y (T, M); see a2a.fast_decode.
+    """dispatched (E, C, M), or (num_rows, M) with per-expert capacities -> y (T, M);
+    see a2a.fast_decode.
 
     ``grad_buffer=`` (a contiguous tensor of dispatched's shape, dtype and
     device that does not require grad) receives dispatched's gradient in the

@@ -93,6 +93,19 @@ a2a_status_t create_comm(a2a_comm_t* comm, Make&& make) {
   });
 }
 
+// A route call: under the comm's call gate when it is collective (a local
+// route needs none); fn(impl) returns the info.
+template <typename Fn>
+a2a_status_t routed(a2a_comm_t comm, a2a_route_info_t* info, Fn&& fn) {
+  return guarded([&] {
+    require_out(info, "info");
+    a2a::Comm* impl = comm == nullptr ? nullptr : require_handle(comm, "comm")->impl.get();
+    std::optional<a2a::CallGuard> guard;
+    if (impl != nullptr) guard.emplace(impl->call_gate(), "route", impl->rank());
+    *info = fn(impl);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -326,13 +339,21 @@ a2a_status_t a2a_route(const a2a_exec_t* exec, a2a_comm_t comm, const void* indi
                        int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
                        int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
                        int64_t* locations, int64_t* counts, int64_t* expert_offsets, a2a_route_info_t* info) {
-  return guarded([&] {
-    require_out(info, "info");
-    a2a::Comm* impl = comm == nullptr ? nullptr : require_handle(comm, "comm")->impl.get();
-    std::optional<a2a::CallGuard> guard;  // a local route needs none
-    if (impl != nullptr) guard.emplace(impl->call_gate(), "route", impl->rank());
-    *info = a2a::moe::route(exec, impl, indices, index_dtype, num_tokens, top_k, num_experts, token_order, capacity,
-                            capacity_setting, workspace, workspace_bytes, locations, counts, expert_offsets);
+  return routed(comm, info, [&](a2a::Comm* impl) {
+    return a2a::moe::route(exec, impl, indices, index_dtype, num_tokens, top_k, num_experts, token_order, capacity,
+                           capacity_setting, workspace, workspace_bytes, locations, counts, expert_offsets);
+  });
+}
+
+a2a_status_t a2a_route_capacities(const a2a_exec_t* exec, a2a_comm_t comm, const void* indices,
+                                  a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                  const int64_t* token_order, const int64_t* capacities, void* workspace,
+                                  size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                                  int64_t* expert_offsets, int64_t* final_capacities, a2a_route_info_t* info) {
+  return routed(comm, info, [&](a2a::Comm* impl) {
+    return a2a::moe::route_capacities(exec, impl, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
+                                      capacities, workspace, workspace_bytes, locations, counts, expert_offsets,
+                                      final_capacities);
   });
 }
 

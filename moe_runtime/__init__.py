@@ -21,6 +21,9 @@ layout at every step.
 - expert placement: ``MoELayer.place`` (moves whole experts, relocation.py)
   and the policies and metrics of :mod:`moe_runtime.placement` (greedy,
   anti-correlation, Max Load), ``python -m moe_runtime.bench_placement``
+- :class:`DynamicCapacity`, the per-expert capacity policy of
+  ``MoELayer(dispatcher="dynamic")`` (dynamic_capacity.py; its flow is
+  ragged.py), and :class:`CapacityTracker`, its state
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 from . import placement
 from .capacity import buffer_capacity, local_capacity, rule_capacity
+from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
 from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
@@ -42,8 +46,10 @@ from .tuner import AdaptiveDictionary, Config
 
 __all__ = [
     "AdaptiveDictionary",
+    "CapacityTracker",
     "Config",
     "CosineTopKGate",
+    "DynamicCapacity",
     "ExchangePrior",
     "ExpertCache",
     "LinearTopKGate",

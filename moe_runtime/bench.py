@@ -66,6 +66,12 @@ minutes on 4 ranks sharing 2 cores). In each case:
   turns: step times, the rows and MiB the busiest rank sends to the others
   per step (four exchanges), and the choices the capacity dropped.
 
+* ``dynamic`` (after those; needs E >= W): ``--dynamic-steps`` steps of a
+  skewed synthetic routing whose hot expert moves, for the static factor that
+  drops nothing on them, ``dispatcher="dropless"`` and ``dispatcher="dynamic"``
+  (per-expert capacities): step times, drops, rows per expert and capacity
+  changes (moe_runtime.bench_dynamic).
+
 Timing: one sample is one training step, forward and backward of ``y.sum()
 + y.l_aux`` (grads cleared before), after a barrier, its time the maximum
 over ranks (``a2a.all_reduce(op="max")``). Every configuration of a case
@@ -120,6 +126,8 @@ from typing import Any
 from a2a import launch
 from a2a.bench import common
 
+from .bench_dynamic import dynamic_header_lines, dynamic_rows, format_dynamic
+
 __all__ = ["DEFAULTS", "QUICK", "build_parser", "evaluate_targets", "main", "parse_args"]
 
 DEFAULT_NP = 4
@@ -141,11 +149,13 @@ DEFAULTS = {
     "tokens": 256, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factors": [1.0, 2.0, 4.0, 8.0],
     "degrees": [1, 2, 4, 8], "algos": list(ALGOS), "warmup": 1, "repeats": 3, "tune_repeats": 3,
     "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 15, "dropless_factors": [1.25, 2.0, 4.0],
+    "dynamic_steps": 8,
 }
 QUICK = {
     "tokens": 64, "model_dim": 32, "hidden": 64, "experts": 8, "top_k": 2, "factors": [1.0, 2.0],
     "degrees": [1, 2], "algos": list(ALGOS), "warmup": 1, "repeats": 1, "tune_repeats": 1,
     "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
+    "dynamic_steps": 2,
 }
 TUNING_STEP_LIMIT = 10_000  # a search that takes more steps than this is a bug
 WINDOW = 128  # the dictionary's capacity window (its default)
@@ -195,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropless-factors", type=_float_list, help="capacity factors at which the capacity "
                    "dispatcher (r1/d1/linear) is timed against the dropless one at --tokens, comma list (default "
                    f"{','.join(f'{f:g}' for f in d['dropless_factors'])}; empty: none)")
+    p.add_argument("--dynamic-steps", type=int, help="steps of the skewed routing on which the per-expert dynamic "
+                   "capacity is timed against the no-drop static factor and dropless (default "
+                   f"{d['dynamic_steps']}; 0: none)")
     p.add_argument("--no-peer", action="store_true", help="skip the GShard peer (its check, rows and cases)")
     p.add_argument("-w", "--warmup", type=int, help=f"untimed steps of each configuration (default {d['warmup']})")
     p.add_argument("-r", "--repeats", type=int,
@@ -249,6 +262,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--repeats", args.repeats, 1),
         ("--tune-repeats", args.tune_repeats, 1),
         ("--switch-pairs", args.switch_pairs, 0),
+        ("--dynamic-steps", args.dynamic_steps, 0),
         ("--threads", args.threads, 1),
         *(("--degrees", degree, 1) for degree in args.degrees),
     ))
@@ -1021,6 +1035,18 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             say(line)
         for row in dropless:
             say(format_dropless(row))
+    dynamic = dynamic_rows(bench, args.dynamic_steps)
+    if dynamic:
+        say("#")
+        say(f"# dynamic: {args.dynamic_steps} steps of a skewed routing (its hot expert moves every 2 steps), "
+            f"T={args.tokens}: the static factor that drops nothing on them (r1/d1/linear), dispatcher='dropless' "
+            "and dispatcher='dynamic' (per-expert capacities);")
+        say("# median step times; dropped = choices dropped, all ranks and steps; rows/expert = the mean rows per "
+            "expert of a rank's dispatched buffer; changes = steps that changed the capacities")
+        for line in dynamic_header_lines():
+            say(line)
+        for row in dynamic:
+            say(format_dynamic(row))
     switched = [s for s in summaries if s["switch"]]
     if switched:
         say("#")
@@ -1064,6 +1090,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             "summaries": summaries,
             "targets": targets,
             "dropless": dropless,
+            "dynamic": dynamic,
         }
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(record, fh, indent=1)

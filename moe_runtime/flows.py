@@ -44,7 +44,9 @@ __all__ = ["Plan", "Segment", "chunk_major", "run_segment"]
 class Plan:
     """What one call runs: parallelism r, pipelining degree d, algorithm, and
     the capacities (``capacity``: what routing used, agreed across ranks;
-    ``buffer_capacity``: rows per expert in the buffers, a multiple of d*g)."""
+    ``buffer_capacity``: rows per expert in the buffers, a multiple of d*g;
+    with per-expert capacities, ``capacities`` (E,) holds them and both are
+    the largest). ``dropped``: this rank's routed choices that did not fit."""
 
     r: int
     d: int
@@ -53,6 +55,7 @@ class Plan:
     buffer_capacity: int
     dropped: int = 0
     rows_sent: int | None = None  # rows this rank sends to other ranks in each exchange of the call
+    capacities: tuple[int, ...] | None = None  # per-expert capacities (dispatcher="dynamic")
 
 
 @dataclass(frozen=True)

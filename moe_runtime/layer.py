@@ -31,18 +31,21 @@ import a2a.torch as a2a_torch
 from .buffers import BufferPool
 from .capacity import RULES, buffer_capacity, local_capacity
 from .dropless import dropless_moe
+from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
 from .experts import EXPERT_TAG, FFNExperts
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
 from .pipeline import Overlap, check_thread_level
 from .placement import as_assignment
+from .ragged import ragged_moe
 from .relocation import Moved, move_experts, placed_tensors
 from .tuner import AdaptiveDictionary, Config
 
 __all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
 
-DISPATCHERS = ("capacity", "dropless")
+DISPATCHERS = ("capacity", "dropless", "dynamic")
+_WHOLE_EXPERT_DISPATCHERS = ("dropless", "dynamic")  # r = 1, d = 1, whole experts on every rank
 
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 _NONE = -1  # "not given" in the agreement vector
@@ -107,8 +110,12 @@ class MoELayer(torch.nn.Module):
     expert gradients divided by the world size, as DDP averages the shared
     ones) or ``"sum"``. ``timer``: the clock of the dictionary's trials.
     ``dispatcher``: ``"capacity"`` (default: Tutel's padded buffers, every
-    r and d) or ``"dropless"`` (moe_runtime.dropless: nothing dropped or
-    padded; r = 1, d = 1, whole experts on every rank). ``expert_cache``: an
+    r and d), ``"dropless"`` (moe_runtime.dropless: nothing dropped or
+    padded; r = 1, d = 1, whole experts on every rank) or ``"dynamic"``
+    (moe_runtime.ragged: one capacity per expert, picked each call by the
+    policy of moe_runtime.dynamic_capacity with the settings
+    ``dynamic_capacity``, a :class:`DynamicCapacity`; r = 1, d = 1, whole
+    experts; ``layer.capacity_tracker`` holds its state). ``expert_cache``: an
     :class:`ExpertCache` (dropless only) that serves calls recording no
     autograd graph (inference): this rank's experts' weights are held on the
     host and only those receiving rows are brought into its device slots.
@@ -139,6 +146,7 @@ class MoELayer(torch.nn.Module):
         timer: Callable[[], float] = time.perf_counter,
         dispatcher: str = "capacity",
         expert_cache: ExpertCache | None = None,
+        dynamic_capacity: DynamicCapacity | None = None,
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -184,13 +192,18 @@ class MoELayer(torch.nn.Module):
         else:
             self.adaptive = None
 
-        if dispatcher == "dropless":
-            _check_dropless(self)
+        if dispatcher in _WHOLE_EXPERT_DISPATCHERS:
+            _check_whole_experts(self)
+        if dynamic_capacity is not None and dispatcher != "dynamic":
+            raise ValueError(f"dynamic_capacity= is the setting of dispatcher='dynamic', not {dispatcher!r}")
+        self.capacity_tracker = None
+        if dispatcher == "dynamic":
+            self.capacity_tracker = CapacityTracker(dynamic_capacity or DynamicCapacity(), self.num_global_experts)
         if expert_cache is not None and not isinstance(expert_cache, ExpertCache):
             raise TypeError(f"expert_cache must be a moe_runtime.ExpertCache, got {type(expert_cache).__name__}")
         if expert_cache is not None and dispatcher != "dropless":
-            raise ValueError("expert_cache needs dispatcher='dropless': the padded flows compute every local expert, "
-                             "active or not, so there is nothing to leave on the host")
+            raise ValueError("expert_cache needs dispatcher='dropless': the other flows compute every local expert "
+                             "(padded buffers), active or not, so there is nothing to leave on the host")
         self.expert_cache = expert_cache
         self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
 
@@ -336,9 +349,12 @@ class MoELayer(torch.nn.Module):
             table = self._position_table.to(decision.indices.device)
             decision = dataclasses.replace(decision, indices=table[decision.indices])
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
-        if self.dispatcher == "dropless":
+        if self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
             self._agree(0, k, gate_index, request)
-            y = self._dropless(tokens, decision, request, cached=self.expert_cache is not None and not recording)
+            if self.dispatcher == "dropless":
+                y = self._dropless(tokens, decision, request, cached=self.expert_cache is not None and not recording)
+            else:
+                y = self._dynamic(tokens, decision, request)
         else:
             factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
             mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
@@ -403,19 +419,44 @@ class MoELayer(torch.nn.Module):
     def _dropless(self, tokens, decision, request: tuple, cached: bool) -> torch.Tensor:
         """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1;
         `cached`: the experts' weights come from the expert cache."""
-        r, d, algo = request
-        _require_dropless_r_d(None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
-        algo = self.default_algo if algo is None else algo
-        experts = self.experts
-        weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
-        scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        algo, weights, scale = self._whole_expert_call(request)
         y, rows, sent = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
-                                     activation=experts.activation_fn, comm=self._exchange_comm, algo=algo,
+                                     activation=self.experts.activation_fn, comm=self._exchange_comm, algo=algo,
                                      weight_grad_scale=scale,
                                      expert_cache=self._bound_cache(tokens.device) if cached else None)
         most = int(rows.max()) if rows.size else 0
         self.last_plan = Plan(1, 1, algo, most, most, 0, sent)
         return y
+
+    def _dynamic(self, tokens, decision, request: tuple) -> torch.Tensor:
+        """The per-expert capacity dispatcher (moe_runtime.ragged): r = 1, d = 1,
+        capacities from the policy on this call's demand, agreed across ranks."""
+        algo, weights, scale = self._whole_expert_call(request)
+        indices = decision.indices.contiguous()
+        num_experts = self.num_global_experts
+        # Each expert's count and the token count, the maximum over ranks: the policy's input.
+        counts = torch.bincount(indices[indices >= 0].reshape(-1), minlength=num_experts).cpu().numpy()
+        mine = np.append(counts, indices.shape[0]).astype(np.int64)
+        agreed = a2a.all_reduce(mine, comm=self.comm, op="max")
+        capacities = self.capacity_tracker.update(agreed[:num_experts], int(agreed[num_experts]), indices.shape[1])
+        scores = decision.scores.detach().contiguous() if self.batch_prioritized_routing else None
+        y, routing, sent = ragged_moe(tokens, indices, decision.gates, capacities=capacities, weights=weights,
+                                      activation=self.experts.activation_fn, comm=self._exchange_comm, algo=algo,
+                                      is_postscore=self.is_postscore, scores=scores, weight_grad_scale=scale)
+        most = int(capacities.max())
+        self.last_plan = Plan(1, 1, algo, most, most, routing.num_dropped, sent,
+                              capacities=tuple(routing.capacity.tolist()))
+        return y
+
+    def _whole_expert_call(self, request: tuple) -> tuple[str, tuple, float]:
+        """(algorithm, this rank's expert weights, gradient scale) of a call of
+        the dropless or dynamic dispatcher, after checking its r and d."""
+        r, d, algo = request
+        _require_r1_d1(self.dispatcher, None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
+        experts = self.experts
+        weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
+        scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        return self.default_algo if algo is None else algo, weights, scale
 
     def _bound_cache(self, device: torch.device) -> ExpertCache:
         """The expert cache holding the current expert weights: (re)bound when
@@ -495,18 +536,21 @@ class MoELayer(torch.nn.Module):
                 f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}")
 
 
-def _check_dropless(layer: MoELayer) -> None:
-    """What the dropless dispatcher needs of the layer, checked at construction."""
+def _check_whole_experts(layer: MoELayer) -> None:
+    """What the dropless and dynamic dispatchers need of the layer, checked at construction."""
+    name = f"MoELayer(dispatcher={layer.dispatcher!r})"
     if layer.experts.sharers > 1:
         raise ValueError(
-            f"MoELayer(dispatcher='dropless') needs whole experts on each rank (E >= W), but "
+            f"{name} needs whole experts on each rank (E >= W), but "
             f"{layer.experts.sharers} ranks share each of the {layer.num_global_experts} experts; use the "
             "capacity dispatcher for shared experts"
         )
     if layer.adaptive is not None:
-        raise ValueError("MoELayer(dispatcher='dropless') runs r = 1, d = 1: there is nothing for the dictionary "
+        raise ValueError(f"{name} runs r = 1, d = 1: there is nothing for the dictionary "
                          "(adaptive=, parallel_type='adaptive:auto') to choose")
-    _require_dropless_r_d(layer.adaptive_r, layer.a2a_ffn_overlap_degree, "parallel_type r")
+    _require_r1_d1(layer.dispatcher, layer.adaptive_r, layer.a2a_ffn_overlap_degree, "parallel_type r")
+    if layer.dispatcher != "dropless":
+        return
     if not layer.is_postscore:
         raise ValueError("MoELayer(dispatcher='dropless') applies the gates at the combine: is_postscore must be True")
     if layer.batch_prioritized_routing:
@@ -514,13 +558,13 @@ def _check_dropless(layer: MoELayer) -> None:
                          "who is dropped) has no meaning there")
 
 
-def _require_dropless_r_d(r: int | None, d: int | None, r_name: str) -> None:
-    """The dropless dispatcher's r and d (None: not given), at construction and per call."""
+def _require_r1_d1(dispatcher: str, r: int | None, d: int | None, r_name: str) -> None:
+    """The dropless and dynamic dispatchers' r and d (None: not given), at construction and per call."""
     if r is not None and r != 1:
-        raise ValueError(f"MoELayer(dispatcher='dropless') runs r = 1 only, got {r_name}={r}")
+        raise ValueError(f"MoELayer(dispatcher={dispatcher!r}) runs r = 1 only, got {r_name}={r}")
     if d is not None and d != 1:
-        raise ValueError("MoELayer(dispatcher='dropless') runs d = 1 only (its rows have no capacity axis to "
-                         f"pipeline), got a2a_ffn_overlap_degree={d}")
+        raise ValueError(f"MoELayer(dispatcher={dispatcher!r}) runs d = 1 only (its rows have no capacity axis "
+                         f"to pipeline), got a2a_ffn_overlap_degree={d}")
 
 
 def _shown(column: int, value: int) -> str:

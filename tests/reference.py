@@ -367,7 +367,8 @@ class RefRouting:
     indices (T, k) int64; locations (T, k) int64: -1 when not routed, else the
     number of earlier routed choices of the same expert in slot order (so
     >= capacity when dropped); demand (E,) routed choices per expert; counts
-    (E,) kept ones; offsets (E + 1,); capacity (None when dropless);
+    (E,) kept ones; offsets (E + 1,); capacity (None when dropless, an (E,)
+    int64 array of per-expert capacities for the ragged layout);
     num_dropped; num_rows; row_map (T, k): offsets[e] + location, or -1."""
 
     def __init__(self, indices, num_experts, locations, demand, capacity):
@@ -379,6 +380,9 @@ class RefRouting:
         if capacity is None:
             self.counts = demand.copy()
             self.offsets = np.concatenate([[0], np.cumsum(demand)]).astype(np.int64)
+        elif isinstance(capacity, np.ndarray):  # per expert: expert e owns capacity[e] rows
+            self.counts = np.minimum(demand, capacity).astype(np.int64)
+            self.offsets = np.concatenate([[0], np.cumsum(capacity)]).astype(np.int64)
         else:
             self.counts = np.minimum(demand, capacity).astype(np.int64)
             self.offsets = (np.arange(num_experts + 1) * capacity).astype(np.int64)
@@ -407,7 +411,8 @@ def ref_route(
 ) -> RefRouting:
     """Tutel's slot assignment: choice 0 of every token (in `order`, default
     0..T-1), then choice 1 of every token, ...; each routed choice takes the
-    next slot of its expert. `dropless`: no capacity, experts packed."""
+    next slot of its expert. `dropless`: no capacity, experts packed.
+    `capacity` may be (E,): one capacity per expert (the ragged layout)."""
     idx = np.asarray(indices).astype(np.int64)
     if idx.ndim != 2:
         raise ValueError(f"indices must be (T, k), got shape {idx.shape}")
@@ -428,7 +433,12 @@ def ref_route(
                 demand[e] += 1
     locations = np.asarray(locations, dtype=np.int64).reshape(num_tokens, top_k)
     demand = np.asarray(demand, dtype=np.int64)
-    c = None if dropless else ref_capacity(demand, num_tokens, top_k, num_experts, capacity, capacity_setting)
+    if dropless:
+        c = None
+    elif capacity is not None and np.ndim(capacity) == 1:
+        c = np.asarray(capacity, dtype=np.int64)
+    else:
+        c = ref_capacity(demand, num_tokens, top_k, num_experts, capacity, capacity_setting)
     return RefRouting(idx, num_experts, locations, demand, c)
 
 
@@ -474,9 +484,12 @@ def ref_combine_rows(rows, routing, gates=None, *, dtype=None, gate_dtype=None) 
 
 
 def ref_encode(x, routing, gates=None, *, dtype=None, gate_dtype=None) -> np.ndarray:
-    """Fast encode: the (E, C, M) dispatched buffer, padding rows zero."""
+    """Fast encode: the (E, C, M) dispatched buffer, padding rows zero; the
+    ragged (num_rows, M) one with per-expert capacities."""
     assert routing.capacity is not None, "fast encode needs a capacity"
     rows = ref_dispatch_rows(x, routing, gates, dtype=dtype, gate_dtype=gate_dtype)
+    if isinstance(routing.capacity, np.ndarray):
+        return rows
     return rows.reshape(routing.num_experts, routing.capacity, rows.shape[-1])
 
 
@@ -554,7 +567,15 @@ def assert_routing_matches(got: Any, want: RefRouting, what: str = "routing") ->
             bad = np.argwhere(a != e)[:5].tolist()
             detail = f"{what}.{name} differs at {bad}:\n got {a.tolist()}\nwant {e.tolist()}"
             raise AssertionError(detail[:4000])
+    if isinstance(want.capacity, np.ndarray):
+        a = got.capacity
+        assert got.per_expert and isinstance(a, np.ndarray) and a.dtype == np.int64, f"{what}.capacity is {a!r}"
+        assert np.array_equal(a, want.capacity), f"{what}.capacity: {a.tolist()} != {want.capacity.tolist()}"
+    else:
+        assert not got.per_expert, f"{what}: per_expert, expected one capacity"
     for name in ("capacity", "num_dropped", "num_rows"):
         a, e = getattr(got, name), getattr(want, name)
+        if name == "capacity" and isinstance(e, np.ndarray):
+            continue
         assert a == e, f"{what}.{name}: {a!r} != expected {e!r}"
         assert a is None or isinstance(a, int), f"{what}.{name} is a {type(a).__name__}, expected int"

@@ -354,12 +354,14 @@ void dispatch_typed(const a2a_routing_t& r, const T* x, int64_t model_dim, const
     }
     kernels.finish();
   });
-  if (r.capacity < 0) return;  // dropless: no padding rows
-  // Expert e's padding is one contiguous block of rows after its kept ones.
-  parallel_for(r.num_experts, token_grain(r.capacity * model_dim), num_threads, [&](int64_t begin, int64_t end) {
+  if (r.capacity == A2A_CAPACITY_DROPLESS) return;  // no padding rows
+  // Expert e's padding is one contiguous block of rows after its kept ones, up
+  // to the next expert's first row (one capacity, or per-expert capacities).
+  const int64_t rows_per_expert = r.num_rows / r.num_experts;
+  parallel_for(r.num_experts, token_grain(rows_per_expert * model_dim), num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       const int64_t first = r.expert_offsets[e] + r.counts[e];
-      const int64_t last = r.expert_offsets[e] + r.capacity;
+      const int64_t last = r.expert_offsets[e + 1];
       if (last > first) std::memset(rows + first * model_dim, 0, static_cast<size_t>(last - first) * row_bytes);
     }
   });

@@ -369,18 +369,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Slots counts[e] .. capacity-1 of every expert (padded layout only).
+// Rows counts[e] .. of every expert up to the next expert's first row (padded
+// layouts only: one capacity, or per-expert capacities).
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     zero_padding_kernel(const a2a_routing_t r, int64_t M, T* __restrict__ rows, int lanes) {
   constexpr int64_t kSize = Vec<T>::kSize;
   const int lane = threadIdx.x & (lanes - 1);
-  const int64_t slots = r.num_experts * r.capacity;
-  for (int64_t slot = group_index(lanes); slot < slots; slot += group_count(lanes)) {
-    const int64_t expert = slot / r.capacity;
-    const int64_t location = slot - expert * r.capacity;
-    if (location < r.counts[expert]) continue;  // a kept row: dispatch_kernel writes it
-    T* dst = rows + (r.expert_offsets[expert] + location) * M;
+  for (int64_t row = group_index(lanes); row < r.num_rows; row += group_count(lanes)) {
+    const int64_t expert = expert_of_row(r, row);
+    if (row - r.expert_offsets[expert] < r.counts[expert]) continue;  // a kept row: dispatch_kernel writes it
+    T* dst = rows + row * M;
     const RowSplit split = split_row<T>(misalignment(dst), M);
     for (int64_t i = lane; i < split.head; i += lanes) dst[i] = T{};
     for (int64_t v = lane; v < split.vectors; v += lanes)
@@ -642,8 +641,8 @@ class CudaKernels final : public Kernels {
                                                                        false, static_cast<T*>(rows), lanes);
         check_launch("dispatch_kernel");
       }
-      if (r.capacity > 0) {  // padded layout: zero the rows past each expert's count
-        zero_padding_kernel<T><<<grid_for(r.num_experts * r.capacity, per_block, max_blocks()), kThreads, 0, stream_>>>(
+      if (r.capacity != A2A_CAPACITY_DROPLESS && r.num_rows > 0) {  // padded: zero the rows past each count
+        zero_padding_kernel<T><<<grid_for(r.num_rows, per_block, max_blocks()), kThreads, 0, stream_>>>(
             r, model_dim, static_cast<T*>(rows), lanes);
         check_launch("zero_padding_kernel");
       }

@@ -68,6 +68,22 @@ A2A_HD int64_t kept_row(const a2a_routing_t& routing, int64_t choice) {
   return routing.expert_offsets[expert] + location;
 }
 
+// Expert that owns row `row` (0 <= row < num_rows) of a padded layout: row / C
+// for one capacity, else the last e with expert_offsets[e] <= row (per-expert
+// capacities; an expert of capacity 0 owns no row, and is skipped).
+A2A_HD int64_t expert_of_row(const a2a_routing_t& routing, int64_t row) {
+  if (routing.capacity > 0) return row / routing.capacity;
+  int64_t low = 0, high = routing.num_experts;  // expert_offsets[low] <= row < expert_offsets[high]
+  while (high - low > 1) {
+    const int64_t middle = low + (high - low) / 2;
+    if (routing.expert_offsets[middle] <= row)
+      low = middle;
+    else
+      high = middle;
+  }
+  return low;
+}
+
 // Gate of choice i as the accumulator type (1 when there are no gates).
 // gate_is_data: the gates have the data's storage type T, else float32.
 template <typename T>

@@ -63,7 +63,7 @@ void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype
   check_shape(op, r->num_tokens, r->top_k, r->num_experts);
   require(is_index(r->index_dtype), op, ": routing index dtype is ", dtype_name(r->index_dtype),
           "; expected int32 or int64");
-  require(r->capacity >= -1, op, ": routing capacity is ", r->capacity);
+  require(r->capacity >= A2A_CAPACITY_PER_EXPERT, op, ": routing capacity is ", r->capacity);
   require(r->num_rows >= 0, op, ": routing num_rows is ", r->num_rows);
   if (r->capacity >= 0)
     require(r->num_rows == checked_product(r->num_experts, r->capacity, "num_experts * capacity"), op,
@@ -167,41 +167,75 @@ size_t route_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t 
   return make_kernels(exec)->locate_workspace_size(num_tokens, top_k, num_experts);
 }
 
-a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
-                       int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
-                       int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
-                       int64_t* locations, int64_t* counts, int64_t* expert_offsets) {
+namespace {
+
+// What the caller asked of route: one capacity (or a setting, or
+// A2A_CAPACITY_DROPLESS), or one capacity per expert (host, E entries).
+struct CapacityRequest {
+  bool per_expert;  // a2a_route_capacities
+  int64_t capacity;
+  double setting;
+  const int64_t* capacities;  // host, E entries (per_expert only)
+  int64_t* final_capacities;  // host, may be NULL or `capacities`
+};
+
+int64_t checked_sum(const std::vector<int64_t>& values, const char* what) {
+  int64_t sum = 0;
+  for (int64_t value : values)
+    if (__builtin_add_overflow(sum, value, &sum)) fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64");
+  return sum;
+}
+
+a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
+                            int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
+                            const CapacityRequest& request, void* workspace, size_t workspace_bytes,
+                            int64_t* locations, int64_t* counts, int64_t* expert_offsets) {
   const char* op = "route";
+  const bool per_expert = request.per_expert;
+  const int64_t capacity = per_expert ? A2A_CAPACITY_PER_EXPERT : request.capacity;
+  const double capacity_setting = per_expert ? 0.0 : request.setting;
   const bool dropless = capacity == A2A_CAPACITY_DROPLESS;
   std::unique_ptr<Kernels> kernels;
   std::vector<int64_t> demand;
-  int64_t local_capacity = 0;
+  // The capacity of every expert: one value, or E values (per-expert).
+  std::vector<int64_t> capacities(per_expert ? static_cast<size_t>(std::max<int64_t>(num_experts, 0)) : 1, 0);
   // A local problem is held back until every rank has heard of it (Comm::agree).
   std::exception_ptr local_failure;
   std::string local_error;
   try {
     check_shape(op, num_tokens, top_k, num_experts);
     require(is_index(index_dtype), op, ": indices dtype ", dtype_name(index_dtype), " is not int32 or int64");
-    require(capacity >= -1, op, ": capacity ", capacity, " is negative (A2A_CAPACITY_DROPLESS is -1)");
+    require(capacity >= -1 || per_expert, op, ": capacity ", capacity, " is negative (A2A_CAPACITY_DROPLESS is -1)");
     require(std::isfinite(capacity_setting), op, ": capacity_setting is not finite");
+    if (per_expert) {
+      require(request.capacities != nullptr, op, ": capacities is NULL");
+      for (int64_t e = 0; e < num_experts; ++e) {
+        capacities[e] = request.capacities[e];
+        require(capacities[e] >= 0, op, ": capacities[", e, "] is ", capacities[e], "; a capacity must be >= 0");
+      }
+      checked_sum(capacities, "the sum of the capacities");
+    }
     kernels = make_kernels(exec);
     const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
     require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
             " bytes required");
     const size_t choices = static_cast<size_t>(num_tokens * top_k), experts = static_cast<size_t>(num_experts);
-    Buffers(op)
-        .input("indices", indices, choices * dtype_size(index_dtype))
+    Buffers buffers(op);
+    buffers.input("indices", indices, choices * dtype_size(index_dtype))
         .input("token_order", token_order, token_order == nullptr ? 0 : static_cast<size_t>(num_tokens) * sizeof(int64_t))
         .output("workspace", workspace, needed)
         .output("locations", locations, choices * sizeof(int64_t))
         .output("counts", counts, experts * sizeof(int64_t))
         .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
+    if (request.final_capacities != nullptr)  // host; may be the capacities themselves (read above)
+      buffers.output("final_capacities", request.final_capacities, experts * sizeof(int64_t));
     kernels->locate({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace, workspace_bytes,
                     locations, demand);
     const int64_t max_demand = *std::max_element(demand.begin(), demand.end());
-    local_capacity = dropless   ? -1
-                     : capacity ? capacity
-                                : capacity_from_setting(capacity_setting, num_tokens, top_k, num_experts, max_demand);
+    if (!per_expert)
+      capacities[0] = dropless   ? -1
+                      : capacity ? capacity
+                                 : capacity_from_setting(capacity_setting, num_tokens, top_k, num_experts, max_demand);
   } catch (const Failure& failure) {
     if (comm == nullptr) throw;
     // Name the rank, as the collectives do, and keep the status.
@@ -211,7 +245,6 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
     local_error = cat(op, " on rank ", comm->rank(), " of ", comm->size(), ": ", message);
     local_failure = std::make_exception_ptr(Failure(failure.status(), local_error));
   }
-  int64_t final_capacity = local_capacity;
   if (comm != nullptr && !dropless) comm->require_control_outside_capture(op);
   if (comm != nullptr) {
     int64_t setting_bits = 0;
@@ -223,22 +256,53 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
       if (local_failure) std::rethrow_exception(local_failure);  // keep this rank's own status and message
       throw;
     }
-    if (!dropless) comm->run(op, [&] { comm->control().allreduce_int64(&final_capacity, 1, ReduceOp::kMax); });
+    // Every rank's layout must be the same: each capacity is the maximum over the ranks.
+    if (!dropless)
+      comm->run(op, [&] {
+        comm->control().allreduce_int64(capacities.data(), static_cast<int>(capacities.size()), ReduceOp::kMax);
+      });
   }
 
   // Counts and offsets of the layout, on the host, then to the device.
   const int64_t E = num_experts;
-  if (!dropless) checked_product(E, final_capacity, "num_experts * capacity");  // bounds every offset below
+  if (per_expert)
+    checked_sum(capacities, "the sum of the capacities agreed across ranks");  // bounds every offset below
+  else if (!dropless)
+    checked_product(E, capacities[0], "num_experts * capacity");
   std::vector<int64_t> kept(static_cast<size_t>(E)), offsets(static_cast<size_t>(E) + 1, 0);
   int64_t num_dropped = 0;
   for (int64_t e = 0; e < E; ++e) {
-    kept[e] = dropless ? demand[e] : std::min(demand[e], final_capacity);
+    const int64_t rows = dropless ? demand[e] : capacities[per_expert ? e : 0];
+    kept[e] = std::min(demand[e], rows);
     num_dropped += demand[e] - kept[e];
-    offsets[e + 1] = offsets[e] + (dropless ? kept[e] : final_capacity);
+    offsets[e + 1] = offsets[e] + rows;
   }
   kernels->upload(counts, kept.data(), kept.size() * sizeof(int64_t));
   kernels->upload(expert_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
-  return a2a_route_info_t{final_capacity, offsets[E], num_dropped};
+  if (per_expert && request.final_capacities != nullptr)
+    std::copy(capacities.begin(), capacities.end(), request.final_capacities);
+  return a2a_route_info_t{per_expert ? A2A_CAPACITY_PER_EXPERT : capacities[0], offsets[E], num_dropped};
+}
+
+}  // namespace
+
+a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
+                       int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
+                       int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
+                       int64_t* locations, int64_t* counts, int64_t* expert_offsets) {
+  return route_with(exec, comm, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
+                    {false, capacity, capacity_setting, nullptr, nullptr}, workspace, workspace_bytes, locations, counts,
+                    expert_offsets);
+}
+
+a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
+                                  int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                  const int64_t* token_order, const int64_t* capacities, void* workspace,
+                                  size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                                  int64_t* expert_offsets, int64_t* final_capacities) {
+  return route_with(exec, comm, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
+                    {true, A2A_CAPACITY_PER_EXPERT, 0.0, capacities, final_capacities}, workspace, workspace_bytes,
+                    locations, counts, expert_offsets);
 }
 
 void dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,

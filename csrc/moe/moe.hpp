@@ -1,4 +1,4 @@
-// Validated entry points of the MoE routing and kernels (a2a_route,
+// Validated entry points of the MoE routing and kernels (a2a_route, a2a_route_capacities,
 // a2a_moe_dispatch, a2a_moe_combine, a2a_moe_gate_grad): argument checks, the
 // capacity rule and its agreement across ranks. The C ABI is a thin shell
 // over these; the arithmetic lives in the backends (moe/kernels.hpp).
@@ -19,6 +19,13 @@ a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, 
                        int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
                        int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
                        int64_t* locations, int64_t* counts, int64_t* expert_offsets);
+
+// a2a_route_capacities: one capacity per expert (host), the ragged layout.
+a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
+                                  int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                  const int64_t* token_order, const int64_t* capacities, void* workspace,
+                                  size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                                  int64_t* expert_offsets, int64_t* final_capacities);
 
 // The capacity rule of a2a_route for capacity == 0, from the largest
 // per-expert demand: see a2a.h.

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -273,6 +274,26 @@ PYBIND11_MODULE(_C, m) {
       py::arg("top_k"), py::arg("num_experts"), py::arg("token_order"), py::arg("capacity"),
       py::arg("capacity_setting"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("locations"),
       py::arg("counts"), py::arg("offsets"), py::call_guard<py::gil_scoped_release>());
+  // capacities: one per expert (host); returns (num_rows, num_dropped, the capacities agreed).
+  m.def(
+      "route_capacities",
+      [](const Exec& exec, const a2a::Communicator* comm, uintptr_t indices, int index_dtype, int64_t num_tokens,
+         int64_t top_k, int64_t num_experts, uintptr_t token_order, std::vector<int64_t> capacities,
+         uintptr_t workspace, size_t workspace_bytes, uintptr_t locations, uintptr_t counts, uintptr_t offsets) {
+        if (static_cast<int64_t>(capacities.size()) != num_experts)
+          throw std::invalid_argument("route: " + std::to_string(capacities.size()) + " capacities for " +
+                                      std::to_string(num_experts) + " experts");
+        const a2a_route_info_t info = a2a::route_capacities(
+            make_exec(exec), comm, as_pointer(indices), static_cast<a2a_dtype_t>(index_dtype), num_tokens, top_k,
+            num_experts, static_cast<const int64_t*>(as_pointer(token_order)), capacities.data(), as_mutable(workspace),
+            workspace_bytes, static_cast<int64_t*>(as_mutable(locations)), static_cast<int64_t*>(as_mutable(counts)),
+            static_cast<int64_t*>(as_mutable(offsets)), capacities.data());
+        return std::make_tuple(info.num_rows, info.num_dropped, capacities);
+      },
+      py::arg("exec"), py::arg("comm").none(true), py::arg("indices"), py::arg("index_dtype"), py::arg("num_tokens"),
+      py::arg("top_k"), py::arg("num_experts"), py::arg("token_order"), py::arg("capacities"), py::arg("workspace"),
+      py::arg("workspace_bytes"), py::arg("locations"), py::arg("counts"), py::arg("offsets"),
+      py::call_guard<py::gil_scoped_release>());
   m.def(
       "moe_dispatch",
       [](const Exec& exec, const RoutingTuple& routing, uintptr_t x, int dtype, int64_t model_dim, uintptr_t gates,

@@ -105,7 +105,9 @@ def assert_equal_tensors(got, want, what):
 def assert_same_routing(gpu, cpu):
     for name in ("locations", "counts", "offsets"):
         assert_equal_tensors(getattr(gpu, name), getattr(cpu, name), name)
-    assert (gpu.capacity, gpu.num_rows, gpu.num_dropped) == (cpu.capacity, cpu.num_rows, cpu.num_dropped)
+    assert gpu.per_expert == cpu.per_expert
+    capacities = [c.tolist() if gpu.per_expert else c for c in (gpu.capacity, cpu.capacity)]
+    assert (capacities[0], gpu.num_rows, gpu.num_dropped) == (capacities[1], cpu.num_rows, cpu.num_dropped)
 
 
 def bits(t):
@@ -280,6 +282,63 @@ def test_no_tokens():
     dispatched = a2a.fast_encode(x, gpu_routing)
     assert_bitwise(dispatched, torch.zeros(4, 3, 16), "fast_encode of no tokens")
     assert a2a.fast_decode(dispatched, gpu_routing).shape == (0, 16)
+
+
+# --- per-expert capacities (the ragged layout) ---------------------------------------------
+
+
+def per_expert_capacities(indices, E, seed):
+    """Capacities around each expert's demand: some 0, some short (drops), some above."""
+    demand = torch.bincount(indices[indices >= 0].long().cpu(), minlength=E)
+    factor = 0.4 + 1.2 * torch.rand(E, generator=generator(E, seed))
+    capacities = (demand.double() * factor).long()
+    capacities[seed % E] = 0
+    return capacities
+
+
+@pytest.mark.parametrize("E", (1, 8, 300))
+def test_route_per_expert_matches_cpu(E):
+    indices = make_indices(4097, 2, E, dtype=torch.int32, unrouted=0.05, skew=1.0, seed=E)
+    capacities = per_expert_capacities(indices, E, 1)
+    cpu, gpu = route_both(indices, E, capacity=capacities)
+    assert gpu.per_expert and gpu.capacity.tolist() == capacities.tolist()
+    # Capacities given as a CUDA tensor mean the same.
+    assert_same_routing(a2a.route(indices.to(DEVICE), E, capacity=capacities.to(DEVICE)), cpu)
+
+
+@pytest.mark.parametrize("M", (1, 7, 1000))
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_encode_per_expert_bitwise_and_decode_close(dtype_name, M):
+    dtype = DTYPES[dtype_name]
+    T, k, E = 500, 2, 9
+    indices = make_indices(T, k, E, unrouted=0.1, skew=1.0, seed=M)
+    capacities = per_expert_capacities(indices, E, M)
+    cpu_routing, gpu_routing = route_both(indices, E, capacity=capacities)
+    assert cpu_routing.num_dropped > 0 and bool((cpu_routing.counts < capacities).any())
+    x = make_data((T, M), dtype, 5)
+    g = make_gates("float32", T, k, dtype, M)
+    out = torch.full((cpu_routing.num_rows, M), float("nan"), dtype=dtype, device=DEVICE)  # every row written
+    want = a2a.fast_encode(x, cpu_routing, g)
+    got = a2a.fast_encode(x.to(DEVICE), gpu_routing, on_device(g), out=out)
+    assert got.shape == (cpu_routing.num_rows, M)
+    assert_bitwise(got, want, "fast_encode (per-expert capacities)")
+    assert_close_sum(a2a.fast_decode(got, gpu_routing, on_device(g)), a2a.fast_decode(want, cpu_routing, g),
+                     "fast_decode (per-expert capacities)")
+
+
+def test_per_expert_gradients_match_cpu():
+    T, k, E, M = 300, 2, 6, 24
+    indices = make_indices(T, k, E, unrouted=0.1, skew=1.0)
+    cpu_routing, gpu_routing = route_both(indices, E, capacity=per_expert_capacities(indices, E, 2))
+    results = []
+    for routing, device in ((cpu_routing, "cpu"), (gpu_routing, DEVICE)):
+        x = make_data((T, M), torch.float64, 6).to(device).requires_grad_()
+        g = make_gates("same", T, k, torch.float64, 6).to(device).requires_grad_()
+        y = a2a.torch.fast_decode(torch.tanh(a2a.torch.fast_encode(x, routing)), routing, g)
+        y.square().sum().backward()
+        results.append((y.detach().cpu(), x.grad.cpu(), g.grad.cpu()))
+    for got, want, what in zip(results[1], results[0], ("y", "x.grad", "gates.grad")):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m, w=what: f"{w}: {m}")
 
 
 # --- permute / unpermute -------------------------------------------------------------------

@@ -235,6 +235,59 @@ def test_one_rank_with_a_capacity_too_large(comm):
     after()
 
 
+def rank_capacities(rank, num_experts):
+    """Rank `rank`'s own per-expert capacities (0 among them)."""
+    return np.array([(3 * rank + 5 * e) % 7 for e in range(num_experts)], dtype=np.int64)
+
+
+def test_per_expert_capacities_agreed_across_ranks(comm):
+    """Each expert's capacity is the maximum of the ranks' ones, on every rank."""
+    num_experts = 5
+    indices = rank_indices("per-expert", comm.rank, num_experts)
+    routing, error = outcome(
+        lambda: a2a.route(indices, num_experts, capacity=rank_capacities(comm.rank, num_experts), comm=comm)
+    )
+    assert error is None, repr(error)
+    agreed = np.max([rank_capacities(r, num_experts) for r in range(comm.size)], axis=0)
+    assert routing.per_expert and routing.capacity.tolist() == agreed.tolist(), f"rank {comm.rank}"
+    ref.assert_routing_matches(routing, ref.ref_route(indices, num_experts, capacity=agreed), f"rank {comm.rank}")
+    x = np.ones((len(indices), 3), np.float32)
+    assert a2a.fast_encode(x, routing).shape == (int(agreed.sum()), 3)
+
+
+def test_per_expert_and_one_capacity_mismatch(comm, need_two):
+    """A rank that passes one capacity while the others pass one per expert."""
+    indices = rank_indices("mismatch-per-expert", comm.rank, 4)
+    capacity = 3 if comm.rank == 0 else [3, 3, 3, 3]
+    error = outcome(lambda: a2a.route(indices, 4, capacity=capacity, comm=comm))[1]
+    after = still_works(comm)
+    check_mismatch(error, "capacity")
+    after()
+
+
+def test_per_expert_num_experts_mismatch(comm, need_two):
+    num_experts = 4 if comm.rank == 0 else 5
+    indices = rank_indices("mismatch-per-expert-e", comm.rank, 4)
+    error = outcome(lambda: a2a.route(indices, num_experts, capacity=[2] * num_experts, comm=comm))[1]
+    after = still_works(comm)
+    check_mismatch(error, "num_experts", "rank 0: 4", "rank 1: 5")
+    after()
+
+
+@pytest.mark.parametrize(
+    "capacity, fragments",
+    [([1, 2, 3], ["capacity has 3 entries", "num_experts = 4"]), ([1, -2, 0, 1], ["capacity[1] must be >= 0"])],
+    ids=["short", "negative"],
+)
+def test_one_rank_with_bad_per_expert_capacities(comm, capacity, fragments):
+    bad = comm.size - 1
+    indices = rank_indices("bad-per-expert", comm.rank, 4)
+    error = outcome(lambda: a2a.route(indices, 4, capacity=capacity if comm.rank == bad else [2] * 4, comm=comm))[1]
+    after = still_works(comm)
+    check_bad_rank(comm, bad, "route", error, *fragments)
+    after()
+
+
 def test_route_works_after_errors(comm):
     indices = rank_indices("after", comm.rank, 4)
     routing = a2a.route(indices, 4, capacity_setting=0, comm=comm)

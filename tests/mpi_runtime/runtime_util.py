@@ -20,6 +20,25 @@ def experts_spec(num_experts: int, world: int, **extra) -> dict:
     return {"type": "ffn", "num_experts_per_device": per_device, "hidden_size_per_expert": HIDDEN, **extra}
 
 
+NOTHING_DROPS = 1000.0  # a capacity factor no routing here can fill
+
+
+def make_layer(comm, num_experts, dtype=torch.float64, **options):
+    """A layer of `num_experts` over the world, top-2 (k=), capacity factor 1
+    (capacity_factor=), fixed seeds; other options go to MoELayer."""
+    factor = options.pop("capacity_factor", 1.0)
+    layer = moe_runtime.MoELayer(
+        {"type": "top", "k": options.pop("k", 2), "capacity_factor": factor}, MODEL_DIM,
+        experts_spec(num_experts, comm.size), comm=comm, seeds=(21, 22), **options,
+    )
+    return layer.to(dtype)
+
+
+def whole_expert_cases(comm):
+    """The issue's E with whole experts on every rank (E >= W), else W and 2W."""
+    return [e for e in experts_cases(comm.size) if e >= comm.size] or [comm.size, 2 * comm.size]
+
+
 def tokens_of(rank: int, dtype: torch.dtype) -> torch.Tensor:
     """Rank i's tokens: 5 + 2i of them (odd, different per rank)."""
     generator = torch.Generator().manual_seed(100 + rank)
@@ -75,4 +94,18 @@ def assert_matches(got, want, tolerance: float, what: str) -> None:
         error = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
         scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
         assert error <= tolerance * scale, f"{what}: {name} differs from the reference by {error:.3g}"
+
+
+def whole_expert_runs(comm, dispatcher, dtype, tolerance, k):
+    """For each whole-expert E and algorithm (2dh too on two levels): a layer
+    of `dispatcher` run once and checked against the float64 reference that
+    drops nothing; yields (layer, what) for the caller's checks of its plan."""
+    algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
+    for num_experts in whole_expert_cases(comm):
+        layer = make_layer(comm, num_experts, dtype, k=k, dispatcher=dispatcher)
+        want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
+        for algo in algos:
+            what = f"{dispatcher} E={num_experts} k={k} {algo} {dtype}"
+            assert_matches(run_layer(layer, comm, dtype, algo=algo), want, tolerance, what)
+            yield layer, what
 

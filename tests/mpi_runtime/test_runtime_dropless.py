@@ -8,47 +8,25 @@ from __future__ import annotations
 import pytest
 import torch
 from runtime_util import (
-    MODEL_DIM,
+    NOTHING_DROPS,
     assert_matches,
-    experts_cases,
-    experts_spec,
+    make_layer,
     reference,
     run_layer,
     tokens_of,
-    two_level,
+    whole_expert_cases,
+    whole_expert_runs,
 )
 
 import a2a
 import moe_runtime
 
-NOTHING_DROPS = 1000.0  # a capacity factor no routing here can fill
-
-
-def make_layer(comm, num_experts, dtype=torch.float64, **options):
-    factor = options.pop("capacity_factor", 1.0)
-    layer = moe_runtime.MoELayer(
-        {"type": "top", "k": options.pop("k", 2), "capacity_factor": factor}, MODEL_DIM,
-        experts_spec(num_experts, comm.size), comm=comm, seeds=(21, 22), **options,
-    )
-    return layer.to(dtype)
-
-
-def whole_expert_cases(comm):
-    """The issue's E with whole experts on every rank (E >= W), else W and 2W."""
-    return [e for e in experts_cases(comm.size) if e >= comm.size] or [comm.size, 2 * comm.size]
-
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_dropless_equals_the_reference_that_drops_nothing(comm, dtype, tolerance, k):
-    algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
-    for num_experts in whole_expert_cases(comm):
-        layer = make_layer(comm, num_experts, dtype, k=k, dispatcher="dropless")
-        want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
-        for algo in algos:
-            got = run_layer(layer, comm, dtype, algo=algo)
-            assert_matches(got, want, tolerance, f"dropless E={num_experts} k={k} {algo} {dtype}")
-            assert layer.last_plan.dropped == 0 and (layer.last_plan.r, layer.last_plan.d) == (1, 1)
+    for layer, what in whole_expert_runs(comm, "dropless", dtype, tolerance, k):
+        assert layer.last_plan.dropped == 0 and (layer.last_plan.r, layer.last_plan.d) == (1, 1), what
 
 
 def test_dropless_equals_the_capacity_dispatcher_when_nothing_drops(comm):

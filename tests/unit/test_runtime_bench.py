@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from a2a.bench import common
-from moe_runtime import bench
+from moe_runtime import bench, bench_dynamic
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,6 +64,7 @@ def test_flags():
         "--factors 1,x",
         "--peer-factors 1,1",
         "--dropless-factors 0",
+        "--dynamic-steps -1",
         "-T 0",
         "-r 0",
         "-w -1",
@@ -242,6 +243,20 @@ def test_dropless_rows_line_up_with_their_header():
     assert bench.parse_args(["--dropless-factors", ""]).dropless_factors == []
 
 
+def test_dynamic_rows_line_up_with_their_header():
+    header = bench_dynamic.dynamic_header_lines()[0]
+    rows = [{"dispatcher": "static", "factor": 3.25, "tokens": 256, "steps": 8, "time_ms": 120.5, "vs_static": 1.0,
+             "dropped": 0, "rows_per_expert": 104.0, "changes": None},
+            {"dispatcher": "dynamic", "factor": None, "tokens": 256, "steps": 8, "time_ms": 99.0, "vs_static": 0.82,
+             "dropped": 0, "rows_per_expert": 71.5, "changes": 3}]
+    for row in rows:
+        line = bench_dynamic.format_dynamic(row)
+        assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
+    assert bench_dynamic.format_dynamic(rows[1]).split() == ["dynamic", "-", "256", "8", "99.00", "0.82x", "0",
+                                                             "71.5", "3"]
+    assert bench.parse_args(["--dynamic-steps", "0"]).dynamic_steps == 0
+
+
 def _ends(line: str) -> list[int]:
     """Where each word ends ("vs best" is one column name)."""
     return [m.end() for m in re.finditer(r"\S+", line.replace("vs best", "vs_best"))]
@@ -347,12 +362,19 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
     table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
     switch_rows = len(quick["factors"]) * (2 + 1)  # per sweep case: r0, r1, all
     dropless = record["dropless"]
-    assert len(table) == len(static) + len(summaries) + switch_rows + len(dropless)
+    dynamic = record["dynamic"]
+    assert len(table) == len(static) + len(summaries) + switch_rows + len(dropless) + len(dynamic)
     # The capacity dispatcher at each --dropless-factors against the dropless one.
     assert [(r["dispatcher"], r["factor"]) for r in dropless] == [
         *(("capacity", f) for f in quick["dropless_factors"]), ("dropless", None)]
     assert dropless[-1]["dropped"] == 0 and dropless[-1]["vs_dropless"] == 1.0
     assert all(r["time_ms"] > 0 and r["rows_sent"] > 0 and r["mib_sent"] > 0 for r in dropless)
+    # The no-drop static factor, dropless and the per-expert dynamic capacity on the skewed steps.
+    assert [r["dispatcher"] for r in dynamic] == ["static", "dropless", "dynamic"]
+    assert all(r["dropped"] == 0 and r["steps"] == quick["dynamic_steps"] == len(r["samples_ms"]) for r in dynamic)
+    static_row, _, dynamic_row = dynamic
+    assert static_row["factor"] > 1 and static_row["vs_static"] == 1.0  # the skew needs more than the mean share
+    assert dynamic_row["changes"] >= 1 and dynamic_row["rows_per_expert"] < static_row["rows_per_expert"]
     assert "# targets" in proc.stdout
     if plot is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -255,11 +255,16 @@ typedef struct {
 
 /* `capacity` argument of a2a_route: the dropless (packed) layout. */
 #define A2A_CAPACITY_DROPLESS (-1)
+/* The capacity of a routing from a2a_route_capacities: one capacity per
+ * expert (the ragged layout; expert_offsets are the prefix sums of the
+ * capacities). */
+#define A2A_CAPACITY_PER_EXPERT (-2)
 
-/* What a2a_route decided (host). */
+/* What a2a_route / a2a_route_capacities decided (host). */
 typedef struct {
-  int64_t capacity;    /* rows per expert (padded layout); -1 for the dropless layout */
-  int64_t num_rows;    /* rows of the dispatched buffer: E * capacity, or the routed choices */
+  int64_t capacity;    /* rows per expert (padded layout); -1 dropless; -2 per-expert capacities */
+  int64_t num_rows;    /* rows of the dispatched buffer: E * capacity, the sum of the per-expert
+                          capacities, or the routed choices */
   int64_t num_dropped; /* routed choices that did not fit their expert's capacity */
 } a2a_route_info_t;
 
@@ -268,8 +273,12 @@ typedef struct {
  * at slot locations[t, j] of that expert. A choice is kept when
  * 0 <= e and locations[t, j] < counts[e]; it then occupies row
  * expert_offsets[e] + locations[t, j] of the (num_rows, M) dispatched buffer.
- * The rows of expert e past counts[e], up to its capacity, are padding.
- * a2a_route fills locations, counts and expert_offsets. */
+ * Expert e owns rows expert_offsets[e] .. expert_offsets[e + 1] - 1; those
+ * past counts[e] are padding (none in the dropless layout). With
+ * capacity == A2A_CAPACITY_PER_EXPERT the kernels trust expert_offsets to be
+ * non-decreasing with expert_offsets[0] = 0, [E] = num_rows and counts[e] <=
+ * expert_offsets[e + 1] - expert_offsets[e], as a2a_route_capacities makes
+ * them. a2a_route fills locations, counts and expert_offsets. */
 typedef struct {
   int64_t num_tokens;             /* T */
   int64_t top_k;                  /* k */
@@ -279,7 +288,7 @@ typedef struct {
   const int64_t* locations;       /* (T, k) */
   const int64_t* counts;          /* (E) kept choices per expert */
   const int64_t* expert_offsets;  /* (E + 1) first row of each expert; [E] = num_rows */
-  int64_t capacity;               /* rows per expert, or -1 for the dropless layout */
+  int64_t capacity;               /* rows per expert, -1 dropless, -2 per-expert capacities */
   int64_t num_rows;
 } a2a_routing_t;
 
@@ -309,6 +318,26 @@ A2A_API a2a_status_t a2a_route(const a2a_exec_t* exec, a2a_comm_t comm, const vo
                                double capacity_setting, void* workspace, size_t workspace_bytes,
                                int64_t* locations, int64_t* counts, int64_t* expert_offsets,
                                a2a_route_info_t* info);
+
+/* a2a_route with one capacity per expert (DynaMoE's per-expert capacity
+ * factors): `capacities` (host, num_experts entries, each >= 0; 0 gives the
+ * expert no row) instead of one capacity. The dispatched buffer is ragged:
+ * expert e owns rows expert_offsets[e] .. expert_offsets[e] + capacity[e] - 1
+ * (expert_offsets are the prefix sums of the capacities; num_rows is their
+ * sum), its first counts[e] = min(demand, capacity[e]) rows hold its kept
+ * choices in slot order and the rest are padding. info->capacity is
+ * A2A_CAPACITY_PER_EXPERT. With a comm the call is collective like a2a_route
+ * (every rank must pass the same num_experts and top_k, and call this entry
+ * point, not a2a_route) and each expert's capacity becomes the maximum over
+ * the ranks, so that every rank's ragged layout is the same. final_capacities
+ * (host, num_experts entries, may be NULL or the same array as capacities)
+ * receives the capacities used. */
+A2A_API a2a_status_t a2a_route_capacities(const a2a_exec_t* exec, a2a_comm_t comm, const void* indices,
+                                          a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k,
+                                          int64_t num_experts, const int64_t* token_order,
+                                          const int64_t* capacities, void* workspace, size_t workspace_bytes,
+                                          int64_t* locations, int64_t* counts, int64_t* expert_offsets,
+                                          int64_t* final_capacities, a2a_route_info_t* info);
 
 /* Dispatch (fast encode; the dropless permute): for every kept choice,
  * rows[row(t, j)] = gate(t, j) * x[t]; padding rows are zeroed. x is (T, M),

@@ -194,6 +194,18 @@ inline a2a_route_info_t route(const a2a_exec_t& exec, const Communicator* comm, 
   return info;
 }
 
+inline a2a_route_info_t route_capacities(const a2a_exec_t& exec, const Communicator* comm, const void* indices,
+                                         a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k,
+                                         int64_t num_experts, const int64_t* token_order, const int64_t* capacities,
+                                         void* workspace, size_t workspace_bytes, int64_t* locations,
+                                         int64_t* counts, int64_t* expert_offsets, int64_t* final_capacities) {
+  a2a_route_info_t info{};
+  check(a2a_route_capacities(&exec, comm ? comm->get() : nullptr, indices, index_dtype, num_tokens, top_k,
+                             num_experts, token_order, capacities, workspace, workspace_bytes, locations, counts,
+                             expert_offsets, final_capacities, &info));
+  return info;
+}
+
 inline void moe_dispatch(const a2a_exec_t& exec, const a2a_routing_t& routing, const void* x, a2a_dtype_t dtype,
                          int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
   check(a2a_moe_dispatch(&exec, &routing, x, dtype, model_dim, gates, gate_dtype, rows));
