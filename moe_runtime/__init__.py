@@ -18,6 +18,8 @@ layout at every step.
   :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`)
 - :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
   ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
+- :class:`AssignmentCache`, sample-assignment caching (assignment_cache.py;
+  the corrected dispatch of the prediction in cached_dispatch.py)
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -26,6 +28,7 @@ layout at every step.
 
 from __future__ import annotations
 
+from .assignment_cache import AssignmentCache, AssignmentStats
 from .capacity import buffer_capacity, local_capacity, rule_capacity
 from .expert_cache import ExpertCache
 from .flows import Plan
@@ -38,6 +41,8 @@ from .tuner import AdaptiveDictionary, Config
 
 __all__ = [
     "AdaptiveDictionary",
+    "AssignmentCache",
+    "AssignmentStats",
     "Config",
     "CosineTopKGate",
     "ExchangePrior",

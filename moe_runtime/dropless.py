@@ -20,11 +20,16 @@ ranks sharing an expert each row would go to every sharer (model
 parallelism), which the padded flows already do; and d = 1, since the
 chunks of the pipelined flows are slices of the padded capacity axis, which
 this layout does not have.
+
+Two steps, :func:`dispatch` (up to ``received``) and
+:func:`experts_and_return` (the rest), so that the sample-assignment cache
+(moe_runtime.cached_dispatch) can make the same ``received`` another way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,7 +37,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-__all__ = ["dropless_moe"]
+__all__ = ["Dispatched", "dispatch", "dropless_moe", "experts_and_return"]
 
 
 class _ScaledGradient(torch.autograd.Function):
@@ -57,30 +62,52 @@ def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
     return received.cpu().numpy().reshape(comm.size, -1)
 
 
-def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
-                 weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
-                 activation: Callable[[torch.Tensor], torch.Tensor], comm: a2a.Comm, algo: str,
-                 weight_grad_scale: float = 1.0) -> tuple[torch.Tensor, np.ndarray, int]:
-    """y (T, M) of this rank's tokens, the rows each local expert computed
-    (n,), and the rows this rank sent to other ranks (in each exchange). `weights`: this rank's (fc1 (n, H, M), fc1_bias (n, H) or
-    None, fc2 (n, H, M), fc2_bias (n, M) or None); `gates` (T, k) weigh the
-    expert outputs at the combine (None: weight 1)."""
+@dataclass
+class Dispatched:
+    """The dispatch's result on one rank, what the experts and the way back need.
+
+    ``received`` (R, M): the rows for my experts, source-major, then expert
+    by expert, each expert's rows in the source's slot order (a2a.permute's:
+    first choices before second ones). ``per_source`` (W, n) int64: rows from
+    each source rank for each of my n experts (R = its sum). ``perm``: the
+    permutation of this rank's choices (a2a.permute's Routing); ``send_counts``
+    (W,) int64: rows this rank sent to each rank."""
+
+    received: torch.Tensor
+    per_source: np.ndarray
+    perm: a2a.Routing
+    send_counts: np.ndarray
+
+
+def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, comm: a2a.Comm,
+             algo: str) -> Dispatched:
+    """permute, the count exchange and all_to_all_v (autograd through a2a.torch)."""
+    x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
+    per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
+    send_counts = perm.counts.view(comm.size, -1).sum(dim=1).cpu().numpy()
+    received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
+    return Dispatched(received, per_source, perm, send_counts)
+
+
+def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
+                       weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
+                       activation: Callable[[torch.Tensor], torch.Tensor], comm: a2a.Comm, algo: str,
+                       weight_grad_scale: float = 1.0) -> torch.Tensor:
+    """Each local expert's FFN on its rows of ``dispatched.received``, the
+    rows back to their ranks and the gate-weighted combine: y (T, M).
+    `weights`: this rank's (fc1 (n, H, M), fc1_bias (n, H) or None, fc2 (n,
+    H, M), fc2_bias (n, M) or None); `gates` (T, k) weigh the expert outputs
+    at the combine (None: weight 1)."""
     fc1, fc1_bias, fc2, fc2_bias = weights
     local = fc1.shape[0]
-    num_experts = local * comm.size
     if weight_grad_scale != 1.0:
         fc1, fc2 = (_ScaledGradient.apply(w, weight_grad_scale) for w in (fc1, fc2))
         fc1_bias, fc2_bias = (None if b is None else _ScaledGradient.apply(b, weight_grad_scale)
                               for b in (fc1_bias, fc2_bias))
-
-    x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
-    per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
-    send_counts = perm.counts.view(comm.size, local).sum(dim=1).cpu().numpy()
-    received, recv_counts = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
-
+    received, per_source = dispatched.received, dispatched.per_source
     # Received rows are source-major; group them by local expert.
     expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
-    expert_of_row = torch.from_numpy(expert_of_row).to(tokens.device).view(-1, 1)
+    expert_of_row = torch.from_numpy(expert_of_row).to(received.device).view(-1, 1)
     by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
     offsets = local_perm.offsets.tolist()
     outputs = []
@@ -91,7 +118,25 @@ def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tenso
                                                   None if fc2_bias is None else fc2_bias[e]))
     computed = torch.cat(outputs)
     back = a2a_torch.unpermute(computed, local_perm)  # the received order again
-    returned, _ = a2a_torch.all_to_all_v(back, recv_counts, comm=comm, algo=algo)
-    y = a2a_torch.unpermute(returned, perm, gates)
+    returned, _ = a2a_torch.all_to_all_v(back, per_source.sum(axis=1), comm=comm, algo=algo)
+    return a2a_torch.unpermute(returned, dispatched.perm, gates)
+
+
+def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
+                 weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
+                 activation: Callable[[torch.Tensor], torch.Tensor], comm: a2a.Comm, algo: str,
+                 weight_grad_scale: float = 1.0, dispatched: Dispatched | None = None,
+                 ) -> tuple[torch.Tensor, np.ndarray, int]:
+    """y (T, M) of this rank's tokens, the rows each local expert computed
+    (n,), and the rows this rank sent to other ranks (in each exchange).
+    ``dispatched``: the dispatch of (tokens, indices) made already (by the
+    sample-assignment cache, moe_runtime.cached_dispatch); else it is made
+    here. For the other arguments see :func:`experts_and_return`."""
+    if dispatched is None:
+        dispatched = dispatch(tokens, indices, weights[0].shape[0] * comm.size, comm=comm, algo=algo)
+    y = experts_and_return(dispatched, gates, weights=weights, activation=activation, comm=comm, algo=algo,
+                           weight_grad_scale=weight_grad_scale)
+    send_counts = dispatched.send_counts
     sent_to_others = int(send_counts.sum() - send_counts[comm.rank])
-    return y, per_source.sum(axis=0), sent_to_others
+    return y, dispatched.per_source.sum(axis=0), sent_to_others
+

@@ -27,7 +27,9 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
+from .assignment_cache import AssignmentCache, AssignmentStats
 from .buffers import BufferPool
+from .cached_dispatch import CachedDispatch
 from .capacity import RULES, buffer_capacity, local_capacity
 from .dropless import dropless_moe
 from .experts import EXPERT_TAG, FFNExperts
@@ -105,10 +107,16 @@ class MoELayer(torch.nn.Module):
     ``dispatcher``: ``"capacity"`` (default: Tutel's padded buffers, every
     r and d) or ``"dropless"`` (moe_runtime.dropless: nothing dropped or
     padded; r = 1, d = 1, whole experts on every rank).
+    ``assignment_cache``: a :class:`moe_runtime.AssignmentCache` (dropless
+    dispatcher only): sample-assignment caching for the calls that pass
+    ``sample_ids`` (moe_runtime.cached_dispatch; the same results).
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
-    adaptive_r=, algo=, gate_index=)`` -> y of x's shape, with ``y.l_aux``;
-    ``layer.l_aux`` and ``layer.last_plan`` describe the last call.
+    adaptive_r=, algo=, gate_index=, sample_ids=)`` -> y of x's shape, with
+    ``y.l_aux``; ``layer.l_aux`` and ``layer.last_plan`` describe the last
+    call, ``layer.assignment_stats`` its caching (None without sample_ids).
+    ``sample_ids``: B distinct integers, one per sample; sample i owns tokens
+    [i L, (i + 1) L) of x as (T, M), L = T / B (x of shape (B, L, M)).
     """
 
     def __init__(
@@ -131,6 +139,7 @@ class MoELayer(torch.nn.Module):
         expert_gradient: str = "mean",
         timer: Callable[[], float] = time.perf_counter,
         dispatcher: str = "capacity",
+        assignment_cache: AssignmentCache | None = None,
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -178,6 +187,8 @@ class MoELayer(torch.nn.Module):
 
         if dispatcher == "dropless":
             _check_dropless(self)
+        self.assignment_cache = _checked_assignment_cache(self, assignment_cache)
+        self.assignment_stats: AssignmentStats | None = None
 
         # Communicators, made once (Comm.split is collective): one per group
         # size g > 1 that some r needs, and one for the exchanges, so that a
@@ -186,6 +197,8 @@ class MoELayer(torch.nn.Module):
         self._groups = {g: comm.split(comm.rank // g, comm.rank) for g in sizes}
         self._exchange_comm = comm.split(0, comm.rank)
         self._overlap = Overlap(comm.device)
+        if assignment_cache is not None:
+            check_thread_level(self._exchange_comm)  # the predicted dispatch runs on the communication thread
         self._pool = BufferPool()
         self._bound_signature: dict | None = None
         self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
@@ -229,7 +242,7 @@ class MoELayer(torch.nn.Module):
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
                 top_k: int | None = None, a2a_ffn_overlap_degree: int | None = None, adaptive_r: int | None = None,
-                algo: str | None = None) -> torch.Tensor:
+                algo: str | None = None, sample_ids: Any = None) -> torch.Tensor:
         start = self.timer()
         if x.shape[-1] != self.model_dim:
             raise ValueError(f"MoELayer on rank {self.comm.rank}: input {tuple(x.shape)} must end with model_dim "
@@ -251,12 +264,17 @@ class MoELayer(torch.nn.Module):
         if recording:
             anchor = torch.zeros((), requires_grad=True)  # makes the clock's backward run even if x needs no grad
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
-        decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
-                          is_gshard_loss=self.is_gshard_loss)
+        caching = self._begin_caching(tokens, k, sample_ids, algo)
+        try:
+            decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
+                              is_gshard_loss=self.is_gshard_loss)
+        finally:
+            if caching is not None:
+                caching.join()  # the predicted dispatch overlapped the gate; it ends before any other collective
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
         if self.dispatcher == "dropless":
             self._agree(0, k, gate_index, request)
-            y = self._dropless(tokens, decision, request)
+            y = self._dropless(tokens, decision, request, caching)
         else:
             factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
             mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
@@ -318,17 +336,34 @@ class MoELayer(torch.nn.Module):
             grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
 
-    def _dropless(self, tokens, decision, request: tuple) -> torch.Tensor:
+    def _begin_caching(self, tokens, k: int, sample_ids: Any, algo: str | None) -> CachedDispatch | None:
+        """Sample-assignment caching, before the gate (collective when the layer has a cache)."""
+        self.assignment_stats = None
+        if self.assignment_cache is None:
+            if sample_ids is not None:
+                raise ValueError("MoELayer: sample_ids are for sample-assignment caching; construct the layer with "
+                                 "assignment_cache=moe_runtime.AssignmentCache()")
+            return None
+        return CachedDispatch.begin(self.assignment_cache, sample_ids, tokens, k, self.num_global_experts,
+                                    agree_comm=self.comm, comm=self._exchange_comm, overlap=self._overlap,
+                                    algo=self.default_algo if algo is None else algo)
+
+    def _dropless(self, tokens, decision, request: tuple, caching: CachedDispatch | None = None) -> torch.Tensor:
         """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1."""
         r, d, algo = request
         _require_dropless_r_d(None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
         algo = self.default_algo if algo is None else algo
+        indices = decision.indices.contiguous()
+        dispatched = None
+        if caching is not None:
+            dispatched = caching.finish(tokens, indices)
+            self.assignment_stats = caching.stats
         experts = self.experts
         weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
-        y, rows, sent = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
+        y, rows, sent = dropless_moe(tokens, indices, decision.gates, weights=weights,
                                      activation=experts.activation_fn, comm=self._exchange_comm, algo=algo,
-                                     weight_grad_scale=scale)
+                                     weight_grad_scale=scale, dispatched=dispatched)
         most = int(rows.max()) if rows.size else 0
         self.last_plan = Plan(1, 1, algo, most, most, 0, sent)
         return y
@@ -414,6 +449,18 @@ def _check_dropless(layer: MoELayer) -> None:
     if layer.batch_prioritized_routing:
         raise ValueError("MoELayer(dispatcher='dropless') drops nothing, so batch_prioritized_routing (which orders "
                          "who is dropped) has no meaning there")
+
+
+def _checked_assignment_cache(layer: MoELayer, cache: AssignmentCache | None) -> AssignmentCache | None:
+    if cache is None:
+        return None
+    if not isinstance(cache, AssignmentCache):
+        raise TypeError(f"assignment_cache must be a moe_runtime.AssignmentCache, got {type(cache).__name__}")
+    if layer.dispatcher != "dropless":
+        raise ValueError("assignment_cache needs dispatcher='dropless': the predicted dispatch starts before the "
+                         "gate, and the capacity dispatcher's buffers depend on a capacity the gate decides")
+    cache.bind(layer)
+    return cache
 
 
 def _require_dropless_r_d(r: int | None, d: int | None, r_name: str) -> None:
