@@ -203,6 +203,8 @@ def check_sample_ids(sample_ids: Any, num_tokens: int, rank: int) -> tuple[np.nd
         raise TypeError(f"{where} must be integers (one id per sample), got dtype {ids.dtype}")
     if ids.ndim != 1:
         raise ValueError(f"{where} must be one-dimensional (one id per sample), got shape {ids.shape}")
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{where} must fit in int64, got {int(ids.max())}")
     count = ids.size
     if count == 0:
         if num_tokens:
