@@ -9,10 +9,13 @@ that expert when the prediction was dispatched; the order of the k
 choices does not matter); any other choice, a token of an unseen sample
 included, is a *miss*.
 
-The score is a moving average of the hit fraction of the calls (a
-bias-corrected exponential average, weight ``decay`` on the past)::
+The score is a moving average of the fraction of unchanged choices among
+the samples the cache knew (DynaMoE's metric: the samples not reassigned
+since their last visit; unseen samples tell nothing of convergence and do
+not count, though they are misses), a bias-corrected exponential average
+with weight ``decay`` on the past::
 
-    f_i = hits_i / choices_i
+    f_i = hits_i / (choices of known samples)_i
     a_i = decay a_(i-1) + (1 - decay) f_i,   w_i = decay w_(i-1) + (1 - decay),   score_i = a_i / w_i
 
 so the first call's score is its own fraction. Every rank keeps its own;
@@ -139,7 +142,8 @@ class AssignmentCache:
             self._entries.popitem(last=False)
 
     def observe(self, hits: int, choices: int) -> None:
-        """One call's hit count into the moving average (nothing when no choice was made)."""
+        """One call's hits among `choices` (of known samples) into the moving
+        average (nothing when there were none)."""
         if choices:
             self._average = self.decay * self._average + (1.0 - self.decay) * hits / choices
             self._weight = self.decay * self._weight + (1.0 - self.decay)

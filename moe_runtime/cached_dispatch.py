@@ -128,11 +128,12 @@ class CachedDispatch:
         hit, column = predicted_choices(actual, self.predicted)
         routed = actual >= 0
         hits, choices = int(hit.sum()), int(routed.sum())
+        seen = (self.predicted >= 0).any(axis=1)  # tokens of samples the cache knew
         dispatched, corrected, unused = None, 0, 0
         if self._sent is not None:
             dispatched, corrected = self._correct(tokens, indices, actual, hit, column)
             unused = int((self.predicted >= 0).sum()) - hits
-        self.cache.observe(hits, choices)
+        self.cache.observe(hits, int(routed[seen].sum()))  # unseen samples say nothing of convergence
         self.cache.store(self.sample_ids, actual)
         self.stats = AssignmentStats(hits, choices - hits, self.cache.score, dispatched is not None, corrected, unused)
         return dispatched

@@ -15,7 +15,7 @@ from test_runtime_dropless import make_layer, whole_expert_cases
 import a2a
 import moe_runtime
 
-ALWAYS = {"on_threshold": 0.0, "off_threshold": 0.0}  # on as soon as a score exists: the second call
+ALWAYS = {"on_threshold": 0.0, "off_threshold": 0.0}  # on as soon as every rank has a score
 
 
 def layers(comm, num_experts, dtype, k=2, **cache_options):
@@ -75,6 +75,7 @@ def test_cached_equals_uncached_whatever_the_prediction(comm, dtype, quality):
         first = run_layer(cached, comm, dtype, algo=algo, sample_ids=ids)  # fills the cache, uncached
         assert not cached.assignment_stats.cached and cached.assignment_stats.hits == 0
         assert_identical(first, want, f"first call {algo}")
+        cache.observe(1, 1)  # a score: caching is on from the next call
         actual = cache.lookup(ids, 1, 2)
         if quality == "unseen":
             ids = sample_ids(comm, offset=500)  # no entry: every choice is corrected
@@ -113,6 +114,7 @@ def test_experts_without_rows_and_a_rank_without_tokens(comm):
     want = step(plain)
     for predicted_expert in (None, 1, 0):  # None: the first call fills the cache
         if predicted_expert is not None:
+            cache.observe(1, 1)  # a score on every rank (rank 0 has no tokens to score): caching is on
             cache.store(ids, np.full((count, 1), predicted_expert, dtype=np.int64))
         got = step(cached, sample_ids=ids)
         for a, b in zip(got, want):
@@ -143,11 +145,11 @@ def test_every_rank_takes_the_same_decision(comm):
         assert len(set(decided)) == 1, f"call {call}: the ranks decided differently: {decided}"
         decisions.append(decided[0])
         scores.append(cache.score)
-    # Decided before the call from the scores after the one before: call 0: no score; 1: 0 (nothing was
-    # cached); 2: 1.0 -> on; 3: on (rank 0 then hits 50%); 4: rank 0's 0.5 < 0.85 -> off on every rank,
-    # though the others' scores are 1; 5: 1.0 -> on.
+    # Decided before the call from the scores after the one before: call 0: no score; 1: none yet (the
+    # cache knew no sample at call 0); 2: 1.0 -> on; 3: on (rank 0 then hits 50%); 4: rank 0's
+    # 0.5 < 0.85 -> off on every rank, though the others' scores are 1; 5: 1.0 -> on.
     assert decisions == [0, 0, 1, 1, 0, 1]
-    assert scores == [0.0, 1.0, 1.0, 0.5 if comm.rank == 0 else 1.0, 1.0, 1.0]
+    assert scores == [None, 1.0, 1.0, 0.5 if comm.rank == 0 else 1.0, 1.0, 1.0]
 
 
 def test_sample_id_errors_are_raised_on_every_rank(comm):

@@ -112,6 +112,8 @@ def test_one_rank_cached_layer_equals_the_uncached_one(comm):
     ids = np.array([40, 10, 30, 20])
     want = step(plain, x)
     assert all(torch.equal(a, b) for a, b in zip(step(cached, x, sample_ids=ids), want))
+    assert cache.score is None and len(cache) == 4  # the cache knew no sample: no score yet
+    cache.observe(1, 1)  # a score: caching is on from the next call
     actual = cache.lookup(ids, 3, 2)
     wrong = np.array([[e for e in range(4) if e not in row] for row in actual])
     for predicted, hits in ((wrong, 0), (np.stack([actual[:, 0], wrong[:, 0]], 1), 12), (actual, 24)):
