@@ -14,6 +14,9 @@ Every rank issues the exchanges in the same order, whatever the timing::
 - CUDA: they run on a communication stream, ordered against the compute
   stream by events; nothing waits on the host.
 - d = 1, or a single chunk: the three run in order on the calling thread.
+
+:meth:`Overlap.start` runs one task on the same thread (and stream): the
+sample-assignment cache's predicted dispatch, overlapping the gate.
 """
 
 from __future__ import annotations
