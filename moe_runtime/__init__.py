@@ -24,6 +24,8 @@ layout at every step.
 - :class:`DynamicCapacity`, the per-expert capacity policy of
   ``MoELayer(dispatcher="dynamic")`` (dynamic_capacity.py; its flow is
   ragged.py), and :class:`CapacityTracker`, its state
+- :class:`AssignmentCache`, sample-assignment caching (assignment_cache.py;
+  the corrected dispatch of the prediction in cached_dispatch.py)
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -33,6 +35,7 @@ layout at every step.
 from __future__ import annotations
 
 from . import placement
+from .assignment_cache import AssignmentCache, AssignmentStats
 from .capacity import buffer_capacity, local_capacity, rule_capacity
 from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
@@ -46,6 +49,8 @@ from .tuner import AdaptiveDictionary, Config
 
 __all__ = [
     "AdaptiveDictionary",
+    "AssignmentCache",
+    "AssignmentStats",
     "CapacityTracker",
     "Config",
     "CosineTopKGate",

@@ -21,6 +21,10 @@ parallelism), which the padded flows already do; and d = 1, since the
 chunks of the pipelined flows are slices of the padded capacity axis, which
 this layout does not have.
 
+Two steps, :func:`dispatch` (up to ``received``) and
+:func:`experts_and_return` (the rest), so that the sample-assignment cache
+(moe_runtime.cached_dispatch) can make the same ``received`` another way.
+
 With an expert cache (inference, Deployment paper Section VI) the count
 exchange tells which local experts receive rows; those are fetched into the
 cache's device slots before the data exchange (so the copies overlap it), or
@@ -30,6 +34,8 @@ bitwise.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,7 +47,7 @@ from .activation import Activation
 from .expert_cache import ExpertCache
 from .ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
 
-__all__ = ["dropless_moe"]
+__all__ = ["Dispatched", "dispatch", "dropless_moe", "experts_and_return"]
 
 
 def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
@@ -52,53 +58,72 @@ def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
     return received.cpu().numpy().reshape(comm.size, -1)
 
 
-def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
-                 weights: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None],
-                 activation: Activation, comm: a2a.Comm, algo: str, weight_grad_scale: float = 1.0,
-                 expert_cache: ExpertCache | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
-    """y (T, M) of this rank's tokens, the rows each local expert computed
-    (n,), and the rows this rank sent to other ranks (in each exchange).
+@dataclass
+class Dispatched:
+    """The dispatch's result on one rank, what the experts and the way back need.
+
+    ``received`` (R, M): the rows for my experts, source-major, then expert
+    by expert, each expert's rows in the source's slot order (a2a.permute's:
+    first choices before second ones). ``per_source`` (W, n) int64: rows from
+    each source rank for each of my n experts (R = its sum). ``perm``: the
+    permutation of this rank's choices (a2a.permute's Routing); ``send_counts``
+    (W,) int64: rows this rank sent to each rank. ``slots``: {expert: slot}
+    of the expert cache when the dispatch fetched the experts already."""
+
+    received: torch.Tensor
+    per_source: np.ndarray
+    perm: a2a.Routing
+    send_counts: np.ndarray
+    slots: dict[int, int] | None = None
+
+
+def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, comm: a2a.Comm,
+             algo: str, expert_cache: ExpertCache | None = None) -> Dispatched:
+    """permute, the count exchange and all_to_all_v (autograd through a2a.torch).
+    With `expert_cache`, the experts receiving rows are fetched between the
+    count exchange and the data exchange when they fit the slots at once."""
+    x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
+    per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
+    slots = None
+    active = np.flatnonzero(per_source.sum(axis=0))
+    if expert_cache is not None and active.size <= expert_cache.num_slots:
+        slots = expert_cache.fetch(active.tolist())  # on CUDA a copy stream: overlaps the exchange
+    send_counts = perm.counts.view(comm.size, -1).sum(dim=1).cpu().numpy()
+    received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
+    return Dispatched(received, per_source, perm, send_counts, slots)
+
+
+def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
+                       weights: ExpertWeights, activation: Activation, comm: a2a.Comm, algo: str,
+                       weight_grad_scale: float = 1.0, expert_cache: ExpertCache | None = None) -> torch.Tensor:
+    """Each local expert's FFN on its rows of ``dispatched.received``, the
+    rows back to their ranks and the gate-weighted combine: y (T, M).
     `weights`: this rank's (fc1 (n, H, M), fc1_bias (n, H) or None, fc2 (n,
     H, M), fc2_bias (n, M) or None); `gates` (T, k) weigh the expert outputs
     at the combine (None: weight 1). `expert_cache` (inference only: no
-    gradients): the experts' weights come from its device slots instead, and
-    only the experts that receive rows are fetched."""
-    fc1 = weights[0]
-    local = fc1.shape[0]
-    num_experts = local * comm.size
-
-    x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
-    per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
-    rows_per_expert = per_source.sum(axis=0)
-    slots = None
-    if expert_cache is not None and np.count_nonzero(rows_per_expert) <= expert_cache.num_slots:
-        # Known from the count exchange: the copies (a stream of their own on
-        # CUDA) overlap the exchange below.
-        slots = expert_cache.fetch(np.flatnonzero(rows_per_expert).tolist())
-    send_counts = perm.counts.view(comm.size, local).sum(dim=1).cpu().numpy()
-    received, recv_counts = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
-
+    gradients): the experts' weights come from its device slots instead."""
+    local = weights[0].shape[0]
+    received, per_source = dispatched.received, dispatched.per_source
     # Received rows are source-major; group them by local expert.
     expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
-    expert_of_row = torch.from_numpy(expert_of_row).to(tokens.device).view(-1, 1)
+    expert_of_row = torch.from_numpy(expert_of_row).to(received.device).view(-1, 1)
     by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
     offsets = local_perm.offsets.tolist()
     if expert_cache is None:
         computed = ragged_ffn(by_expert, offsets, *weights, activation, weight_grad_scale)
     else:
-        computed = _cached_ffn(by_expert, offsets, rows_per_expert, expert_cache, slots, fc1.shape[1], activation)
+        computed = _cached_ffn(by_expert, offsets, per_source.sum(axis=0), expert_cache, dispatched.slots,
+                               weights[0].shape[1], activation)
     back = a2a_torch.unpermute(computed, local_perm)  # the received order again
-    returned, _ = a2a_torch.all_to_all_v(back, recv_counts, comm=comm, algo=algo)
-    y = a2a_torch.unpermute(returned, perm, gates)
-    sent_to_others = int(send_counts.sum() - send_counts[comm.rank])
-    return y, rows_per_expert, sent_to_others
+    returned, _ = a2a_torch.all_to_all_v(back, per_source.sum(axis=1), comm=comm, algo=algo)
+    return a2a_torch.unpermute(returned, dispatched.perm, gates)
 
 
 def _cached_ffn(rows: torch.Tensor, offsets: list[int], rows_per_expert: np.ndarray, cache: ExpertCache,
                 slots: dict[int, int] | None, hidden_size: int, activation: Activation) -> torch.Tensor:
-    """The experts' FFN with weights from the cache's slots: all fetched
-    already (`slots`), or, when the batch has more active experts than slots,
-    one at a time as the paper runs them (fetch_each)."""
+    """The experts' FFN with weights from the cache's slots: fetched already
+    (`slots`), fetched now when they fit the slots at once, or else one at a
+    time as the paper runs them (fetch_each)."""
     if torch.is_grad_enabled() and rows.requires_grad:
         raise RuntimeError("the expert cache serves inference only: run the layer under torch.no_grad()")
     pool = cache.pool
@@ -108,8 +133,30 @@ def _cached_ffn(rows: torch.Tensor, offsets: list[int], rows_per_expert: np.ndar
                 pool["fc2_w"][slot], pool["fc2_bias"][slot] if "fc2_bias" in pool else None)
 
     active = np.flatnonzero(rows_per_expert).tolist()
+    if slots is None and len(active) <= cache.num_slots:
+        slots = cache.fetch(active)
     placed = ((e, slots[e]) for e in active) if slots is not None else cache.fetch_each(active)
     out = rows.new_empty(rows.shape)
     hidden = rows.new_empty((rows.shape[0], hidden_size))
     ffn_rows(rows, offsets, ((e, expert(slot)) for e, slot in placed), activation, out, hidden)
     return out
+
+
+def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
+                 weights: ExpertWeights, activation: Activation, comm: a2a.Comm, algo: str,
+                 weight_grad_scale: float = 1.0, dispatched: Dispatched | None = None,
+                 expert_cache: ExpertCache | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
+    """y (T, M) of this rank's tokens, the rows each local expert computed
+    (n,), and the rows this rank sent to other ranks (in each exchange).
+    ``dispatched``: the dispatch of (tokens, indices) made already (by the
+    sample-assignment cache, moe_runtime.cached_dispatch); else it is made
+    here. For the other arguments see :func:`experts_and_return`."""
+    if dispatched is None:
+        dispatched = dispatch(tokens, indices, weights[0].shape[0] * comm.size, comm=comm, algo=algo,
+                              expert_cache=expert_cache)
+    y = experts_and_return(dispatched, gates, weights=weights, activation=activation, comm=comm, algo=algo,
+                           weight_grad_scale=weight_grad_scale, expert_cache=expert_cache)
+    send_counts = dispatched.send_counts
+    sent_to_others = int(send_counts.sum() - send_counts[comm.rank])
+    return y, dispatched.per_source.sum(axis=0), sent_to_others
+

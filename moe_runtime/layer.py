@@ -28,7 +28,9 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
+from .assignment_cache import AssignmentCache, AssignmentStats
 from .buffers import BufferPool
+from .cached_dispatch import CachedDispatch
 from .capacity import RULES, buffer_capacity, local_capacity
 from .dropless import dropless_moe
 from .dynamic_capacity import CapacityTracker, DynamicCapacity
@@ -119,10 +121,16 @@ class MoELayer(torch.nn.Module):
     :class:`ExpertCache` (dropless only) that serves calls recording no
     autograd graph (inference): this rank's experts' weights are held on the
     host and only those receiving rows are brought into its device slots.
+    ``assignment_cache``: a :class:`moe_runtime.AssignmentCache` (dropless
+    dispatcher only): sample-assignment caching for the calls that pass
+    ``sample_ids`` (moe_runtime.cached_dispatch; the same results).
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
-    adaptive_r=, algo=, gate_index=)`` -> y of x's shape, with ``y.l_aux``;
-    ``layer.l_aux`` and ``layer.last_plan`` describe the last call.
+    adaptive_r=, algo=, gate_index=, sample_ids=)`` -> y of x's shape, with
+    ``y.l_aux``; ``layer.l_aux`` and ``layer.last_plan`` describe the last
+    call, ``layer.assignment_stats`` its caching (None without sample_ids).
+    ``sample_ids``: B distinct integers, one per sample; sample i owns tokens
+    [i L, (i + 1) L) of x as (T, M), L = T / B (x of shape (B, L, M)).
     """
 
     def __init__(
@@ -147,6 +155,7 @@ class MoELayer(torch.nn.Module):
         dispatcher: str = "capacity",
         expert_cache: ExpertCache | None = None,
         dynamic_capacity: DynamicCapacity | None = None,
+        assignment_cache: AssignmentCache | None = None,
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -206,6 +215,8 @@ class MoELayer(torch.nn.Module):
                              "(padded buffers), active or not, so there is nothing to leave on the host")
         self.expert_cache = expert_cache
         self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
+        self.assignment_cache = _checked_assignment_cache(self, assignment_cache)
+        self.assignment_stats: AssignmentStats | None = None
 
         # Communicators, made once (Comm.split is collective): one per group
         # size g > 1 that some r needs, and one for the exchanges, so that a
@@ -214,6 +225,8 @@ class MoELayer(torch.nn.Module):
         self._groups = {g: comm.split(comm.rank // g, comm.rank) for g in sizes}
         self._exchange_comm = comm.split(0, comm.rank)
         self._overlap = Overlap(comm.device)
+        if assignment_cache is not None:
+            check_thread_level(self._exchange_comm)  # the predicted dispatch runs on the communication thread
         self._pool = BufferPool()
         self._bound_signature: dict | None = None
         self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
@@ -318,7 +331,7 @@ class MoELayer(torch.nn.Module):
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
                 top_k: int | None = None, a2a_ffn_overlap_degree: int | None = None, adaptive_r: int | None = None,
-                algo: str | None = None) -> torch.Tensor:
+                algo: str | None = None, sample_ids: Any = None) -> torch.Tensor:
         start = self.timer()
         if x.shape[-1] != self.model_dim:
             raise ValueError(f"MoELayer on rank {self.comm.rank}: input {tuple(x.shape)} must end with model_dim "
@@ -340,8 +353,13 @@ class MoELayer(torch.nn.Module):
         if recording:
             anchor = torch.zeros((), requires_grad=True)  # makes the clock's backward run even if x needs no grad
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
-        decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
-                          is_gshard_loss=self.is_gshard_loss)
+        caching = self._begin_caching(tokens, k, sample_ids, algo)
+        try:
+            decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
+                              is_gshard_loss=self.is_gshard_loss)
+        finally:
+            if caching is not None:
+                caching.join()  # the predicted dispatch overlapped the gate; it ends before any other collective
         if self.routing_trace is not None:
             counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
             self.routing_trace.append(counts.cpu().numpy())
@@ -352,7 +370,8 @@ class MoELayer(torch.nn.Module):
         if self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
             self._agree(0, k, gate_index, request)
             if self.dispatcher == "dropless":
-                y = self._dropless(tokens, decision, request, cached=self.expert_cache is not None and not recording)
+                y = self._dropless(tokens, decision, request, caching,
+                                   cached=self.expert_cache is not None and not recording)
             else:
                 y = self._dynamic(tokens, decision, request)
         else:
@@ -416,13 +435,31 @@ class MoELayer(torch.nn.Module):
             grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
 
-    def _dropless(self, tokens, decision, request: tuple, cached: bool) -> torch.Tensor:
+    def _begin_caching(self, tokens, k: int, sample_ids: Any, algo: str | None) -> CachedDispatch | None:
+        """Sample-assignment caching, before the gate (collective when the layer has a cache)."""
+        self.assignment_stats = None
+        if self.assignment_cache is None:
+            if sample_ids is not None:
+                raise ValueError("MoELayer: sample_ids are for sample-assignment caching; construct the layer with "
+                                 "assignment_cache=moe_runtime.AssignmentCache()")
+            return None
+        return CachedDispatch.begin(self.assignment_cache, sample_ids, tokens, k, self.num_global_experts,
+                                    agree_comm=self.comm, comm=self._exchange_comm, overlap=self._overlap,
+                                    algo=self.default_algo if algo is None else algo)
+
+    def _dropless(self, tokens, decision, request: tuple, caching: CachedDispatch | None, cached: bool) -> torch.Tensor:
         """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1;
-        `cached`: the experts' weights come from the expert cache."""
+        `caching`: the sample-assignment cache's dispatch, begun before the
+        gate; `cached`: the experts' weights come from the expert cache."""
         algo, weights, scale = self._whole_expert_call(request)
-        y, rows, sent = dropless_moe(tokens, decision.indices.contiguous(), decision.gates, weights=weights,
+        indices = decision.indices.contiguous()
+        dispatched = None
+        if caching is not None:
+            dispatched = caching.finish(tokens, indices)
+            self.assignment_stats = caching.stats
+        y, rows, sent = dropless_moe(tokens, indices, decision.gates, weights=weights,
                                      activation=self.experts.activation_fn, comm=self._exchange_comm, algo=algo,
-                                     weight_grad_scale=scale,
+                                     weight_grad_scale=scale, dispatched=dispatched,
                                      expert_cache=self._bound_cache(tokens.device) if cached else None)
         most = int(rows.max()) if rows.size else 0
         self.last_plan = Plan(1, 1, algo, most, most, 0, sent)
@@ -556,6 +593,18 @@ def _check_whole_experts(layer: MoELayer) -> None:
     if layer.batch_prioritized_routing:
         raise ValueError("MoELayer(dispatcher='dropless') drops nothing, so batch_prioritized_routing (which orders "
                          "who is dropped) has no meaning there")
+
+
+def _checked_assignment_cache(layer: MoELayer, cache: AssignmentCache | None) -> AssignmentCache | None:
+    if cache is None:
+        return None
+    if not isinstance(cache, AssignmentCache):
+        raise TypeError(f"assignment_cache must be a moe_runtime.AssignmentCache, got {type(cache).__name__}")
+    if layer.dispatcher != "dropless":
+        raise ValueError("assignment_cache needs dispatcher='dropless': the predicted dispatch starts before the "
+                         "gate, and the capacity dispatcher's buffers depend on a capacity the gate decides")
+    cache.bind(layer)
+    return cache
 
 
 def _require_r1_d1(dispatcher: str, r: int | None, d: int | None, r_name: str) -> None:

@@ -14,6 +14,9 @@ Every rank issues the exchanges in the same order, whatever the timing::
 - CUDA: they run on a communication stream, ordered against the compute
   stream by events; nothing waits on the host.
 - d = 1, or a single chunk: the three run in order on the calling thread.
+
+:meth:`Overlap.start` runs one task on the same thread (and stream): the
+sample-assignment cache's predicted dispatch, overlapping the gate.
 """
 
 from __future__ import annotations
@@ -112,10 +115,46 @@ class Overlap:
             exchange(after, i, main.record_event())
         main.wait_stream(side)
 
+    def start(self, task: Callable[[], Any]) -> Callable[[], Any]:
+        """Starts `task` (exchanges only, no autograd recording) on the
+        communication thread, off the caller's path; returns the function
+        that waits for it and gives its result (or raises its error). The
+        caller makes no call on the task's communicator until then. On CUDA
+        the task also runs on the communication stream, after the work
+        queued so far on the caller's stream; its result is ready for the
+        caller's stream once the wait returns."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-exchange")
+        if self.device != "cuda":
+            return self._executor.submit(_without_grad, task).result
+        main = torch.cuda.current_stream()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=main.device)
+        side, inputs_ready = self._stream, main.record_event()
+
+        def on_side_stream() -> tuple[Any, Any]:
+            with torch.cuda.stream(side):  # the current stream is per thread
+                side.wait_event(inputs_ready)
+                return task(), side.record_event()
+
+        future = self._executor.submit(_without_grad, on_side_stream)
+
+        def wait() -> Any:
+            result, done = future.result()
+            main.wait_event(done)
+            return result
+
+        return wait
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+
+
+def _without_grad(task: Callable[[], Any]) -> Any:
+    with torch.no_grad():
+        return task()
 
 
 def _with_grad_mode(enabled: bool, step: Callable[[int], None], i: int) -> None:
