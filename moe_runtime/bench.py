@@ -561,6 +561,7 @@ class _Bench:
         import numpy as np
 
         from .layer import MoELayer
+        from .step_memory import peak_step_bytes
 
         dropless = MoELayer(*self.layer_args, comm=self.comm, seeds=(1, 2), dispatcher="dropless").to(self.dtype)
         x = self.tokens(self.args.tokens)
@@ -574,9 +575,12 @@ class _Bench:
             plans.append(layer.last_plan)
         samples = common.take_turns([lambda s=step: self.timed(s) for step in steps], self.args.repeats)
         row_bytes = self.args.model_dim * self.torch.empty((), dtype=self.dtype).element_size()
-        counts = np.array([[p.rows_sent for p in plans], [p.dropped for p in plans]], dtype=np.float64)
+        peaks = [peak_step_bytes(step, layer._pool) for step, layer in zip(steps, [self.layer] * len(factors)
+                                                                               + [dropless])]
+        counts = np.array([[p.rows_sent for p in plans], [p.dropped for p in plans], peaks], dtype=np.float64)
         most_sent = self.a2a.all_reduce(counts[0].copy(), comm=self.comm, op="max")
         dropped = self.a2a.all_reduce(counts[1].copy(), comm=self.comm)
+        peak = self.a2a.all_reduce(counts[2].copy(), comm=self.comm, op="max")
         dropless_ms = statistics.median(samples[-1]) * 1e3
         rows = []
         for index, factor in enumerate([*factors, None]):
@@ -584,7 +588,8 @@ class _Bench:
             rows.append({"dispatcher": "dropless" if factor is None else "capacity", "factor": factor,
                          "tokens": self.args.tokens, "time_ms": time_ms, "vs_dropless": time_ms / dropless_ms,
                          "rows_sent": int(most_sent[index]), "mib_sent": 4 * most_sent[index] * row_bytes / 2**20,
-                         "dropped": int(dropped[index]), "samples_ms": [t * 1e3 for t in samples[index]]})
+                         "dropped": int(dropped[index]), "peak_mib": peak[index] / 2**20,
+                         "peak_vs_dropless": peak[index] / peak[-1], "samples_ms": [t * 1e3 for t in samples[index]]})
         return rows
 
     def peer_step(self, x: Any, factor: float) -> Callable[[], None]:
@@ -824,18 +829,19 @@ def format_summary(s: dict) -> str:
     )
 
 
-_DROPLESS = "{:>11}  {:>6}  {:>7}  {:>10}  {:>11}  {:>9}  {:>9}  {:>8}"
+_DROPLESS = "{:>11}  {:>6}  {:>7}  {:>10}  {:>11}  {:>9}  {:>9}  {:>8}  {:>9}  {:>11}"
 
 
 def dropless_header_lines() -> list[str]:
     return ["#" + _DROPLESS.format("dispatcher", "factor", "tokens", "time(ms)", "vs dropless", "rows sent",
-                                   "MiB sent", "dropped")[1:]]
+                                   "MiB sent", "dropped", "peak MiB", "vs dropless")[1:]]
 
 
 def format_dropless(row: dict) -> str:
     return _DROPLESS.format(row["dispatcher"], "-" if row["factor"] is None else f"{row['factor']:g}", row["tokens"],
                             f"{row['time_ms']:.2f}", f"{row['vs_dropless']:.2f}x", row["rows_sent"],
-                            f"{row['mib_sent']:.2f}", row["dropped"])
+                            f"{row['mib_sent']:.2f}", row["dropped"], f"{row['peak_mib']:.2f}",
+                            f"{row['peak_vs_dropless']:.2f}x")
 
 
 def switch_header_lines() -> list[str]:
@@ -1030,7 +1036,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         say("#")
         say(f"# dropless: the capacity dispatcher (r1/d1/linear) at each factor against dispatcher='dropless', "
             f"T={args.tokens}; sent = the most any rank sends to the others per step (4 exchanges); dropped = "
-            "choices the capacity dropped, all ranks")
+            "choices the capacity dropped, all ranks; peak = the most any rank's step holds at once, its "
+            "allocations at their peak (torch.profiler) plus the layer's pooled buffers (moe_runtime.step_memory)")
         for line in dropless_header_lines():
             say(line)
         for row in dropless:

@@ -232,13 +232,14 @@ def test_switch_cost_is_the_median_difference_of_the_pairs():
 def test_dropless_rows_line_up_with_their_header():
     header = bench.dropless_header_lines()[0]
     rows = [{"dispatcher": "capacity", "factor": 1.25, "tokens": 256, "time_ms": 120.5, "vs_dropless": 1.1,
-             "rows_sent": 480, "mib_sent": 7.5, "dropped": 12},
+             "rows_sent": 480, "mib_sent": 7.5, "dropped": 12, "peak_mib": 30.25, "peak_vs_dropless": 1.5},
             {"dispatcher": "dropless", "factor": None, "tokens": 256, "time_ms": 109.5, "vs_dropless": 1.0,
-             "rows_sent": 384, "mib_sent": 6.0, "dropped": 0}]
+             "rows_sent": 384, "mib_sent": 6.0, "dropped": 0, "peak_mib": 20.17, "peak_vs_dropless": 1.0}]
     for row in rows:
         line = bench.format_dropless(row)
         assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
-    assert bench.format_dropless(rows[1]).split() == ["dropless", "-", "256", "109.50", "1.00x", "384", "6.00", "0"]
+    assert bench.format_dropless(rows[1]).split() == ["dropless", "-", "256", "109.50", "1.00x", "384", "6.00", "0",
+                                                     "20.17", "1.00x"]
     assert bench.parse_args(["--dropless-factors", "1.5,3"]).dropless_factors == [1.5, 3.0]
     assert bench.parse_args(["--dropless-factors", ""]).dropless_factors == []
 
@@ -368,7 +369,7 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
     assert [(r["dispatcher"], r["factor"]) for r in dropless] == [
         *(("capacity", f) for f in quick["dropless_factors"]), ("dropless", None)]
     assert dropless[-1]["dropped"] == 0 and dropless[-1]["vs_dropless"] == 1.0
-    assert all(r["time_ms"] > 0 and r["rows_sent"] > 0 and r["mib_sent"] > 0 for r in dropless)
+    assert all(r["time_ms"] > 0 and r["rows_sent"] > 0 and r["mib_sent"] > 0 and r["peak_mib"] > 0 for r in dropless)
     # The no-drop static factor, dropless and the per-expert dynamic capacity on the skewed steps.
     assert [r["dispatcher"] for r in dynamic] == ["static", "dropless", "dynamic"]
     assert all(r["dropped"] == 0 and r["steps"] == quick["dynamic_steps"] == len(r["samples_ms"]) for r in dynamic)

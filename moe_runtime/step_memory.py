@@ -1,0 +1,31 @@
+"""Peak memory of one training step on the CPU, for the benchmarks.
+
+The CPU allocator has no peak counter, so the step runs under
+``torch.profiler`` with ``profile_memory=True``: every op's allocations and
+frees (its self memory) in time order make the live-bytes curve of the step,
+and its maximum is the peak above what was live when the step began. The
+layer's pooled buffers (moe_runtime.buffers) are reused from step to step, so
+a warm step allocates none of them: their bytes are added, since the step
+needs them as much as what it allocates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from torch.profiler import ProfilerActivity, profile
+
+from .buffers import BufferPool
+
+__all__ = ["peak_step_bytes"]
+
+
+def peak_step_bytes(step: Callable[[], None], pool: BufferPool | None = None) -> int:
+    """Bytes: the peak of the step's live allocations plus the pool's buffers."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    live = itertools.accumulate((e.self_cpu_memory_usage for e in events), initial=0)
+    pooled = sum(size for _, _, size in pool.snapshot()) if pool is not None else 0
+    return max(live) + pooled
