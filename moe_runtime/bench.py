@@ -575,8 +575,11 @@ class _Bench:
             plans.append(layer.last_plan)
         samples = common.take_turns([lambda s=step: self.timed(s) for step in steps], self.args.repeats)
         row_bytes = self.args.model_dim * self.torch.empty((), dtype=self.dtype).element_size()
-        peaks = [peak_step_bytes(step, layer._pool) for step, layer in zip(steps, [self.layer] * len(factors)
-                                                                               + [dropless])]
+        peaks = []
+        for step, layer in zip(steps, [self.layer] * len(factors) + [dropless]):
+            layer._pool.clear()  # the pool then holds this step's buffers only (not earlier configurations')
+            step()
+            peaks.append(peak_step_bytes(step, layer._pool))
         counts = np.array([[p.rows_sent for p in plans], [p.dropped for p in plans], peaks], dtype=np.float64)
         most_sent = self.a2a.all_reduce(counts[0].copy(), comm=self.comm, op="max")
         dropped = self.a2a.all_reduce(counts[1].copy(), comm=self.comm)
