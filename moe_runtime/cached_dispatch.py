@@ -36,7 +36,7 @@ import torch
 import a2a
 
 from .assignment_cache import AssignmentCache, AssignmentStats, check_sample_ids, predicted_choices
-from .dropless import Dispatched
+from .dropless import Dispatched, rows_per_rank
 from .pipeline import Overlap
 
 __all__ = ["CachedDispatch"]
@@ -45,11 +45,6 @@ __all__ = ["CachedDispatch"]
 def _first_rows(counts: np.ndarray) -> np.ndarray:
     """Exclusive prefix sum: the first row of each block of `counts` rows."""
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-
-
-def _rows_per_rank(counts: Any, ranks: int) -> np.ndarray:
-    """(W,) rows per destination rank from a permutation's (E,) counts."""
-    return np.asarray(counts.cpu().numpy() if isinstance(counts, torch.Tensor) else counts).reshape(ranks, -1).sum(1)
 
 
 class _ReceivedByPrediction(torch.autograd.Function):
@@ -106,7 +101,7 @@ class CachedDispatch:
 
             def send() -> tuple:
                 x_sorted, perm = a2a.permute(rows, indices, num_experts)
-                send_counts = _rows_per_rank(perm.counts, comm.size)
+                send_counts = rows_per_rank(perm.counts, comm.size)
                 received, recv_counts = a2a.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
                 return perm, send_counts, received, recv_counts
 
@@ -147,8 +142,8 @@ class CachedDispatch:
         missed = torch.from_numpy(np.where(hit, -1, actual)).to(tokens.device)
         correction, correction_perm = a2a.permute(tokens.detach(), missed, num_experts)
         counts = perm.counts.cpu().numpy()
-        send = counts.reshape(ranks, local).sum(1)
-        correction_send = _rows_per_rank(correction_perm.counts, ranks)
+        send = rows_per_rank(counts, ranks)
+        correction_send = rows_per_rank(correction_perm.counts, ranks)
 
         # Each routed choice's place in its destination's block of pool_p or pool_c.
         routed = actual >= 0

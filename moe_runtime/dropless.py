@@ -47,7 +47,24 @@ from .activation import Activation
 from .expert_cache import ExpertCache
 from .ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
 
-__all__ = ["Dispatched", "dispatch", "dropless_moe", "experts_and_return"]
+__all__ = ["CACHED_WEIGHT_NAMES", "Dispatched", "dispatch", "dropless_moe", "experts_and_return", "rows_per_rank"]
+
+# The expert cache's names of a local expert's (fc1, fc1_bias, fc2, fc2_bias); biases may be absent.
+CACHED_WEIGHT_NAMES = ("fc1_w", "fc1_bias", "fc2_w", "fc2_bias")
+
+
+def rows_per_rank(counts: torch.Tensor | np.ndarray, ranks: int) -> np.ndarray:
+    """(W,) rows for each destination rank from a permutation's (E,) rows per
+    expert (rank j holds experts [j n, (j + 1) n))."""
+    counts = counts.cpu().numpy() if isinstance(counts, torch.Tensor) else np.asarray(counts)
+    return counts.reshape(ranks, -1).sum(axis=1)
+
+
+def _fetch_if_they_fit(cache: ExpertCache, rows_per_expert: np.ndarray) -> dict[int, int] | None:
+    """{expert: slot} with every expert that has rows made resident at once,
+    or None (nothing fetched) when they outnumber the cache's slots."""
+    active = np.flatnonzero(rows_per_expert)
+    return cache.fetch(active.tolist()) if active.size <= cache.num_slots else None
 
 
 def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
@@ -84,11 +101,9 @@ def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, c
     count exchange and the data exchange when they fit the slots at once."""
     x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
     per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
-    slots = None
-    active = np.flatnonzero(per_source.sum(axis=0))
-    if expert_cache is not None and active.size <= expert_cache.num_slots:
-        slots = expert_cache.fetch(active.tolist())  # on CUDA a copy stream: overlaps the exchange
-    send_counts = perm.counts.view(comm.size, -1).sum(dim=1).cpu().numpy()
+    # On CUDA the cache copies on a stream of its own: they overlap the exchange.
+    slots = None if expert_cache is None else _fetch_if_they_fit(expert_cache, per_source.sum(axis=0))
+    send_counts = rows_per_rank(perm.counts, comm.size)
     received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
     return Dispatched(received, per_source, perm, send_counts, slots)
 
@@ -129,12 +144,12 @@ def _cached_ffn(rows: torch.Tensor, offsets: list[int], rows_per_expert: np.ndar
     pool = cache.pool
 
     def expert(slot: int) -> ExpertWeights:
-        return (pool["fc1_w"][slot], pool["fc1_bias"][slot] if "fc1_bias" in pool else None,
-                pool["fc2_w"][slot], pool["fc2_bias"][slot] if "fc2_bias" in pool else None)
+        fc1, fc1_bias, fc2, fc2_bias = (pool[name][slot] if name in pool else None for name in CACHED_WEIGHT_NAMES)
+        return fc1, fc1_bias, fc2, fc2_bias
 
+    if slots is None:
+        slots = _fetch_if_they_fit(cache, rows_per_expert)
     active = np.flatnonzero(rows_per_expert).tolist()
-    if slots is None and len(active) <= cache.num_slots:
-        slots = cache.fetch(active)
     placed = ((e, slots[e]) for e in active) if slots is not None else cache.fetch_each(active)
     out = rows.new_empty(rows.shape)
     hidden = rows.new_empty((rows.shape[0], hidden_size))

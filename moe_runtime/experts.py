@@ -50,6 +50,7 @@ __all__ = ["FFNExperts", "expert_layout"]
 
 _EXPERT_KEYS = {"type", "num_experts_per_device", "count_per_node", "hidden_size_per_expert", "activation_fn",
                 "has_fc1_bias", "has_fc2_bias"}
+WEIGHT_NAMES = ("batched_fc1_w", "batched_fc1_bias", "batched_fc2_w", "batched_fc2_bias")  # Tutel's, in this order
 EXPERT_TAG = "_moe_expert"  # set on expert parameters: their gradients are not all-reduced
 
 
@@ -137,6 +138,11 @@ class FFNExperts(torch.nn.Module):
                     self.batched_fc2_bias[local].zero_()
                     self.batched_fc2_bias[local, : cols.stop - cols.start].copy_(fc2_bias[cols])
 
+    def local_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """This rank's (fc1_w, fc1_bias or None, fc2_w, fc2_bias or None), as stored."""
+        fc1, fc1_bias, fc2, fc2_bias = (getattr(self, name) for name in WEIGHT_NAMES)
+        return fc1, fc1_bias, fc2, fc2_bias
+
     def gathered(self, comm: a2a.Comm | None, shards: dict[str, torch.Tensor] | None = None,
                  lease: Lease | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
@@ -150,7 +156,7 @@ class FFNExperts(torch.nn.Module):
         r = 0 gathers every expert, 64 MiB at E = 8, H = M = 1024, which
         allocated fresh each step costs page faults on every step)."""
         shards = shards or {}
-        names = ("batched_fc1_w", "batched_fc1_bias", "batched_fc2_w", "batched_fc2_bias")
+        names = WEIGHT_NAMES
         fc1, fc1_bias, fc2, fc2_bias = (shards.get(name, getattr(self, name)) for name in names)
         size = 1 if comm is None else comm.size
         experts = max(self.num_local * size // self.sharers, 1)

@@ -32,7 +32,7 @@ from .assignment_cache import AssignmentCache, AssignmentStats
 from .buffers import BufferPool
 from .cached_dispatch import CachedDispatch
 from .capacity import RULES, buffer_capacity, local_capacity
-from .dropless import dropless_moe
+from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
 from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
 from .experts import EXPERT_TAG, FFNExperts
@@ -490,19 +490,16 @@ class MoELayer(torch.nn.Module):
         the dropless or dynamic dispatcher, after checking its r and d."""
         r, d, algo = request
         _require_r1_d1(self.dispatcher, None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
-        experts = self.experts
-        weights = (experts.batched_fc1_w, experts.batched_fc1_bias, experts.batched_fc2_w, experts.batched_fc2_bias)
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
-        return self.default_algo if algo is None else algo, weights, scale
+        return self.default_algo if algo is None else algo, self.experts.local_weights(), scale
 
     def _bound_cache(self, device: torch.device) -> ExpertCache:
         """The expert cache holding the current expert weights: (re)bound when
         a parameter changed since (an optimizer step, a load) or the tokens
         moved to another device."""
-        cache, experts = self.expert_cache, self.experts
-        named = {"fc1_w": experts.batched_fc1_w, "fc1_bias": experts.batched_fc1_bias,
-                 "fc2_w": experts.batched_fc2_w, "fc2_bias": experts.batched_fc2_bias}
-        weights = {name: p for name, p in named.items() if p is not None}
+        cache = self.expert_cache
+        named = zip(CACHED_WEIGHT_NAMES, self.experts.local_weights())
+        weights = {name: p for name, p in named if p is not None}
         versions = (device, *((p.data_ptr(), p._version) for p in weights.values()))
         if versions != self._cached_versions:
             cache.bind(weights, device)
