@@ -26,6 +26,12 @@ layout at every step.
   ragged.py), and :class:`CapacityTracker`, its state
 - :class:`AssignmentCache`, sample-assignment caching (assignment_cache.py;
   the corrected dispatch of the prediction in cached_dispatch.py)
+- FlexMoE: ``MoELayer(dispatcher="dropless", flex=FlexConfig(...))``,
+  ``layer.rebalance(optimizer)`` / ``layer.adjust(primitives)``: vExpert
+  slots and their primitives (vexperts.py: :class:`SlotTable`, Expand,
+  Shrink, Migrate), Algorithm 3's routing (flex_routing.py), the flow
+  (flex_dispatch.py), the layer's state (flex.py), the cost model and the
+  scheduler (flex_cost.py, flex_scheduler.py); ``python -m moe_runtime.bench --flex``
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -39,6 +45,7 @@ from .assignment_cache import AssignmentCache, AssignmentStats
 from .capacity import buffer_capacity, local_capacity, rule_capacity
 from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
+from .flex_config import FlexConfig
 from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
 from .layer import MoELayer, sync_shared_gradients
@@ -46,6 +53,7 @@ from .losses import gshard_loss, load_importance_loss, z_loss
 from .prior import ExchangePrior
 from .reference import moe_reference
 from .tuner import AdaptiveDictionary, Config
+from .vexperts import Expand, Migrate, Shrink, SlotTable
 
 __all__ = [
     "AdaptiveDictionary",
@@ -56,10 +64,15 @@ __all__ = [
     "CosineTopKGate",
     "DynamicCapacity",
     "ExchangePrior",
+    "Expand",
     "ExpertCache",
+    "FlexConfig",
     "LinearTopKGate",
+    "Migrate",
     "MoELayer",
     "Plan",
+    "Shrink",
+    "SlotTable",
     "buffer_capacity",
     "gshard_loss",
     "load_importance_loss",

@@ -34,7 +34,7 @@ model is the same whatever W and s.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -73,7 +73,11 @@ def expert_layout(spec: dict[str, Any], world_size: int) -> tuple[int, int, int]
 class FFNExperts(torch.nn.Module):
     """This rank's shards of the experts (see the module docstring)."""
 
-    def __init__(self, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int):
+    def __init__(self, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int,
+                 slots: Sequence[int] | None = None):
+        """`slots`: the experts this rank's slots hold, for FlexMoE's vExpert
+        slots (moe_runtime.vexperts; -1: a free slot, zeros); None: the
+        layout above."""
         super().__init__()
         if not isinstance(spec, dict):
             raise TypeError(f"experts must be a dict such as {{'type': 'ffn', ...}}, got {type(spec).__name__}")
@@ -86,6 +90,13 @@ class FFNExperts(torch.nn.Module):
         if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0:
             raise ValueError(f"experts: hidden_size_per_expert must be a positive integer, got {hidden!r}")
         self.num_experts, self.sharers, self.num_local = expert_layout(spec, comm.size)
+        self.rank, self.world_size = comm.rank, comm.size
+        if slots is not None:
+            if self.sharers > 1:
+                raise ValueError("experts: vExpert slots hold whole experts; num_experts_per_device must be > 0")
+            self.num_local = len(slots)
+        self.slot_experts = list(slots) if slots is not None else \
+            [self.first_expert + local for local in range(self.num_local)]
         if hidden % self.sharers != 0:
             raise ValueError(
                 f"experts: hidden_size_per_expert={hidden} must be a multiple of the {self.sharers} ranks "
@@ -93,7 +104,6 @@ class FFNExperts(torch.nn.Module):
             )
         self.model_dim, self.hidden_size = model_dim, hidden
         self.activation_fn: Callable[[torch.Tensor], torch.Tensor] = spec.get("activation_fn") or F.relu
-        self.rank, self.world_size = comm.rank, comm.size
         shard = hidden // self.sharers
         self.bias_shard = -(-model_dim // self.sharers)
         self.batched_fc1_w = torch.nn.Parameter(torch.empty(self.num_local, shard, model_dim))
@@ -119,13 +129,18 @@ class FFNExperts(torch.nn.Module):
         return self.rank % self.sharers
 
     def reset_parameters(self, expert_seed: int) -> None:
-        """Draws every local expert whole from its own generator and keeps this rank's shard."""
+        """Draws every local expert whole from its own generator and keeps this
+        rank's shard (a free vExpert slot: zeros)."""
         m, h, s, j = self.model_dim, self.hidden_size, self.sharers, self.shard_index
         rows = slice(j * h // s, (j + 1) * h // s)
         cols = slice(j * self.bias_shard, min((j + 1) * self.bias_shard, m))
         with torch.no_grad():
-            for local in range(self.num_local):
-                generator = torch.Generator().manual_seed(expert_seed * 1_000_003 + self.first_expert + local)
+            for local, expert in enumerate(self.slot_experts):
+                if expert < 0:
+                    for parameter in self.parameters():
+                        parameter[local].zero_()
+                    continue
+                generator = torch.Generator().manual_seed(expert_seed * 1_000_003 + expert)
                 fc1 = uniform((h, m), 1.0 / math.sqrt(m), generator)
                 fc2 = uniform((h, m), 1.0 / math.sqrt(h), generator)
                 fc1_bias = uniform((h,), 1.0 / math.sqrt(m), generator)

@@ -36,13 +36,18 @@ from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
 from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
 from .experts import EXPERT_TAG, FFNExperts
+from .flex import FlexState
+from .flex_config import FlexConfig
+from .flex_dispatch import flex_moe
+from .flex_scheduler import Decision
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
 from .pipeline import Overlap, check_thread_level
 from .placement import as_assignment
 from .ragged import ragged_moe
-from .relocation import Moved, move_experts, placed_tensors
+from .relocation import Moved, agree_on_move, move_experts
 from .tuner import AdaptiveDictionary, Config
+from .vexperts import Primitive
 
 __all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
 
@@ -156,6 +161,7 @@ class MoELayer(torch.nn.Module):
         expert_cache: ExpertCache | None = None,
         dynamic_capacity: DynamicCapacity | None = None,
         assignment_cache: AssignmentCache | None = None,
+        flex: FlexConfig | None = None,
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -217,6 +223,7 @@ class MoELayer(torch.nn.Module):
         self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
         self.assignment_cache = _checked_assignment_cache(self, assignment_cache)
         self.assignment_stats: AssignmentStats | None = None
+        self.flex = None if flex is None else self._make_flex(flex, experts, expert_seed)
 
         # Communicators, made once (Comm.split is collective): one per group
         # size g > 1 that some r needs, and one for the exchanges, so that a
@@ -242,6 +249,23 @@ class MoELayer(torch.nn.Module):
         self.routing_trace: list[np.ndarray] | None = None
 
     # -- construction helpers --------------------------------------------------
+    def _make_flex(self, config: FlexConfig, spec: dict[str, Any], expert_seed: int) -> FlexState:
+        """FlexMoE's state, and the experts again as this rank's vExpert slots."""
+        if self.dispatcher != "dropless":
+            raise ValueError(f"flex= needs dispatcher='dropless' (FlexMoE routes every choice to a replica), "
+                             f"got dispatcher={self.dispatcher!r}")
+        if self.expert_cache is not None or self.assignment_cache is not None:
+            raise ValueError("flex= does not combine with expert_cache= or assignment_cache= (they assume each "
+                             "expert on one rank)")
+        experts = self.experts
+        state = FlexState(config, comm=self.comm, num_experts=self.num_global_experts,
+                          experts_per_rank=experts.num_local, model_dim=self.model_dim, hidden=experts.hidden_size,
+                          with_biases=(experts.batched_fc1_bias is not None, experts.batched_fc2_bias is not None),
+                          timer=self.timer)
+        self.experts = FFNExperts(spec, self.model_dim, self.comm, expert_seed,
+                                  slots=state.table.slots[self.comm.rank].tolist())
+        return state
+
     def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
         if seeds is None:
             drawn = np.array([int(torch.randint(0, 2**31 - 1, (1,))) for _ in range(2)], dtype=np.int64)
@@ -274,9 +298,9 @@ class MoELayer(torch.nn.Module):
         indexed by logical expert whatever the placement.
         ``grad=True``: their gradients instead (zeros where there is none)."""
         whole = self.experts.gather_experts(self.comm, grad=grad)
-        if self._position_table is None:
+        if self._position_table is None and self.flex is None:
             return whole
-        positions = torch.from_numpy(self._positions)
+        positions = torch.from_numpy(self._positions if self.flex is None else self.flex.first_slots())
         return {name: tensor.index_select(0, positions.to(tensor.device)) for name, tensor in whole.items()}
 
     # -- placement (the Deployment paper, Section VII; moe_runtime.placement) --
@@ -295,31 +319,21 @@ class MoELayer(torch.nn.Module):
         state such as Adam's step must agree across ranks). The layer's function
         is unchanged: the gate keeps logical ids, mapped to positions at dispatch.
         Returns what this rank sent."""
+        if self.flex is not None:
+            raise ValueError("MoELayer.place: a FlexMoE layer (flex=) places vExpert slots; use adjust() or "
+                             "rebalance()")
         if self.experts.sharers > 1:
             raise ValueError(f"MoELayer.place moves whole experts, but {self.experts.sharers} ranks share each of "
                              f"the {self.num_global_experts} experts (num_experts_per_device < 0): there is no "
                              "placement to choose")
-        problem, table, state_print = None, np.full(self.num_global_experts, -1, dtype=np.int64), 0
-        try:
-            table = as_assignment(assignment, self.num_global_experts, self.comm.size).reshape(-1)
-            tensors, state_print = placed_tensors(self.experts, optimizer)
-        except ValueError as error:
-            problem = f"MoELayer.place on rank {self.comm.rank}: {error}"
-        row = np.concatenate([[problem is None, optimizer is not None, state_print], table]).astype(np.int64)
-        rows = a2a.all_gather(row, comm=self.comm).reshape(self.comm.size, -1)
-        if problem is not None:
-            raise ValueError(problem)
-        bad = np.flatnonzero(rows[:, 0] == 0).tolist()
-        if bad:
-            raise a2a.RemoteError(f"MoELayer.place on rank {self.comm.rank}: the assignment or optimizer of "
-                                  f"rank(s) {bad} is invalid (their error says why); no expert moved")
-        checks = ((slice(3, None), "assignment"), (slice(1, 2), "optimizer (given or not)"),
-                  (slice(2, 3), "optimizer state (keys, dtypes, gradients or scalar state such as step)"))
-        for columns, what in checks:
-            differ = np.flatnonzero((rows[:, columns] != rows[0, columns]).any(axis=1)).tolist()
-            if differ:
-                raise a2a.MismatchError(f"MoELayer.place on rank {self.comm.rank}: ranks {differ} passed a "
-                                        f"different {what} than rank 0; every rank must pass the same; no expert moved")
+        table = np.full(self.num_global_experts, -1, dtype=np.int64)
+
+        def describe() -> bytes:
+            table[:] = as_assignment(assignment, self.num_global_experts, self.comm.size).reshape(-1)
+            return table.tobytes()
+
+        tensors = agree_on_move(self.comm, f"MoELayer.place on rank {self.comm.rank}", self.experts, optimizer,
+                                describe, "assignment")
         new = np.empty_like(self._positions)
         new[table] = np.arange(table.size)
         moved = move_experts(tensors, self._positions, new, self.comm)
@@ -327,6 +341,25 @@ class MoELayer(torch.nn.Module):
         identity = (new == np.arange(new.size)).all()
         self._position_table = None if identity else torch.from_numpy(new)
         return moved
+
+    # -- FlexMoE (moe_runtime.flex) ----------------------------------------------------
+    def rebalance(self, optimizer: torch.optim.Optimizer | None = None) -> Decision | None:
+        """Collective, after the optimizer's step: applies the scheduler's plan
+        made at the last call (Expand / Shrink / Migrate of vExpert slots, with
+        their gradients and, given `optimizer`, its state). Returns the
+        scheduler's Decision (None before any call)."""
+        return self._flex_state("rebalance").rebalance(self.experts, optimizer)
+
+    def adjust(self, primitives: Sequence[Primitive], optimizer: torch.optim.Optimizer | None = None) -> Moved:
+        """Collective: applies `primitives` (moe_runtime.vexperts: Expand,
+        Shrink, Migrate; the same list on every rank) to the vExpert slots,
+        their gradients and `optimizer`'s state. Returns what this rank sent."""
+        return self._flex_state("adjust").adjust(primitives, self.experts, optimizer)
+
+    def _flex_state(self, method: str) -> FlexState:
+        if self.flex is None:
+            raise ValueError(f"MoELayer.{method} is FlexMoE's: construct the layer with flex=moe_runtime.FlexConfig()")
+        return self.flex
 
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
@@ -368,8 +401,11 @@ class MoELayer(torch.nn.Module):
             decision = dataclasses.replace(decision, indices=table[decision.indices])
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
         if self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
+            step_seconds = self._step_seconds  # the previous call's; _agree clears it
             self._agree(0, k, gate_index, request)
-            if self.dispatcher == "dropless":
+            if self.flex is not None:
+                y = self._flex_call(tokens, decision, request, step_seconds)
+            elif self.dispatcher == "dropless":
                 y = self._dropless(tokens, decision, request, caching,
                                    cached=self.expert_cache is not None and not recording)
             else:
@@ -463,6 +499,22 @@ class MoELayer(torch.nn.Module):
                                      expert_cache=self._bound_cache(tokens.device) if cached else None)
         most = int(rows.max()) if rows.size else 0
         self.last_plan = Plan(1, 1, algo, most, most, 0, sent)
+        return y
+
+    def _flex_call(self, tokens, decision, request: tuple, step_seconds: float | None) -> torch.Tensor:
+        """FlexMoE's call (moe_runtime.flex, flex_dispatch): the plan of
+        Algorithm 3 over the vExpert slots, then the dropless flow to it."""
+        algo, weights, scale = self._whole_expert_call(request)
+        indices = decision.indices.contiguous()
+        # A slot's states when it moves: parameters, gradients and (Adam's) two moments.
+        state_bytes = 4 * self.flex.expert_elements * weights[0].element_size()
+        sends, sync = self.flex.begin(indices, step_seconds, tokens.element_size(), state_bytes)
+        y = flex_moe(tokens, indices, decision.gates, sends=sends, weights=weights, sync=sync,
+                     activation=self.experts.activation_fn, comm=self._exchange_comm, algo=algo,
+                     weight_grad_scale=scale)
+        rank = self.comm.rank
+        most = int(sends.sum(axis=(0, 1)).max())
+        self.last_plan = Plan(1, 1, algo, most, most, 0, int(sends[:, rank, :].sum() - sends[:, rank, rank].sum()))
         return y
 
     def _dynamic(self, tokens, decision, request: tuple) -> torch.Tensor:

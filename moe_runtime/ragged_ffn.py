@@ -15,16 +15,26 @@ flows' segment (flows.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from .activation import Activation, activate, activation_backward
 
-__all__ = ["ExpertWeights", "ffn_rows", "ragged_ffn"]
+__all__ = ["ComputeClock", "ExpertWeights", "ffn_rows", "ragged_ffn"]
 
 # One expert's (fc1 (H, M), fc1_bias (H,) or None, fc2 (H, M), fc2_bias (M,) or None).
 ExpertWeights = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
+
+
+@dataclass
+class ComputeClock:
+    """Seconds the experts' forward and backward took, by `timer` (FlexMoE's
+    cost model fits its throughput on them)."""
+
+    timer: Callable[[], float]
+    seconds: float = 0.0
 
 
 def _bias(bias: torch.Tensor | None, e: int) -> torch.Tensor | None:
@@ -54,19 +64,24 @@ def ffn_rows(rows: torch.Tensor, offsets: Sequence[int], experts: Iterable[tuple
 
 class _RaggedFFN(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, scale):
+    def forward(ctx, rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, scale, clock):
+        start = None if clock is None else clock.timer()
         hidden = rows.new_empty((rows.shape[0], fc1.shape[1]))
         out = rows.new_empty((rows.shape[0], fc2.shape[2]))
         weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
         ffn_rows(rows, offsets, weights, activation, out, hidden)
         ctx.save_for_backward(rows, hidden, fc1, fc2)
-        ctx.offsets, ctx.activation, ctx.scale = offsets, activation, scale
+        ctx.offsets, ctx.activation, ctx.scale, ctx.clock = offsets, activation, scale, clock
         ctx.with_bias = (fc1_bias is not None, fc2_bias is not None)
+        if clock is not None:
+            clock.seconds += clock.timer() - start
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
+        clock = ctx.clock
+        start = None if clock is None else clock.timer()
         rows, hidden, fc1, fc2 = ctx.saved_tensors
         offsets, scale = ctx.offsets, ctx.scale
         grad_out = grad_out.contiguous()
@@ -87,11 +102,14 @@ class _RaggedFFN(torch.autograd.Function):
             if grad_fc2_bias is not None:
                 torch.sum(grad, dim=0, out=grad_fc2_bias[e]).mul_(scale)
             torch.mm(grad_pre, fc1[e], out=grad_rows[lo:hi])
-        return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias, None, None, None
+        if clock is not None:
+            clock.seconds += clock.timer() - start
+        return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias, None, None, None, None
 
 
 def ragged_ffn(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
                fc2: torch.Tensor, fc2_bias: torch.Tensor | None, activation: Activation,
-               weight_grad_scale: float = 1.0) -> torch.Tensor:
-    """out (R, M) of every local expert on its rows (see the module docstring); differentiable."""
-    return _RaggedFFN.apply(rows, fc1, fc1_bias, fc2, fc2_bias, list(offsets), activation, weight_grad_scale)
+               weight_grad_scale: float = 1.0, clock: ComputeClock | None = None) -> torch.Tensor:
+    """out (R, M) of every local expert on its rows (see the module docstring);
+    differentiable. `clock` adds the forward's and the backward's seconds."""
+    return _RaggedFFN.apply(rows, fc1, fc1_bias, fc2, fc2_bias, list(offsets), activation, weight_grad_scale, clock)
