@@ -147,7 +147,11 @@ def flex_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *
     # Received rows are source-major, then by expert; group them by this rank's first slot of each expert.
     primary = table.primary_slots(rank)
     expert_of_row = np.repeat(np.tile(np.arange(num_experts, dtype=np.int64), ranks), per_source.reshape(-1))
-    slot_of_row = torch.from_numpy(primary[expert_of_row]).to(received.device).view(-1, 1)
+    slot_of_row = primary[expert_of_row]
+    if (slot_of_row < 0).any():  # the plan sends an expert only to ranks holding it
+        missing = sorted(set(expert_of_row[slot_of_row < 0].tolist()))
+        raise RuntimeError(f"flex_moe on rank {rank}: rows arrived for experts {missing}, which no slot here serves")
+    slot_of_row = torch.from_numpy(slot_of_row).to(received.device).view(-1, 1)
     by_slot, slot_perm = a2a_torch.permute(received, slot_of_row, table.slots_per_rank)
     present = [w for w in weights if w is not None]
     synced = iter(ReplicaGradients.apply(sync, *present))

@@ -129,6 +129,11 @@ class MoELayer(torch.nn.Module):
     ``assignment_cache``: a :class:`moe_runtime.AssignmentCache` (dropless
     dispatcher only): sample-assignment caching for the calls that pass
     ``sample_ids`` (moe_runtime.cached_dispatch; the same results).
+    ``flex``: a :class:`moe_runtime.FlexConfig` (dropless dispatcher only):
+    FlexMoE's vExpert replicas of hot experts, routed to locality first;
+    ``layer.flex`` holds the table, history and scheduler (moe_runtime.flex),
+    ``layer.rebalance(optimizer)`` after each optimizer step applies the
+    scheduler's plan, ``layer.adjust(primitives, optimizer)`` explicit ones.
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
     adaptive_r=, algo=, gate_index=, sample_ids=)`` -> y of x's shape, with
