@@ -75,11 +75,11 @@ class FlexState:
 
     # -- one call -----------------------------------------------------------------
     def begin(self, indices: torch.Tensor, step_seconds: float | None, element_bytes: int,
-              state_bytes_per_slot: int) -> tuple[np.ndarray, ReplicaSync]:
+              state_bytes_per_slot: int, algo: str) -> tuple[np.ndarray, ReplicaSync]:
         """Collective, before the flow: (sends (E, W, W), the call's ReplicaSync)."""
         if self.scheduler is None:
             self.cost_model = CostModel(self.model_dim, element_bytes, self.expert_elements * element_bytes,
-                                        state_bytes_per_slot)
+                                        state_bytes_per_slot, algo=algo)
             self.scheduler = Scheduler(self.config, self.cost_model)
         num_experts, ranks = self.table.num_experts, self.comm.size
         counts = torch.bincount(indices.reshape(-1), minlength=num_experts).cpu().numpy()

@@ -513,7 +513,7 @@ class MoELayer(torch.nn.Module):
         indices = decision.indices.contiguous()
         # A slot's states when it moves: parameters, gradients and (Adam's) two moments.
         state_bytes = 4 * self.flex.expert_elements * weights[0].element_size()
-        sends, sync = self.flex.begin(indices, step_seconds, tokens.element_size(), state_bytes)
+        sends, sync = self.flex.begin(indices, step_seconds, tokens.element_size(), state_bytes, algo)
         y = flex_moe(tokens, indices, decision.gates, sends=sends, weights=weights, sync=sync,
                      activation=self.experts.activation_fn, comm=self._exchange_comm, algo=algo,
                      weight_grad_scale=scale)

@@ -205,10 +205,11 @@ def skewed_tokens(comm, step):
 
 
 def test_the_scheduler_decides_the_same_on_every_rank_under_timing_noise(comm):
-    noise = np.random.default_rng(1000 + comm.rank)
+    noise, drift = np.random.default_rng(1000 + comm.rank), [0.0]
 
-    def noisy_clock():
-        return time.perf_counter() * (1 + 0.3 * comm.rank) + float(noise.uniform(0, 0.05))
+    def noisy_clock():  # each rank's clock runs at its own rate and jumps forward at random
+        drift[0] += float(noise.uniform(0, 0.01))
+        return time.perf_counter() * (1 + 0.3 * comm.rank) + drift[0]
 
     num_experts = 2 * comm.size
     layer = make_layer(comm, num_experts, slots=3, timer=noisy_clock,
