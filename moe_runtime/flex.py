@@ -59,7 +59,7 @@ class FlexState:
         if not isinstance(config, FlexConfig):
             raise TypeError(f"flex must be a moe_runtime.FlexConfig, got {type(config).__name__}")
         self.config, self.comm, self.timer = config, comm, timer
-        self.table = SlotTable.initial(num_experts, comm.size, config.slots_for(experts_per_rank))
+        self.table = SlotTable.plain(num_experts, comm.size, config.slots_for(experts_per_rank))
         self.model_dim = model_dim
         # Elements of one expert's parameters (fc1, fc2, and the biases the layer has).
         self.expert_elements = 2 * hidden * model_dim + hidden * with_biases[0] + model_dim * with_biases[1]

@@ -23,8 +23,9 @@ class FlexConfig:
 
     ``slots_per_rank``: vExpert slots on every rank, at least the layer's
     experts per rank n (None: 2 n, room for one extra replica per expert).
-    At the start slot j of rank w holds expert (w S + j) mod E, so with S = n
-    the placement is the plain layer's.
+    At the start rank w holds the plain layer's experts [w n, (w + 1) n) in
+    its first n slots and the others are FREE: replicas appear where the
+    scheduler (or ``MoELayer.adjust``) puts them.
     ``threshold`` (1.2): the scheduler plans when the trigger's metric
     exceeds it. ``trigger``: ``"balance"`` (Equation 6: the most tokens a
     rank's vExperts process over the mean, >= 1) or ``"variance"`` (Section

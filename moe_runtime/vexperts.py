@@ -113,11 +113,23 @@ class SlotTable:
         self.slots, self.num_experts = array, int(num_experts)
 
     @classmethod
-    def initial(cls, num_experts: int, ranks: int, slots_per_rank: int) -> SlotTable:
-        """Slot p holds expert p mod E (with S = E / W: the plain layer's placement)."""
+    def round_robin(cls, num_experts: int, ranks: int, slots_per_rank: int) -> SlotTable:
+        """Slot p holds expert p mod E: every slot used, experts replicated in turn."""
         if ranks * slots_per_rank < num_experts:
             raise ValueError(f"SlotTable: {ranks} ranks x {slots_per_rank} slots cannot hold {num_experts} experts")
         return cls(np.arange(ranks * slots_per_rank).reshape(ranks, slots_per_rank) % num_experts, num_experts)
+
+    @classmethod
+    def plain(cls, num_experts: int, ranks: int, slots_per_rank: int) -> SlotTable:
+        """The plain layer's placement (rank w: experts [w n, (w + 1) n) in its
+        first n slots, n = E / W) and the other slots FREE: no replica yet, so
+        no replica gradient to all-reduce until the scheduler makes one."""
+        if num_experts % ranks != 0 or slots_per_rank < num_experts // ranks:
+            raise ValueError(f"SlotTable: the plain placement needs E = n W and S >= n, got E={num_experts}, "
+                             f"W={ranks}, S={slots_per_rank}")
+        slots = np.full((ranks, slots_per_rank), FREE, dtype=np.int64)
+        slots[:, : num_experts // ranks] = np.arange(num_experts).reshape(ranks, -1)
+        return cls(slots, num_experts)
 
     @property
     def ranks(self) -> int:

@@ -93,7 +93,7 @@ MODEL_DIM, ELEMENT_BYTES, GRAD_BYTES, STATE_BYTES = 64, 4, 100_000, 300_000
 
 def four_rank_samples(truth=TRUTH, topology=None, noise=0.0, count=8):
     """Samples on 4 ranks, 8 experts, varied demands and tables (replica groups of 2 and 3 ranks)."""
-    tables = [SlotTable.initial(8, 4, 4),  # every expert on 2 ranks
+    tables = [SlotTable.round_robin(8, 4, 4),  # every expert on 2 ranks
               SlotTable([[0, 1, 2, 3], [0, 4, 5, 6], [0, 7, 1, 2], [3, 4, 5, 6]], 8),  # expert 0 on 3 ranks
               SlotTable([[0, 1, 0, 2], [3, 4, 5, 1], [6, 7, 2, 3], [4, 5, 6, 7]], 8)]
     samples = []

@@ -83,9 +83,12 @@ def gathered(tensor, comm):
     return a2a.all_gather(tensor.detach().contiguous(), comm=comm).reshape(comm.size, *tensor.shape)
 
 
-def test_the_initial_table_with_one_slot_per_expert_is_the_plain_layout(comm):
-    layer = make_layer(comm, 2 * comm.size, slots=2)
-    assert np.array_equal(layer.flex.table.slots, np.arange(2 * comm.size).reshape(comm.size, 2))
+def test_the_initial_table_is_the_plain_layout_and_free_slots(comm):
+    layer = make_layer(comm, 2 * comm.size, slots=3)
+    want = np.full((comm.size, 3), FREE)
+    want[:, :2] = np.arange(2 * comm.size).reshape(comm.size, 2)
+    assert np.array_equal(layer.flex.table.slots, want)
+    assert layer.flex.table.replica_groups() == []
     plain = make_layer(comm, 2 * comm.size, flex=False)
     for name, tensor in plain.gather_experts().items():
         assert torch.equal(layer.gather_experts()[name], tensor), name
@@ -179,6 +182,8 @@ def test_primitives_move_parameters_and_optimizer_state_bitwise(comm):
 def test_replicas_stay_bitwise_identical_through_training(comm):
     num_experts, slots = comm.size, 3  # every expert on 3 slots: several ranks, and twice on some
     layer = make_layer(comm, num_experts, slots=slots)
+    free = np.flatnonzero(layer.flex.table.slots.reshape(-1) == FREE)
+    layer.adjust([Expand(int(p) % num_experts, int(p)) for p in free])
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.05)
     replicated = [e for e, ranks in layer.flex.table.replica_groups()]
     assert replicated, "the table must replicate experts across ranks"
@@ -198,22 +203,27 @@ def test_replicas_stay_bitwise_identical_through_training(comm):
                 assert torch.equal(tensor[slot], tensor[slots_of[0]]), f"expert {expert} {name} slot {slot}"
 
 
+SCHEDULED_DIM, SCHEDULED_HIDDEN = 32, 512  # enough compute per row that a replica pays for its sync
+
+
 def skewed_tokens(comm, step):
     """Tokens most of which the layer's gate sends to expert 0 (a hot expert)."""
     generator = torch.Generator().manual_seed(300 + 7 * step + comm.rank)
-    return torch.randn(40 + 3 * comm.rank, MODEL_DIM, generator=generator, dtype=torch.float64)
+    return torch.randn(160 + 3 * comm.rank, SCHEDULED_DIM, generator=generator, dtype=torch.float64)
 
 
 def test_the_scheduler_decides_the_same_on_every_rank_under_timing_noise(comm):
     noise, drift = np.random.default_rng(1000 + comm.rank), [0.0]
 
     def noisy_clock():  # each rank's clock runs at its own rate and jumps forward at random
-        drift[0] += float(noise.uniform(0, 0.01))
-        return time.perf_counter() * (1 + 0.3 * comm.rank) + drift[0]
+        drift[0] += float(noise.uniform(0, 1e-4))
+        return time.perf_counter() * (1 + 0.1 * comm.rank) + drift[0]
 
     num_experts = 2 * comm.size
-    layer = make_layer(comm, num_experts, slots=3, timer=noisy_clock,
-                       config={"threshold": 1.05, "calibration_steps": 2, "horizon_steps": 1000})
+    config = moe_runtime.FlexConfig(slots_per_rank=3, threshold=1.05, calibration_steps=2, horizon_steps=1000)
+    spec = {"type": "ffn", "num_experts_per_device": 2, "hidden_size_per_expert": SCHEDULED_HIDDEN}
+    layer = moe_runtime.MoELayer({"type": "top", "k": 2}, SCHEDULED_DIM, spec, comm=comm, seeds=(41, 42),
+                                 dispatcher="dropless", flex=config, timer=noisy_clock).double()
     with torch.no_grad():
         layer.gates[0].wg.weight[0].add_(3.0)  # expert 0 scores higher on positive inputs
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.001)
@@ -242,7 +252,7 @@ def test_errors_name_what_is_wrong_on_every_rank(comm):
     layer = make_layer(comm, num_experts, slots=2)
     with pytest.raises(ValueError, match="use adjust"):
         layer.place(np.arange(num_experts).reshape(comm.size, -1))
-    occupied = Expand(0, 1)  # slot 1 serves an expert: Shrink first
+    occupied = Expand(1, 0)  # slot 0 serves expert 0: Shrink first
     with pytest.raises(ValueError, match="Shrink it first"):
         layer.adjust([occupied])
     mine = [Migrate(0, 1)] if comm.rank == comm.size - 1 else [Migrate(0, 2)]
@@ -251,7 +261,7 @@ def test_errors_name_what_is_wrong_on_every_rank(comm):
     optimizer = torch.optim.Adam(layer.parameters())
     with pytest.raises(a2a.MismatchError, match="passed a different optimizer"):
         layer.adjust([Migrate(0, 1)], optimizer if comm.rank == 0 else None)
-    assert np.array_equal(layer.flex.table.slots, moe_runtime.SlotTable.initial(num_experts, comm.size, 2).slots)
+    assert np.array_equal(layer.flex.table.slots, moe_runtime.SlotTable.plain(num_experts, comm.size, 2).slots)
     plain = make_layer(comm, num_experts, flex=False)
     with pytest.raises(ValueError, match="MoELayer.rebalance is FlexMoE's"):
         plain.rebalance()

@@ -189,11 +189,11 @@ def test_predict_rejects_demand_of_the_wrong_shape_or_sign_and_a_table_of_anothe
     fitted = fresh_model()
     fitted.fit(four_rank_samples(count=3))
     with pytest.raises(ValueError, match="fitted on 4 ranks, the table has 2"):
-        fitted.predict(SlotTable.initial(8, 2, 4), np.ones((2, 8), dtype=np.int64))
+        fitted.predict(SlotTable.round_robin(8, 2, 4), np.ones((2, 8), dtype=np.int64))
 
 
 def test_adjustment_rejects_a_transfer_of_another_table():
-    _, transfer = SlotTable.initial(4, 2, 4).apply([Migrate(0, 5)])
+    _, transfer = SlotTable.round_robin(4, 2, 4).apply([Migrate(0, 5)])
     with pytest.raises(ValueError, match="transfer covers 8 slots of 4 per rank, the table 2 x 3"):
         hand_model().adjustment_seconds(TWO_RANKS, transfer)
 

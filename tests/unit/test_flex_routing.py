@@ -40,7 +40,7 @@ def test_route_serves_every_choice_once_locally_first_on_random_tables():
         ranks, experts, slots = (int(v) for v in rng.integers(1, 7, 3))
         if ranks * slots < experts:
             continue
-        table = SlotTable.initial(experts, ranks, slots)
+        table = SlotTable.round_robin(experts, ranks, slots)
         demand = rng.integers(0, 40, (ranks, experts)) * (rng.random((ranks, experts)) < 0.7)
         sends = route(demand, table.replicas())
         assert (sends >= 0).all() and np.array_equal(sends.sum(axis=2), demand.T)
@@ -66,8 +66,14 @@ def test_route_errors():
         route([[-1], [1]], [[1, 1]])
 
 
+def test_the_plain_table_has_free_slots_beyond_the_experts():
+    assert SlotTable.plain(4, 2, 3).slots.tolist() == [[0, 1, FREE], [2, 3, FREE]]
+    with pytest.raises(ValueError, match="needs E = n W and S >= n"):
+        SlotTable.plain(4, 2, 1)
+
+
 def test_the_initial_table_and_its_queries():
-    table = SlotTable.initial(4, 2, 3)  # slot p holds p mod 4: [[0, 1, 2], [3, 0, 1]]
+    table = SlotTable.round_robin(4, 2, 3)  # slot p holds p mod 4: [[0, 1, 2], [3, 0, 1]]
     assert table.slots.tolist() == [[0, 1, 2], [3, 0, 1]]
     assert table.replicas().tolist() == [[1, 1], [1, 1], [1, 0], [0, 1]]
     assert table.replica_groups() == [(0, (0, 1)), (1, (0, 1))]
@@ -76,7 +82,7 @@ def test_the_initial_table_and_its_queries():
 
 
 def test_primitives_by_hand():
-    table = SlotTable.initial(4, 2, 2)  # [[0, 1], [2, 3]]
+    table = SlotTable.round_robin(4, 2, 2)  # [[0, 1], [2, 3]]
     # Migrate slots 1 and 2: [[0, 2], [1, 3]]; both states cross ranks, one message each way.
     moved, transfer = table.apply([Migrate(1, 2)])
     assert moved.slots.tolist() == [[0, 2], [1, 3]]
@@ -84,7 +90,7 @@ def test_primitives_by_hand():
     # With room for replicas: [[0, 1, 2], [3, 0, 1]]. Shrink slot 5 (expert 1 on rank 1), Expand
     # expert 2 there: its states come from slot 2 on rank 0. Then Shrink slot 4 (expert 0 on
     # rank 1) and Expand 2 there too: slot 2 is needed twice on rank 1 but sent once.
-    wide = SlotTable.initial(4, 2, 3)
+    wide = SlotTable.round_robin(4, 2, 3)
     after, transfer = wide.apply([Shrink(5), Expand(2, 5), Shrink(4), Expand(2, 4)])
     assert after.slots.tolist() == [[0, 1, 2], [3, 2, 2]]
     assert transfer.source.tolist() == [-1, -1, -1, -1, 2, 2] and transfer.messages() == {(0, 1): 1}
@@ -98,7 +104,7 @@ def test_primitives_by_hand():
 
 
 def test_primitive_errors_name_the_primitive():
-    table = SlotTable.initial(4, 2, 2)
+    table = SlotTable.round_robin(4, 2, 2)
     with pytest.raises(ValueError, match=r"primitive 0 \(Shrink\(slot=0\)\): slot 0 is the last one serving expert 0"):
         table.apply([Shrink(0)])
     with pytest.raises(ValueError, match="slot 1 serves expert 1; Shrink it first"):
@@ -108,7 +114,7 @@ def test_primitive_errors_name_the_primitive():
     with pytest.raises(ValueError, match="every expert needs a slot; experts \\[3\\] have none"):
         SlotTable([[0, 1], [2, FREE]], 4)
     with pytest.raises(ValueError, match="cannot hold 5 experts"):
-        SlotTable.initial(5, 2, 2)
+        SlotTable.round_robin(5, 2, 2)
 
 
 def test_flex_config_checks_its_settings():
@@ -132,6 +138,8 @@ def test_the_layer_on_one_rank_with_two_slots_of_an_expert(comm):
     plain = moe_runtime.MoELayer({"type": "top", "k": 2}, 6, {"type": "ffn", "num_experts_per_device": 3,
                                                               "hidden_size_per_expert": 5}, comm=comm, seeds=(1, 2),
                                  dispatcher="dropless").double()
+    assert layer.flex.table.slots.tolist() == [[0, 1, 2, FREE]]
+    layer.adjust([Expand(0, 3)])
     assert layer.flex.table.slots.tolist() == [[0, 1, 2, 0]]
     x = torch.randn(7, 6, dtype=torch.float64)
     y, want = layer(x), plain(x)

@@ -123,7 +123,7 @@ SKEWED = skewed_demand(4, 8, 4000, 1.2, seed=7)  # expert 0 takes ~30%, experts 
 
 
 def test_skewed_demand_is_brought_under_the_threshold():
-    table = SlotTable.initial(8, 4, 4)  # experts 0-3 on ranks 0 and 2, 4-7 on ranks 1 and 3
+    table = SlotTable.round_robin(8, 4, 4)  # experts 0-3 on ranks 0 and 2, 4-7 on ranks 1 and 3
     decision = fitted_scheduler(threshold=1.2).plan(table, SKEWED)
     assert decision.triggered and decision.metric > 1.5
     assert any(isinstance(p, Expand) for p in decision.primitives)
@@ -141,7 +141,7 @@ def test_algorithm_1_stops_under_the_threshold_or_after_max_plans(threshold, max
     # The first Expand of expert 0 brings the balance ratio from 1.62 to 1.34, the second to 1.19; under
     # threshold 1.0 the model still sees gains for 5 steps.
     scheduler = fitted_scheduler(threshold=threshold, max_plans=max_plans, migrate=False)
-    decision = scheduler.plan(SlotTable.initial(8, 4, 4), SKEWED)
+    decision = scheduler.plan(SlotTable.round_robin(8, 4, 4), SKEWED)
     assert [type(p) for p in decision.primitives] == [Shrink, Expand] * steps
     assert decision.metric_after < decision.metric
     if threshold > 1.0:  # stopped because the metric fell under the threshold, not for want of a gain
@@ -156,15 +156,15 @@ def test_a_settled_table_is_not_searched_again(monkeypatch):
     monkeypatch.setattr(flex_scheduler, "migrate_plan", lambda table, *rest: searched.append(table) or
                         search(table, *rest))
     scheduler = fitted_scheduler(threshold=1.2)
-    decision = scheduler.plan(SlotTable.initial(8, 4, 4), SKEWED)
+    decision = scheduler.plan(SlotTable.round_robin(8, 4, 4), SKEWED)
     assert scheduler.plan(decision.table_after, SKEWED).primitives == []
     assert len(searched) == 1
-    scheduler.plan(SlotTable.initial(8, 4, 4), SKEWED)
+    scheduler.plan(SlotTable.round_robin(8, 4, 4), SKEWED)
     assert len(searched) == 2
 
 
 def test_migrate_in_the_scheduler_reduces_replica_spread_under_balanced_demand():
-    table = SlotTable.initial(8, 4, 4)
+    table = SlotTable.round_robin(8, 4, 4)
     balanced = np.full((4, 8), 100, dtype=np.int64)
     decision = fitted_scheduler(threshold=1.2).plan(table, balanced)
     assert not decision.triggered and decision.primitives
@@ -176,13 +176,13 @@ def test_migrate_in_the_scheduler_reduces_replica_spread_under_balanced_demand()
 def test_under_the_threshold_no_plan():
     scheduler = fitted_scheduler(threshold=1.2, migrate=False)
     balanced = np.full((4, 8), 100, dtype=np.int64)
-    decision = scheduler.plan(SlotTable.initial(8, 4, 4), balanced)
+    decision = scheduler.plan(SlotTable.round_robin(8, 4, 4), balanced)
     assert (decision.metric, decision.triggered, decision.primitives) == (1.0, False, [])
     assert decision.predicted_before == decision.predicted_after and decision.adjustment_s == 0.0
 
 
 def test_variance_trigger():
-    table = SlotTable.initial(8, 4, 4)
+    table = SlotTable.round_robin(8, 4, 4)
     decision = fitted_scheduler(trigger="variance", threshold=0.05, migrate=False).plan(table, SKEWED)
     loads = rank_loads(route(SKEWED, table.replicas())).astype(float)
     assert decision.metric == pytest.approx(loads.var() / loads.mean() ** 2)
@@ -193,16 +193,16 @@ def test_not_fitted_means_no_plan():
     scheduler = Scheduler(FlexConfig(slots_per_rank=4, calibration_steps=3), fresh_model())
     for sample in four_rank_samples(count=2):
         scheduler.observe(sample)
-    decision = scheduler.plan(SlotTable.initial(8, 4, 4), SKEWED)
+    decision = scheduler.plan(SlotTable.round_robin(8, 4, 4), SKEWED)
     assert decision.triggered and decision.primitives == []
     assert (decision.predicted_before, decision.predicted_after, decision.adjustment_s) == (None, None, None)
     scheduler.observe(four_rank_samples(count=3)[2])
-    assert scheduler.model.fitted and scheduler.plan(SlotTable.initial(8, 4, 4), SKEWED).primitives
+    assert scheduler.model.fitted and scheduler.plan(SlotTable.round_robin(8, 4, 4), SKEWED).primitives
 
 
 def test_same_samples_same_decision():
     first, second = fitted_scheduler(), fitted_scheduler()
-    table = SlotTable.initial(8, 4, 4)
+    table = SlotTable.round_robin(8, 4, 4)
     assert first.plan(table, SKEWED) == second.plan(table, SKEWED)
 
 
@@ -217,7 +217,7 @@ def test_scheduler_rejects_bad_input():
     with pytest.raises(ValueError, match="table has 2 ranks and 4 experts, the samples 4 and 8"):
         scheduler.plan(TWO_RANKS, DEMAND)
     with pytest.raises(ValueError, match=r"demand must have shape \(4, 8\)"):
-        scheduler.plan(SlotTable.initial(8, 4, 4), DEMAND)
+        scheduler.plan(SlotTable.round_robin(8, 4, 4), DEMAND)
     with pytest.raises(TypeError, match="needs a StepSample"):
         scheduler.observe({"step_s": 1.0})
     two_rank_sample = measured_sample(HAND, TWO_RANKS, DEMAND, row_bytes=1, grad_bytes=10, element_bytes=4)
