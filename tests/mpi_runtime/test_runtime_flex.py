@@ -219,7 +219,6 @@ def test_the_scheduler_decides_the_same_on_every_rank_under_timing_noise(comm):
         drift[0] += float(noise.uniform(0, 1e-4))
         return time.perf_counter() * (1 + 0.1 * comm.rank) + drift[0]
 
-    num_experts = 2 * comm.size
     config = moe_runtime.FlexConfig(slots_per_rank=3, threshold=1.05, calibration_steps=2, horizon_steps=1000)
     spec = {"type": "ffn", "num_experts_per_device": 2, "hidden_size_per_expert": SCHEDULED_HIDDEN}
     layer = moe_runtime.MoELayer({"type": "top", "k": 2}, SCHEDULED_DIM, spec, comm=comm, seeds=(41, 42),
