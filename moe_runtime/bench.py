@@ -6,6 +6,7 @@ the experts' own compute and a GShard-style peer, measured in the same run.
     python -m moe_runtime.bench --quick --np 2        # seconds: small sizes
     python -m moe_runtime.bench --tokens 1024 --factors 1,4 --json out.json --plot out.png
     mpirun -np 8 python -m moe_runtime.bench --experts 4 --hidden 2048
+    python -m moe_runtime.bench --flex                # FlexMoE under skewed routing (bench_flex.py)
 
 Under mpirun it runs on every rank of ``MPI_COMM_WORLD``; started plainly it
 starts itself under mpirun through :mod:`a2a.launch` on ``--np`` ranks
@@ -313,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     """Relaunched under mpirun when not under it already (and more than one
     rank is asked for), else the benchmark on every rank of MPI_COMM_WORLD."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--flex" in argv:  # FlexMoE under skewed routing: a mode of its own (bench_flex.py)
+        from . import bench_flex
+
+        return bench_flex.main([arg for arg in argv if arg != "--flex"])
     args = parse_args(argv)
     if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
         return common.relaunch("moe_runtime.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
