@@ -19,12 +19,12 @@ def test_one_rank_quick_run_writes_every_configuration(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "# FlexMoE bench: W = 1" in text and "cost-model error" in text
     out = json.loads(path.read_text())
-    assert [row["config"] for row in out["rows"]] == ["flex", "dropless", "capacity 1"]
-    flex, dropless, capacity = out["rows"]
+    assert [row["config"] for row in out["rows"]] == ["flex", "flex variance", "dropless", "capacity 1"]
+    flex, _, dropless, capacity = out["rows"]
     assert flex["dropped"] == dropless["dropped"] == 0 and len(flex["per_step"]) == 4
     assert flex["balance_ratio"] == dropless["balance_ratio"] == 1.0  # one rank is always balanced
     assert capacity["dropped"] > 0  # f = 1 on skewed routing drops choices
-    assert {t["target"].split()[0] for t in out["targets"]} >= {"balance", "step", "cost-model"}
+    assert {t["target"].split()[0] for t in out["targets"]} >= {"balance", "step", "cost-model", "variance"}
     assert "--flex" in out["command"]
 
 
