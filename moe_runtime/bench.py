@@ -119,7 +119,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -323,20 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return common.relaunch("moe_runtime.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
                                default_local_size=DEFAULT_LOCAL_SIZE)
     os.environ["A2A_NUM_THREADS"] = str(args.threads)  # read once, at a2a's first kernel call
-    from mpi4py import MPI
-
-    try:
-        return _bench(args, argv)
-    except SystemExit:
-        raise
-    except Exception:
-        if MPI.COMM_WORLD.Get_size() == 1:
-            raise
-        # One rank failing alone would leave the others waiting in a collective.
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-        raise
+    return common.on_every_rank(lambda: _bench(args, argv))
 
 
 # ---------------------------------------------------------------------------

@@ -38,7 +38,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 from typing import Any
 
 import numpy as np
@@ -335,14 +334,4 @@ def main(argv: list[str] | None = None) -> int:
         return common.relaunch("moe_runtime.bench", ["--flex", *argv], args.np, args.local_size,
                                default_np=DEFAULT_NP, default_local_size=args.np or DEFAULT_NP)
     os.environ.setdefault("A2A_NUM_THREADS", "1")
-    from mpi4py import MPI
-
-    try:
-        return _bench(args, ["--flex", *argv])
-    except Exception:
-        if MPI.COMM_WORLD.Get_size() == 1:
-            raise
-        traceback.print_exc()  # one rank failing alone would leave the others waiting in a collective
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-        raise
+    return common.on_every_rank(lambda: _bench(args, ["--flex", *argv]))

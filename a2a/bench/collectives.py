@@ -118,9 +118,7 @@ import argparse
 import os
 import socket
 import statistics
-import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -860,18 +858,7 @@ def main(argv: list[str]) -> int:
     if not launch.under_mpirun() and (args.np if args.np is not None else default_np) > 1:
         return common.relaunch("a2a.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
                                default_local_size=DEFAULT_LOCAL_SIZE, progress=_progress(args))
-    from mpi4py import MPI
-
-    try:
-        return _bench(args, argv)
-    except Exception:
-        if MPI.COMM_WORLD.Get_size() == 1:
-            raise
-        # One rank failing alone would leave the others waiting in a collective.
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-        raise
+    return common.on_every_rank(lambda: _bench(args, argv))
 
 
 # ---------------------------------------------------------------------------

@@ -279,6 +279,25 @@ def strip_np(argv: list[str]) -> list[str]:
     return out
 
 
+def on_every_rank(bench: Callable[[], int]) -> int:
+    """bench() on this rank of MPI_COMM_WORLD. When it raises and there
+    are other ranks, the traceback is printed and the world aborted: one
+    rank failing alone would leave the others waiting in a collective."""
+    import traceback
+
+    from mpi4py import MPI
+
+    try:
+        return bench()
+    except Exception:
+        if MPI.COMM_WORLD.Get_size() == 1:
+            raise
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        raise
+
+
 def relaunch(module: str, argv: list[str], np: int | None, local_size: int | None, *, default_np: int,
              default_local_size: int, progress: Progress | None = None) -> int:
     """Runs `python -m module argv` (without --np) on np ranks (default_np
