@@ -103,4 +103,10 @@ A2A_HD void store_gate(void* grad_gates, bool gate_is_data, int64_t choice, type
     static_cast<float*>(grad_gates)[choice] = static_cast<float>(value);
 }
 
+// Row of an expert-specific operand that choice c = t * k + j reads: t for
+// an operand by token, c for one by choice.
+A2A_HD int64_t es_row(a2a_es_rows_t rows, int64_t choice, int64_t top_k) {
+  return rows == A2A_ES_ROWS_TOKEN ? choice / top_k : choice;
+}
+
 }  // namespace a2a::moe

@@ -27,6 +27,38 @@ struct RouteProblem {
   const int64_t* token_order;  // NULL or a permutation of 0..T-1
 };
 
+// An operand of the expert-specific operators: (rows, dim) addressed by
+// token (row t = c / k of choice c) or by choice (row c).
+struct EsOperand {
+  const void* data;
+  a2a_es_rows_t rows;
+  int64_t dim;
+};
+
+// Per-choice scales of the expert-specific operators: (T, k) of float32 or
+// the data's dtype (is_data), or data == nullptr for a gate of 1.
+struct EsGates {
+  const void* data;
+  bool is_data;
+};
+
+// ESMM (a2a_esmm): y (by y_rows, n wide) from x (k = x.dim wide), w of
+// layout w_layout (E x n x k, or E x k x n), bias (E, n) or null.
+// `workspace` holds T * k * n accumulators (float; double for float64) when
+// y is by token and top_k > 1, else may be null.
+struct EsMatmul {
+  EsOperand x;
+  const void* w;
+  a2a_es_weight_layout_t w_layout;
+  const void* bias;
+  EsGates gates;
+  a2a_dtype_t dtype;
+  int64_t n;
+  void* y;
+  a2a_es_rows_t y_rows;
+  void* workspace;
+};
+
 // Calls fn with a value of the storage type of a float dtype (float, double,
 // half_t, bfloat16_t): how both backends pick a kernel template.
 template <typename Fn>
@@ -74,6 +106,21 @@ class Kernels {
                        const void* gates, a2a_dtype_t gate_dtype, void* y) = 0;
   virtual void gate_grad(const a2a_routing_t& routing, const void* tokens, const void* rows, a2a_dtype_t dtype,
                          int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates) = 0;
+
+  // Expert-specific operators (see a2a_es_index / a2a_esmm / a2a_ess /
+  // a2a_estmm in a2a.h; moe/es_ops.cpp checks the arguments). The index's
+  // arrays are in backend memory.
+  //
+  // es_scatter_slots: slots[0 .. num_slots) = -1, then for every routed
+  // choice c of expert e: slots[expert_starts[e] + locations[c]] = c
+  // (locations from locate(), expert_starts in backend memory).
+  virtual void es_scatter_slots(const RouteProblem& problem, const int64_t* locations, const int64_t* expert_starts,
+                                int64_t num_slots, int64_t* slots) = 0;
+  virtual void esmm(const a2a_es_index_t& index, const EsMatmul& problem) = 0;
+  virtual void ess(const a2a_es_index_t& index, const EsOperand& x, const EsGates& gates, a2a_dtype_t dtype,
+                   void* out) = 0;
+  virtual void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
+                     a2a_dtype_t dtype, void* out) = 0;
 };
 
 // CPU backend with `num_threads` threads (0 = A2A_NUM_THREADS, else all cores).

@@ -362,6 +362,90 @@ A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing
                                        const void* tokens, const void* rows, a2a_dtype_t dtype,
                                        int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates);
 
+/* ------------------------------------------------------------------------
+ * Expert-specific operators (Hexa-MoE, Sections 3.1-3.2): the experts'
+ * matmuls on tokens that stay in their order, with no dispatched buffer.
+ * docs/moe_kernels.md shows the layouts.
+ *
+ * A choice c = t * top_k + j is choice j of token t, routed to expert
+ * e_c = indices[t, j] (negative: not routed). An operand's rows are
+ * addressed by token (row t of a (T, D) array) or by choice (row c of a
+ * (T * top_k, D) array): a2a_es_rows_t. Every operator reads each expert's
+ * choices through the re-index vector: the choice ids grouped by expert,
+ * expert e's at slots expert_starts[e] .. expert_starts[e] + counts[e] - 1 in
+ * Tutel's slot order (all first choices in token order, then all second
+ * choices, ...), then -1 up to expert_starts[e + 1], a multiple of `tile`.
+ * Accumulation is in float32 (float64 for float64) in a fixed order, so a
+ * result does not depend on the threads or the GPU's scheduling.
+ * ------------------------------------------------------------------------ */
+
+typedef enum { A2A_ES_ROWS_TOKEN = 0, A2A_ES_ROWS_CHOICE = 1 } a2a_es_rows_t;
+
+/* Layout of an expert weight w (E, ., .): A2A_ES_WEIGHT_NK: w[e] is (N, K)
+ * and the product is y = w[e] x (nn.Linear's weight, Tutel's fc1);
+ * A2A_ES_WEIGHT_KN: w[e] is (K, N) and y = x w[e] (Tutel's fc2). */
+typedef enum { A2A_ES_WEIGHT_NK = 0, A2A_ES_WEIGHT_KN = 1 } a2a_es_weight_layout_t;
+
+/* The re-index vector of one routing (a2a_es_index fills it). */
+typedef struct {
+  int64_t num_tokens;            /* T */
+  int64_t top_k;                 /* k */
+  int64_t num_experts;           /* E */
+  int64_t tile;                  /* every expert's sub-vector is padded to a multiple of this */
+  int64_t num_slots;             /* expert_starts[E] */
+  const int64_t* slots;          /* (num_slots) choice ids, -1 = padding */
+  const int64_t* expert_starts;  /* (E + 1) */
+  const int64_t* counts;         /* (E) routed choices per expert */
+} a2a_es_index_t;
+
+/* The most slots a routing of T tokens, k choices, E experts can need:
+ * T * k + E * (tile - 1), the length to allocate for `slots`. */
+A2A_API a2a_status_t a2a_es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile,
+                                           int64_t* max_slots);
+A2A_API a2a_status_t a2a_es_index_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k,
+                                                 int64_t num_experts, size_t* bytes);
+/* Builds the re-index vector of indices (T, k) (int32 or int64; negative =
+ * not routed): slots (max_slots entries, see a2a_es_index_capacity),
+ * expert_starts (E + 1) and counts (E); *num_slots (host) receives
+ * expert_starts[E]. Indices >= num_experts fail with
+ * A2A_ERROR_INVALID_ARGUMENT naming the first (t, j). On CUDA this reads the
+ * counts back (one stream synchronization, bounded by A2A_TIMEOUT_S). */
+A2A_API a2a_status_t a2a_es_index(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype,
+                                  int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile,
+                                  void* workspace, size_t workspace_bytes, int64_t* slots, int64_t max_slots,
+                                  int64_t* expert_starts, int64_t* counts, int64_t* num_slots);
+
+/* ESMM: for every routed choice c of expert e,
+ *   r_c = gate_c * (w[e] x[row(c)] + bias[e])       (K inputs -> N outputs)
+ * x is (T, K) by token or (T * k, K) by choice (x_rows); w (E, N, K) or
+ * (E, K, N) (w_layout); bias (E, N) or NULL; gates (T, k) of float32 or
+ * dtype, or NULL for a gate of 1. y_rows = A2A_ES_ROWS_CHOICE: y (T * k, N),
+ * y[c] = r_c, zeros for a choice not routed. y_rows = A2A_ES_ROWS_TOKEN:
+ * y (T, N), y[t] = sum over j in order of r_{t k + j}, summed in float32 in
+ * the workspace (a2a_esmm_workspace_size bytes; 0 for choice rows or k = 1),
+ * zeros for a token with no routed choice. */
+A2A_API a2a_status_t a2a_esmm_workspace_size(const a2a_es_index_t* index, a2a_es_rows_t y_rows, int64_t n,
+                                             a2a_dtype_t dtype, size_t* bytes);
+A2A_API a2a_status_t a2a_esmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x,
+                              a2a_es_rows_t x_rows, int64_t k, const void* w, a2a_es_weight_layout_t w_layout,
+                              const void* bias, const void* gates, a2a_dtype_t gate_dtype, a2a_dtype_t dtype,
+                              int64_t n, void* y, a2a_es_rows_t y_rows, void* workspace, size_t workspace_bytes);
+
+/* ESS (the bias gradient): out[e] = sum over expert e's choices c, in slot
+ * order, of gate_c * x[row(c)]; x (T, N) or (T * k, N), out (E, N); an
+ * expert with no choice gets zeros. */
+A2A_API a2a_status_t a2a_ess(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x,
+                             a2a_es_rows_t x_rows, const void* gates, a2a_dtype_t gate_dtype, a2a_dtype_t dtype,
+                             int64_t n, void* out);
+
+/* ESTMM (the weight gradient): out[e] = sum over expert e's choices c, in
+ * slot order, of gate_c * a[row_a(c)]^T b[row_b(c)], an (A, B) outer product:
+ * a (., A) by a_rows, b (., B) by b_rows, out (E, A, B). */
+A2A_API a2a_status_t a2a_estmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* a,
+                               a2a_es_rows_t a_rows, int64_t a_dim, const void* b, a2a_es_rows_t b_rows,
+                               int64_t b_dim, const void* gates, a2a_dtype_t gate_dtype, a2a_dtype_t dtype,
+                               void* out);
+
 /* The layout kernels the collectives use, for frameworks that need them
  * alone. transpose_chunks views src as a rows x cols grid of chunk_bytes
  * chunks and writes its transpose: chunk (r, c) of src lands at chunk (c, r)
