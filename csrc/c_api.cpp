@@ -13,6 +13,7 @@
 #include "core/collectives.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "moe/es_ops.hpp"
 #include "moe/moe.hpp"
 #include "setup/backends.hpp"
 #include "setup/exec.hpp"
@@ -372,6 +373,63 @@ a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* rout
                                void* grad_gates) {
   return guarded(
       [&] { a2a::moe::gate_grad(exec, routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates); });
+}
+
+a2a_status_t a2a_es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile,
+                                   int64_t* max_slots) {
+  return guarded([&] {
+    require_out(max_slots, "max_slots");
+    *max_slots = a2a::moe::es_index_capacity(num_tokens, top_k, num_experts, tile);
+  });
+}
+
+a2a_status_t a2a_es_index_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k,
+                                         int64_t num_experts, size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = a2a::moe::es_index_workspace_size(exec, num_tokens, top_k, num_experts);
+  });
+}
+
+a2a_status_t a2a_es_index(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,
+                          int64_t top_k, int64_t num_experts, int64_t tile, void* workspace, size_t workspace_bytes,
+                          int64_t* slots, int64_t max_slots, int64_t* expert_starts, int64_t* counts,
+                          int64_t* num_slots) {
+  return guarded([&] {
+    require_out(num_slots, "num_slots");
+    *num_slots = a2a::moe::es_index(exec, indices, index_dtype, num_tokens, top_k, num_experts, tile, workspace,
+                                    workspace_bytes, slots, max_slots, expert_starts, counts);
+  });
+}
+
+a2a_status_t a2a_esmm_workspace_size(const a2a_es_index_t* index, a2a_es_rows_t y_rows, int64_t n, a2a_dtype_t dtype,
+                                     size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = a2a::moe::esmm_workspace_size(index, y_rows, n, dtype);
+  });
+}
+
+a2a_status_t a2a_esmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2a_es_rows_t x_rows,
+                      int64_t k, const void* w, a2a_es_weight_layout_t w_layout, const void* bias, const void* gates,
+                      a2a_dtype_t gate_dtype, a2a_dtype_t dtype, int64_t n, void* y, a2a_es_rows_t y_rows,
+                      void* workspace, size_t workspace_bytes) {
+  return guarded([&] {
+    a2a::moe::esmm(exec, index, x, x_rows, k, w, w_layout, bias, gates, gate_dtype, dtype, n, y, y_rows, workspace,
+                   workspace_bytes);
+  });
+}
+
+a2a_status_t a2a_ess(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2a_es_rows_t x_rows,
+                     const void* gates, a2a_dtype_t gate_dtype, a2a_dtype_t dtype, int64_t n, void* out) {
+  return guarded([&] { a2a::moe::ess(exec, index, x, x_rows, gates, gate_dtype, dtype, n, out); });
+}
+
+a2a_status_t a2a_estmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* a, a2a_es_rows_t a_rows,
+                       int64_t a_dim, const void* b, a2a_es_rows_t b_rows, int64_t b_dim, const void* gates,
+                       a2a_dtype_t gate_dtype, a2a_dtype_t dtype, void* out) {
+  return guarded(
+      [&] { a2a::moe::estmm(exec, index, a, a_rows, a_dim, b, b_rows, b_dim, gates, gate_dtype, dtype, out); });
 }
 
 a2a_status_t a2a_transpose_chunks(const a2a_exec_t* exec, void* dst, const void* src, size_t rows, size_t cols,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "cpu/es_cpu.hpp"
 #include "cpu/thread_pool.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
@@ -505,6 +506,20 @@ class CpuKernels final : public Kernels {
       gate_grad_typed<T>(r, static_cast<const T*>(tokens), static_cast<const T*>(rows), model_dim,
                          gate_dtype == dtype, grad_gates, threads_);
     });
+  }
+
+  void es_scatter_slots(const RouteProblem& problem, const int64_t* locations, const int64_t* expert_starts,
+                        int64_t num_slots, int64_t* slots) override {
+    es_scatter_slots_cpu(problem, locations, expert_starts, num_slots, slots);
+  }
+  void esmm(const a2a_es_index_t& index, const EsMatmul& problem) override { esmm_cpu(index, problem, threads_); }
+  void ess(const a2a_es_index_t& index, const EsOperand& x, const EsGates& gates, a2a_dtype_t dtype,
+           void* out) override {
+    ess_cpu(index, x, gates, dtype, out, threads_);
+  }
+  void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
+             a2a_dtype_t dtype, void* out) override {
+    estmm_cpu(index, a, b, gates, dtype, out, threads_);
   }
 
  private:

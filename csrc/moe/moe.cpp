@@ -9,6 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "moe/arguments.hpp"
 #include "moe/kernels.hpp"
 #include "setup/exec.hpp"
 #include "setup/settings.hpp"
@@ -16,45 +17,6 @@
 namespace a2a::moe {
 
 namespace {
-
-std::unique_ptr<Kernels> make_kernels(const a2a_exec_t* exec) {
-  const a2a_exec_t e = read_exec(exec);
-  // route's waits for the stream are bounded by A2A_TIMEOUT_S (else 300 s):
-  // the stream is the caller's, not a communicator's.
-  if (e.device_type == A2A_DEVICE_CUDA) return make_cuda_kernels(e.stream, timeout_from(A2A_COMM_CONFIG_INIT));
-  return make_cpu_kernels(e.num_threads);
-}
-
-bool is_float(a2a_dtype_t dtype) {
-  return dtype == A2A_FLOAT32 || dtype == A2A_FLOAT64 || dtype == A2A_FLOAT16 || dtype == A2A_BFLOAT16;
-}
-
-bool is_index(a2a_dtype_t dtype) { return dtype == A2A_INT32 || dtype == A2A_INT64; }
-
-int64_t checked_product(int64_t a, int64_t b, const char* what) {
-  int64_t product = 0;
-  if (__builtin_mul_overflow(a, b, &product)) fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64");
-  return product;
-}
-
-void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
-  if (num_tokens < 0) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_tokens is ", num_tokens);
-  if (top_k < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": top_k is ", top_k, "; every token needs at least one choice");
-  if (num_experts < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_experts is ", num_experts);
-  const int64_t choices = checked_product(num_tokens, top_k, "num_tokens * top_k");
-  // The backends size per-thread (CPU) or per-tile (CUDA) histograms of
-  // num_experts int64 counters, at most one per choice: this bound keeps
-  // their byte counts from overflowing.
-  constexpr int64_t kMaxCounters = int64_t{1} << 58;
-  if (num_experts > kMaxCounters / std::max<int64_t>(choices, 1))
-    fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_experts ", num_experts, " with ", choices,
-         " routed choices is too large (num_experts * max(1, num_tokens * top_k) must stay below 2^58)");
-}
-
-template <typename... Args>
-void require(bool ok, Args&&... args) {
-  if (!ok) fail(A2A_ERROR_INVALID_ARGUMENT, std::forward<Args>(args)...);
-}
 
 // Checks a routing and the data arguments of dispatch / combine / gate_grad.
 void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype, int64_t model_dim,
@@ -76,58 +38,6 @@ void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype
             " must be float32 or the data dtype ", dtype_name(dtype));
 }
 
-// The memory arguments of one call, as Checker::buffers checks the
-// collectives': each one NULL only when empty, and no output (or scratch)
-// sharing a byte with any other argument. The kernels read and write in
-// parallel, so an output over an input (out=x, or one row apart) would give
-// wrong results without an error.
-class Buffers {
- public:
-  explicit Buffers(const char* op) : op_(op) {}
-  Buffers& input(const char* name, const void* data, size_t bytes) { return add(name, data, bytes, false); }
-  Buffers& output(const char* name, const void* data, size_t bytes) { return add(name, data, bytes, true); }
-  // The routing's arrays, all inputs.
-  Buffers& routing(const a2a_routing_t& r) {
-    const size_t choices = static_cast<size_t>(r.num_tokens * r.top_k);
-    const size_t experts = static_cast<size_t>(r.num_experts);
-    return input("routing.indices", r.indices, choices * dtype_size(r.index_dtype))
-        .input("routing.locations", r.locations, choices * sizeof(int64_t))
-        .input("routing.counts", r.counts, experts * sizeof(int64_t))
-        .input("routing.expert_offsets", r.expert_offsets, (experts + 1) * sizeof(int64_t));
-  }
-
- private:
-  struct Region {
-    const char* name;
-    const char* begin;
-    size_t bytes;
-    bool written;
-  };
-  Buffers& add(const char* name, const void* data, size_t bytes, bool written) {
-    require(bytes == 0 || data != nullptr, op_, ": ", name, " is NULL");
-    const Region mine{name, static_cast<const char*>(data), bytes, written};
-    for (const Region& other : regions_) {
-      const bool overlap = mine.bytes != 0 && other.bytes != 0 && mine.begin < other.begin + other.bytes &&
-                           other.begin < mine.begin + mine.bytes;
-      if (overlap && (written || other.written))
-        fail(A2A_ERROR_INVALID_ARGUMENT, op_, ": ", written ? "output " : "input ", name, " overlaps ",
-             other.written ? "output " : "input ", other.name, " (", mine.bytes, " and ", other.bytes, " bytes at ",
-             static_cast<const void*>(mine.begin), " and ", static_cast<const void*>(other.begin),
-             "); the kernels do not work in place: give every output memory of its own");
-    }
-    regions_.push_back(mine);
-    return *this;
-  }
-
-  const char* op_;
-  std::vector<Region> regions_;
-};
-
-// Bytes of `rows` rows of model_dim elements of dtype (check_kernel_args
-// bounds rows * model_dim).
-size_t data_bytes(int64_t rows, int64_t model_dim, a2a_dtype_t dtype) {
-  return static_cast<size_t>(checked_product(rows * model_dim, static_cast<int64_t>(dtype_size(dtype)), "data bytes"));
-}
 
 // The arguments of dispatch (tokens_in: x (T, M) in, rows (num_rows, M) out)
 // and of combine (rows in, y (T, M) out), with the gates.

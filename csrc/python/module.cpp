@@ -169,6 +169,21 @@ a2a_routing_t make_routing(const RoutingTuple& r) {
   return routing;
 }
 
+using EsIndexTuple = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, uintptr_t, uintptr_t, uintptr_t>;
+
+a2a_es_index_t make_es_index(const EsIndexTuple& t) {
+  a2a_es_index_t index{};
+  index.num_tokens = std::get<0>(t);
+  index.top_k = std::get<1>(t);
+  index.num_experts = std::get<2>(t);
+  index.tile = std::get<3>(t);
+  index.num_slots = std::get<4>(t);
+  index.slots = static_cast<const int64_t*>(as_pointer(std::get<5>(t)));
+  index.expert_starts = static_cast<const int64_t*>(as_pointer(std::get<6>(t)));
+  index.counts = static_cast<const int64_t*>(as_pointer(std::get<7>(t)));
+  return index;
+}
+
 // DLPack's C structures (dlpack.h, a stable ABI; spelled out here so the
 // build needs no DLPack header). A "dltensor" capsule holds a DLManagedTensor.
 struct DLDevice {
@@ -320,6 +335,55 @@ PYBIND11_MODULE(_C, m) {
       },
       py::call_guard<py::gil_scoped_release>());
 
+  // Expert-specific operators. An index travels as (T, k, E, tile, num_slots, slots, expert_starts, counts).
+  m.def("es_index_capacity", &a2a::es_index_capacity);
+  m.def("es_index_workspace_size", [](const Exec& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
+    return a2a::es_index_workspace_size(make_exec(exec), num_tokens, top_k, num_experts);
+  });
+  m.def(
+      "es_index",
+      [](const Exec& exec, uintptr_t indices, int index_dtype, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+         int64_t tile, uintptr_t workspace, size_t workspace_bytes, uintptr_t slots, int64_t max_slots,
+         uintptr_t expert_starts, uintptr_t counts) {
+        return a2a::es_index(make_exec(exec), as_pointer(indices), static_cast<a2a_dtype_t>(index_dtype), num_tokens,
+                             top_k, num_experts, tile, as_mutable(workspace), workspace_bytes,
+                             static_cast<int64_t*>(as_mutable(slots)), max_slots,
+                             static_cast<int64_t*>(as_mutable(expert_starts)), static_cast<int64_t*>(as_mutable(counts)));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("esmm_workspace_size", [](const EsIndexTuple& index, int y_rows, int64_t n, int dtype) {
+    return a2a::esmm_workspace_size(make_es_index(index), static_cast<a2a_es_rows_t>(y_rows), n,
+                                    static_cast<a2a_dtype_t>(dtype));
+  });
+  m.def(
+      "esmm",
+      [](const Exec& exec, const EsIndexTuple& index, uintptr_t x, int x_rows, int64_t k, uintptr_t w, int w_layout,
+         uintptr_t bias, uintptr_t gates, int gate_dtype, int dtype, int64_t n, uintptr_t y, int y_rows,
+         uintptr_t workspace, size_t workspace_bytes) {
+        a2a::esmm(make_exec(exec), make_es_index(index), as_pointer(x), static_cast<a2a_es_rows_t>(x_rows), k,
+                  as_pointer(w), static_cast<a2a_es_weight_layout_t>(w_layout), as_pointer(bias), as_pointer(gates),
+                  static_cast<a2a_dtype_t>(gate_dtype), static_cast<a2a_dtype_t>(dtype), n, as_mutable(y),
+                  static_cast<a2a_es_rows_t>(y_rows), as_mutable(workspace), workspace_bytes);
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "ess",
+      [](const Exec& exec, const EsIndexTuple& index, uintptr_t x, int x_rows, uintptr_t gates, int gate_dtype,
+         int dtype, int64_t n, uintptr_t out) {
+        a2a::ess(make_exec(exec), make_es_index(index), as_pointer(x), static_cast<a2a_es_rows_t>(x_rows),
+                 as_pointer(gates), static_cast<a2a_dtype_t>(gate_dtype), static_cast<a2a_dtype_t>(dtype), n,
+                 as_mutable(out));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "estmm",
+      [](const Exec& exec, const EsIndexTuple& index, uintptr_t a, int a_rows, int64_t a_dim, uintptr_t b, int b_rows,
+         int64_t b_dim, uintptr_t gates, int gate_dtype, int dtype, uintptr_t out) {
+        a2a::estmm(make_exec(exec), make_es_index(index), as_pointer(a), static_cast<a2a_es_rows_t>(a_rows), a_dim,
+                   as_pointer(b), static_cast<a2a_es_rows_t>(b_rows), b_dim, as_pointer(gates),
+                   static_cast<a2a_dtype_t>(gate_dtype), static_cast<a2a_dtype_t>(dtype), as_mutable(out));
+      },
+      py::call_guard<py::gil_scoped_release>());
   m.def("dlpack_view", &dlpack_view);
   m.def("nccl_unique_id", [] {
     const std::vector<char> id = a2a::nccl_unique_id();

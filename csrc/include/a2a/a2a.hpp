@@ -221,6 +221,55 @@ inline void moe_gate_grad(const a2a_exec_t& exec, const a2a_routing_t& routing, 
   check(a2a_moe_gate_grad(&exec, &routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates));
 }
 
+// Expert-specific operators (see a2a.h).
+inline int64_t es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile) {
+  int64_t slots = 0;
+  check(a2a_es_index_capacity(num_tokens, top_k, num_experts, tile, &slots));
+  return slots;
+}
+
+inline size_t es_index_workspace_size(const a2a_exec_t& exec, int64_t num_tokens, int64_t top_k,
+                                      int64_t num_experts) {
+  size_t bytes = 0;
+  check(a2a_es_index_workspace_size(&exec, num_tokens, top_k, num_experts, &bytes));
+  return bytes;
+}
+
+// Returns num_slots.
+inline int64_t es_index(const a2a_exec_t& exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,
+                        int64_t top_k, int64_t num_experts, int64_t tile, void* workspace, size_t workspace_bytes,
+                        int64_t* slots, int64_t max_slots, int64_t* expert_starts, int64_t* counts) {
+  int64_t num_slots = 0;
+  check(a2a_es_index(&exec, indices, index_dtype, num_tokens, top_k, num_experts, tile, workspace, workspace_bytes,
+                     slots, max_slots, expert_starts, counts, &num_slots));
+  return num_slots;
+}
+
+inline size_t esmm_workspace_size(const a2a_es_index_t& index, a2a_es_rows_t y_rows, int64_t n, a2a_dtype_t dtype) {
+  size_t bytes = 0;
+  check(a2a_esmm_workspace_size(&index, y_rows, n, dtype, &bytes));
+  return bytes;
+}
+
+inline void esmm(const a2a_exec_t& exec, const a2a_es_index_t& index, const void* x, a2a_es_rows_t x_rows, int64_t k,
+                 const void* w, a2a_es_weight_layout_t w_layout, const void* bias, const void* gates,
+                 a2a_dtype_t gate_dtype, a2a_dtype_t dtype, int64_t n, void* y, a2a_es_rows_t y_rows, void* workspace,
+                 size_t workspace_bytes) {
+  check(a2a_esmm(&exec, &index, x, x_rows, k, w, w_layout, bias, gates, gate_dtype, dtype, n, y, y_rows, workspace,
+                 workspace_bytes));
+}
+
+inline void ess(const a2a_exec_t& exec, const a2a_es_index_t& index, const void* x, a2a_es_rows_t x_rows,
+                const void* gates, a2a_dtype_t gate_dtype, a2a_dtype_t dtype, int64_t n, void* out) {
+  check(a2a_ess(&exec, &index, x, x_rows, gates, gate_dtype, dtype, n, out));
+}
+
+inline void estmm(const a2a_exec_t& exec, const a2a_es_index_t& index, const void* a, a2a_es_rows_t a_rows,
+                  int64_t a_dim, const void* b, a2a_es_rows_t b_rows, int64_t b_dim, const void* gates,
+                  a2a_dtype_t gate_dtype, a2a_dtype_t dtype, void* out) {
+  check(a2a_estmm(&exec, &index, a, a_rows, a_dim, b, b_rows, b_dim, gates, gate_dtype, dtype, out));
+}
+
 inline std::vector<char> nccl_unique_id() {
   std::vector<char> id(A2A_NCCL_UNIQUE_ID_BYTES);
   check(a2a_nccl_unique_id(id.data()));
