@@ -12,6 +12,9 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   ``"min"``).
 - MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
   ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
+- Expert-specific operators (Hexa-MoE): ``es_index`` (an :class:`ESIndex`,
+  the re-index vector), ``esmm``, ``ess`` and ``estmm``: the experts'
+  matmuls on tokens in their order.
 - Autograd: :mod:`a2a.torch` has torch.autograd versions of the collectives
   and the MoE kernels; the functions above use them by themselves when a
   torch input requires grad while grad mode is on.
@@ -39,6 +42,7 @@ from ._errors import (
     TransportError,
     UnsupportedError,
 )
+from ._es_ops import ESIndex, es_index, esmm, ess, estmm
 from ._moe import fast_decode, fast_encode, permute, unpermute
 from ._routing import Routing, route
 
@@ -50,6 +54,7 @@ __all__ = [
     "A2AError",
     "A2ATimeoutError",
     "Comm",
+    "ESIndex",
     "InvalidArgumentError",
     "MismatchError",
     "RemoteError",
@@ -63,6 +68,10 @@ __all__ = [
     "all_to_all_flex",
     "all_to_all_v",
     "config",
+    "es_index",
+    "esmm",
+    "ess",
+    "estmm",
     "fast_decode",
     "fast_encode",
     "get_cmake_dir",

@@ -22,6 +22,10 @@ combine, decode's a dispatch, and the gate gradient is a per-choice dot
 product (Tutel's K2). Routings (from ``a2a.route`` / ``a2a.permute``) carry no
 gradient.
 
+Expert-specific operators: ``esmm``, ``ess`` and ``estmm`` as in ``a2a``,
+differentiable in their data, weights, biases and gates; every backward is
+made of the same three operators.
+
 ``a2a.all_to_all(x, ...)`` and the other functions of ``a2a`` come here by
 themselves when a torch input requires grad while grad mode is on.
 """
@@ -43,6 +47,7 @@ from ._torch_collectives import (
     all_to_all_v,
     reduce_scatter,
 )
+from ._torch_es_ops import esmm, ess, estmm
 
 __all__ = [
     "all_gather",
@@ -50,6 +55,9 @@ __all__ = [
     "all_to_all",
     "all_to_all_flex",
     "all_to_all_v",
+    "esmm",
+    "ess",
+    "estmm",
     "fast_decode",
     "fast_encode",
     "permute",
