@@ -1,0 +1,231 @@
+"""Benchmark of the expert-specific operators: ``python -m a2a.bench --op esmm,ess,estmm``.
+
+    python -m a2a.bench --op esmm --tokens 16384 --experts 8 --top-k 2 --model-dim 1024 --hidden 1024
+
+One process (no mpirun), CPU or CUDA (``--device``). Every path computes the
+same result from the same routing (top-k distinct experts per token,
+uniformly random, float32 softmax gates), timed in turns (a2a.bench.common):
+
+* ``esmm``: y (T, H) = sum over j of g_tj W[e_tj] x_t (an expert layer's
+  matmul from tokens back to tokens). a2a: ``esmm(x, w, index, gates=g,
+  y_rows="token")``. padded: ``fast_encode`` at capacity factor ``-f`` +
+  ``torch.bmm`` + ``fast_decode`` with the gates (Tutel's path; a factor
+  below the demand drops choices, so its result is not compared).
+  dropless: ``permute`` + one ``torch.mm`` per expert + ``unpermute``.
+* ``ess``: the bias gradient (E, H) = per-expert sum of g * dy rows.
+  padded: ``fast_encode(dy, gates)`` + a sum over the capacity; dropless:
+  ``permute`` + per-expert sums (gates folded in before the permute).
+* ``estmm``: the weight gradient (E, H, M) = per expert sum of g dy_t x_t^T.
+  padded: two ``fast_encode`` + ``torch.bmm``; dropless: two ``permute`` +
+  one ``torch.mm`` per expert.
+* ``dense``: the physical limit in the same run: one ``torch.mm`` of the
+  same multiply-adds (esmm, estmm: (N, M) @ (M, H) with N the routed
+  choices), or a sum over the same elements (ess).
+
+Columns: time (median of ``-r`` repetitions of the mean of ``-n`` calls, us),
+GFLOP/s (2 * N * M * H for esmm / estmm, N * H for ess, over a2a's time),
+``vs dense`` = dense time / a2a time (the issue's target: >= 0.7 for esmm on
+CPU), ``vs padded`` and ``vs dropless`` = that path's time / a2a's (above 1:
+a2a faster), ``#wrong``: elements of a2a's result that differ from the
+dropless path's beyond the tolerance (fp32 accumulation in both; exit status
+1 if any).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+from . import common
+
+__all__ = ["ES_OPS", "is_es_mode", "main"]
+
+ES_OPS = ("esmm", "ess", "estmm")
+TOLERANCE = {"float32": 1e-3, "float64": 1e-10, "bfloat16": 5e-2, "float16": 1e-2}  # relative to the output's scale
+
+
+def is_es_mode(argv: list[str]) -> bool:
+    """Whether --op names only expert-specific operators."""
+    for i, token in enumerate(argv):
+        value = token.split("=", 1)[1] if token.startswith("--op=") else argv[i + 1] if token == "--op" and i + 1 < len(argv) else None
+        if value is not None:
+            names = {name.strip().lower() for name in value.split(",") if name.strip()}
+            return bool(names) and names <= set(ES_OPS)
+    return False
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m a2a.bench", usage="python -m a2a.bench --op esmm,ess,estmm [options]",
+                                description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--op", required=True, help="esmm, ess, estmm, or a comma list")
+    p.add_argument("--tokens", type=_ints, default=[4096, 16384], help="T, comma list (default 4096,16384)")
+    p.add_argument("--experts", type=_ints, default=[8], help="E, comma list (default 8)")
+    p.add_argument("--top-k", type=_ints, default=[2], help="k, comma list (default 2)")
+    p.add_argument("--model-dim", type=_ints, default=[1024], help="M, comma list (default 1024)")
+    p.add_argument("--hidden", type=_ints, default=[1024], help="H, comma list (default 1024)")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, float64, comma list")
+    p.add_argument("-f", "--capacity-factor", type=float, default=1.25, help="the padded path's factor (default 1.25)")
+    p.add_argument("-r", "--repeats", type=int, default=5, help="repetitions, median shown (default 5)")
+    p.add_argument("-n", "--iters", type=int, default=2, help="calls per timing (default 2)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for a2a and torch (default: every core)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when torch sees a GPU")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    return p
+
+
+class _Case:
+    """Inputs of one configuration and the four paths of each op."""
+
+    def __init__(self, torch: Any, a2a: Any, T: int, E: int, k: int, M: int, H: int, dtype: Any, device: str,
+                 factor: float, seed: int):
+        gen = torch.Generator().manual_seed(seed)
+        self.torch, self.a2a = torch, a2a
+        self.indices = torch.rand(T, E, generator=gen).argsort(dim=1)[:, :k].contiguous().to(device)
+        self.gates = torch.rand(T, k, generator=gen).softmax(dim=1).to(device)
+        self.x = (torch.rand(T, M, generator=gen) * 2 - 1).to(device=device, dtype=dtype)
+        self.dy = (torch.rand(T, H, generator=gen) * 2 - 1).to(device=device, dtype=dtype)
+        self.w = ((torch.rand(E, H, M, generator=gen) * 2 - 1) / M**0.5).to(device=device, dtype=dtype)
+        self.index = a2a.es_index(self.indices, E)
+        self.routing = a2a.route(self.indices, E, capacity_setting=factor)
+        self.routed = T * k
+        self.E = E
+
+    # -- esmm: y (T, H) = sum_j g W[e] x_t
+    def esmm(self):
+        return self.a2a.esmm(self.x, self.w, self.index, gates=self.gates, y_rows="token")
+
+    def esmm_padded(self):
+        d = self.a2a.fast_encode(self.x, self.routing)
+        return self.a2a.fast_decode(self.torch.bmm(d, self.w.transpose(1, 2)), self.routing, self.gates)
+
+    def _per_expert(self, rows: Any, perm: Any, fn: Any) -> list:
+        offsets = perm.offsets.tolist()
+        return [fn(e, rows[offsets[e]:offsets[e + 1]]) for e in range(self.E)]
+
+    def esmm_dropless(self):
+        rows, perm = self.a2a.permute(self.x, self.indices, self.E)
+        out = self.torch.cat(self._per_expert(rows, perm, lambda e, r: r @ self.w[e].t()))
+        return self.a2a.unpermute(out, perm, self.gates)
+
+    def esmm_dense(self):
+        return self.torch.mm(self._dense_rows, self.w[0].t())
+
+    # -- ess: (E, H) per-expert sums of g dy
+    def ess(self):
+        return self.a2a.ess(self.dy, self.index, gates=self.gates)
+
+    def ess_padded(self):
+        return self.a2a.fast_encode(self.dy, self.routing, self.gates).sum(dim=1)
+
+    def ess_dropless(self):
+        rows, perm = self.a2a.permute(self.dy, self.indices, self.E)
+        scale = self._permuted_gates(perm).unsqueeze(1).to(rows.dtype)
+        return self.torch.stack(self._per_expert(rows * scale, perm, lambda e, r: r.sum(dim=0)))
+
+    def ess_dense(self):
+        return self._dense_rows_h.sum(dim=0)
+
+    # -- estmm: (E, H, M) per-expert sum g dy_t x_t^T
+    def estmm(self):
+        return self.a2a.estmm(self.dy, self.x, self.index, gates=self.gates, a_rows="token", b_rows="token")
+
+    def estmm_padded(self):
+        a = self.a2a.fast_encode(self.dy, self.routing, self.gates)
+        return self.torch.bmm(a.transpose(1, 2), self.a2a.fast_encode(self.x, self.routing))
+
+    def estmm_dropless(self):
+        a, perm = self.a2a.permute(self.dy, self.indices, self.E)
+        b, _ = self.a2a.permute(self.x, self.indices, self.E)
+        a = a * self._permuted_gates(perm).unsqueeze(1).to(a.dtype)
+        offsets = perm.offsets.tolist()
+        return self.torch.stack([a[offsets[e]:offsets[e + 1]].t() @ b[offsets[e]:offsets[e + 1]] for e in range(self.E)])
+
+    def estmm_dense(self):
+        return self.torch.mm(self._dense_rows_h.t(), self._dense_rows)
+
+    def _permuted_gates(self, perm: Any) -> Any:
+        """The gates in the permuted rows' order (row_map gives each choice's row)."""
+        order = self.torch.empty(self.routed, dtype=self.gates.dtype, device=self.gates.device)
+        order[perm.row_map.reshape(-1)] = self.gates.reshape(-1)
+        return order
+
+    def prepare_dense(self) -> None:
+        self._dense_rows = self.x.repeat_interleave(self.indices.shape[1], dim=0)
+        self._dense_rows_h = self.dy.repeat_interleave(self.indices.shape[1], dim=0)
+
+
+def _flops(op: str, routed: int, M: int, H: int) -> int:
+    return routed * H if op == "ess" else 2 * routed * M * H
+
+
+def _wrong(torch: Any, got: Any, want: Any, dtype: str) -> int:
+    scale = float(want.abs().max()) if want.numel() else 1.0
+    return int((~torch.isclose(got.double(), want.double(), rtol=0, atol=TOLERANCE[dtype] * max(scale, 1e-30))).sum())
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    ops = [name.strip().lower() for name in args.op.split(",") if name.strip()]
+    import os
+
+    if args.threads:
+        os.environ["A2A_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    import a2a
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() and a2a.config().get("cuda") else "cpu")
+    clock = common.Clock(torch, device)
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    print(f"# a2a.bench --op {','.join(ops)}: {device}, threads {torch.get_num_threads()}, "
+          f"{common.command_line(['--op', *argv[1:]] if argv and argv[0] == '--op' else argv)}")
+    print(f"# {'op':>5} {'T':>6} {'E':>3} {'k':>2} {'M':>5} {'H':>5} {'dtype':>8} {'time us':>10} {'GFLOP/s':>8} "
+          f"{'dense':>8} {'vs dense':>8} {'vs padded':>9} {'vs dropless':>11} {'#wrong':>6}")
+    rows, failed = [], False
+    for T in args.tokens:
+        for E in args.experts:
+            for k in args.top_k:
+                for M in args.model_dim:
+                    for H in args.hidden:
+                        for dtype_name in dtypes:
+                            case = _Case(torch, a2a, T, E, k, M, H, getattr(torch, dtype_name), device,
+                                         args.capacity_factor, args.seed)
+                            case.prepare_dense()
+                            for op in ops:
+                                paths = [getattr(case, op), getattr(case, f"{op}_dense"),
+                                         getattr(case, f"{op}_padded"), getattr(case, f"{op}_dropless")]
+                                wrong = _wrong(torch, paths[0](), paths[3](), dtype_name)
+                                failed |= wrong > 0
+                                for fn in paths:
+                                    fn()
+                                clock.sync()
+                                samples = common.take_turns([lambda fn=fn: clock.time(fn, args.iters) for fn in paths],
+                                                            args.repeats)
+                                t, dense, padded, dropless = (statistics.median(s) for s in samples)
+                                flops = _flops(op, case.routed, M, H)
+                                row = {"op": op, "T": T, "E": E, "k": k, "M": M, "H": H, "dtype": dtype_name,
+                                       "device": device, "time_us": t * 1e6, "gflops": flops / t / 1e9,
+                                       "dense_gflops": flops / dense / 1e9, "vs_dense": dense / t,
+                                       "vs_padded": padded / t, "vs_dropless": dropless / t, "wrong": wrong,
+                                       "capacity_factor": args.capacity_factor}
+                                rows.append(row)
+                                print(f"  {op:>5} {T:>6} {E:>3} {k:>2} {M:>5} {H:>5} {dtype_name:>8} "
+                                      f"{row['time_us']:>10.0f} {row['gflops']:>8.1f} {row['dense_gflops']:>8.1f} "
+                                      f"{row['vs_dense']:>8.2f} {row['vs_padded']:>9.2f} {row['vs_dropless']:>11.2f} "
+                                      f"{wrong:>6}", flush=True)
+    if args.json:
+        common.write_json(args.json, rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
