@@ -164,6 +164,70 @@ int main(int argc, char** argv) {
     free(dispatched); free(expert_in); free(y); free(grad_gates);
   }
 
+  /* The expert-specific operators on this rank's tokens (no communication):
+   * expert e's weight is (e + 1) * I, so the gated ESMM by token gives
+   * y[t] = sum_j g_j (e_j + 1) x[t], and ESS the per-expert sums of x. */
+  {
+    const int64_t experts = 3, top_k = 2, dim = 4, tokens = 5 + rank, tile = 4;
+    a2a_exec_t exec = A2A_EXEC_CPU_INIT;
+    int64_t* indices = malloc(sizeof(int64_t) * tokens * top_k);
+    float* gates = malloc(sizeof(float) * tokens * top_k);
+    float* x = malloc(sizeof(float) * tokens * dim);
+    float* w = calloc((size_t)(experts * dim * dim), sizeof(float));
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t i = 0; i < dim; ++i) w[(e * dim + i) * dim + i] = (float)(e + 1);
+    for (int64_t t = 0; t < tokens; ++t) {
+      indices[t * top_k] = t % experts;
+      indices[t * top_k + 1] = t % 4 == 3 ? -1 : (t + 1) % experts; /* some second choices not routed */
+      gates[t * top_k] = 0.5f;
+      gates[t * top_k + 1] = 0.25f;
+      for (int64_t m = 0; m < dim; ++m) x[t * dim + m] = (float)(rank + t) + 0.125f * (float)m;
+    }
+    int64_t max_slots = 0;
+    size_t index_bytes = 0, esmm_bytes = 0;
+    CHECK(a2a_es_index_capacity(tokens, top_k, experts, tile, &max_slots));
+    CHECK(a2a_es_index_workspace_size(&exec, tokens, top_k, experts, &index_bytes));
+    int64_t* slots = malloc(sizeof(int64_t) * max_slots);
+    int64_t* starts = malloc(sizeof(int64_t) * (experts + 1));
+    int64_t* counts = malloc(sizeof(int64_t) * experts);
+    void* index_workspace = malloc(index_bytes);
+    a2a_es_index_t index = {tokens, top_k, experts, tile, 0, slots, starts, counts};
+    CHECK(a2a_es_index(&exec, indices, A2A_INT64, tokens, top_k, experts, tile, index_workspace, index_bytes, slots,
+                       max_slots, starts, counts, &index.num_slots));
+    CHECK(a2a_esmm_workspace_size(&index, A2A_ES_ROWS_TOKEN, dim, A2A_FLOAT32, &esmm_bytes));
+    void* esmm_workspace = malloc(esmm_bytes);
+    float* y = malloc(sizeof(float) * tokens * dim);
+    float* sums = malloc(sizeof(float) * experts * dim);
+    CHECK(a2a_esmm(&exec, &index, x, A2A_ES_ROWS_TOKEN, dim, w, A2A_ES_WEIGHT_NK, NULL, gates, A2A_FLOAT32,
+                   A2A_FLOAT32, dim, y, A2A_ES_ROWS_TOKEN, esmm_workspace, esmm_bytes));
+    CHECK(a2a_ess(&exec, &index, x, A2A_ES_ROWS_TOKEN, NULL, A2A_FLOAT32, A2A_FLOAT32, dim, sums));
+    long es_wrong = index.num_slots % tile != 0;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t m = 0; m < dim; ++m) {
+        float scale = 0.0f;
+        for (int64_t j = 0; j < top_k; ++j)
+          if (indices[t * top_k + j] >= 0) scale += gates[t * top_k + j] * (float)(indices[t * top_k + j] + 1);
+        es_wrong += fabsf(y[t * dim + m] - scale * x[t * dim + m]) > 1e-5f * fabsf(scale * x[t * dim + m]) + 1e-6f;
+      }
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t m = 0; m < dim; ++m) {
+        float want = 0.0f;
+        for (int64_t c = 0; c < tokens * top_k; ++c)
+          if (indices[c] == e) want += x[(c / top_k) * dim + m];
+        es_wrong += fabsf(sums[e * dim + m] - want) > 1e-5f * fabsf(want);
+      }
+    /* An expert index out of range is reported with its position. */
+    indices[3] = experts;
+    es_wrong += a2a_es_index(&exec, indices, A2A_INT64, tokens, top_k, experts, tile, index_workspace, index_bytes,
+                             slots, max_slots, starts, counts, &index.num_slots) != A2A_ERROR_INVALID_ARGUMENT;
+    MPI_Allreduce(MPI_IN_PLACE, &es_wrong, 1, MPI_LONG, MPI_SUM, world);
+    if (rank == 0) printf("a2a_es_index + esmm + ess ranks %d  #wrong %ld\n", size, es_wrong);
+    if (rank == 0) printf("es_index out of range rejected: %s\n", a2a_get_last_error());
+    failures += es_wrong;
+    free(indices); free(gates); free(x); free(w); free(slots); free(starts); free(counts); free(index_workspace);
+    free(esmm_workspace); free(y); free(sums);
+  }
+
   /* Sub-communicators (MPI_Comm_split semantics): the even and the odd ranks,
    * each ordered from the highest rank down; with more than 2 ranks, rank 0
    * joins none. Then a negative color on the last rank fails on every rank. */
