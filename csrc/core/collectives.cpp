@@ -205,7 +205,7 @@ uint64_t counts_digest(const std::vector<int64_t>& counts) {
         throw Disagreement(A2A_ERROR_MISMATCH,
                            cat(op, " on rank ", comm.rank(), ": 'counts' differ across ranks: rank ", r,
                                " passed counts[", i, "] = ", table[static_cast<size_t>(r) * world + i],
-                               " elements where rank 0 passed ", table[i], "; every rank must pass the same ", world,
+                               " where rank 0 passed ", table[i], " (elements); every rank must pass the same ", world,
                                " counts (counts[i]: rank i's block); no data was exchanged"));
   fail(A2A_ERROR_INTERNAL, op, " on rank ", comm.rank(), ": the digests of the counts differ but the counts do not");
 }

@@ -190,7 +190,7 @@ def test_counts_differ_on_one_rank(comm, need_two, op):
         error,
         f"{op} on rank {comm.rank}",
         "'counts' differ across ranks",
-        f"rank {bad} passed counts[0] = {want + 2} elements where rank 0 passed {want}",
+        f"rank {bad} passed counts[0] = {want + 2} where rank 0 passed {want} (elements)",
     )
 
 
@@ -204,7 +204,7 @@ def test_counts_differ_in_a_later_entry_of_rows(comm, need_two):
     want = counts_for("odd", comm.size)[bad]
     check_mismatch(
         error,
-        f"rank {bad} passed counts[{bad}] = {3 * (want + 1)} elements where rank 0 passed {3 * want}",
+        f"rank {bad} passed counts[{bad}] = {3 * (want + 1)} where rank 0 passed {3 * want} (elements)",
         "rows x 3 elements per row",
     )
 
