@@ -9,7 +9,8 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   ``all_to_all_v`` (each with the algorithms of ``ALGORITHMS``: name -> code,
   ``"linear"`` and ``"2dh"``), ``all_gather``, ``all_reduce`` and
   ``reduce_scatter`` (with the ops of ``REDUCE_OPS``: ``"sum"``, ``"max"``,
-  ``"min"``).
+  ``"min"``), and their uneven forms ``all_gather_v`` and
+  ``reduce_scatter_v`` (rows per rank given by ``counts``).
 - MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
   ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
 - Expert-specific operators (Hexa-MoE): ``es_index`` (an :class:`ESIndex`,
@@ -30,7 +31,16 @@ from __future__ import annotations
 import os
 
 from . import _C
-from ._collective_api import all_gather, all_reduce, all_to_all, all_to_all_flex, all_to_all_v, reduce_scatter
+from ._collective_api import (
+    all_gather,
+    all_gather_v,
+    all_reduce,
+    all_to_all,
+    all_to_all_flex,
+    all_to_all_v,
+    reduce_scatter,
+    reduce_scatter_v,
+)
 from ._collectives import ALGORITHMS, REDUCE_OPS, VPlan, plan_v
 from ._comm import Comm
 from ._errors import (
@@ -63,6 +73,7 @@ __all__ = [
     "UnsupportedError",
     "VPlan",
     "all_gather",
+    "all_gather_v",
     "all_reduce",
     "all_to_all",
     "all_to_all_flex",
@@ -79,6 +90,7 @@ __all__ = [
     "permute",
     "plan_v",
     "reduce_scatter",
+    "reduce_scatter_v",
     "route",
     "unpermute",
 ]

@@ -18,7 +18,16 @@ from . import _collectives
 from ._arrays import records_autograd
 from ._comm import Comm
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_flex", "all_to_all_v", "reduce_scatter"]
+__all__ = [
+    "all_gather",
+    "all_gather_v",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_flex",
+    "all_to_all_v",
+    "reduce_scatter",
+    "reduce_scatter_v",
+]
 
 _RECORDING = """
     With a torch tensor that requires grad while grad mode is on, the call
@@ -102,3 +111,17 @@ def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> A
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("reduce_scatter", comm, out).reduce_scatter(x, comm=comm, op=op)
     return _collectives.reduce_scatter(x, comm=comm, op=op, out=out)
+
+
+@_documented_as(_collectives.all_gather_v)
+def all_gather_v(x: Any, counts: Any, *, comm: Comm, out: Any = None) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("all_gather_v", comm, out).all_gather_v(x, counts, comm=comm)
+    return _collectives.all_gather_v(x, counts, comm=comm, out=out)
+
+
+@_documented_as(_collectives.reduce_scatter_v)
+def reduce_scatter_v(x: Any, counts: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> Any:
+    if type(x) is not np.ndarray and records_autograd(x):
+        return _autograd("reduce_scatter_v", comm, out).reduce_scatter_v(x, counts, comm=comm, op=op)
+    return _collectives.reduce_scatter_v(x, counts, comm=comm, op=op, out=out)

@@ -29,19 +29,21 @@ from ._arrays import (
     view,
 )
 from ._comm import Comm
-from ._errors import A2AError, InvalidArgumentError
+from ._errors import A2AError, InvalidArgumentError, MismatchError
 
 __all__ = [
     "ALGORITHMS",
     "REDUCE_OPS",
     "VPlan",
     "all_gather",
+    "all_gather_v",
     "all_reduce",
     "all_to_all",
     "all_to_all_flex",
     "all_to_all_v",
     "plan_v",
     "reduce_scatter",
+    "reduce_scatter_v",
 ]
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
@@ -444,4 +446,82 @@ def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> A
         _require_rows_per_rank(comm, name, v)
         result, o = _output(comm, name, v, (v.shape[0] // comm.size, *v.shape[1:]), out)
     comm._native.reduce_scatter(v.address, o.address, v.nbytes // v.itemsize // comm.size, v.dtype_code, code)
+    return result
+
+
+def _dense_counts(comm: Comm, op: str, counts: Any, v: ArrayView) -> tuple[list[int], list[int]]:
+    """(rows, elements) per rank: ``counts`` checked (one non-negative integer
+    per rank) and scaled by ``v``'s row size, every problem reported to every
+    rank. Equality across ranks is the core's check."""
+    rows = _counts_list(counts)
+    if rows is None or len(rows) != comm.size:
+        _reject(comm, op, f"counts must be {comm.size} integers (rows of each rank), got {counts!r}")
+    if any(c < 0 for c in rows):
+        _reject(comm, op, f"counts has negative entries: {rows}")
+    if any(c > _MAX_COUNT for c in rows):
+        _reject(comm, op, f"counts has entries above {_MAX_COUNT}: {rows}")
+    row = math.prod(v.shape[1:])
+    elements = [c * row for c in rows]
+    if sum(elements) > _MAX_COUNT:
+        _reject(comm, op, f"counts {rows} of rows of {row} elements overflow")
+    return rows, elements
+
+
+def _run_v(call: Any, v: ArrayView) -> None:
+    """Runs the native call; the core compares counts in elements, so a
+    mismatch it reports says how rows became elements here."""
+    try:
+        call()
+    except MismatchError as error:
+        row = math.prod(v.shape[1:])
+        if row == 1 or "'counts' differ" not in str(error):
+            raise
+        raise MismatchError(f"{error} (counts in elements: this rank's rows x {row} elements per row)") from error
+
+
+def all_gather_v(x: Any, counts: Any, *, comm: Comm, out: Any = None) -> Any:
+    """``MPI_Allgatherv`` along dim 0: rank i contributes ``counts[i]`` rows.
+
+    ``counts`` (a list, NumPy array or tensor of ``size`` integers, zeros
+    allowed) must be the same on every rank; ``x`` has shape
+    ``(counts[rank], ...)`` with the same row shape on every rank. The result
+    has shape ``(sum(counts), ...)``, rank i's rows starting at row
+    ``counts[0] + ... + counts[i-1]``. Counts that differ across ranks raise
+    MismatchError on every rank.
+    """
+    op = "all_gather_v"
+    _check_comm(comm, op)
+    with _ReportToAllRanks(comm, op):
+        v = _prepare(comm, op, x, "linear")
+        _require_rows(comm, op, v)
+        rows, elements = _dense_counts(comm, op, counts, v)
+        if v.shape[0] != rows[comm.rank]:
+            _reject(comm, op, f"input {v.describe()} has {v.shape[0]} rows but counts[{comm.rank}] is {rows[comm.rank]}")
+        result, o = _output(comm, op, v, (sum(rows), *v.shape[1:]), out)
+    _run_v(lambda: comm._native.all_gather_v(v.address, o.address, elements, v.dtype_code), v)
+    return result
+
+
+def reduce_scatter_v(x: Any, counts: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> Any:
+    """``MPI_Reduce_scatter`` along dim 0: rank i gets the element-wise ``op``
+    ("sum", "max", "min") over ranks of its block of ``counts[i]`` rows.
+
+    ``counts`` (``size`` integers, zeros allowed) must be the same on every
+    rank; ``x`` has shape ``(sum(counts), ...)``, rank i's block starting at
+    row ``counts[0] + ... + counts[i-1]``. The result has shape
+    ``(counts[rank], ...)``. float16 and bfloat16 are reduced as in
+    :func:`all_reduce`. Counts that differ across ranks raise MismatchError
+    on every rank.
+    """
+    name = "reduce_scatter_v"
+    _check_comm(comm, name)
+    with _ReportToAllRanks(comm, name):
+        v = _prepare(comm, name, x, "linear")
+        code = _reduce_op_code(comm, name, op)
+        _require_rows(comm, name, v)
+        rows, elements = _dense_counts(comm, name, counts, v)
+        if v.shape[0] != sum(rows):
+            _reject(comm, name, f"input {v.describe()} has {v.shape[0]} rows but counts sum to {sum(rows)}")
+        result, o = _output(comm, name, v, (rows[comm.rank], *v.shape[1:]), out)
+    _run_v(lambda: comm._native.reduce_scatter_v(v.address, o.address, elements, v.dtype_code, code), v)
     return result

@@ -12,6 +12,8 @@ all_to_all_flex(split, concat)     all_to_all_flex(split=concat, concat=split)
 all_to_all_v(send_counts)          all_to_all_v(recv_counts): the rows go back
 all_gather                         reduce_scatter(sum)
 reduce_scatter(sum)                all_gather
+all_gather_v(counts)               reduce_scatter_v(counts, sum)
+reduce_scatter_v(counts, sum)      all_gather_v(counts)
 all_reduce(sum)                    all_reduce(sum)
 =================================  ==============================================
 
@@ -31,7 +33,16 @@ from ._arrays import records_autograd
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
-__all__ = ["all_gather", "all_reduce", "all_to_all", "all_to_all_flex", "all_to_all_v", "reduce_scatter"]
+__all__ = [
+    "all_gather",
+    "all_gather_v",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_flex",
+    "all_to_all_v",
+    "reduce_scatter",
+    "reduce_scatter_v",
+]
 
 
 def report_invalid(comm: Any, op: str, message: str) -> None:
@@ -164,6 +175,36 @@ class _ReduceScatter(torch.autograd.Function):
         return _AllGather.apply(_dense(grad), ctx.comm), None
 
 
+class _AllGatherV(torch.autograd.Function):
+    """Stacks every rank's rows, counts[i] of rank i: the adjoint sums every
+    rank's gradient of this rank's rows (a reduce_scatter_v)."""
+
+    @staticmethod
+    def forward(ctx, x, counts, comm):
+        y = collectives.all_gather_v(x, counts, comm=comm)
+        ctx.counts, ctx.comm = _int64(counts).tolist(), comm  # a copy: the caller may reuse its list
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _ReduceScatterV.apply(_dense(grad), ctx.counts, ctx.comm), None, None
+
+
+class _ReduceScatterV(torch.autograd.Function):
+    """Block i (counts[i] rows) of the sum over ranks goes to rank i: the
+    adjoint hands every rank every block's gradient (an all_gather_v)."""
+
+    @staticmethod
+    def forward(ctx, x, counts, comm):
+        y = collectives.reduce_scatter_v(x, counts, comm=comm, op="sum")
+        ctx.counts, ctx.comm = _int64(counts).tolist(), comm
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllGatherV.apply(_dense(grad), ctx.counts, ctx.comm), None, None
+
+
 class _AllReduce(torch.autograd.Function):
     """The sum over ranks, on every rank: its own adjoint."""
 
@@ -264,6 +305,31 @@ def reduce_scatter(x: torch.Tensor, *, comm: Comm, op: str = "sum") -> torch.Ten
     if _differentiable("reduce_scatter", x, comm, op):
         return _ReduceScatter.apply(x, comm)
     return collectives.reduce_scatter(x, comm=comm, op=op)
+
+
+def all_gather_v(x: torch.Tensor, counts: Any, *, comm: Comm) -> torch.Tensor:
+    """a2a.all_gather_v with autograd: ``(counts[rank], ...)`` on every rank
+    -> ``(sum(counts), ...)``, rank i's rows starting at row
+    ``counts[0] + ... + counts[i-1]``; ``counts`` is the same on every rank.
+
+    Backward (collective): reduce_scatter_v (sum) of the gradient with the
+    same counts: rank i gets the sum over ranks of the gradient's rows of
+    block i.
+    """
+    return _AllGatherV.apply(x, counts, comm)
+
+
+def reduce_scatter_v(x: torch.Tensor, counts: Any, *, comm: Comm, op: str = "sum") -> torch.Tensor:
+    """a2a.reduce_scatter_v with autograd: ``(sum(counts), ...)`` ->
+    ``(counts[rank], ...)``, rank i gets the element-wise sum over ranks of
+    its block of ``counts[i]`` rows.
+
+    Backward (collective): all_gather_v of the gradient with the same counts.
+    Only ``op="sum"`` differentiates, as for :func:`reduce_scatter`.
+    """
+    if _differentiable("reduce_scatter_v", x, comm, op):
+        return _ReduceScatterV.apply(x, counts, comm)
+    return collectives.reduce_scatter_v(x, counts, comm=comm, op=op)
 
 
 def all_reduce(x: torch.Tensor, *, comm: Comm, op: str = "sum") -> torch.Tensor:

@@ -1,13 +1,14 @@
 """torch.autograd versions of a2a's collectives and MoE kernels (CPU and CUDA tensors).
 
 Collectives: ``all_to_all``, ``all_to_all_flex``, ``all_to_all_v``,
-``all_gather``, ``reduce_scatter`` and ``all_reduce`` take the arguments of
-the functions of the same name in ``a2a`` except ``out=`` (all_gather takes
-it: the gathered rows go into it and still record autograd). Each backward is
-the adjoint collective of the gradient (all_to_all: itself; all_to_all_flex:
-the axes swapped; all_to_all_v: the rows sent back; all_gather and
-reduce_scatter: each other; all_reduce: itself); only the sum reductions
-differentiate. Backward is collective: every rank must run it, in the same
+``all_gather``, ``reduce_scatter``, ``all_gather_v``, ``reduce_scatter_v``
+and ``all_reduce`` take the arguments of the functions of the same name in
+``a2a`` except ``out=`` (all_gather takes it: the gathered rows go into it
+and still record autograd). Each backward is the adjoint collective of the
+gradient (all_to_all: itself; all_to_all_flex: the axes swapped;
+all_to_all_v: the rows sent back; all_gather and reduce_scatter: each other,
+and so are all_gather_v and reduce_scatter_v, with the same counts;
+all_reduce: itself); only the sum reductions differentiate. Backward is collective: every rank must run it, in the same
 order, which holds when every rank runs the same graph (a rank that records
 while another does not waits in its backward for a collective the other never
 calls).
@@ -41,16 +42,19 @@ from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape, 
 from ._routing import Routing, permutation, require_dropless, require_padded
 from ._torch_collectives import (
     all_gather,
+    all_gather_v,
     all_reduce,
     all_to_all,
     all_to_all_flex,
     all_to_all_v,
     reduce_scatter,
+    reduce_scatter_v,
 )
 from ._torch_es_ops import esmm, ess, estmm
 
 __all__ = [
     "all_gather",
+    "all_gather_v",
     "all_reduce",
     "all_to_all",
     "all_to_all_flex",
@@ -62,6 +66,7 @@ __all__ = [
     "fast_encode",
     "permute",
     "reduce_scatter",
+    "reduce_scatter_v",
     "unpermute",
 ]
 

@@ -323,6 +323,17 @@ a2a_status_t a2a_reduce_scatter(a2a_comm_t comm, const void* send, void* recv, s
                  [&](a2a::Comm& c) { a2a::reduce_scatter(c, send, recv, count, dtype, op); });
 }
 
+a2a_status_t a2a_all_gather_v(a2a_comm_t comm, const void* send, void* recv, const int64_t* counts,
+                              a2a_dtype_t dtype) {
+  return on_comm(comm, "all_gather_v", [&](a2a::Comm& c) { a2a::all_gather_v(c, send, recv, counts, dtype); });
+}
+
+a2a_status_t a2a_reduce_scatter_v(a2a_comm_t comm, const void* send, void* recv, const int64_t* counts,
+                                  a2a_dtype_t dtype, a2a_reduce_op_t op) {
+  return on_comm(comm, "reduce_scatter_v",
+                 [&](a2a::Comm& c) { a2a::reduce_scatter_v(c, send, recv, counts, dtype, op); });
+}
+
 a2a_status_t a2a_comm_report_invalid(a2a_comm_t comm, const char* op, const char* message) {
   const char* name = op ? op : "collective";
   return on_comm(comm, name, [&](a2a::Comm& c) { a2a::report_invalid(c, name, message ? message : ""); });

@@ -176,6 +176,108 @@ void reduce_scatter(Comm& comm, const void* send, void* recv, size_t count, a2a_
 }
 
 // ---------------------------------------------------------------------------
+// Uneven dense collectives: all_gather_v, reduce_scatter_v
+
+namespace {
+
+// A 64-bit digest of the counts, compared across ranks instead of the counts
+// themselves: 8 bytes per peer whatever the world size. Each step is a
+// bijection of the running hash, so counts that differ in one entry always
+// differ in digest.
+uint64_t counts_digest(const std::vector<int64_t>& counts) {
+  uint64_t hash = 0x9e3779b97f4a7c15ull ^ counts.size();
+  for (int64_t count : counts) {
+    hash = (hash ^ static_cast<uint64_t>(count)) * 0xff51afd7ed558ccdull;
+    hash ^= hash >> 32;
+  }
+  return hash;
+}
+
+// Every rank holds every digest, so every rank comes here when one differs:
+// one allgather of the counts lets them all name the same entry.
+[[noreturn]] void explain_counts(Comm& comm, const char* op, const std::vector<int64_t>& mine) {
+  const int world = comm.size();
+  std::vector<int64_t> table(static_cast<size_t>(world) * world);
+  comm.run(op, [&] { comm.control().allgather(mine.data(), table.data(), world * sizeof(int64_t)); });
+  for (int r = 1; r < world; ++r)
+    for (int i = 0; i < world; ++i)
+      if (table[static_cast<size_t>(r) * world + i] != table[i])
+        throw Disagreement(A2A_ERROR_MISMATCH,
+                           cat(op, " on rank ", comm.rank(), ": 'counts' differ across ranks: rank ", r,
+                               " passed counts[", i, "] = ", table[static_cast<size_t>(r) * world + i],
+                               " where rank 0 passed ", table[i], " (elements); every rank must pass the same ", world,
+                               " counts (counts[i]: rank i's block); no data was exchanged"));
+  fail(A2A_ERROR_INTERNAL, op, " on rank ", comm.rank(), ": the digests of the counts differ but the counts do not");
+}
+
+// Checks one uneven dense collective and agrees on it, counts included: each
+// rank sends the digest of its counts to every rank in the argument check's
+// round (in band where the comm allows), so counts that differ on one rank
+// fail every rank alike. Returns counts[i] in elements.
+std::vector<size_t> check_dense_v(Comm& comm, const char* op, Dense kind, const void* send, void* recv,
+                                  const int64_t* counts, a2a_dtype_t dtype, int reduce_op) {
+  // The digests travel over the control transport, as all-to-all-v counts do.
+  comm.require_control_outside_capture(op);
+  const int world = comm.size();
+  const size_t item = dtype_size(dtype);
+  Checker check(comm, op);
+  check.require(item != 0, "unsupported dtype code ", static_cast<int>(dtype),
+                " (supported: float32, float64, float16, bfloat16, int8, int32, int64, uint8)");
+  if (kind != Dense::kAllGather)
+    check.require(reduce_op == A2A_SUM || reduce_op == A2A_MAX || reduce_op == A2A_MIN, "unknown reduction code ",
+                  reduce_op, " (supported: sum, max, min)");
+  check.require(counts != nullptr, "counts is NULL; pass ", world, " element counts, one per rank");
+  std::vector<size_t> sizes(world, 0);
+  size_t total = 0;  // bytes of every block
+  for (int i = 0; i < world && check.error().empty(); ++i) {
+    size_t bytes = 0;
+    check.require(counts[i] >= 0, "counts[", i, "] is negative (", counts[i], ")");
+    check.require(counts[i] < 0 || !multiply_overflows(static_cast<size_t>(counts[i]), item, &bytes),
+                  "counts[", i, "] (", counts[i], " elements) overflows the address space");
+    check.require(!__builtin_add_overflow(total, bytes, &total), "the counts sum to more than the address space");
+    sizes[i] = static_cast<size_t>(counts[i]);
+  }
+  std::vector<int64_t> mine(world, 0);
+  if (check.error().empty()) {
+    mine.assign(counts, counts + world);
+    const size_t block = sizes[comm.rank()] * item;
+    check.buffers(send, recv, kind == Dense::kAllGather ? block : total, kind == Dense::kAllGather ? total : block);
+  }
+  const uint64_t digest = counts_digest(mine);
+  std::vector<uint64_t> digests(world, 0);
+  comm.agree_in_exchange(
+      op, {{"dtype", dtype}, {"reduce_op", reduce_op}}, check.error(), comm.control(),
+      [&](int) { return Span::contiguous(&digest, sizeof digest); },
+      [&](int r) { return Span::contiguous(&digests[r], sizeof(uint64_t)); });
+  for (uint64_t other : digests)
+    if (other != digest) explain_counts(comm, op, mine);
+  return sizes;
+}
+
+}  // namespace
+
+void all_gather_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype) {
+  const char* op = "all_gather_v";
+  std::vector<size_t> bytes = check_dense_v(comm, op, Dense::kAllGather, send, recv, counts, dtype, A2A_SUM);
+  size_t total = 0;
+  for (size_t& b : bytes) total += (b *= dtype_size(dtype));
+  comm.run(op, [&] {
+    if (total != 0) comm.transport().allgather_v(send, recv, bytes);
+  });
+}
+
+void reduce_scatter_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype,
+                      a2a_reduce_op_t reduce) {
+  const char* op = "reduce_scatter_v";
+  const std::vector<size_t> sizes = check_dense_v(comm, op, Dense::kReduceScatter, send, recv, counts, dtype, reduce);
+  size_t total = 0;
+  for (size_t count : sizes) total += count;
+  comm.run(op, [&] {
+    if (total != 0) comm.transport().reduce_scatter_v(send, recv, sizes, dtype, static_cast<ReduceOp>(reduce));
+  });
+}
+
+// ---------------------------------------------------------------------------
 
 namespace {
 

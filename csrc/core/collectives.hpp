@@ -25,6 +25,11 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
 void all_gather(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype);
 void all_reduce(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op);
 void reduce_scatter(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op);
+// Uneven forms: counts (host, size entries, equal on every rank) in elements;
+// rank i's block holds counts[i] of them.
+void all_gather_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype);
+void reduce_scatter_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype,
+                      a2a_reduce_op_t op);
 
 class VPlan {
  public:

@@ -22,6 +22,12 @@ size_t total_bytes(const std::vector<PostedMessage>& messages) {
   return total;
 }
 
+size_t sum(const std::vector<size_t>& values) {
+  size_t total = 0;
+  for (size_t v : values) total += v;
+  return total;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -130,6 +136,18 @@ void StagedTransport::reduce_scatter(const void* send, void* recv, size_t count_
          [&](char* in, char* out) { host_.reduce_scatter(in, out, count_per_rank, dtype, op); });
 }
 
+void StagedTransport::allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) {
+  staged("a staged allgather_v", send, bytes_per_rank[rank()], recv, sum(bytes_per_rank),
+         [&](char* in, char* out) { host_.allgather_v(in, out, bytes_per_rank); });
+}
+
+void StagedTransport::reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts,
+                                       a2a_dtype_t dtype, ReduceOp op) {
+  const size_t item = dtype_size(dtype);
+  staged("a staged reduce_scatter_v", send, sum(counts) * item, recv, counts[rank()] * item,
+         [&](char* in, char* out) { host_.reduce_scatter_v(in, out, counts, dtype, op); });
+}
+
 void StagedTransport::barrier() {
   require_not_capturing("a staged barrier");
   device_.synchronize(timeout_s_);
@@ -214,6 +232,18 @@ void DeviceControlTransport::reduce_scatter(const void* send, void* recv, size_t
   const size_t block = count_per_rank * dtype_size(dtype);
   bounced("a reduce_scatter of host values", send, block * size(), recv, block,
           [&](char* in, char* out) { data_.reduce_scatter(in, out, count_per_rank, dtype, op); });
+}
+
+void DeviceControlTransport::allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) {
+  bounced("an allgather_v of host values", send, bytes_per_rank[rank()], recv, sum(bytes_per_rank),
+          [&](char* in, char* out) { data_.allgather_v(in, out, bytes_per_rank); });
+}
+
+void DeviceControlTransport::reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts,
+                                              a2a_dtype_t dtype, ReduceOp op) {
+  const size_t item = dtype_size(dtype);
+  bounced("a reduce_scatter_v of host values", send, sum(counts) * item, recv, counts[rank()] * item,
+          [&](char* in, char* out) { data_.reduce_scatter_v(in, out, counts, dtype, op); });
 }
 
 void DeviceControlTransport::barrier() {

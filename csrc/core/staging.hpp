@@ -89,6 +89,9 @@ class StagedTransport final : public Transport {
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype, ReduceOp op) override;
+  void allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override;
+  void reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts, a2a_dtype_t dtype,
+                        ReduceOp op) override;
   void barrier() override;
 
  private:
@@ -125,6 +128,9 @@ class DeviceControlTransport final : public Transport {
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype, ReduceOp op) override;
+  void allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override;
+  void reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts, a2a_dtype_t dtype,
+                        ReduceOp op) override;
   void barrier() override;
 
  private:

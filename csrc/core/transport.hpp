@@ -92,6 +92,15 @@ class Transport {
   virtual void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) = 0;
   virtual void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
                               ReduceOp op) = 0;
+  // The uneven forms (MPI_Allgatherv, MPI_Reduce_scatter): rank i's block
+  // holds bytes_per_rank[i] bytes (counts[i] elements) and sits at the sum of
+  // the blocks before it; allgather_v gathers every block into recv,
+  // reduce_scatter_v leaves the reduction of block i in rank i's recv. Every
+  // rank passes the same sizes (the caller agreed on them); empty blocks
+  // move nothing.
+  virtual void allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) = 0;
+  virtual void reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts, a2a_dtype_t dtype,
+                                ReduceOp op) = 0;
   void allreduce_int64(int64_t* values, size_t count, ReduceOp op) { allreduce(values, values, count, A2A_INT64, op); }
   virtual void barrier() = 0;
 };

@@ -503,6 +503,61 @@ void MpiTransport::reduce_scatter(const void* send, void* recv, size_t count_per
   }
 }
 
+// Point-to-point like allgather rather than MPI_Iallgatherv, whose int
+// counts and displacements stop at 2^31 bytes of gathered data: each block
+// travels as a Span (a derived datatype when it is that large), and a timeout
+// names the ranks whose block never arrived.
+void MpiTransport::allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) {
+  std::vector<size_t> offset(size_ + 1, 0);
+  for (int r = 0; r < size_; ++r) offset[r + 1] = offset[r] + bytes_per_rank[r];
+  auto* out = static_cast<char*>(recv);
+  const size_t mine = bytes_per_rank[rank_];
+  if (mine != 0) std::memcpy(out + offset[rank_], send, mine);
+  group_start();
+  for (int step = 1; step < size_; ++step) {
+    const int from = (rank_ - step + size_) % size_;
+    post(Span::contiguous(out + offset[from], bytes_per_rank[from]), from, false, kDataTag);
+  }
+  for (int step = 1; step < size_; ++step) post(Span::contiguous(send, mine), (rank_ + step) % size_, true, kDataTag);
+  wait_all(requests_, pending_, "allgather_v");
+}
+
+// MPI_Ireduce_scatter directly while every block fits MPI's int counts (and
+// A2A_MPI_MAX_COUNT); otherwise in rounds, as reduce_scatter does: round o
+// packs elements [o, o + piece) of every block (fewer, or none, where a block
+// is shorter) into one buffer, whose reduce-scatter gives this rank's
+// elements [o, o + piece).
+void MpiTransport::reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts,
+                                    a2a_dtype_t dtype, ReduceOp op) {
+  const auto [type, mpi_op] = mpi_reduction(dtype, op);
+  const size_t item = dtype_size(dtype);
+  const size_t piece = std::max<size_t>(1, std::min<size_t>(max_count_ / item, INT_MAX / size_));
+  std::vector<size_t> start(size_ + 1, 0);
+  for (int r = 0; r < size_; ++r) start[r + 1] = start[r] + counts[r];
+  const size_t longest = *std::max_element(counts.begin(), counts.end());
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  const bool direct = longest <= piece;
+  std::vector<char> packed(direct ? 0 : piece * item * size_);
+  std::vector<int> round_counts(size_);
+  for (size_t done = 0; done < longest; done += piece) {
+    const void* blocks = in;
+    size_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const size_t n = counts[r] > done ? std::min(piece, counts[r] - done) : 0;
+      round_counts[r] = static_cast<int>(n);
+      if (!direct && n != 0) std::memcpy(packed.data() + at * item, in + (start[r] + done) * item, n * item);
+      at += n;
+    }
+    if (!direct) blocks = packed.data();
+    MPI_Request request;
+    A2A_MPI_CHECK(MPI_Ireduce_scatter(blocks, out + std::min(done, counts[rank_]) * item, round_counts.data(), type,
+                                      mpi_op, comm_, &request),
+                  "rank ", rank_, " reduce_scatter_v");
+    wait_one(request, "reduce_scatter_v");
+  }
+}
+
 void MpiTransport::barrier() {
   MPI_Request request;
   A2A_MPI_CHECK(MPI_Ibarrier(comm_, &request), "rank ", rank_, " barrier");

@@ -45,6 +45,9 @@ class MpiTransport final : public Transport {
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
   void reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype, ReduceOp op) override;
+  void allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override;
+  void reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts, a2a_dtype_t dtype,
+                        ReduceOp op) override;
   void barrier() override;
 
   MPI_Comm mpi_comm() const { return comm_; }

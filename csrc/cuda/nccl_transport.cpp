@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/poll.hpp"
 #include "cuda/cuda_check.hpp"
@@ -132,6 +133,41 @@ class NcclTransport final : public Transport {
     settle(ncclReduceScatter(send, recv, count_per_rank, nccl_type(dtype), nccl_op(op), comm_, stream_),
            "ncclReduceScatter");
   }
+  // NCCL has no uneven collectives. Both run as one group of rooted
+  // collectives, one per non-empty block: allgather_v broadcasts block r
+  // from rank r, reduce_scatter_v reduces block r onto rank r. Each rooted
+  // collective is pipelined through every rank (ring or tree), so a rank's
+  // traffic stays near the total size however skewed the counts are; grouped
+  // ncclSend/ncclRecv would make the owner of a large block send it size - 1
+  // times over its own links. Ranks skip the same empty blocks: the counts
+  // are agreed before the call.
+  void allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) override {
+    grouped("the grouped ncclBroadcast of allgather_v", [&] {
+      size_t offset = 0;
+      for (int root = 0; root < size_; ++root) {
+        const size_t bytes = bytes_per_rank[root];
+        if (bytes != 0)
+          call(ncclBroadcast(send, static_cast<char*>(recv) + offset, bytes, ncclUint8, root, comm_, stream_),
+               "ncclBroadcast", root);
+        offset += bytes;
+      }
+    });
+  }
+  void reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts, a2a_dtype_t dtype,
+                        ReduceOp op) override {
+    const size_t item = dtype_size(dtype);
+    grouped("the grouped ncclReduce of reduce_scatter_v", [&] {
+      size_t offset = 0;
+      for (int root = 0; root < size_; ++root) {
+        // recvbuff is read on the root only (NCCL checks it there alone).
+        if (counts[root] != 0)
+          call(ncclReduce(static_cast<const char*>(send) + offset * item, recv, counts[root], nccl_type(dtype),
+                          nccl_op(op), root, comm_, stream_),
+               "ncclReduce", root);
+        offset += counts[root];
+      }
+    });
+  }
   // Stream-ordered: the barrier is reached when the stream gets there.
   // (DeviceControlTransport::barrier waits for it on the host.)
   void barrier() override {
@@ -201,6 +237,21 @@ class NcclTransport final : public Transport {
     const std::string on_peer = peer >= 0 ? cat(" (peer ", peer, ")") : std::string();
     fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, on_peer, " failed on CUDA device ", device_,
          ": ", ncclGetErrorString(result), (detail && *detail) ? cat("; ", detail) : std::string());
+  }
+  // Enqueues the calls of `enqueue` as one NCCL group and waits (bounded)
+  // until it is enqueued; a call that fails closes the group first.
+  template <typename Fn>
+  void grouped(const char* what, Fn&& enqueue) {
+    check_usable();
+    const CurrentDevice current(device_);
+    call(ncclGroupStart(), "ncclGroupStart");
+    try {
+      enqueue();
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    settle(ncclGroupEnd(), what);
   }
   // For calls inside a group, which only record the operation.
   void call(ncclResult_t result, const char* what, int peer = -1) const {

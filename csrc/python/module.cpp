@@ -486,6 +486,20 @@ PYBIND11_MODULE(_C, m) {
                              static_cast<a2a_reduce_op_t>(op));
           },
           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "all_gather_v",
+          [](a2a::Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& counts, int dtype) {
+            c.all_gather_v(as_pointer(send), as_mutable(recv), counts, static_cast<a2a_dtype_t>(dtype));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "reduce_scatter_v",
+          [](a2a::Communicator& c, uintptr_t send, uintptr_t recv, const std::vector<int64_t>& counts, int dtype,
+             int op) {
+            c.reduce_scatter_v(as_pointer(send), as_mutable(recv), counts, static_cast<a2a_dtype_t>(dtype),
+                               static_cast<a2a_reduce_op_t>(op));
+          },
+          py::call_guard<py::gil_scoped_release>())
       .def("all_to_all_flex_workspace_size",
            [](const a2a::Communicator& c, const std::vector<int64_t>& shape, int split_axis, int concat_axis, int dtype,
               int algo) {

@@ -101,6 +101,40 @@ int main(int argc, char** argv) {
     free(blocks);
   }
 
+  /* Uneven dense collectives: rank i contributes i % 3 elements (rank 0 none),
+   * all equal to i; in the reduce-scatter every rank sends its rank + j at
+   * element j of every block, and keeps the maximum over ranks of its own.
+   * Then counts that differ on the last rank fail every rank. */
+  {
+    int64_t* v_counts = malloc(sizeof(int64_t) * size);
+    int64_t total = 0;
+    for (int i = 0; i < size; ++i) total += v_counts[i] = i % 3;
+    int32_t mine[2] = {rank, rank};
+    int32_t* gathered = malloc(sizeof(int32_t) * (size_t)total + 1);
+    int32_t* blocks = malloc(sizeof(int32_t) * (size_t)total + 1);
+    int32_t reduced[2] = {-1, -1};
+    for (int i = 0, at = 0; i < size; ++i)
+      for (int64_t j = 0; j < v_counts[i]; ++j) blocks[at++] = rank + (int32_t)j;
+    CHECK(a2a_all_gather_v(comm, mine, gathered, v_counts, A2A_INT32));
+    CHECK(a2a_reduce_scatter_v(comm, blocks, reduced, v_counts, A2A_INT32, A2A_MAX));
+    long v_wrong = 0;
+    for (int i = 0, at = 0; i < size; ++i)
+      for (int64_t j = 0; j < v_counts[i]; ++j) v_wrong += gathered[at++] != i;
+    for (int64_t j = 0; j < v_counts[rank]; ++j) v_wrong += reduced[j] != size - 1 + (int32_t)j;
+    if (size > 1) {
+      if (rank == size - 1) v_counts[0] += 1;
+      const a2a_status_t differ = a2a_all_gather_v(comm, mine, gathered, v_counts, A2A_INT32);
+      v_wrong += differ != A2A_ERROR_MISMATCH;
+      if (rank == 0) printf("differing counts rejected: %s\n", a2a_get_last_error());
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &v_wrong, 1, MPI_LONG, MPI_SUM, world);
+    if (rank == 0) printf("a2a_all_gather_v + reduce_scatter_v ranks %d  #wrong %ld\n", size, v_wrong);
+    failures += v_wrong;
+    free(v_counts);
+    free(gathered);
+    free(blocks);
+  }
+
   /* An MoE layer with identity experts: route (capacity agreed across ranks,
    * nothing dropped), dispatch into (E, C, M), all-to-all to the experts' ranks
    * and back, combine with the gates. Then y[t] = (g0 + g1) * x[t], and the

@@ -141,6 +141,33 @@ def test_dense_collectives_match_the_host(request, comm_name, dtype, op, host_co
         ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {name} {dtype} {op}")
 
 
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm", "torch_comm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("rows", [0, 1, 6])
+def test_dense_v_matches_the_host(request, comm_name, dtype, rows, host_comm):
+    """all_gather_v (a grouped ncclBroadcast on NCCL) and reduce_scatter_v (a
+    grouped ncclReduce), counts on the host or on the GPU."""
+    comm = request.getfixturevalue(comm_name)
+    x = ref.a2a_input("gpu-dense-v", 0, 1, (rows, 5), dtype)
+    host_x = ref.to_framework(x, dtype, "torch")
+    cases = [
+        (
+            "all_gather_v",
+            a2a.all_gather_v(host_x, [rows], comm=host_comm),
+            a2a.all_gather_v(_cuda(x, dtype), [rows], comm=comm),
+        ),
+        (
+            "reduce_scatter_v",
+            a2a.reduce_scatter_v(host_x, [rows], comm=host_comm, op="max"),
+            a2a.reduce_scatter_v(_cuda(x, dtype), torch.tensor([rows]).cuda(), comm=comm, op="max"),
+        ),
+    ]
+    for name, want, got in cases:
+        assert got.is_cuda and tuple(got.shape) == (rows, 5), name
+        if rows:  # raw bytes of an empty bfloat16 tensor cannot be viewed
+            ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {name} {dtype}")
+
+
 def test_out_and_a_non_default_stream(nccl_comm, host_comm):
     x = ref.a2a_input("gpu-stream", 0, 1, (1 << 16,), "float32")
     want = a2a.all_to_all(x, comm=host_comm)

@@ -116,6 +116,32 @@ def reduce_scatter(world):
     return Case(equal(world, (3 * world, 2)), equal(world, (3, 2)), lambda x, c: a2a.reduce_scatter(x, comm=c))
 
 
+def dense_v_counts(pattern: str, world: int) -> list[int]:
+    """Rows per rank: odd counts with a zero from 3 ranks on ("odd"), or
+    everything on the last rank ("last")."""
+    if pattern == "last":
+        return [0] * (world - 1) + [3]
+    return [(2 * r + 1) % 5 for r in range(world)]
+
+
+def all_gather_v(pattern: str) -> Callable[[int], Case]:
+    def make(world):
+        counts = dense_v_counts(pattern, world)
+        ins = [(counts[r], 2) for r in range(world)]
+        return Case(ins, equal(world, (sum(counts), 2)), lambda x, c: a2a.all_gather_v(x, counts, comm=c))
+
+    return make
+
+
+def reduce_scatter_v(pattern: str) -> Callable[[int], Case]:
+    def make(world):
+        counts = dense_v_counts(pattern, world)
+        outs = [(counts[r], 2) for r in range(world)]
+        return Case(equal(world, (sum(counts), 2)), outs, lambda x, c: a2a_torch.reduce_scatter_v(x, counts, comm=c))
+
+    return make
+
+
 def all_reduce(world):
     return Case(equal(world, (3, 2)), equal(world, (3, 2)), lambda x, c: a2a.all_reduce(x, comm=c))
 
@@ -139,6 +165,10 @@ CASES = {
     "all_gather": all_gather,
     "all_gather-out": all_gather_into_out,
     "reduce_scatter": reduce_scatter,
+    "all_gather_v": all_gather_v("odd"),
+    "all_gather_v-last": all_gather_v("last"),
+    "reduce_scatter_v": reduce_scatter_v("odd"),
+    "reduce_scatter_v-last": reduce_scatter_v("last"),
     "all_reduce": all_reduce,
 }
 

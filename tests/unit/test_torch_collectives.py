@@ -30,6 +30,8 @@ OPS = {
     "all_to_all_v-2dh": ((5, 3), lambda x, comm: a2a_torch.all_to_all_v(x, [x.shape[0]], comm=comm, algo="2dh")[0]),
     "all_gather": ((5, 3), lambda x, comm: a2a_torch.all_gather(x, comm=comm)),
     "reduce_scatter": ((5, 3), lambda x, comm: a2a_torch.reduce_scatter(x, comm=comm)),
+    "all_gather_v": ((5, 3), lambda x, comm: a2a_torch.all_gather_v(x, [x.shape[0]], comm=comm)),
+    "reduce_scatter_v": ((5, 3), lambda x, comm: a2a_torch.reduce_scatter_v(x, [x.shape[0]], comm=comm)),
     "all_reduce": ((5, 3), lambda x, comm: a2a_torch.all_reduce(x, comm=comm)),
 }
 # The same calls through a2a's own functions, which record by themselves.
@@ -39,6 +41,8 @@ PUBLIC = {
     "all_to_all_v": lambda x, comm: a2a.all_to_all_v(x, [x.shape[0]], comm=comm)[0],
     "all_gather": lambda x, comm: a2a.all_gather(x, comm=comm),
     "reduce_scatter": lambda x, comm: a2a.reduce_scatter(x, comm=comm),
+    "all_gather_v": lambda x, comm: a2a.all_gather_v(x, [x.shape[0]], comm=comm),
+    "reduce_scatter_v": lambda x, comm: a2a.reduce_scatter_v(x, torch.tensor([x.shape[0]]), comm=comm),
     "all_reduce": lambda x, comm: a2a.all_reduce(x, comm=comm),
 }
 
@@ -122,6 +126,8 @@ ZERO_SIZE = {
     "all_to_all_v": ((0, 3), lambda x, comm: a2a.all_to_all_v(x, [0], comm=comm)[0]),
     "all_gather": ((0, 2), lambda x, comm: a2a.all_gather(x, comm=comm)),
     "reduce_scatter": ((0,), lambda x, comm: a2a.reduce_scatter(x, comm=comm)),
+    "all_gather_v": ((0, 2), lambda x, comm: a2a.all_gather_v(x, [0], comm=comm)),
+    "reduce_scatter_v": ((0,), lambda x, comm: a2a.reduce_scatter_v(x, [0], comm=comm)),
     "all_reduce": ((3, 0), lambda x, comm: a2a.all_reduce(x, comm=comm)),
 }
 
@@ -154,6 +160,18 @@ def test_all_to_all_v_counts_carry_no_gradient(comm):
     recv_counts[0] = 0  # the caller's copy: the backward keeps its own
     recv.backward(torch.ones_like(recv), retain_graph=True)
     recv.backward(torch.ones_like(recv))  # again, through the kept plan
+    assert torch.equal(x.grad, torch.full_like(x, 2))
+
+
+def test_dense_v_backward_keeps_its_own_counts(comm):
+    """The caller may reuse its counts list after the forward: the backward
+    runs with the counts the forward saw."""
+    x = randn((4, 2))
+    counts = [4]
+    y = a2a.all_gather_v(x, counts, comm=comm)
+    z = a2a.reduce_scatter_v(y * 2, counts, comm=comm)
+    counts[0] = 0
+    z.sum().backward()
     assert torch.equal(x.grad, torch.full_like(x, 2))
 
 
@@ -193,6 +211,8 @@ def test_numpy_and_plain_tensors_take_the_plain_call(comm):
         ("all_to_all_v", lambda x, out, comm: a2a.all_to_all_v(x, [4], comm=comm, out=out)[0]),
         ("all_gather", lambda x, out, comm: a2a.all_gather(x, comm=comm, out=out)),
         ("reduce_scatter", lambda x, out, comm: a2a.reduce_scatter(x, comm=comm, out=out)),
+        ("all_gather_v", lambda x, out, comm: a2a.all_gather_v(x, [4], comm=comm, out=out)),
+        ("reduce_scatter_v", lambda x, out, comm: a2a.reduce_scatter_v(x, [4], comm=comm, out=out)),
         ("all_reduce", lambda x, out, comm: a2a.all_reduce(x, comm=comm, out=x)),
     ],
 )
@@ -222,6 +242,8 @@ def test_all_gather_into_out_records_autograd(comm):
     [
         ("all_reduce", lambda x, comm, op: a2a_torch.all_reduce(x, comm=comm, op=op)),
         ("reduce_scatter", lambda x, comm, op: a2a_torch.reduce_scatter(x, comm=comm, op=op)),
+        ("reduce_scatter_v", lambda x, comm, op: a2a_torch.reduce_scatter_v(x, [4], comm=comm, op=op)),
+        ("reduce_scatter_v", lambda x, comm, op: a2a.reduce_scatter_v(x, [4], comm=comm, op=op)),
         ("all_reduce", lambda x, comm, op: a2a.all_reduce(x, comm=comm, op=op)),
     ],
 )
@@ -275,7 +297,16 @@ def test_comm_still_works_after_the_errors(comm):
 
 
 def test_docstrings_say_the_call_records(comm):
-    for name in ("all_to_all", "all_to_all_flex", "all_to_all_v", "all_gather", "reduce_scatter", "all_reduce"):
+    for name in (
+        "all_to_all",
+        "all_to_all_flex",
+        "all_to_all_v",
+        "all_gather",
+        "reduce_scatter",
+        "all_gather_v",
+        "reduce_scatter_v",
+        "all_reduce",
+    ):
         doc = getattr(a2a, name).__doc__
         assert f"a2a.torch.{name}" in doc and "out=" in doc, name
         assert "Backward (collective)" in getattr(a2a_torch, name).__doc__, name

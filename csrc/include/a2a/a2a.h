@@ -195,6 +195,25 @@ A2A_API a2a_status_t a2a_all_reduce(a2a_comm_t comm, const void* send, void* rec
 A2A_API a2a_status_t a2a_reduce_scatter(a2a_comm_t comm, const void* send, void* recv, size_t count,
                                         a2a_dtype_t dtype, a2a_reduce_op_t op);
 
+/* The uneven dense collectives, with the same checks. counts (host, size
+ * entries, in elements) must be the same on every rank: a rank whose counts
+ * differ fails every rank with A2A_ERROR_MISMATCH naming the rank and the
+ * entry; a negative count is A2A_ERROR_INVALID_ARGUMENT.
+ * - all_gather_v: rank i contributes counts[i] elements (send); recv receives
+ *   them at offset counts[0] + ... + counts[i-1] (MPI_Allgatherv with
+ *   displacements = prefix sums). counts[rank] is the send count.
+ * - reduce_scatter_v: send holds counts[0] + ... + counts[size-1] elements;
+ *   rank i receives in recv (counts[i]) the reduction over ranks of its block
+ *   (MPI_Reduce_scatter).
+ * NCCL has no uneven collectives: they run as a group of ncclBroadcast (one
+ * per rank's block) and of ncclReduce. The counts are agreed over the control
+ * transport, so on a communicator made from a NCCL unique id they cannot run
+ * while its stream is being captured into a CUDA graph (A2A_ERROR_UNSUPPORTED). */
+A2A_API a2a_status_t a2a_all_gather_v(a2a_comm_t comm, const void* send, void* recv, const int64_t* counts,
+                                      a2a_dtype_t dtype);
+A2A_API a2a_status_t a2a_reduce_scatter_v(a2a_comm_t comm, const void* send, void* recv, const int64_t* counts,
+                                          a2a_dtype_t dtype, a2a_reduce_op_t op);
+
 /* JAX lax.all_to_all(..., tiled=True) semantics on a C-contiguous array of `ndim` dims with the
  * same shape on every rank: split `split_axis` into size blocks, block i goes
  * to rank i, received blocks are concatenated along `concat_axis` in rank

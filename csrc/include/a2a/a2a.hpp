@@ -124,6 +124,16 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t op) {
     check(a2a_reduce_scatter(handle_, send, recv, count, dtype, op));
   }
+  // counts: one entry per rank, in elements, the same on every rank.
+  void all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts, a2a_dtype_t dtype) {
+    require_one_count_per_rank("all_gather_v", counts);
+    check(a2a_all_gather_v(handle_, send, recv, counts.data(), dtype));
+  }
+  void reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts, a2a_dtype_t dtype,
+                        a2a_reduce_op_t op) {
+    require_one_count_per_rank("reduce_scatter_v", counts);
+    check(a2a_reduce_scatter_v(handle_, send, recv, counts.data(), dtype, op));
+  }
 
   // See a2a_comm_report_invalid: fails the collective on every rank.
   [[noreturn]] void report_invalid(const char* op, const std::string& message) {
@@ -133,6 +143,14 @@ class Communicator {
 
  private:
   Communicator() = default;
+  // A list of another length fails every rank (the C call cannot see it).
+  void require_one_count_per_rank(const char* op, const std::vector<int64_t>& counts) {
+    const Topology topo = topology();
+    if (counts.size() != static_cast<size_t>(topo.size))
+      report_invalid(op, std::string(op) + " on rank " + std::to_string(topo.rank) + " of " +
+                             std::to_string(topo.size) + ": counts has " + std::to_string(counts.size()) +
+                             " entries; pass one per rank");
+  }
   a2a_comm_t handle_ = nullptr;
 };
 
