@@ -32,6 +32,10 @@ layout at every step.
   Shrink, Migrate), Algorithm 3's routing (flex_routing.py), the flow
   (flex_dispatch.py), the layer's state (flex.py), the cost model and the
   scheduler (flex_cost.py, flex_scheduler.py); ``python -m moe_runtime.bench --flex``
+- Hexa-MoE's heterogeneous split (hetero_split.py, Section 3.4):
+  :func:`split_by_latency` (Equations 1 and 2, rounded to sum exactly),
+  :func:`measure_latency` (the proxy matmul), :func:`rank_latencies` (every
+  rank's, all-gathered), :func:`local_batch` (a rank's rows of a global batch)
 - :func:`moe_reference`, the float64 single-process oracle (reference.py)
 - gates and losses (gates.py, losses.py), capacity rules (capacity.py),
   expert parameters (experts.py), the flows (flows.py), pipelining
@@ -48,6 +52,7 @@ from .expert_cache import ExpertCache
 from .flex_config import FlexConfig
 from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
+from .hetero_split import local_batch, measure_latency, rank_latencies, split_by_latency
 from .layer import MoELayer, sync_shared_gradients
 from .losses import gshard_loss, load_importance_loss, z_loss
 from .prior import ExchangePrior
@@ -76,10 +81,14 @@ __all__ = [
     "buffer_capacity",
     "gshard_loss",
     "load_importance_loss",
+    "local_batch",
     "local_capacity",
+    "measure_latency",
     "moe_reference",
     "placement",
+    "rank_latencies",
     "rule_capacity",
+    "split_by_latency",
     "sync_shared_gradients",
     "z_loss",
 ]

@@ -1,0 +1,170 @@
+"""Hexa-MoE's heterogeneous split (Section 3.4): work in proportion to speed.
+
+Each rank measures its latency on a proxy task (Appendix C: a loop of large
+matmuls), the latencies are all-gathered so that every rank holds the same
+list, and every rank computes the same split of a total:
+
+- data-centric (Equation 1): the global batch B into per-rank batches
+  B_i = B (1/l_i) / sum_j (1/l_j);
+- model-centric (Equation 2): the experts' hidden size H into per-rank
+  slices H_i = H (1/l_i) / sum_j (1/l_j).
+
+The parts are rounded so that they sum to the total exactly: each rank gets
+the floor of its share (in units of ``multiple``), and the units left over
+go one each to the ranks with the largest fractional remainders, ties to the
+lower rank (largest remainder, Hamilton's method). The shares are computed
+in exact rational arithmetic from the float latencies, so every rank rounds
+the same way and equal latencies give equal parts.
+
+A part may be 0: a total smaller than the number of ranks, or a rank far
+slower than the others, leaves a rank without work. That is the right split
+of a batch (the rank computes no tokens); a caller that needs every part
+positive (the model-centric layer, whose every rank must hold a hidden
+slice) checks it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+import a2a
+
+__all__ = ["local_batch", "measure_latency", "offsets", "rank_latencies", "split_by_latency", "uniform_split"]
+
+
+def _check_count(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_latencies(latencies: Sequence[float]) -> list[float]:
+    try:
+        values = [float(latency) for latency in latencies]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"latencies must be a sequence of positive numbers, got {latencies!r}") from error
+    if not values:
+        raise ValueError("latencies: give one latency per rank (got none)")
+    bad = [(rank, value) for rank, value in enumerate(values) if not (math.isfinite(value) and value > 0)]
+    if bad:
+        shown = ", ".join(f"rank {rank}: {value!r}" for rank, value in bad)
+        raise ValueError(f"latencies must be finite and positive ({shown})")
+    return values
+
+
+def split_by_latency(total: int, latencies: Sequence[float], multiple: int = 1) -> list[int]:
+    """Parts of `total`, one per rank, proportional to 1/latency (Equations 1
+    and 2), each a multiple of `multiple`, summing to `total` exactly.
+
+    ``latencies``: one positive, finite latency per rank (seconds, or any
+    unit common to all). ``total``: a non-negative multiple of ``multiple``
+    (>= 1). A part may be 0 (see the module docstring).
+
+    >>> split_by_latency(100, [4.58, 3.06])
+    [40, 60]
+    >>> split_by_latency(10, [1.0, 1.0, 1.0])  # one unit left over: rank 0
+    [4, 3, 3]
+    """
+    total = _check_count("total", total, 0)
+    multiple = _check_count("multiple", multiple, 1)
+    values = _check_latencies(latencies)
+    if total % multiple != 0:
+        raise ValueError(f"total {total} is not a multiple of multiple={multiple}: the parts could not sum to it")
+    units = total // multiple
+    speeds = [1 / Fraction(value) for value in values]  # exact: a float is a rational
+    whole = sum(speeds)
+    shares = [units * speed / whole for speed in speeds]
+    parts = [math.floor(share) for share in shares]
+    left = units - sum(parts)
+    # The largest fractional remainders first; sorted() is stable, so ties keep rank order.
+    by_remainder = sorted(range(len(values)), key=lambda rank: -(shares[rank] - parts[rank]))
+    for rank in by_remainder[:left]:
+        parts[rank] += 1
+    return [part * multiple for part in parts]
+
+
+def uniform_split(total: int, ranks: int, multiple: int = 1) -> list[int]:
+    """The split of equal latencies: `total` in `ranks` parts as equal as
+    multiples of `multiple` allow, the larger ones on the lower ranks."""
+    ranks = _check_count("ranks", ranks, 1)
+    return split_by_latency(total, [1.0] * ranks, multiple)
+
+
+def offsets(parts: Sequence[int]) -> list[int]:
+    """[0, p0, p0 + p1, ..., sum]: where each rank's part starts (and the end)."""
+    starts = [0]
+    for part in parts:
+        starts.append(starts[-1] + int(part))
+    return starts
+
+
+def local_batch(batch: Any, latencies: Sequence[float], rank: int, multiple: int = 1) -> Any:
+    """Rank `rank`'s rows of a global batch under Equation 1: the batch (any
+    array or tensor, split along its first dimension) into
+    ``split_by_latency(len(batch), latencies, multiple)`` consecutive parts.
+    Every rank passes the same batch and latencies and takes its own rows,
+    which are a view (no copy) of the batch."""
+    ranks = len(latencies)
+    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or not 0 <= rank < ranks:
+        raise ValueError(f"rank must be in [0, {ranks}) for {ranks} latencies, got {rank!r}")
+    multiple = _check_count("multiple", multiple, 1)
+    rows = batch.shape[0] if hasattr(batch, "shape") else len(batch)
+    if rows % multiple != 0:
+        raise ValueError(f"local_batch: the global batch has {rows} rows, not a multiple of multiple={multiple}")
+    starts = offsets(split_by_latency(rows, latencies, multiple))
+    return batch[starts[rank] : starts[rank + 1]]
+
+
+def measure_latency(device: Any = "cpu", size: int = 1024, repeats: int = 10, warmup: int = 2,
+                    dtype: Any = None) -> float:
+    """The proxy task of Appendix C: seconds per (size x size) @ (size x size)
+    matmul on `device`, averaged over `repeats` matmuls after `warmup` of
+    them (which pay for first-touch allocation and library start-up). On
+    CUDA the clock reads after a synchronize, so it times the kernels, not
+    their launches. ``dtype``: a torch dtype, float32 by default."""
+    import torch
+
+    size = _check_count("size", size, 1)
+    repeats = _check_count("repeats", repeats, 1)
+    warmup = _check_count("warmup", warmup, 0)
+    device = torch.device(device)
+    dtype = torch.float32 if dtype is None else dtype
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        torch.matmul(a, b, out=out)
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.matmul(a, b, out=out)
+    sync()
+    return (time.perf_counter() - start) / repeats
+
+
+def rank_latencies(comm: a2a.Comm, latency: float) -> list[float]:
+    """Every rank's `latency` (collective): the same list, indexed by rank,
+    on every rank, so that every rank computes the same split. A latency that
+    is not finite and positive raises ValueError on every rank, naming it."""
+    if not isinstance(comm, a2a.Comm):
+        raise TypeError(f"rank_latencies: comm must be an a2a.Comm, got {type(comm).__name__}")
+    try:
+        mine = float(latency)
+    except (TypeError, ValueError):
+        mine = math.nan  # reported after the gather, on every rank
+    gathered = a2a.all_gather(np.array([mine], dtype=np.float64), comm=comm)
+    values = [float(value) for value in gathered]
+    _check_latencies(values)
+    return values
