@@ -46,7 +46,7 @@ import a2a.torch as a2a_torch
 from .buffers import Lease
 from .initialization import uniform
 
-__all__ = ["FFNExperts", "expert_layout"]
+__all__ = ["FFNExperts", "check_ffn_spec", "draw_expert", "expert_layout"]
 
 _EXPERT_KEYS = {"type", "num_experts_per_device", "count_per_node", "hidden_size_per_expert", "activation_fn",
                 "has_fc1_bias", "has_fc2_bias"}
@@ -70,6 +70,34 @@ def expert_layout(spec: dict[str, Any], world_size: int) -> tuple[int, int, int]
     return world_size // share, share, 1
 
 
+def check_ffn_spec(spec: dict[str, Any]) -> int:
+    """The hidden size H of an experts dictionary, after checking its keys and values."""
+    if not isinstance(spec, dict):
+        raise TypeError(f"experts must be a dict such as {{'type': 'ffn', ...}}, got {type(spec).__name__}")
+    unknown = set(spec) - _EXPERT_KEYS
+    if unknown:
+        raise ValueError(f"experts: unknown keys {sorted(unknown)}; known: {sorted(_EXPERT_KEYS)}")
+    if spec.get("type", "ffn") != "ffn":
+        raise ValueError(f"experts: only type 'ffn' is supported, got {spec.get('type')!r}")
+    hidden = spec.get("hidden_size_per_expert")
+    if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0:
+        raise ValueError(f"experts: hidden_size_per_expert must be a positive integer, got {hidden!r}")
+    return hidden
+
+
+def draw_expert(expert_seed: int, expert: int, hidden: int, model_dim: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Expert `expert` whole, in float64: (fc1_w (H, M), fc1_bias (H,), fc2_w
+    (H, M), fc2_bias (M,)), from its own generator, as nn.Linear would draw
+    them; every layout of the experts keeps its part of these."""
+    generator = torch.Generator().manual_seed(expert_seed * 1_000_003 + expert)
+    fc1 = uniform((hidden, model_dim), 1.0 / math.sqrt(model_dim), generator)
+    fc2 = uniform((hidden, model_dim), 1.0 / math.sqrt(hidden), generator)
+    fc1_bias = uniform((hidden,), 1.0 / math.sqrt(model_dim), generator)
+    fc2_bias = uniform((model_dim,), 1.0 / math.sqrt(hidden), generator)
+    return fc1, fc1_bias, fc2, fc2_bias
+
+
 class FFNExperts(torch.nn.Module):
     """This rank's shards of the experts (see the module docstring)."""
 
@@ -79,16 +107,7 @@ class FFNExperts(torch.nn.Module):
         slots (moe_runtime.vexperts; -1: a free slot, zeros); None: the
         layout above."""
         super().__init__()
-        if not isinstance(spec, dict):
-            raise TypeError(f"experts must be a dict such as {{'type': 'ffn', ...}}, got {type(spec).__name__}")
-        unknown = set(spec) - _EXPERT_KEYS
-        if unknown:
-            raise ValueError(f"experts: unknown keys {sorted(unknown)}; known: {sorted(_EXPERT_KEYS)}")
-        if spec.get("type", "ffn") != "ffn":
-            raise ValueError(f"experts: only type 'ffn' is supported, got {spec.get('type')!r}")
-        hidden = spec.get("hidden_size_per_expert")
-        if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0:
-            raise ValueError(f"experts: hidden_size_per_expert must be a positive integer, got {hidden!r}")
+        hidden = check_ffn_spec(spec)
         self.num_experts, self.sharers, self.num_local = expert_layout(spec, comm.size)
         self.rank, self.world_size = comm.rank, comm.size
         if slots is not None:
@@ -140,11 +159,7 @@ class FFNExperts(torch.nn.Module):
                     for parameter in self.parameters():
                         parameter[local].zero_()
                     continue
-                generator = torch.Generator().manual_seed(expert_seed * 1_000_003 + expert)
-                fc1 = uniform((h, m), 1.0 / math.sqrt(m), generator)
-                fc2 = uniform((h, m), 1.0 / math.sqrt(h), generator)
-                fc1_bias = uniform((h,), 1.0 / math.sqrt(m), generator)
-                fc2_bias = uniform((m,), 1.0 / math.sqrt(h), generator)
+                fc1, fc1_bias, fc2, fc2_bias = draw_expert(expert_seed, expert, h, m)
                 self.batched_fc1_w[local].copy_(fc1[rows])
                 self.batched_fc2_w[local].copy_(fc2[rows])
                 if self.batched_fc1_bias is not None:

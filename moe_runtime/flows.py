@@ -56,6 +56,10 @@ class Plan:
     dropped: int = 0
     rows_sent: int | None = None  # rows this rank sends to other ranks in each exchange of the call
     capacities: tuple[int, ...] | None = None  # per-expert capacities (dispatcher="dynamic")
+    # The layer's parallel=: "expert" (the flows here), or Hexa-MoE's "data_centric" (r = 0: the
+    # experts gathered whole) or "model_centric" (r = W: every rank holds a slice of every expert),
+    # for which capacity is the most tokens on a rank and rows_sent the token rows it all-gathers.
+    parallel: str = "expert"
 
 
 @dataclass(frozen=True)

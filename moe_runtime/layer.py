@@ -42,6 +42,9 @@ from .flex_dispatch import flex_moe
 from .flex_scheduler import Decision
 from .flows import Plan, Segment, Shape, chunk_major, run_segment
 from .gates import decide, make_gate
+from .hexa import data_centric_moe, model_centric_moe
+from .hexa_cache import SHARED_CACHE, PipelineSharedCache
+from .hexa_experts import HiddenShardedExperts
 from .pipeline import Overlap, check_thread_level
 from .placement import as_assignment
 from .ragged import ragged_moe
@@ -49,9 +52,10 @@ from .relocation import Moved, agree_on_move, move_experts
 from .tuner import AdaptiveDictionary, Config
 from .vexperts import Primitive
 
-__all__ = ["DISPATCHERS", "MoELayer", "sync_shared_gradients"]
+__all__ = ["DISPATCHERS", "PARALLELS", "MoELayer", "sync_shared_gradients"]
 
 DISPATCHERS = ("capacity", "dropless", "dynamic")
+PARALLELS = ("expert", "data_centric", "model_centric")  # Tutel's flows; Hexa-MoE's two (moe_runtime.hexa)
 _WHOLE_EXPERT_DISPATCHERS = ("dropless", "dynamic")  # r = 1, d = 1, whole experts on every rank
 
 ALGORITHMS = tuple(a2a.ALGORITHMS)
@@ -167,6 +171,9 @@ class MoELayer(torch.nn.Module):
         dynamic_capacity: DynamicCapacity | None = None,
         assignment_cache: AssignmentCache | None = None,
         flex: FlexConfig | None = None,
+        parallel: str = "expert",
+        hidden_split: Sequence[int] | None = None,
+        shared_cache: PipelineSharedCache | None = None,
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -179,6 +186,23 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {expert_gradient!r}")
         if dispatcher not in DISPATCHERS:
             raise ValueError(f"dispatcher must be one of {DISPATCHERS}, got {dispatcher!r}")
+        if parallel not in PARALLELS:
+            raise ValueError(f"parallel must be one of {PARALLELS}, got {parallel!r}")
+        if parallel != "expert":
+            _refuse_expert_parallel_options(parallel, {
+                "a2a_ffn_overlap_degree": (a2a_ffn_overlap_degree, 1), "is_postscore": (is_postscore, True),
+                "batch_prioritized_routing": (batch_prioritized_routing, False),
+                "parallel_type": (parallel_type, "adaptive:1"), "use_2dh": (use_2dh, False),
+                "adaptive": (adaptive, None), "capacity_rule": (capacity_rule, "tutel"),
+                "dispatcher": (dispatcher, "capacity"), "expert_cache": (expert_cache, None),
+                "dynamic_capacity": (dynamic_capacity, None), "assignment_cache": (assignment_cache, None),
+                "flex": (flex, None)})
+        elif hidden_split is not None or shared_cache is not None:
+            raise ValueError("hidden_split= and shared_cache= are the settings of parallel='data_centric' or "
+                             "'model_centric' (experts sharded along the hidden size), not of parallel='expert'")
+        if shared_cache is not None and not isinstance(shared_cache, PipelineSharedCache):
+            raise TypeError(f"shared_cache must be a moe_runtime.PipelineSharedCache, got {type(shared_cache).__name__}")
+        self.parallel = parallel
         self.dispatcher = dispatcher
         self.comm, self.model_dim = comm, model_dim
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
@@ -188,9 +212,13 @@ class MoELayer(torch.nn.Module):
         self.default_algo = "2dh" if use_2dh else "linear"
 
         gate_seed, expert_seed = self._seeds(seeds)
-        self.experts = FFNExperts(experts, model_dim, comm, expert_seed)
+        hexa = parallel != "expert"
+        if hexa:  # every expert sharded along H over every rank: no r to choose, nothing to regroup
+            self.experts = HiddenShardedExperts(experts, model_dim, comm, expert_seed, hidden_split)
+        else:
+            self.experts = FFNExperts(experts, model_dim, comm, expert_seed)
         self.num_global_experts = self.experts.num_experts
-        self.sharded_count = self.experts.sharers
+        self.sharded_count = 1 if hexa else self.experts.sharers
         specs = [gate_type] if isinstance(gate_type, dict) else list(gate_type)
         if not specs:
             raise ValueError("gate_type: give at least one gate")
@@ -199,14 +227,16 @@ class MoELayer(torch.nn.Module):
         for gate in self.gates:
             gate.reset_parameters(generator)
 
-        self.valid_rs = [0, *_divisors(self.sharded_count)]
+        self.valid_rs = [] if hexa else [0, *_divisors(self.sharded_count)]
         # adaptive_r None: the dictionary (adaptive=, or parallel_type "adaptive:auto") picks (r, d, algo).
         self.adaptive_r = _parse_parallel_type(parallel_type, self.sharded_count)
-        if self.adaptive_r is not None:
+        if hexa:
+            self.adaptive_r = None
+        elif self.adaptive_r is not None:
             self.adaptive_r = self._valid_r(self.adaptive_r, "parallel_type")
         if adaptive is not None and not isinstance(adaptive, AdaptiveDictionary):
             raise TypeError(f"adaptive must be a moe_runtime.AdaptiveDictionary, got {type(adaptive).__name__}")
-        if adaptive is not None or self.adaptive_r is None:
+        if not hexa and (adaptive is not None or self.adaptive_r is None):
             self.adaptive = adaptive if adaptive is not None else AdaptiveDictionary()
             self.adaptive_r = None
         else:
@@ -252,6 +282,11 @@ class MoELayer(torch.nn.Module):
         self._position_table: torch.Tensor | None = None  # _positions on the tokens' device, None for identity
         # A list: each call appends this rank's (E,) counts of routed choices per logical expert.
         self.routing_trace: list[np.ndarray] | None = None
+        # The data-centric layers' one full copy of the experts (moe_runtime.hexa_cache).
+        self.shared_cache: PipelineSharedCache | None = None
+        if parallel == "data_centric":
+            self.shared_cache = SHARED_CACHE if shared_cache is None else shared_cache
+            self._cache_token = self.shared_cache.register(self.experts)
 
     # -- construction helpers --------------------------------------------------
     def _make_flex(self, config: FlexConfig, spec: dict[str, Any], expert_seed: int) -> FlexState:
@@ -324,6 +359,9 @@ class MoELayer(torch.nn.Module):
         state such as Adam's step must agree across ranks). The layer's function
         is unchanged: the gate keeps logical ids, mapped to positions at dispatch.
         Returns what this rank sent."""
+        if self.parallel != "expert":
+            raise ValueError(f"MoELayer.place moves whole experts, but with parallel={self.parallel!r} every rank "
+                             "holds a hidden slice of every expert: there is no placement to choose")
         if self.flex is not None:
             raise ValueError("MoELayer.place: a FlexMoE layer (flex=) places vExpert slots; use adjust() or "
                              "rebalance()")
@@ -405,7 +443,9 @@ class MoELayer(torch.nn.Module):
             table = self._position_table.to(decision.indices.device)
             decision = dataclasses.replace(decision, indices=table[decision.indices])
         request = (adaptive_r, a2a_ffn_overlap_degree, algo)
-        if self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
+        if self.parallel != "expert":
+            y = self._hexa(tokens, decision, k, gate_index, request, capacity_factor)
+        elif self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
             step_seconds = self._step_seconds  # the previous call's; _agree clears it
             self._agree(0, k, gate_index, request)
             if self.flex is not None:
@@ -475,6 +515,66 @@ class MoELayer(torch.nn.Module):
         if combined.requires_grad:
             grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
+
+    def prefetch(self) -> None:
+        """Collective, parallel="data_centric" only: starts gathering this
+        layer's experts into the pipeline-shared cache on the communication
+        thread (a CUDA side stream on the GPU), so that the gather overlaps
+        what the caller runs before the layer's forward (its attention, say);
+        the forward waits for it. Call it on every rank at the same point,
+        after the previous data-centric layer's forward. Until the forward,
+        the caller makes no MPI call of its own unless MPI granted
+        MPI_THREAD_MULTIPLE. A parameter changed since (an optimizer step)
+        makes the forward gather again."""
+        if self.parallel != "data_centric":
+            raise ValueError(f"MoELayer.prefetch gathers the experts of parallel='data_centric' into the "
+                             f"pipeline-shared cache; this layer has parallel={self.parallel!r}")
+        self.shared_cache.prefetch(self._cache_token, self.experts, self._exchange_comm, self._overlap)
+
+    def _hexa(self, tokens, decision, k: int, gate_index: int, request: tuple,
+              capacity_factor: float | None) -> torch.Tensor:
+        """Hexa-MoE's data- or model-centric call (moe_runtime.hexa)."""
+        if self.shared_cache is not None:
+            # A prefetch runs on the communication thread: done before this thread's next MPI call.
+            self.shared_cache.wait()
+        r, d, algo = request
+        given = [name for name, value in (("adaptive_r", r), ("a2a_ffn_overlap_degree", d), ("algo", algo),
+                                          ("capacity_factor", capacity_factor)) if value is not None]
+        counts = self._agree_hexa(tokens.shape[0], k, gate_index, given)
+        scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        indices, gates = decision.indices, decision.gates
+        if self.parallel == "data_centric":
+            y = data_centric_moe(tokens, indices, gates, experts=self.experts, cache=self.shared_cache,
+                                 token=self._cache_token, comm=self._exchange_comm, weight_grad_scale=scale)
+            r, sent = 0, 0
+        else:
+            y = model_centric_moe(tokens, indices, gates, experts=self.experts, token_counts=counts,
+                                  comm=self._exchange_comm, weight_grad_scale=scale)
+            r, sent = self.comm.size, tokens.shape[0] * (self.comm.size - 1)
+        most = int(max(counts))
+        self.last_plan = Plan(r, 1, "linear", most, most, 0, sent, parallel=self.parallel)
+        return y
+
+    def _agree_hexa(self, num_tokens: int, k: int, gate_index: int, given: list[str]) -> list[int]:
+        """One all-gather: every rank's token count (the uneven collectives'
+        counts), a check that every rank asked for the same k and gate, and
+        that no rank passed an argument of the expert-parallel flows."""
+        row = np.array([num_tokens, k, gate_index, len(given)], dtype=np.int64)
+        table = a2a.all_gather(row, comm=self.comm).reshape(self.comm.size, len(row))
+        self._trial, self._step_seconds = None, None  # no dictionary here
+        for column, name in ((1, "top_k"), (2, "gate_index")):
+            values = table[:, column]
+            if (values != values[0]).any():
+                shown = ", ".join(f"rank {i}: {v}" for i, v in enumerate(values))
+                raise a2a.MismatchError(f"MoELayer on rank {self.comm.rank}: the ranks passed different {name} "
+                                        f"({shown}); every rank must call the layer with the same arguments")
+        passing = np.flatnonzero(table[:, 3]).tolist()
+        if passing:
+            mine = f"; this rank passed {given}" if given else ""
+            raise ValueError(f"MoELayer(parallel={self.parallel!r}) on rank {self.comm.rank}: adaptive_r, "
+                             f"a2a_ffn_overlap_degree, algo and capacity_factor are the expert-parallel flows' "
+                             f"(nothing is dropped or pipelined here), but rank(s) {passing} passed some{mine}")
+        return table[:, 0].tolist()
 
     def _begin_caching(self, tokens, k: int, sample_ids: Any, algo: str | None) -> CachedDispatch | None:
         """Sample-assignment caching, before the gate (collective when the layer has a cache)."""
@@ -625,6 +725,17 @@ class MoELayer(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
                 f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}")
+
+
+def _refuse_expert_parallel_options(parallel: str, options: dict[str, tuple[Any, Any]]) -> None:
+    """The data- and model-centric layers take none of the expert-parallel
+    flows' settings (options: name -> (value given, default))."""
+    given = sorted(name for name, (value, default) in options.items()
+                   if value is not default and value != default)
+    if given:
+        raise ValueError(f"MoELayer(parallel={parallel!r}) shards every expert along the hidden size over every "
+                         f"rank and routes every choice (no capacity, no exchange of rows to pipeline or to "
+                         f"route); it takes none of {given}")
 
 
 def _check_whole_experts(layer: MoELayer) -> None:

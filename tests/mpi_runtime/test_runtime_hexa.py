@@ -1,0 +1,347 @@
+"""Hexa-MoE's layers, MoELayer(parallel="data_centric" | "model_centric"):
+against the float64 reference (which drops nothing) and against the
+expert-parallel flows, with uneven hidden splits and uneven token counts;
+the pipeline-shared cache (one buffer, weights gathered again for the
+backward, prefetch); the heterogeneous split's all-gather; the errors."""
+
+from __future__ import annotations
+
+import hexa_standins
+import numpy as np
+import pytest
+import torch
+from runtime_util import (
+    HIDDEN,
+    MODEL_DIM,
+    NOTHING_DROPS,
+    assert_matches,
+    experts_cases,
+    experts_spec,
+    make_layer,
+    reference,
+    run_layer,
+    tokens_of,
+    upstream_of,
+)
+
+import a2a
+import moe_runtime
+from moe_runtime.hexa_cache import PipelineSharedCache
+
+hexa_standins.install()  # until the ES operators and the uneven collectives land on main
+
+PARALLELS = ["data_centric", "model_centric"]
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
+
+
+def uneven_split(world: int) -> list[int]:
+    """A hidden split of HIDDEN by latencies 1, 2, 3, 1, 2, 3, ... (Equation 2)."""
+    return moe_runtime.split_by_latency(HIDDEN, [1.0 + rank % 3 for rank in range(world)])
+
+
+def hexa_layer(comm, num_experts, parallel, dtype=torch.float64, **options):
+    if parallel == "data_centric":
+        options.setdefault("shared_cache", PipelineSharedCache())
+    return make_layer(comm, num_experts, dtype, parallel=parallel, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("parallel", PARALLELS)
+def test_equals_the_reference(comm, parallel, k, dtype):
+    for num_experts in experts_cases(comm.size):
+        layer = hexa_layer(comm, num_experts, parallel, dtype, k=k)
+        want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
+        what = f"{parallel} E={num_experts} k={k} {dtype}"
+        assert_matches(run_layer(layer, comm, dtype), want, TOLERANCE[dtype], what)
+        plan = layer.last_plan
+        assert plan.parallel == parallel and plan.dropped == 0, what
+        assert plan.r == (0 if parallel == "data_centric" else comm.size), what
+
+
+@pytest.mark.parametrize("parallel", PARALLELS)
+def test_uneven_hidden_splits(comm, parallel):
+    world = comm.size
+    splits = [uneven_split(world), [HIDDEN - (world - 1), *([1] * (world - 1))]]
+    for split in splits:
+        assert sum(split) == HIDDEN and min(split) >= 1
+        for num_experts in experts_cases(world)[:2]:
+            layer = hexa_layer(comm, num_experts, parallel, hidden_split=split)
+            assert layer.experts.batched_fc1_w.shape == (num_experts, split[comm.rank], MODEL_DIM)
+            want = reference(layer, comm, torch.float64, capacity_factor=NOTHING_DROPS)
+            assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{parallel} split={split}")
+
+
+@pytest.mark.parametrize("parallel", PARALLELS)
+def test_a_global_batch_split_by_latency(comm, parallel):
+    """Equation 1: every rank takes its rows of one global batch by the
+    ranks' latencies (uneven T per rank), with an uneven hidden split."""
+    world = comm.size
+    latencies = [1.0 + 0.5 * (rank % 4) for rank in range(world)]
+    generator = torch.Generator().manual_seed(5)
+    batch = torch.randn(7 * world + 3, MODEL_DIM, generator=generator, dtype=torch.float64)
+    upstream = torch.randn(batch.shape, generator=generator, dtype=torch.float64)
+    pieces = [moe_runtime.local_batch(batch, latencies, rank) for rank in range(world)]
+    assert len({p.shape[0] for p in pieces}) > 1 or world == 1
+    layer = hexa_layer(comm, experts_cases(world)[0], parallel, hidden_split=uneven_split(world))
+
+    x = pieces[comm.rank].clone().requires_grad_(True)
+    y = layer(x)
+    ((y * moe_runtime.local_batch(upstream, latencies, comm.rank)).sum() + y.l_aux).backward()
+    moe_runtime.sync_shared_gradients(layer, comm)
+    got_experts = {name: g * world for name, g in layer.gather_experts(grad=True).items()}
+
+    experts = {name: t.requires_grad_(True) for name, t in layer.gather_experts().items()}
+    gate_weight = layer.gates[0].wg.weight.detach().clone().requires_grad_(True)
+    xs = [p.clone().requires_grad_(True) for p in pieces]
+    ys, l_auxes, _ = moe_runtime.moe_reference(xs, gate_weight, experts, top_k=2, capacity_factor=NOTHING_DROPS)
+    ups = [moe_runtime.local_batch(upstream, latencies, rank) for rank in range(world)]
+    sum((yy * u).sum() + l for yy, u, l in zip(ys, ups, l_auxes)).backward()
+    got = (y.detach(), x.grad, layer.gates[0].wg.weight.grad * world, got_experts, y.l_aux.detach())
+    want = (ys[comm.rank].detach(), xs[comm.rank].grad, gate_weight.grad, {n: t.grad for n, t in experts.items()},
+            l_auxes[comm.rank].detach())
+    assert_matches(got, want, 1e-12, f"{parallel} batch split")
+
+
+@pytest.mark.parametrize("parallel", PARALLELS)
+def test_equals_the_expert_parallel_flows(comm, parallel):
+    """The same experts dictionary and seeds make the same model: the
+    Hexa-MoE layer computes what the capacity flow (r = 1, nothing dropped)
+    and the dropless flow compute."""
+    num_experts = max(experts_cases(comm.size))
+    hexa = hexa_layer(comm, num_experts, parallel)
+    got = run_layer(hexa, comm, torch.float64)
+    padded = make_layer(comm, num_experts, capacity_factor=NOTHING_DROPS)
+    assert_matches(got, (*run_layer(padded, comm, torch.float64), None), 1e-12, f"{parallel} against r=1")
+    if num_experts >= comm.size:
+        dropless = make_layer(comm, num_experts, dispatcher="dropless")
+        assert_matches(got, (*run_layer(dropless, comm, torch.float64), None), 1e-12, f"{parallel} against dropless")
+
+
+@pytest.mark.parametrize("parallel", PARALLELS)
+def test_another_activation_summed_gradients_and_no_biases(comm, parallel):
+    num_experts = experts_cases(comm.size)[0]
+    gelu = torch.nn.functional.gelu
+    for extra, options in [({"activation_fn": gelu}, {"expert_gradient": "sum"}),
+                           ({"has_fc1_bias": False, "has_fc2_bias": False}, {})]:
+        if parallel == "data_centric":
+            options = {**options, "shared_cache": PipelineSharedCache()}
+        layer = moe_runtime.MoELayer(
+            {"type": "top", "k": 2}, MODEL_DIM, experts_spec(num_experts, comm.size, **extra), comm=comm,
+            seeds=(3, 4), parallel=parallel, **options,
+        ).double()
+        want = reference(layer, comm, torch.float64, capacity_factor=NOTHING_DROPS,
+                         activation=extra.get("activation_fn", torch.relu))
+        assert set(want[3]) == set(layer.gather_experts())
+        assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{parallel} {extra} {options}")
+
+
+def stacked(layers, comm, steps=1, prefetch=False, lr=0.0):
+    """x -> layers[0] -> layers[1] -> ...: losses, x.grad and every layer's
+    whole expert gradients (summed over ranks) of the last step; with lr > 0
+    an SGD step after each."""
+    optimizers = [torch.optim.SGD(layer.parameters(), lr=lr) for layer in layers] if lr else []
+    losses = []
+    for _ in range(steps):
+        x = tokens_of(comm.rank, torch.float64).requires_grad_(True)
+        for layer in layers:
+            layer.zero_grad(set_to_none=True)
+        y, l_aux = x, 0.0
+        for i, layer in enumerate(layers):
+            if prefetch and i > 0:
+                layer.prefetch()
+            y = layer(torch.tanh(y))  # the "attention" the prefetch overlaps
+            l_aux = l_aux + y.l_aux
+        loss = (y * upstream_of(comm.rank, torch.float64)).sum() + l_aux
+        loss.backward()
+        for layer in layers:
+            moe_runtime.sync_shared_gradients(layer, comm)
+        for optimizer in optimizers:
+            optimizer.step()
+        losses.append(float(loss.detach()))
+    grads = [{name: g * comm.size for name, g in layer.gather_experts(grad=True).items()} for layer in layers]
+    return losses, y.detach(), x.grad, grads
+
+
+def expert_twins(comm, hiddens, num_experts):
+    layers = []
+    for i, hidden in enumerate(hiddens):
+        spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden}
+        layers.append(moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": NOTHING_DROPS}, MODEL_DIM,
+                                           spec, comm=comm, seeds=(30 + i, 40 + i)).double())
+    return layers
+
+
+def data_centric_stack(comm, hiddens, num_experts, cache):
+    layers = []
+    for i, hidden in enumerate(hiddens):
+        spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden}
+        layers.append(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, spec, comm=comm,
+                                           seeds=(30 + i, 40 + i), parallel="data_centric",
+                                           shared_cache=cache).double())
+    return layers
+
+
+def full_bytes(layer) -> int:
+    return layer.experts.full_elements() * layer.experts.batched_fc1_w.element_size()
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["gathered", "prefetched"])
+def test_data_centric_layers_share_one_cache(comm, prefetch):
+    """Three data-centric layers of different H in a stack share one cache
+    buffer, as large as the largest layer; their backward gathers again
+    (but for the last layer, whose weights the cache still holds); the
+    graph keeps no gathered weights; the stack equals the expert-parallel
+    layers with the same seeds."""
+    num_experts = experts_cases(comm.size)[0]
+    hiddens = [2 * comm.size, 4 * comm.size, 3 * comm.size]
+    cache = PipelineSharedCache()
+    layers = data_centric_stack(comm, hiddens, num_experts, cache)
+    largest = max(full_bytes(layer) for layer in layers)
+
+    saved: list[torch.Tensor] = []
+
+    def keep(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        _, y, x_grad, grads = stacked(layers, comm, prefetch=prefetch)
+    assert cache.nbytes == largest  # the only full copy, one layer's worth
+    buffer = cache.buffer(torch.float64, torch.device("cpu"))
+    assert buffer is not None and buffer.numel() * 8 == largest
+    # 3 forward gathers (two of them prefetched, then found in the cache), then the
+    # backward: the last layer reuses the cache, the two others gather again.
+    assert (cache.gathers, cache.reuses) == ((5, 3) if prefetch else (5, 1))
+    full_shapes = {(num_experts, hidden, MODEL_DIM) for hidden in hiddens}
+    kept = [t for t in saved if tuple(t.shape) in full_shapes or t.untyped_storage().data_ptr() == buffer.data_ptr()]
+    assert not kept, [tuple(t.shape) for t in kept]  # no gathered weights kept for the backward
+
+    twins = expert_twins(comm, hiddens, num_experts)
+    _, y_want, x_grad_want, grads_want = stacked(twins, comm)
+    assert torch.allclose(y, y_want, atol=1e-12, rtol=0)
+    assert torch.allclose(x_grad, x_grad_want, atol=1e-12, rtol=0)
+    for got, want in zip(grads, grads_want):
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-12, rtol=0), name
+
+
+def test_data_centric_training_regathers_after_each_step(comm):
+    """SGD steps change the shards: every forward gathers the new weights
+    (the cache's versions), and training follows the expert-parallel layers."""
+    num_experts = experts_cases(comm.size)[0]
+    hiddens = [HIDDEN, HIDDEN // 2 if HIDDEN // 2 >= comm.size else HIDDEN]
+    cache = PipelineSharedCache()
+    losses, *_ = stacked(data_centric_stack(comm, hiddens, num_experts, cache), comm, steps=4, lr=0.05)
+    want, *_ = stacked(expert_twins(comm, hiddens, num_experts), comm, steps=4, lr=0.05)
+    assert losses == pytest.approx(want, rel=1e-10, abs=1e-12)
+    assert losses[-1] != losses[0]
+    assert cache.gathers == 4 * 3 and cache.reuses == 4  # the last layer's backward reuses, every step
+
+
+def test_prefetch_of_a_layer_whose_weights_change_gathers_again(comm):
+    num_experts = experts_cases(comm.size)[0]
+    cache = PipelineSharedCache()
+    layer = hexa_layer(comm, num_experts, "data_centric", shared_cache=cache)
+    x = tokens_of(comm.rank, torch.float64)
+    with torch.no_grad():
+        before = layer(x)
+        layer.prefetch()
+        cache.wait()
+        layer.experts.batched_fc2_w.mul_(2.0)  # after the prefetch: its copy is stale
+        after = layer(x)
+    assert (cache.gathers, cache.reuses) == (3, 0)
+    fresh = hexa_layer(comm, num_experts, "data_centric")
+    with torch.no_grad():
+        fresh.experts.batched_fc2_w.mul_(2.0)
+        assert torch.allclose(after, fresh(x), atol=1e-12, rtol=0)
+    assert not torch.allclose(before, after)
+    with torch.no_grad():
+        layer.prefetch()
+        layer(x)
+    assert (cache.gathers, cache.reuses) == (4, 1)
+
+
+def test_the_process_cache_is_shared_by_default(comm):
+    from moe_runtime.hexa_cache import SHARED_CACHE
+
+    SHARED_CACHE.clear()
+    num_experts = max(experts_cases(comm.size))
+    layers = [moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM,
+                                   {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden},
+                                   comm=comm, seeds=(1, 2), parallel="data_centric").double()
+              for hidden in (HIDDEN, 4 * HIDDEN)]
+    assert all(layer.shared_cache is SHARED_CACHE for layer in layers)
+    with torch.no_grad():
+        for layer in layers:
+            layer(tokens_of(comm.rank, torch.float64))
+    assert SHARED_CACHE.nbytes == max(full_bytes(layer) for layer in layers)
+    SHARED_CACHE.clear()
+    assert SHARED_CACHE.nbytes == 0
+
+
+def test_rank_latencies_are_the_same_list_on_every_rank(comm):
+    latencies = moe_runtime.rank_latencies(comm, 1.0 + comm.rank)
+    assert latencies == [1.0 + rank for rank in range(comm.size)]
+    measured = moe_runtime.rank_latencies(comm, moe_runtime.measure_latency(size=64, repeats=2, warmup=1))
+    table = a2a.all_gather(np.array(measured), comm=comm).reshape(comm.size, comm.size)
+    assert (table == table[0]).all()
+    split = moe_runtime.split_by_latency(HIDDEN, measured)
+    assert sum(split) == HIDDEN
+    if comm.size > 1:
+        with pytest.raises(ValueError, match="rank 1: -1.0"):
+            moe_runtime.rank_latencies(comm, -1.0 if comm.rank == 1 else 1.0)
+
+
+@pytest.mark.parametrize("parallel", PARALLELS)
+def test_errors(comm, parallel):
+    num_experts = experts_cases(comm.size)[0]
+    world = comm.size
+    bad_splits = [([HIDDEN], "one integer per rank") if world > 1 else ([HIDDEN + 1], "sums to"),
+                  ([HIDDEN - world + 1, *([1] * (world - 1))][:-1] + [2], "sums to"),
+                  ([HIDDEN, *([0] * (world - 1))], "at least one hidden unit") if world > 1 else ([0], "at least")]
+    for split, match in bad_splits:
+        with pytest.raises(ValueError, match=match):
+            hexa_layer(comm, num_experts, parallel, hidden_split=split)
+    if world > 1:
+        # Valid on each rank, different between ranks: every rank raises.
+        split = [HIDDEN - world + 1, *([1] * (world - 1))] if comm.rank == 0 else uneven_split(world)
+        with pytest.raises(a2a.MismatchError, match="different hidden splits"):
+            hexa_layer(comm, num_experts, parallel, hidden_split=split)
+        # Invalid on one rank only: the others raise too.
+        with pytest.raises(ValueError, match="hidden"):
+            hexa_layer(comm, num_experts, parallel, hidden_split=None if comm.rank else [1] * world)
+    for options, match in [({"dispatcher": "dropless"}, "dispatcher"), ({"a2a_ffn_overlap_degree": 2}, "overlap"),
+                           ({"is_postscore": False}, "is_postscore"), ({"parallel_type": "data"}, "parallel_type"),
+                           ({"batch_prioritized_routing": True}, "batch_prioritized_routing")]:
+        with pytest.raises(ValueError, match=match):
+            make_layer(comm, num_experts, parallel=parallel, **options)
+    with pytest.raises(ValueError, match="parallel must be one of"):
+        make_layer(comm, num_experts, parallel="tensor")
+    with pytest.raises(ValueError, match="hidden_split= and shared_cache= are the settings"):
+        make_layer(comm, num_experts, hidden_split=[HIDDEN])
+    with pytest.raises(TypeError, match="shared_cache must be"):
+        make_layer(comm, num_experts, parallel=parallel, shared_cache={})
+    if world > 1:  # H < W: some rank would hold no hidden unit
+        with pytest.raises(ValueError, match="at least one hidden unit"):
+            moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM,
+                                 {"type": "ffn", "num_experts_per_device": 1, "hidden_size_per_expert": world - 1},
+                                 comm=comm, parallel=parallel)
+
+    layer = hexa_layer(comm, num_experts, parallel)
+    x = tokens_of(comm.rank, torch.float64)
+    for argument, value in [("adaptive_r", 1), ("a2a_ffn_overlap_degree", 1), ("algo", "linear"),
+                            ("capacity_factor", 1.0)]:
+        with pytest.raises(ValueError, match=rf"this rank passed \['{argument}'\]"):
+            layer(x, **{argument: value})
+    if world > 1:
+        with pytest.raises(ValueError, match=r"rank\(s\) \[1\] passed some"):
+            layer(x, **({"adaptive_r": 1} if comm.rank == 1 else {}))
+        with pytest.raises(a2a.MismatchError, match="top_k"):
+            layer(x, top_k=1 + comm.rank % 2)
+    assert layer(x).shape == x.shape  # still works
+    with pytest.raises(ValueError, match="no placement to choose"):
+        layer.place(np.arange(num_experts).reshape(world, -1) if num_experts % world == 0 else [[0]])
+    if parallel == "model_centric":
+        with pytest.raises(ValueError, match="prefetch gathers the experts of parallel='data_centric'"):
+            layer.prefetch()
