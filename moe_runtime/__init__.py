@@ -32,6 +32,10 @@ layout at every step.
   Shrink, Migrate), Algorithm 3's routing (flex_routing.py), the flow
   (flex_dispatch.py), the layer's state (flex.py), the cost model and the
   scheduler (flex_cost.py, flex_scheduler.py); ``python -m moe_runtime.bench --flex``
+- Hexa-MoE: ``MoELayer(parallel="data_centric" | "model_centric")``, experts
+  sharded along H (hexa_experts.py), the two flows over the expert-specific
+  operators (hexa.py), :class:`PipelineSharedCache` (hexa_cache.py, the one
+  full copy the data-centric layers share; ``layer.prefetch()``)
 - Hexa-MoE's heterogeneous split (hetero_split.py, Section 3.4):
   :func:`split_by_latency` (Equations 1 and 2, rounded to sum exactly),
   :func:`measure_latency` (the proxy matmul), :func:`rank_latencies` (every
@@ -53,6 +57,7 @@ from .flex_config import FlexConfig
 from .flows import Plan
 from .gates import CosineTopKGate, LinearTopKGate
 from .hetero_split import local_batch, measure_latency, rank_latencies, split_by_latency
+from .hexa_cache import PipelineSharedCache
 from .layer import MoELayer, sync_shared_gradients
 from .losses import gshard_loss, load_importance_loss, z_loss
 from .prior import ExchangePrior
@@ -75,6 +80,7 @@ __all__ = [
     "LinearTopKGate",
     "Migrate",
     "MoELayer",
+    "PipelineSharedCache",
     "Plan",
     "Shrink",
     "SlotTable",

@@ -139,6 +139,19 @@ class MoELayer(torch.nn.Module):
     ``layer.rebalance(optimizer)`` after each optimizer step applies the
     scheduler's plan, ``layer.adjust(primitives, optimizer)`` explicit ones.
 
+    ``parallel``: ``"expert"`` (default: the flows above), or Hexa-MoE's
+    ``"data_centric"`` / ``"model_centric"`` (moe_runtime.hexa): every
+    expert sharded along its hidden size over every rank
+    (moe_runtime.hexa_experts; ``hidden_split``: the ranks' H_w, uniform by
+    default, e.g. ``split_by_latency(H, latencies)``), tokens in their order
+    through the expert-specific operators, nothing dropped. Data-centric
+    gathers the experts whole into the pipeline-shared cache
+    (``shared_cache``, moe_runtime.hexa_cache.SHARED_CACHE by default;
+    ``layer.prefetch()`` starts that gather early); model-centric all-gathers
+    the tokens and reduce-scatters the outputs. Ranks may hold different
+    numbers of tokens. Neither takes the expert-parallel settings (dispatcher,
+    r, d, algorithm, capacity).
+
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
     adaptive_r=, algo=, gate_index=, sample_ids=)`` -> y of x's shape, with
     ``y.l_aux``; ``layer.l_aux`` and ``layer.last_plan`` describe the last

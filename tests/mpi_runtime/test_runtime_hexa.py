@@ -163,13 +163,39 @@ def stacked(layers, comm, steps=1, prefetch=False, lr=0.0):
     return losses, y.detach(), x.grad, grads
 
 
-def expert_twins(comm, hiddens, num_experts):
+def expert_twins(comm, hiddens, num_experts, parallel_type="adaptive:1"):
     layers = []
     for i, hidden in enumerate(hiddens):
         spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden}
         layers.append(moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": NOTHING_DROPS}, MODEL_DIM,
-                                           spec, comm=comm, seeds=(30 + i, 40 + i)).double())
+                                           spec, comm=comm, seeds=(30 + i, 40 + i),
+                                           parallel_type=parallel_type).double())
     return layers
+
+
+class GraphBytes:
+    """The tensors a forward's autograd graph keeps for the backward
+    (saved_tensors_hooks): their distinct storages' bytes."""
+
+    def __init__(self):
+        self.tensors: list[torch.Tensor] = []
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._keep, lambda tensor: tensor)
+
+    def _keep(self, tensor):
+        self.tensors.append(tensor)
+        return tensor
+
+    def __enter__(self):
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+    @property
+    def nbytes(self) -> int:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.tensors}
+        return sum(storages.values())
 
 
 def data_centric_stack(comm, hiddens, num_experts, cache):
@@ -199,13 +225,7 @@ def test_data_centric_layers_share_one_cache(comm, prefetch):
     layers = data_centric_stack(comm, hiddens, num_experts, cache)
     largest = max(full_bytes(layer) for layer in layers)
 
-    saved: list[torch.Tensor] = []
-
-    def keep(tensor):
-        saved.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+    with GraphBytes() as graph:
         _, y, x_grad, grads = stacked(layers, comm, prefetch=prefetch)
     assert cache.nbytes == largest  # the only full copy, one layer's worth
     buffer = cache.buffer(torch.float64, torch.device("cpu"))
@@ -214,11 +234,16 @@ def test_data_centric_layers_share_one_cache(comm, prefetch):
     # backward: the last layer reuses the cache, the two others gather again.
     assert (cache.gathers, cache.reuses) == ((5, 3) if prefetch else (5, 1))
     full_shapes = {(num_experts, hidden, MODEL_DIM) for hidden in hiddens}
-    kept = [t for t in saved if tuple(t.shape) in full_shapes or t.untyped_storage().data_ptr() == buffer.data_ptr()]
+    kept = [t for t in graph.tensors
+            if tuple(t.shape) in full_shapes or t.untyped_storage().data_ptr() == buffer.data_ptr()]
     assert not kept, [tuple(t.shape) for t in kept]  # no gathered weights kept for the backward
 
-    twins = expert_twins(comm, hiddens, num_experts)
-    _, y_want, x_grad_want, grads_want = stacked(twins, comm)
+    # Tutel's r = 0 (the same gather of every expert, but kept for the backward) on the same stack:
+    # its graph holds every layer's full weights (and the padded buffers); this one holds neither.
+    twins = expert_twins(comm, hiddens, num_experts, parallel_type="data")
+    with GraphBytes() as kept_by_r0:
+        _, y_want, x_grad_want, grads_want = stacked(twins, comm)
+    assert kept_by_r0.nbytes - graph.nbytes >= sum(full_bytes(layer) for layer in layers)
     assert torch.allclose(y, y_want, atol=1e-12, rtol=0)
     assert torch.allclose(x_grad, x_grad_want, atol=1e-12, rtol=0)
     for got, want in zip(grads, grads_want):
