@@ -72,14 +72,19 @@ def test_uneven_hidden_splits(comm, parallel):
             assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{parallel} split={split}")
 
 
+@pytest.mark.parametrize("case", ["by-latency", "a-rank-without-tokens"])
 @pytest.mark.parametrize("parallel", PARALLELS)
-def test_a_global_batch_split_by_latency(comm, parallel):
+def test_a_global_batch_split_by_latency(comm, parallel, case):
     """Equation 1: every rank takes its rows of one global batch by the
-    ranks' latencies (uneven T per rank), with an uneven hidden split."""
+    ranks' latencies (uneven T per rank), with an uneven hidden split; or
+    W - 1 rows over W equal ranks, which leaves the last rank none."""
     world = comm.size
-    latencies = [1.0 + 0.5 * (rank % 4) for rank in range(world)]
+    if case == "by-latency":
+        latencies, rows = [1.0 + 0.5 * (rank % 4) for rank in range(world)], 7 * world + 3
+    else:
+        latencies, rows = [1.0] * world, world - 1
     generator = torch.Generator().manual_seed(5)
-    batch = torch.randn(7 * world + 3, MODEL_DIM, generator=generator, dtype=torch.float64)
+    batch = torch.randn(rows, MODEL_DIM, generator=generator, dtype=torch.float64)
     upstream = torch.randn(batch.shape, generator=generator, dtype=torch.float64)
     pieces = [moe_runtime.local_batch(batch, latencies, rank) for rank in range(world)]
     assert len({p.shape[0] for p in pieces}) > 1 or world == 1
@@ -100,7 +105,7 @@ def test_a_global_batch_split_by_latency(comm, parallel):
     got = (y.detach(), x.grad, layer.gates[0].wg.weight.grad * world, got_experts, y.l_aux.detach())
     want = (ys[comm.rank].detach(), xs[comm.rank].grad, gate_weight.grad, {n: t.grad for n, t in experts.items()},
             l_auxes[comm.rank].detach())
-    assert_matches(got, want, 1e-12, f"{parallel} batch split")
+    assert_matches(got, want, 1e-12, f"{parallel} batch split {case}")
 
 
 @pytest.mark.parametrize("parallel", PARALLELS)
