@@ -56,12 +56,12 @@ def check_hidden_split(split: Sequence[int] | None, hidden: int, world: int) -> 
                              "data- or model-centric layer holds at least one hidden unit of each expert")
         return tuple(uniform_split(hidden, world))
     try:
-        parts = [int(part) for part in split]
-        exact = all(float(part) == int(part) for part in split)
-    except (TypeError, ValueError) as error:
+        parts = list(split)
+    except TypeError as error:
         raise ValueError(f"hidden_split must be a sequence of {world} positive integers, got {split!r}") from error
-    if not exact or len(parts) != world:
-        raise ValueError(f"hidden_split must give one integer per rank ({world}), got {list(split)!r}")
+    if len(parts) != world or not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in parts):
+        raise ValueError(f"hidden_split must give one integer per rank ({world}), got {parts!r}")
+    parts = [int(part) for part in parts]
     if any(part < 1 for part in parts):
         raise ValueError(f"hidden_split {parts}: every rank must hold at least one hidden unit (a part of 0 would "
                          "leave that rank's shards empty)")

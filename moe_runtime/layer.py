@@ -736,6 +736,9 @@ class MoELayer(torch.nn.Module):
         self._step_seconds = self.timer() - start
 
     def extra_repr(self) -> str:
+        if self.parallel != "expert":
+            return (f"parallel={self.parallel!r}, model_dim={self.model_dim}, "
+                    f"num_global_experts={self.num_global_experts}, world={self.comm.size}")
         return (f"model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
                 f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}")
 

@@ -330,6 +330,7 @@ def test_errors(comm, parallel):
     bad_splits = [([HIDDEN], "one integer per rank") if world > 1 else ([HIDDEN + 1], "sums to"),
                   ([HIDDEN - world + 1, *([1] * (world - 1))][:-1] + [2], "sums to"),
                   ([HIDDEN, *([0] * (world - 1))], "at least one hidden unit") if world > 1 else ([0], "at least")]
+    bad_splits.append(([float(part) for part in uneven_split(world)], "one integer per rank"))
     for split, match in bad_splits:
         with pytest.raises(ValueError, match=match):
             hexa_layer(comm, num_experts, parallel, hidden_split=split)
@@ -359,6 +360,7 @@ def test_errors(comm, parallel):
                                  comm=comm, parallel=parallel)
 
     layer = hexa_layer(comm, num_experts, parallel)
+    assert f"parallel={parallel!r}" in repr(layer) and "hidden_split=" in repr(layer)
     x = tokens_of(comm.rank, torch.float64)
     for argument, value in [("adaptive_r", 1), ("a2a_ffn_overlap_degree", 1), ("algo", "linear"),
                             ("capacity_factor", 1.0)]:
