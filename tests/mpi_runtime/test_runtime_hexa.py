@@ -6,7 +6,6 @@ backward, prefetch); the heterogeneous split's all-gather; the errors."""
 
 from __future__ import annotations
 
-import hexa_standins
 import numpy as np
 import pytest
 import torch
@@ -27,8 +26,6 @@ from runtime_util import (
 import a2a
 import moe_runtime
 from moe_runtime.hexa_cache import PipelineSharedCache
-
-hexa_standins.install()  # until the ES operators and the uneven collectives land on main
 
 PARALLELS = ["data_centric", "model_centric"]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
