@@ -73,34 +73,42 @@ class ESIndex:
 
     @property
     def slots(self) -> Any:
+        """(num_slots,) int64: choice ids grouped by expert, -1 = padding (a copy)."""
         return self._show(self._slots[: self._num_slots])
 
     @property
     def expert_starts(self) -> Any:
+        """(E + 1,) int64: first slot of each expert, multiples of tile (a copy)."""
         return self._show(self._starts)
 
     @property
     def counts(self) -> Any:
+        """(E,) int64: routed choices per expert (a copy)."""
         return self._show(self._counts)
 
     @property
     def num_tokens(self) -> int:
+        """T, the tokens routed."""
         return self._indices.shape[0]
 
     @property
     def top_k(self) -> int:
+        """k, the choices per token."""
         return self._indices.shape[1]
 
     @property
     def num_experts(self) -> int:
+        """E, the experts the index routes to."""
         return self._counts.shape[0]
 
     @property
     def tile(self) -> int:
+        """The padding multiple of every expert's sub-vector."""
         return self._tile
 
     @property
     def num_slots(self) -> int:
+        """Length of the re-index vector (expert_starts[E])."""
         return self._num_slots
 
     def rows(self, rows: str) -> int:
