@@ -7,6 +7,8 @@ the experts' own compute and a GShard-style peer, measured in the same run.
     python -m moe_runtime.bench --tokens 1024 --factors 1,4 --json out.json --plot out.png
     mpirun -np 8 python -m moe_runtime.bench --experts 4 --hidden 2048
     python -m moe_runtime.bench --flex                # FlexMoE under skewed routing (bench_flex.py)
+    python -m moe_runtime.bench --hetero              # Hexa-MoE's heterogeneous split (bench_hetero.py)
+    python -m moe_runtime.bench --flows               # which flow wins as the workload grows (bench_flows.py)
 
 Under mpirun it runs on every rank of ``MPI_COMM_WORLD``; started plainly it
 starts itself under mpirun through :mod:`a2a.launch` on ``--np`` ranks
@@ -313,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     """Relaunched under mpirun when not under it already (and more than one
     rank is asked for), else the benchmark on every rank of MPI_COMM_WORLD."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--flows" in argv:  # which flow wins as the workload grows: a mode of its own (bench_flows.py)
+        from . import bench_flows
+
+        return bench_flows.main([arg for arg in argv if arg != "--flows"])
+    if "--hetero" in argv:  # Hexa-MoE's heterogeneous split: a mode of its own (bench_hetero.py)
+        from . import bench_hetero
+
+        return bench_hetero.main([arg for arg in argv if arg != "--hetero"])
     if "--flex" in argv:  # FlexMoE under skewed routing: a mode of its own (bench_flex.py)
         from . import bench_flex
 
