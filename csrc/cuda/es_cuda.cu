@@ -13,8 +13,8 @@
 // of the index works (with tile a multiple of 64, every block has one
 // segment, and blocks over padding only return). float16 / bfloat16 use
 // tensor cores (WMMA, fp32 accumulators) on sm_80 and newer; float32 /
-// float64, and 16-bit floats on older GPUs, use a 4x4 register micro-tile per
-// thread on CUDA cores. y by token with top_k > 1 goes through the caller's
+// float64, and 16-bit floats where no sm_80 code was built, use a 4x4
+// register micro-tile per thread on CUDA cores. y by token with top_k > 1 goes through the caller's
 // workspace: the per-choice results (float32; float64 for float64) and then
 // sum_choices_kernel adds each token's k rows in j order, deterministically.
 //
@@ -286,7 +286,8 @@ __global__ void __launch_bounds__(kThreads) esmm_kernel(const EsmmArgs<T> p, Out
 // rows: 80 or 272 bytes, multiples of the 32 bytes WMMA needs, and off the
 // bank period); the accumulators go through shared memory (aliasing the
 // tiles) so that the epilogue writes whole rows of 128 columns.
-constexpr int kTcM = 64, kTcN = 128, kTcK = 32, kTcPad = 8, kTcWarpM = 32, kTcWarpN = 32, kFrag = 16;
+constexpr int kTcM = 64, kTcN = 128, kTcK = 32, kTcPad = 8, kTcWarpM = 32, kTcWarpN = 32;
+[[maybe_unused]] constexpr int kFrag = 16;  // WMMA m = n = k (unused in builds for older GPUs only)
 constexpr int kChunk = 8;  // elements per 16-byte load
 static_assert(kTcM * kTcK == kThreads * kChunk && kTcN * kTcK == 2 * kThreads * kChunk,
               "each thread loads one chunk of x and two of w per step");
@@ -322,7 +323,7 @@ __device__ __forceinline__ Chunk load_chunk(const T* row, int64_t i, int64_t siz
   return chunk;
 }
 
-__device__ __forceinline__ void store_chunk(uint16_t* dst, const Chunk& chunk) {
+[[maybe_unused]] __device__ __forceinline__ void store_chunk(uint16_t* dst, const Chunk& chunk) {
   *reinterpret_cast<Chunk*>(dst) = chunk;
 }
 
@@ -443,6 +444,8 @@ __global__ void __launch_bounds__(kThreads)
       // The next segment's load_tile_choices synchronizes before the tiles are reused.
     });
   }
+#elif defined(__CUDA_ARCH__)
+  __trap();  // never launched: the host checks tensor_cores_built first
 #endif
 }
 
@@ -464,12 +467,23 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Whether the code of `kernel` that runs on the current device has the
+// tensor-core body: it was compiled for sm_80 or newer. A build for older
+// GPUs only (A2A_CUDA_ARCHS) runs its PTX, without that body, even on an
+// sm_80+ device, and then takes the CUDA-core kernel.
+template <typename Kernel>
+bool tensor_cores_built(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  check_cuda(cudaFuncGetAttributes(&attributes, kernel), "cudaFuncGetAttributes");
+  return attributes.ptxVersion >= 80;
+}
+
 template <typename T, typename Out>
 void launch_esmm(const EsLaunch& launch, const EsmmArgs<T>& args, a2a_es_weight_layout_t w_layout, Out* out) {
   const bool kn = w_layout == A2A_ES_WEIGHT_KN;
   constexpr bool kSixteenBit = std::is_same_v<T, half_t> || std::is_same_v<T, bfloat16_t>;
   if constexpr (kSixteenBit) {
-    if (launch.compute_major >= 8) {
+    if (tensor_cores_built(kn ? esmm_tc_kernel<T, Out, true> : esmm_tc_kernel<T, Out, false>)) {
       const dim3 grid(static_cast<unsigned>(ceil_div(args.num_slots, kTcM)), grid_yz(ceil_div(args.n, kTcN)));
       // 16-byte loads need 16-byte rows: x rows of K, w rows of K (N, K) or N (K, N).
       const bool x_vector = aligned16(args.x) && args.k % kChunk == 0;

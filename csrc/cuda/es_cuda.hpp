@@ -13,13 +13,11 @@
 
 namespace a2a::moe {
 
-// Where and how wide to launch: the backend's stream, its grid cap for
-// grid-stride kernels, and the device's compute capability (major), which
-// picks the tensor-core ESMM for float16 / bfloat16 on sm_80 and newer.
+// Where and how wide to launch: the backend's stream and its grid cap for
+// grid-stride kernels.
 struct EsLaunch {
   cudaStream_t stream;
   int max_blocks;
-  int compute_major;
 };
 
 void cuda_es_scatter_slots(const EsLaunch& launch, const RouteProblem& problem, const int64_t* locations,

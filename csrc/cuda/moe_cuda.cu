@@ -716,19 +716,11 @@ class CudaKernels final : public Kernels {
     return max_blocks_;
   }
 
-  // The launch settings of the expert-specific kernels; the device's compute
-  // capability is looked up once, like max_blocks.
-  EsLaunch es_launch() {
-    if (compute_major_ == 0)
-      check_cuda(cudaDeviceGetAttribute(&compute_major_, cudaDevAttrComputeCapabilityMajor, current_cuda_device()),
-                 "cudaDeviceGetAttribute");
-    return EsLaunch{stream_, max_blocks(), compute_major_};
-  }
+  EsLaunch es_launch() { return EsLaunch{stream_, max_blocks()}; }
 
   cudaStream_t stream_;
   double timeout_s_;
   int max_blocks_ = 0;
-  int compute_major_ = 0;
 };
 
 }  // namespace

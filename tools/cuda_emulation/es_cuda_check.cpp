@@ -169,8 +169,8 @@ void test_esmm(const Index& ix, int64_t K, int64_t N, const EsLaunch& launch, a2
     }
   }
   char what[200];
-  std::snprintf(what, sizeof what, "esmm T=%ld k=%ld E=%ld tile=%ld K=%ld N=%ld x=%d y=%d kn=%d bias=%d gates=%d shift=%d sm=%d",
-                T_, k, E, ix.tile, K, N, x_rows, y_rows, layout, with_bias, gate_mode, shift, launch.compute_major);
+  std::snprintf(what, sizeof what, "esmm T=%ld k=%ld E=%ld tile=%ld K=%ld N=%ld x=%d y=%d kn=%d bias=%d gates=%d shift=%d ptx=%d",
+                T_, k, E, ix.tile, K, N, x_rows, y_rows, layout, with_bias, gate_mode, shift, emu::ptx_version);
   compare<T>(what, y.data(), exact, magnitude, K + k);
   if (std::memcmp(&y[y_rows_n * N], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) != 0) {
     ++failures;
@@ -266,7 +266,8 @@ void test_estmm(const Index& ix, int64_t A, int64_t B, const EsLaunch& launch, a
 template <typename T>
 void run_case(int64_t seed_cases) {
   for (int64_t i = 0; i < seed_cases; ++i) {
-    const EsLaunch launch{nullptr, int(pick({1, 3, 64})), int(pick({7, 8}))};
+    const EsLaunch launch{nullptr, int(pick({1, 3, 64}))};
+    emu::ptx_version = int(pick({75, 80}));  // the CUDA-core or the tensor-core ESMM for 16-bit floats
     const int64_t T_ = pick({0, 1, 5, 37, 150}), k = pick({1, 2, 3}), E = pick({1, 3, 7});
     const int64_t tile = pick({1, 16, 24, 64, 128});
     const Index ix = make_index(T_, k, E, tile, pick({0, 1, 3}) / 10.0, launch);

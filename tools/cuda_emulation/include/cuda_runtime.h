@@ -44,6 +44,21 @@ inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
 }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 
+namespace emu {
+// The PTX version every kernel reports (es_cuda.cu takes the tensor-core
+// ESMM from 80 up): the check program sets it per case.
+inline int ptx_version = 80;
+}  // namespace emu
+struct cudaFuncAttributes {
+  int ptxVersion = 0;
+  int binaryVersion = 0;
+};
+template <class Function>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Function*) {
+  attributes->ptxVersion = attributes->binaryVersion = emu::ptx_version;
+  return cudaSuccess;
+}
+
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 
