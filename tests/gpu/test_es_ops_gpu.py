@@ -1,11 +1,13 @@
 """The CUDA kernels of the expert-specific operators (a2a.es_index, esmm, ess,
 estmm) against the CPU backend on the same data, with torch CUDA tensors.
 
-The re-index vector must agree exactly. ESMM, ESS and ESTMM are sums of
-products taken in a different order (tiles over K, tensor cores for 16-bit
-floats), so each side is checked against a float64 reference within the
-worst-case accumulation error terms * eps * sum |products| plus the rounding
-of the result, and the two sides against each other within both bounds.
+The re-index vector must agree exactly, and so must ESS (both backends add
+gate * x, the product rounded on its own, in slot order). ESMM and ESTMM are
+sums of products taken in a different order (tiles over K, tensor cores for
+16-bit floats), so each side is checked against a float64 reference within
+the worst-case accumulation error terms * eps * sum |products| plus the
+rounding of the result, and the two sides against each other within both
+bounds.
 Runs on the GPU are bitwise repeatable. Skipped without a GPU or a CUDA build
 of a2a (conftest.py).
 """
@@ -348,6 +350,8 @@ def test_ess_matches_cpu(dtype_name, shape, rows, gate_mode):
     exact = ref_ess(f64(x), indices, f64(gates), rows, E)
     magnitude = ref_ess(abs64(x), indices, abs64(gates), rows, E)
     assert_within(got, want, exact, magnitude, int(cpu_index.counts.max()) if T else 0, f"ess {shape} {rows}")
+    # Both add gate * x (the product rounded on its own) in slot order: the same bits.
+    assert torch.equal(got.cpu(), want), f"ess {shape} {rows}: not bitwise equal to the CPU"
 
 
 @pytest.mark.parametrize("gate_mode", ["none", "float32", "same"])
