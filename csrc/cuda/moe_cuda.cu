@@ -36,6 +36,8 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/es_cuda.hpp"
 #include "cuda/stream_wait.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
@@ -312,11 +314,6 @@ __device__ __forceinline__ RowSplit split_row(unsigned misaligned, int64_t n) {
   const int64_t head = min(static_cast<int64_t>((16 - misaligned) % 16 / sizeof(T)), n);
   return {head, (n - head) / kSize};
 }
-
-// The products are rounded on their own (never fused into an FMA with the
-// sum that follows), as on the CPU, so a one-term sum is bitwise the CPU's.
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
 template <typename T>
 __device__ __forceinline__ T scale(T value, typename Num<T>::Acc gate) {
@@ -681,6 +678,26 @@ class CudaKernels final : public Kernels {
     });
   }
 
+  // The expert-specific operators: cuda/es_cuda.cu.
+  void es_scatter_slots(const RouteProblem& problem, const int64_t* locations, const int64_t* expert_starts,
+                        int64_t num_slots, int64_t* slots) override {
+    cuda_es_scatter_slots(es_launch(), problem, locations, expert_starts, num_slots, slots);
+  }
+
+  void esmm(const a2a_es_index_t& index, const EsMatmul& problem) override {
+    cuda_esmm(es_launch(), index, problem);
+  }
+
+  void ess(const a2a_es_index_t& index, const EsOperand& x, const EsGates& gates, a2a_dtype_t dtype,
+           void* out) override {
+    cuda_ess(es_launch(), index, x, gates, dtype, out);
+  }
+
+  void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
+             a2a_dtype_t dtype, void* out) override {
+    cuda_estmm(es_launch(), index, a, b, gates, dtype, out);
+  }
+
  private:
   // Waits for the stream, bounded like every wait (route's two waits): work
   // enqueued before route, e.g. a collective whose peer never comes, must not
@@ -698,6 +715,8 @@ class CudaKernels final : public Kernels {
     if (max_blocks_ == 0) max_blocks_ = multiprocessor_count(current_cuda_device()) * kBlocksPerSm;
     return max_blocks_;
   }
+
+  EsLaunch es_launch() { return EsLaunch{stream_, max_blocks()}; }
 
   cudaStream_t stream_;
   double timeout_s_;

@@ -1,0 +1,3 @@
+#pragma once
+#include <cstdint>
+struct __half { uint16_t x; };
