@@ -107,6 +107,80 @@ def moe_gate_grad(
     grad_gates: int,
     /,
 ) -> None: ...
+# The expert-specific operators. An index travels as (num_tokens, top_k,
+# num_experts, tile, num_slots, slots, expert_starts, counts); a2a_es_rows_t
+# and a2a_es_weight_layout_t are ints.
+_EsIndexFields: TypeAlias = tuple[int, int, int, int, int, int, int, int]
+
+def es_index_capacity(num_tokens: int, top_k: int, num_experts: int, tile: int, /) -> int:
+    """a2a_es_index_capacity: the most slots a routing can need."""
+
+def es_index_workspace_size(exec: _Exec, num_tokens: int, top_k: int, num_experts: int, /) -> int: ...
+def es_index(
+    exec: _Exec,
+    indices: int,
+    index_dtype: int,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    tile: int,
+    workspace: int,
+    workspace_bytes: int,
+    slots: int,
+    max_slots: int,
+    expert_starts: int,
+    counts: int,
+    /,
+) -> int:
+    """a2a_es_index: fills slots, expert_starts and counts; returns num_slots."""
+
+def esmm_workspace_size(index: _EsIndexFields, y_rows: int, n: int, dtype: int, /) -> int: ...
+def esmm(
+    exec: _Exec,
+    index: _EsIndexFields,
+    x: int,
+    x_rows: int,
+    k: int,
+    w: int,
+    w_layout: int,
+    bias: int,
+    gates: int,
+    gate_dtype: int,
+    dtype: int,
+    n: int,
+    y: int,
+    y_rows: int,
+    workspace: int,
+    workspace_bytes: int,
+    /,
+) -> None: ...
+def ess(
+    exec: _Exec,
+    index: _EsIndexFields,
+    x: int,
+    x_rows: int,
+    gates: int,
+    gate_dtype: int,
+    dtype: int,
+    n: int,
+    out: int,
+    /,
+) -> None: ...
+def estmm(
+    exec: _Exec,
+    index: _EsIndexFields,
+    a: int,
+    a_rows: int,
+    a_dim: int,
+    b: int,
+    b_rows: int,
+    b_dim: int,
+    gates: int,
+    gate_dtype: int,
+    dtype: int,
+    out: int,
+    /,
+) -> None: ...
 def testing_comm_create_mpi(
     staging: str,
     mpi_comm_address: int,

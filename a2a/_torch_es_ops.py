@@ -1,4 +1,4 @@
-"""torch.autograd of the expert-specific operators (a2a._es_ops).
+"""torch.autograd of the expert-specific operators (a2a._es_kernels).
 
 Every backward is made of the same three operators (Hexa-MoE, Figure 2):
 for r_c = g_c (w[e] x_c + b[e]) with upstream gradient dy,
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._es_ops import ESIndex, _require_index, esmm_raw, ess_raw, estmm_raw
+from ._es_kernels import ESIndex, esmm_raw, ess_raw, estmm_raw, require_index
 
 __all__ = ["esmm", "ess", "estmm"]
 
@@ -140,15 +140,15 @@ def esmm(x: torch.Tensor, w: torch.Tensor, index: ESIndex, *, bias: torch.Tensor
          gates: torch.Tensor | None = None, x_rows: str = "token", y_rows: str = "choice",
          w_layout: str = "nk") -> torch.Tensor:
     """a2a.esmm with autograd in x, w, bias and gates."""
-    return _Esmm.apply(x, w, bias, gates, _require_index(index, "esmm"), x_rows, y_rows, w_layout)
+    return _Esmm.apply(x, w, bias, gates, require_index(index, "esmm"), x_rows, y_rows, w_layout)
 
 
 def ess(x: torch.Tensor, index: ESIndex, *, gates: torch.Tensor | None = None, rows: str = "token") -> torch.Tensor:
     """a2a.ess with autograd in x and gates."""
-    return _Ess.apply(x, gates, _require_index(index, "ess"), rows)
+    return _Ess.apply(x, gates, require_index(index, "ess"), rows)
 
 
 def estmm(a: torch.Tensor, b: torch.Tensor, index: ESIndex, *, gates: torch.Tensor | None = None,
           a_rows: str = "choice", b_rows: str = "token") -> Any:
     """a2a.estmm with autograd in a, b and gates."""
-    return _Estmm.apply(a, b, gates, _require_index(index, "estmm"), a_rows, b_rows)
+    return _Estmm.apply(a, b, gates, require_index(index, "estmm"), a_rows, b_rows)
