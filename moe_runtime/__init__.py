@@ -15,7 +15,9 @@ layout at every step.
 
 - :class:`MoELayer`, :func:`sync_shared_gradients` (layer.py)
 - :class:`AdaptiveDictionary` and its :class:`Config` (tuner.py); its prior,
-  :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`)
+  :class:`ExchangePrior` (prior.py, over the scale model :mod:`a2a.sim`);
+  the other flows it can choose, ``MoELayer(..., flows=("dropless",
+  "data_centric", "model_centric"))`` on the same experts (dictionary_flows.py)
 - :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
   ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
 - expert placement: ``MoELayer.place`` (moves whole experts, relocation.py)

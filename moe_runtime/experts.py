@@ -26,6 +26,18 @@ added at the expert when r <= 1 (its output is whole there); for r > 1 the
 experts' outputs are partial sums, so it is gathered whole, (E, M), and
 added once where the rows come back.
 
+The dictionary's other flows (the layer's ``flows=``) run on this layout
+too, with whole experts (s = 1): dropless reads the local experts as they
+are; Hexa-MoE's data-centric flow all-gathers the (n, H, M) shards into the
+whole (E, H, M) (already in expert order) in the pipeline-shared cache and
+reduce-scatters the whole gradients back (``gather_whole``,
+``reduce_scatter_whole``); its model-centric flow takes rank w's hidden
+slice (E, H_w, M) of every expert by an all-to-all (``hidden_slices``:
+rank i sends rows [o_w, o_w + H_w) of its n experts to rank w, who stacks
+them in rank order; H_w uniform, larger on the lower ranks when W does not
+divide H), whose backward sends the slices' gradients back. Both take the
+fc2 bias whole by an all-gather (``fc2_bias``).
+
 Every expert is initialized from its own generator, seeded by
 (expert_seed, e), as nn.Linear would (uniform in +-1/sqrt(fan_in)), so the
 model is the same whatever W and s.
@@ -44,6 +56,7 @@ import a2a
 import a2a.torch as a2a_torch
 
 from .buffers import Lease
+from .hetero_split import offsets, uniform_split
 from .initialization import uniform
 
 __all__ = ["FFNExperts", "check_ffn_spec", "draw_expert", "expert_layout"]
@@ -173,6 +186,49 @@ class FFNExperts(torch.nn.Module):
         fc1, fc1_bias, fc2, fc2_bias = (getattr(self, name) for name in WEIGHT_NAMES)
         return fc1, fc1_bias, fc2, fc2_bias
 
+    # -- what the dictionary's other flows gather (moe_runtime.hexa, hexa_cache) ----------
+    def sharded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """This rank's (fc1_w, fc1_bias or None, fc2_w), as stored: the
+        tensors the Hexa-MoE flows gather or slice along H."""
+        self._require_whole_experts()
+        return self.batched_fc1_w, self.batched_fc1_bias, self.batched_fc2_w
+
+    def versions(self) -> tuple:
+        """What identifies the current values of those tensors (storage and
+        in-place version counters): the pipeline-shared cache's key."""
+        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.sharded_weights() if p is not None)
+
+    def full_elements(self) -> int:
+        """Elements of fc1_w, fc2_w and fc1_bias of every expert whole."""
+        per_expert = 2 * self.hidden_size * self.model_dim
+        if self.batched_fc1_bias is not None:
+            per_expert += self.hidden_size
+        return self.num_experts * per_expert
+
+    def gather_whole(self, shard: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` (E, H, ...) <- every rank's `shard` (n, H, ...) (collective
+        over the world, no autograd): rank i's experts are [i n, (i+1) n)."""
+        self._require_whole_experts()
+        return a2a.all_gather(shard, comm=comm, out=out)
+
+    def reduce_scatter_whole(self, whole: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` (n, H, ...) <- this rank's experts' rows of the sum over ranks of `whole` (E, H, ...)."""
+        self._require_whole_experts()
+        return a2a.reduce_scatter(whole, comm=comm, out=out)
+
+    def hidden_slices(self, comm: a2a.Comm) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Rank w's hidden slice of every expert, (fc1_w (E, H_w, M), fc1_bias
+        (E, H_w) or None, fc2_w (E, H_w, M)), exchanged with autograd (the
+        backward returns the slices' gradients to the shards). Collective."""
+        split = uniform_split(self.hidden_size, comm.size)
+        return tuple(None if shard is None else _exchange_hidden(shard, split, comm)
+                     for shard in self.sharded_weights())
+
+    def _require_whole_experts(self) -> None:
+        if self.sharers > 1 or self.slot_experts != [self.first_expert + i for i in range(self.num_local)]:
+            raise ValueError("experts: gathering every expert whole in expert order needs whole experts in Tutel's "
+                             "layout (num_experts_per_device > 0, no vExpert slots)")
+
     def gathered(self, comm: a2a.Comm | None, shards: dict[str, torch.Tensor] | None = None,
                  lease: Lease | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
@@ -234,3 +290,17 @@ class FFNExperts(torch.nn.Module):
             f"num_experts={self.num_experts}, sharers={self.sharers}, local={self.num_local}, "
             f"model_dim={self.model_dim}, hidden_size={self.hidden_size}"
         )
+
+
+def _exchange_hidden(shard: torch.Tensor, split: Sequence[int], comm: a2a.Comm) -> torch.Tensor:
+    """(E, H_w, ...) on rank w from every rank's (n, H, ...): rank i sends
+    hidden rows [o_w, o_w + H_w) of its n experts to rank w, who stacks them
+    in rank order (the experts' order). Autograd: the reverse exchange."""
+    rank = comm.rank
+    if len(set(split)) == 1:  # H_w = H / W: the layout change travels in the all-to-all itself
+        return a2a_torch.all_to_all_flex(shard, comm=comm, split_axis=1, concat_axis=0)
+    starts, tail = offsets(split), shard.shape[2:]
+    pieces = [shard[:, starts[w]: starts[w + 1]].reshape(-1, *tail) for w in range(comm.size)]
+    counts = [shard.shape[0] * hidden for hidden in split]
+    received, _ = a2a_torch.all_to_all_v(torch.cat(pieces), counts, comm=comm)
+    return received.view(comm.size * shard.shape[0], split[rank], *tail)

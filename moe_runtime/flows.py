@@ -60,6 +60,10 @@ class Plan:
     # experts gathered whole) or "model_centric" (r = W: every rank holds a slice of every expert),
     # for which capacity is the most tokens on a rank and rows_sent the token rows it all-gathers.
     parallel: str = "expert"
+    # Which flow ran: "expert" (r, d, algo above), or the layer's parallel= ("data_centric",
+    # "model_centric"), or one of its flows= that the dictionary (or the call's flow=) picked
+    # ("dropless", "data_centric", "model_centric": r 1, 0, W; capacity is the agreed one).
+    flow: str = "expert"
 
 
 @dataclass(frozen=True)

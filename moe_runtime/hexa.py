@@ -1,7 +1,10 @@
 """Hexa-MoE's two flows (Section 3.3) over the expert-specific operators.
 
-The experts are sharded along the hidden size (moe_runtime.hexa_experts);
-tokens stay in their order and the ES operators (a2a.es_index, a2a.esmm,
+The experts are sharded along the hidden size (moe_runtime.hexa_experts,
+``MoELayer(parallel=...)``), or held whole n per rank in Tutel's layout
+(moe_runtime.experts, when the dictionary of an expert-parallel layer picks
+one of these flows: the layer's ``flows=``); each flow asks the layout for
+what it needs (:class:`HexaLayout`). Tokens stay in their order and the ES operators (a2a.es_index, a2a.esmm,
 a2a.ess, a2a.estmm) read each choice's expert through the re-index vector
 of the routing, built once per call. An expert's FFN on a rank's tokens::
 
@@ -13,27 +16,32 @@ of the routing, built once per call. An expert's FFN on a rank's tokens::
 model_centric (tensor parallelism): every rank's tokens, choices and gates
 are all-gathered (all_gather_v: ranks may hold different numbers of
 tokens); each rank runs the FFN above on all of them through its own hidden
-slice (E, H_w, M) -- the partial outputs over the hidden slices sum to the
+slice (E, H_w, M) (``hidden_slices``: the shards, or an all-to-all of
+Tutel's whole experts) -- the partial outputs over the hidden slices sum to the
 whole -- and reduce_scatter_v sums them back onto each rank's own tokens.
 The backward is autograd's: the collectives' adjoints (all_gather_v <->
 reduce_scatter_v) and the ES operators' (ESMM, ESS, ESTMM).
 
 data_centric (data parallelism over sharded weights): the experts are
-gathered whole into the pipeline-shared cache (moe_runtime.hexa_cache) and
-each rank runs its own tokens through them. One autograd Function keeps
-the inputs, the gates and the hidden activation, never the weights: its
-backward gathers them again, computes the gradients with the ES operators
-and reduce-scatters the weight gradients onto the shards.
+gathered whole into the pipeline-shared cache (moe_runtime.hexa_cache;
+``gather_whole``) and each rank runs its own tokens through them. One
+autograd Function keeps the inputs, the gates and the hidden activation,
+never the weights: its backward gathers them again, computes the gradients
+with the ES operators and reduce-scatters the weight gradients onto the
+shards (``reduce_scatter_whole``).
 
-In both, the fc2 bias (whole on every rank) gets its gradient all-reduced
-in the backward, and the layer's weight-gradient scale (1/W for
-expert_gradient="mean") is applied to the shards' gradients.
+In both, the fc2 bias comes whole from the layout (``fc2_bias``: the
+replicated parameter with its gradient all-reduced, or an all-gather of
+Tutel's shards whose backward reduce-scatters it), and the layer's
+weight-gradient scale (1/W for expert_gradient="mean") is applied to the
+shards' gradients.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -41,10 +49,26 @@ import a2a
 import a2a.torch as a2a_torch
 
 from .activation import activate, activation_backward
-from .hexa_cache import PipelineSharedCache
-from .hexa_experts import HiddenShardedExperts, reduce_scatter_along_hidden
+from .hexa_cache import GatheredLayout, PipelineSharedCache
 
-__all__ = ["DataCentric", "data_centric_moe", "fc2_bias_term", "model_centric_moe"]
+__all__ = ["DataCentric", "HexaLayout", "data_centric_moe", "fc2_bias_term", "model_centric_moe"]
+
+
+class HexaLayout(GatheredLayout, Protocol):
+    """What the two flows need of an expert layout, besides what the cache
+    needs (moe_runtime.hexa_experts.HiddenShardedExperts, moe_runtime.experts.FFNExperts)."""
+
+    activation_fn: Callable[[torch.Tensor], torch.Tensor]
+    batched_fc2_w: torch.Tensor
+
+    def hidden_slices(self, comm: a2a.Comm) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """This rank's hidden slice of every expert (fc1_w, fc1_bias, fc2_w), with autograd to the shards."""
+
+    def fc2_bias(self, comm: a2a.Comm) -> torch.Tensor | None:
+        """The whole fc2 bias (E, M), with autograd to the shards (their gradient complete)."""
+
+    def reduce_scatter_whole(self, whole: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` (a shard) <- its part of the sum over ranks of `whole`."""
 
 
 class _ScaleGradient(torch.autograd.Function):
@@ -60,26 +84,9 @@ class _ScaleGradient(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-class _SumGradientOverRanks(torch.autograd.Function):
-    """Identity whose backward all-reduces (sums) the gradient over the
-    ranks and scales it: a replicated parameter's complete gradient."""
-
-    @staticmethod
-    def forward(ctx, x, comm, scale):
-        ctx.comm, ctx.scale = comm, scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        summed = a2a.all_reduce(grad.contiguous(), comm=ctx.comm)
-        return summed.mul_(ctx.scale) if ctx.scale != 1.0 else summed, None, None
-
-
-def fc2_bias_term(fc2_bias: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, comm: a2a.Comm,
-                  scale: float) -> torch.Tensor:
-    """(T, M): sum over each token's routed choices of gate * fc2_bias[expert],
-    the bias added once per token; its gradient is summed over the ranks."""
-    bias = _SumGradientOverRanks.apply(fc2_bias, comm, scale)
+def fc2_bias_term(bias: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    """(T, M): sum over each token's routed choices of gate * bias[expert]
+    (bias (E, M) whole), the fc2 bias added once per token."""
     routed = indices >= 0
     picked = bias[indices.clamp(min=0)]  # (T, k, M)
     weights = (gates * routed).to(picked.dtype).unsqueeze(-1)
@@ -91,35 +98,40 @@ def _gates_for(gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return gates if gates.dtype in (torch.float32, dtype) else gates.to(dtype)
 
 
+def _scaled(tensor: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """`tensor` whose gradient is multiplied by `scale` (the collectives between it and the shards are linear)."""
+    return tensor if tensor is None or scale == 1.0 else _ScaleGradient.apply(tensor, scale)
+
+
+def _with_fc2_bias(y: torch.Tensor, experts: HexaLayout, indices: torch.Tensor, gates: torch.Tensor,
+                   comm: a2a.Comm, scale: float) -> torch.Tensor:
+    bias = experts.fc2_bias(comm)
+    return y if bias is None else y + fc2_bias_term(_scaled(bias, scale), indices, gates)
+
+
 def model_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *,
-                      experts: HiddenShardedExperts, token_counts: Sequence[int], comm: a2a.Comm,
+                      experts: HexaLayout, token_counts: Sequence[int], comm: a2a.Comm,
                       weight_grad_scale: float = 1.0) -> torch.Tensor:
     """y (T_w, M) of this rank's tokens (T_w = token_counts[rank]) through
-    the experts sharded along H (see the module docstring)."""
+    this rank's hidden slice of every expert (see the module docstring)."""
     counts = [int(count) for count in token_counts]
     all_tokens = a2a_torch.all_gather_v(tokens, counts, comm=comm)
     all_gates = a2a_torch.all_gather_v(_gates_for(gates, tokens.dtype).contiguous(), counts, comm=comm)
     all_indices = a2a.all_gather_v(indices.contiguous(), counts, comm=comm)
     index = a2a.es_index(all_indices, experts.num_experts)
-    fc1, fc1_bias, fc2 = experts.sharded_weights()
-    if weight_grad_scale != 1.0:
-        fc1, fc2 = _ScaleGradient.apply(fc1, weight_grad_scale), _ScaleGradient.apply(fc2, weight_grad_scale)
-        if fc1_bias is not None:
-            fc1_bias = _ScaleGradient.apply(fc1_bias, weight_grad_scale)
+    fc1, fc1_bias, fc2 = (_scaled(t, weight_grad_scale) for t in experts.hidden_slices(comm))
     hidden = a2a.esmm(all_tokens, fc1, index, bias=fc1_bias, x_rows="token", y_rows="choice", w_layout="nk")
     partial = a2a.esmm(experts.activation_fn(hidden), fc2, index, gates=all_gates, x_rows="choice",
                        y_rows="token", w_layout="kn")
     y = a2a_torch.reduce_scatter_v(partial, counts, comm=comm)
-    if experts.batched_fc2_bias is not None:
-        y = y + fc2_bias_term(experts.batched_fc2_bias, indices, gates, comm, weight_grad_scale)
-    return y
+    return _with_fc2_bias(y, experts, indices, gates, comm, weight_grad_scale)
 
 
 @dataclass
 class DataCentric:
     """What one data-centric call needs besides its tensors."""
 
-    experts: HiddenShardedExperts
+    experts: HexaLayout
     cache: PipelineSharedCache
     token: int  # the layer's token in the cache
     comm: a2a.Comm  # the gathers' communicator
@@ -160,28 +172,28 @@ class _DataCentricExperts(torch.autograd.Function):
         activated, grad_hidden = activation_backward(activation, kept, ungated * flat_gates)
         grad_gates = (ungated * activated).sum(dim=1).view(num_tokens, top_k).to(gates.dtype)
         del ungated
-        split, comm, scale = experts.hidden_split, call.comm, call.weight_grad_scale
+        comm, scale = call.comm, call.weight_grad_scale
         grad_fc2_shard = _scatter(a2a.estmm(activated, grad_y, index, gates=gates, a_rows="choice", b_rows="token"),
-                                  experts.batched_fc2_w, split, comm, scale)
+                                  experts, experts.batched_fc2_w, comm, scale)
         grad_fc1_shard = _scatter(a2a.estmm(grad_hidden, tokens, index, a_rows="choice", b_rows="token"),
-                                  experts.batched_fc1_w, split, comm, scale)
+                                  experts, experts.batched_fc1_w, comm, scale)
         grad_fc1_bias_shard = None
         if ctx.with_fc1_bias:
-            grad_fc1_bias_shard = _scatter(a2a.ess(grad_hidden, index, rows="choice"), experts.batched_fc1_bias,
-                                           split, comm, scale)
+            grad_fc1_bias_shard = _scatter(a2a.ess(grad_hidden, index, rows="choice"), experts,
+                                           experts.batched_fc1_bias, comm, scale)
         grad_tokens = a2a.esmm(grad_hidden, fc1, index, x_rows="choice", y_rows="token", w_layout="kn")
         return grad_tokens, grad_gates, grad_fc1_shard, grad_fc1_bias_shard, grad_fc2_shard, None
 
 
-def _scatter(whole: torch.Tensor, shard: torch.Tensor, split: Sequence[int], comm: a2a.Comm,
+def _scatter(whole: torch.Tensor, experts: HexaLayout, shard: torch.Tensor, comm: a2a.Comm,
              scale: float) -> torch.Tensor:
-    """The shard's gradient: this rank's hidden rows of the sum over ranks of `whole`, scaled."""
-    grad = reduce_scatter_along_hidden(whole.contiguous(), split, comm, torch.empty_like(shard))
+    """The shard's gradient: its part of the sum over ranks of `whole`, scaled."""
+    grad = experts.reduce_scatter_whole(whole.contiguous(), comm, torch.empty_like(shard))
     return grad.mul_(scale) if scale != 1.0 else grad
 
 
 def data_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *,
-                     experts: HiddenShardedExperts, cache: PipelineSharedCache, token: int, comm: a2a.Comm,
+                     experts: HexaLayout, cache: PipelineSharedCache, token: int, comm: a2a.Comm,
                      weight_grad_scale: float = 1.0) -> torch.Tensor:
     """y (T, M) of this rank's tokens through the experts gathered whole
     into `cache` (see the module docstring); `token`: the layer's in the
@@ -190,6 +202,4 @@ def data_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.T
     call = DataCentric(experts, cache, token, comm, index, weight_grad_scale)
     fc1, fc1_bias, fc2 = experts.sharded_weights()
     y = _DataCentricExperts.apply(tokens, _gates_for(gates, tokens.dtype).contiguous(), fc1, fc1_bias, fc2, call)
-    if experts.batched_fc2_bias is not None:
-        y = y + fc2_bias_term(experts.batched_fc2_bias, indices, gates, comm, weight_grad_scale)
-    return y
+    return _with_fc2_bias(y, experts, indices, gates, comm, weight_grad_scale)

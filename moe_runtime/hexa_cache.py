@@ -1,8 +1,11 @@
 """Hexa-MoE's pipeline-shared cache (Section 3.3, Figure 4): the one full
 copy of the experts that the data-centric layers take turns in.
 
-Each data-centric layer keeps only its hidden shards (moe_runtime.
-hexa_experts). To compute, it gathers every rank's shards into the cache:
+Each data-centric layer keeps only its shards: a hidden slice of every
+expert (moe_runtime.hexa_experts), or Tutel's n whole experts per rank
+(moe_runtime.experts, when the dictionary of an expert-parallel layer picks
+the data-centric flow). To compute, it gathers every rank's shards into the
+cache (the layout's ``gather_whole``):
 one flat buffer per (dtype, device), as large as the largest layer that
 registered, reused by every layer in turn. Nothing keeps the gathered
 weights for the backward: the backward gathers again (unless the cache still
@@ -23,19 +26,40 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 import a2a
 
-from .hexa_experts import HiddenShardedExperts, gather_along_hidden
 from .pipeline import Overlap, check_thread_level
 
-__all__ = ["SHARED_CACHE", "CachedExperts", "PipelineSharedCache"]
+__all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache"]
 
 CachedExperts = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]  # fc1_w (E, H, M), fc1_bias (E, H), fc2_w
+
+
+class GatheredLayout(Protocol):
+    """What the cache needs of an expert layout (HiddenShardedExperts, FFNExperts)."""
+
+    num_experts: int
+    hidden_size: int
+    model_dim: int
+    batched_fc1_w: torch.Tensor
+    batched_fc1_bias: torch.Tensor | None
+
+    def full_elements(self) -> int:
+        """Elements of fc1_w, fc2_w and fc1_bias whole."""
+
+    def versions(self) -> tuple:
+        """What identifies the shards' current values."""
+
+    def sharded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """This rank's shards of fc1_w, fc1_bias (or None), fc2_w."""
+
+    def gather_whole(self, shard: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` <- every rank's `shard` of one tensor, whole (collective)."""
 
 
 class PipelineSharedCache:
@@ -43,7 +67,7 @@ class PipelineSharedCache:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
-        self._layers: weakref.WeakSet[HiddenShardedExperts] = weakref.WeakSet()  # sized for the largest alive
+        self._layers: weakref.WeakSet[GatheredLayout] = weakref.WeakSet()  # sized for the largest alive
         self._holder: tuple[int, tuple] | None = None  # (layer token, its shards' versions) gathered
         self._pending: tuple[int, tuple, Callable[[], Any]] | None = None  # a prefetch: (token, versions, wait)
         self._next_token = 0
@@ -51,7 +75,7 @@ class PipelineSharedCache:
         self.reuses = 0  # times the cache already held the layer asked for
 
     # -- sizes -------------------------------------------------------------------
-    def register(self, experts: HiddenShardedExperts) -> int:
+    def register(self, experts: GatheredLayout) -> int:
         """Makes room for `experts` (the buffer grows to the largest layer
         alive at its next use) and returns the layer's token in this cache."""
         self._layers.add(experts)
@@ -74,7 +98,7 @@ class PipelineSharedCache:
         self._holder = None
 
     # -- use ----------------------------------------------------------------------
-    def acquire(self, token: int, experts: HiddenShardedExperts, comm: a2a.Comm) -> CachedExperts:
+    def acquire(self, token: int, experts: GatheredLayout, comm: a2a.Comm) -> CachedExperts:
         """The whole experts of the layer `token` (collective over `comm`):
         from a prefetch or an earlier gather when every rank's shards are
         unchanged since, else gathered now."""
@@ -88,7 +112,7 @@ class PipelineSharedCache:
                 return self._views(experts)
         return self._gather(token, experts, comm, versions)
 
-    def prefetch(self, token: int, experts: HiddenShardedExperts, comm: a2a.Comm, overlap: Overlap) -> None:
+    def prefetch(self, token: int, experts: GatheredLayout, comm: a2a.Comm, overlap: Overlap) -> None:
         """Starts gathering the layer `token` into the cache off the caller's
         path (collective over `comm`, which the caller leaves alone until the
         layer's forward). A prefetch still in flight is waited for first."""
@@ -116,21 +140,21 @@ class PipelineSharedCache:
             pending[2]()  # raises the gather's error, if any
         return pending
 
-    def _gather(self, token: int, experts: HiddenShardedExperts, comm: a2a.Comm, versions: tuple) -> CachedExperts:
+    def _gather(self, token: int, experts: GatheredLayout, comm: a2a.Comm, versions: tuple) -> CachedExperts:
         self._holder = None
         views = self._views(experts)
         self._fill(experts, comm, views)
         self._holder = (token, versions)
         return views
 
-    def _fill(self, experts: HiddenShardedExperts, comm: a2a.Comm, views: CachedExperts) -> None:
+    def _fill(self, experts: GatheredLayout, comm: a2a.Comm, views: CachedExperts) -> None:
         with torch.no_grad():
             for shard, whole in zip(experts.sharded_weights(), views):
                 if shard is not None:
-                    gather_along_hidden(shard.detach(), experts.hidden_split, comm, whole)
+                    experts.gather_whole(shard.detach(), comm, whole)
         self.gathers += 1
 
-    def _views(self, experts: HiddenShardedExperts) -> CachedExperts:
+    def _views(self, experts: GatheredLayout) -> CachedExperts:
         """The layer's (fc1_w, fc1_bias, fc2_w) over the buffer of its dtype and device."""
         fc1 = experts.batched_fc1_w
         key = (fc1.dtype, fc1.device)

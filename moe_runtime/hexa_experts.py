@@ -25,6 +25,12 @@ layer's with the same seeds, whatever W and the split.
 The flows gather a whole expert tensor along H, one collective per expert
 (an expert's (H, M) block is the ranks' (H_w, M) blocks one after the other,
 what a2a.all_gather_v writes), and reduce-scatter gradients the same way.
+Those are the methods the Hexa-MoE flows (moe_runtime.hexa) and the
+pipeline-shared cache call on a layout: ``gather_whole`` /
+``reduce_scatter_whole`` (data-centric), ``hidden_slices`` (model-centric:
+here the shards themselves) and ``fc2_bias`` (the whole bias, with its
+gradient summed over the ranks). Tutel's layout (moe_runtime.experts.
+FFNExperts) has the same methods, so either flow runs on either layout.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ import a2a
 from .experts import EXPERT_TAG, check_ffn_spec, draw_expert, expert_layout
 from .hetero_split import offsets, uniform_split
 
-__all__ = ["HiddenShardedExperts", "agreed_hidden_split", "check_hidden_split", "gather_along_hidden", "reduce_scatter_along_hidden"]
+__all__ = ["HiddenShardedExperts", "agreed_hidden_split", "check_hidden_split", "gather_along_hidden",
+           "reduce_scatter_along_hidden"]
 
 SHARDED_NAMES = ("batched_fc1_w", "batched_fc1_bias", "batched_fc2_w")  # split along H
 WHOLE_NAMES = ("batched_fc2_bias",)  # whole on every rank
@@ -85,6 +92,20 @@ def reduce_scatter_along_hidden(whole: torch.Tensor, split: Sequence[int], comm:
     for expert in range(whole.shape[0]):
         a2a.reduce_scatter_v(whole[expert], split, comm=comm, out=out[expert])
     return out
+
+
+class _SumGradientOverRanks(torch.autograd.Function):
+    """Identity whose backward all-reduces (sums) the gradient over the
+    ranks: a replicated parameter's complete gradient."""
+
+    @staticmethod
+    def forward(ctx, x, comm):
+        ctx.comm = comm
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return a2a.all_reduce(grad.contiguous(), comm=ctx.comm), None
 
 
 class HiddenShardedExperts(torch.nn.Module):
@@ -142,6 +163,28 @@ class HiddenShardedExperts(torch.nn.Module):
     def sharded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """This rank's (fc1_w, fc1_bias or None, fc2_w), as stored."""
         return self.batched_fc1_w, self.batched_fc1_bias, self.batched_fc2_w
+
+    def hidden_slices(self, comm: a2a.Comm) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """This rank's hidden slice of every expert, (fc1_w (E, H_w, M),
+        fc1_bias (E, H_w) or None, fc2_w (E, H_w, M)): the shards themselves."""
+        return self.sharded_weights()
+
+    def fc2_bias(self, comm: a2a.Comm) -> torch.Tensor | None:
+        """The whole fc2 bias (E, M), the replicated parameter, whose gradient
+        is summed over the ranks of `comm` (every rank's copy gets it whole)."""
+        if self.batched_fc2_bias is None:
+            return None
+        return _SumGradientOverRanks.apply(self.batched_fc2_bias, comm)
+
+    def gather_whole(self, shard: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` (E, H, ...) <- every rank's `shard` (E, H_w, ...) of one split
+        tensor (collective, no autograd)."""
+        return gather_along_hidden(shard, self.hidden_split, comm, out)
+
+    def reduce_scatter_whole(self, whole: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` (E, H_w, ...) <- this rank's hidden rows of the sum over ranks
+        of `whole` (E, H, ...): a whole tensor's gradient onto the shard."""
+        return reduce_scatter_along_hidden(whole, self.hidden_split, comm, out)
 
     def versions(self) -> tuple:
         """What identifies the current values of this rank's split tensors:

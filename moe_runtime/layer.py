@@ -32,6 +32,7 @@ from .assignment_cache import AssignmentCache, AssignmentStats
 from .buffers import BufferPool
 from .cached_dispatch import CachedDispatch
 from .capacity import RULES, buffer_capacity, local_capacity
+from .dictionary_flows import check_capacity_factor, check_layer, checked_flows, run_flow
 from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
 from .dynamic_capacity import CapacityTracker, DynamicCapacity
 from .expert_cache import ExpertCache
@@ -49,7 +50,7 @@ from .pipeline import Overlap, check_thread_level
 from .placement import as_assignment
 from .ragged import ragged_moe
 from .relocation import Moved, agree_on_move, move_experts
-from .tuner import AdaptiveDictionary, Config
+from .tuner import FLOWS, AdaptiveDictionary, Config, flow_config
 from .vexperts import Primitive
 
 __all__ = ["DISPATCHERS", "PARALLELS", "MoELayer", "sync_shared_gradients"]
@@ -61,8 +62,9 @@ _WHOLE_EXPERT_DISPATCHERS = ("dropless", "dynamic")  # r = 1, d = 1, whole exper
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 _NONE = -1  # "not given" in the agreement vector
 # The agreement vector: one int64 row per rank.
-_CAPACITY, _TOP_K, _GATE, _R, _D, _ALGO, _SECONDS = range(7)
-_AGREED_NAMES = {_TOP_K: "top_k", _GATE: "gate_index", _R: "adaptive_r", _D: "a2a_ffn_overlap_degree", _ALGO: "algo"}
+_CAPACITY, _TOP_K, _GATE, _R, _D, _ALGO, _FLOW, _TOKENS, _SECONDS = range(9)
+_AGREED_NAMES = {_TOP_K: "top_k", _GATE: "gate_index", _R: "adaptive_r", _D: "a2a_ffn_overlap_degree", _ALGO: "algo",
+                 _FLOW: "flow"}
 
 
 def _divisors(n: int) -> list[int]:
@@ -115,7 +117,13 @@ class MoELayer(torch.nn.Module):
 
     ``parallel_type``: ``"adaptive:r"`` (default r = 1), ``"data"`` (r = 0),
     ``"model"`` (r = s), ``"adaptive:auto"`` / ``"auto"`` (the dictionary,
-    ``adaptive`` or a default :class:`AdaptiveDictionary`). ``use_2dh``: the
+    ``adaptive`` or a default :class:`AdaptiveDictionary`). ``flows``: other
+    flows for the dictionary to time against the (r, d, algo) of the expert
+    flow, once per capacity window, of ``"dropless"``, ``"data_centric"``,
+    ``"model_centric"`` (moe_runtime.dictionary_flows: each gathers what it
+    needs from the same experts; nothing dropped, so the layer must drop
+    nothing either: capacity_factor=0, is_postscore, no batch-prioritized
+    routing, num_experts_per_device > 0). ``use_2dh``: the
     default algorithm. ``capacity_rule``: ``"tutel"`` (default) or ``"a2a"``
     (see moe_runtime.capacity). ``expert_gradient``: ``"mean"`` (default:
     expert gradients divided by the world size, as DDP averages the shared
@@ -153,11 +161,15 @@ class MoELayer(torch.nn.Module):
     r, d, algorithm, capacity).
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
-    adaptive_r=, algo=, gate_index=, sample_ids=)`` -> y of x's shape, with
+    adaptive_r=, algo=, flow=, gate_index=, sample_ids=)`` -> y of x's shape, with
     ``y.l_aux``; ``layer.l_aux`` and ``layer.last_plan`` describe the last
     call, ``layer.assignment_stats`` its caching (None without sample_ids).
     ``sample_ids``: B distinct integers, one per sample; sample i owns tokens
     [i L, (i + 1) L) of x as (T, M), L = T / B (x of shape (B, L, M)).
+    ``flow``: runs "expert" or one of the layer's ``flows`` this call instead
+    of the dictionary's choice; without it, ``adaptive_r``,
+    ``a2a_ffn_overlap_degree`` or ``algo`` pin the expert flow (``algo`` also
+    goes with ``flow="dropless"``).
     """
 
     def __init__(
@@ -187,6 +199,7 @@ class MoELayer(torch.nn.Module):
         parallel: str = "expert",
         hidden_split: Sequence[int] | None = None,
         shared_cache: PipelineSharedCache | None = None,
+        flows: Sequence[str] = (),
     ):
         super().__init__()
         if not isinstance(comm, a2a.Comm):
@@ -201,6 +214,7 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"dispatcher must be one of {DISPATCHERS}, got {dispatcher!r}")
         if parallel not in PARALLELS:
             raise ValueError(f"parallel must be one of {PARALLELS}, got {parallel!r}")
+        flows = checked_flows(flows)
         if parallel != "expert":
             _refuse_expert_parallel_options(parallel, {
                 "a2a_ffn_overlap_degree": (a2a_ffn_overlap_degree, 1), "is_postscore": (is_postscore, True),
@@ -209,10 +223,13 @@ class MoELayer(torch.nn.Module):
                 "adaptive": (adaptive, None), "capacity_rule": (capacity_rule, "tutel"),
                 "dispatcher": (dispatcher, "capacity"), "expert_cache": (expert_cache, None),
                 "dynamic_capacity": (dynamic_capacity, None), "assignment_cache": (assignment_cache, None),
-                "flex": (flex, None)})
-        elif hidden_split is not None or shared_cache is not None:
-            raise ValueError("hidden_split= and shared_cache= are the settings of parallel='data_centric' or "
-                             "'model_centric' (experts sharded along the hidden size), not of parallel='expert'")
+                "flex": (flex, None), "flows": (flows, ())})
+        elif hidden_split is not None:
+            raise ValueError("hidden_split= is the setting of parallel='data_centric' or 'model_centric' (experts "
+                             "sharded along the hidden size), not of parallel='expert'")
+        elif shared_cache is not None and "data_centric" not in flows:
+            raise ValueError("shared_cache= is the setting of the data-centric flow: parallel='data_centric', or "
+                             "flows= with 'data_centric'")
         if shared_cache is not None and not isinstance(shared_cache, PipelineSharedCache):
             raise TypeError(f"shared_cache must be a moe_runtime.PipelineSharedCache, got {type(shared_cache).__name__}")
         self.parallel = parallel
@@ -255,6 +272,11 @@ class MoELayer(torch.nn.Module):
         else:
             self.adaptive = None
 
+        self.flows = flows
+        if flows:
+            check_layer(flows, adaptive=self.adaptive is not None, dispatcher=dispatcher, experts=self.experts,
+                        is_postscore=self.is_postscore, batch_prioritized_routing=self.batch_prioritized_routing,
+                        capacity_factors=[gate.capacity_factor for gate in self.gates], world=comm.size)
         if dispatcher in _WHOLE_EXPERT_DISPATCHERS:
             _check_whole_experts(self)
         if dynamic_capacity is not None and dispatcher != "dynamic":
@@ -297,7 +319,8 @@ class MoELayer(torch.nn.Module):
         self.routing_trace: list[np.ndarray] | None = None
         # The data-centric layers' one full copy of the experts (moe_runtime.hexa_cache).
         self.shared_cache: PipelineSharedCache | None = None
-        if parallel == "data_centric":
+        self._cache_token: int | None = None  # the layer's in the cache
+        if parallel == "data_centric" or "data_centric" in flows:
             self.shared_cache = SHARED_CACHE if shared_cache is None else shared_cache
             self._cache_token = self.shared_cache.register(self.experts)
 
@@ -420,7 +443,7 @@ class MoELayer(torch.nn.Module):
     # -- the call -----------------------------------------------------------------
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
                 top_k: int | None = None, a2a_ffn_overlap_degree: int | None = None, adaptive_r: int | None = None,
-                algo: str | None = None, sample_ids: Any = None) -> torch.Tensor:
+                algo: str | None = None, flow: str | None = None, sample_ids: Any = None) -> torch.Tensor:
         start = self.timer()
         if x.shape[-1] != self.model_dim:
             raise ValueError(f"MoELayer on rank {self.comm.rank}: input {tuple(x.shape)} must end with model_dim "
@@ -436,6 +459,10 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"algo must be one of {ALGORITHMS}, got {algo!r}")
         if a2a_ffn_overlap_degree is not None:
             a2a_ffn_overlap_degree = _positive_degree(a2a_ffn_overlap_degree)
+        if flow is not None and flow not in ("expert", *self.flows):
+            raise ValueError(f"flow={flow!r}: this layer's flows are 'expert' and its flows= {self.flows}"
+                             if self.flows else f"flow={flow!r} picks one of the flows of a layer constructed with "
+                             "flows=(...) (and the dictionary)")
 
         tokens = x.reshape(-1, self.model_dim).contiguous()
         recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
@@ -455,12 +482,12 @@ class MoELayer(torch.nn.Module):
         if self._position_table is not None:  # logical experts -> their positions after place()
             table = self._position_table.to(decision.indices.device)
             decision = dataclasses.replace(decision, indices=table[decision.indices])
-        request = (adaptive_r, a2a_ffn_overlap_degree, algo)
+        request = (adaptive_r, a2a_ffn_overlap_degree, algo, flow)
         if self.parallel != "expert":
             y = self._hexa(tokens, decision, k, gate_index, request, capacity_factor)
         elif self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
             step_seconds = self._step_seconds  # the previous call's; _agree clears it
-            self._agree(0, k, gate_index, request)
+            self._agree(0, k, gate_index, request, tokens.shape[0])
             if self.flex is not None:
                 y = self._flex_call(tokens, decision, request, step_seconds)
             elif self.dispatcher == "dropless":
@@ -470,10 +497,14 @@ class MoELayer(torch.nn.Module):
                 y = self._dynamic(tokens, decision, request)
         else:
             factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
+            check_capacity_factor(self.flows, factor)
             mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
-            capacity = self._agree(mine, k, gate_index, request)
-            plan_r, plan_d, plan_algo = self._configure(capacity, request, tokens.dtype, k)
-            y = self._moe(tokens, decision, capacity, plan_r, plan_d, plan_algo)
+            capacity, token_counts = self._agree(mine, k, gate_index, request, tokens.shape[0])
+            config, plan_algo = self._configure(capacity, request, tokens.dtype, k)
+            if config.flow == "expert":
+                y = self._moe(tokens, decision, capacity, config.r, config.d, plan_algo)
+            else:
+                y = self._other_flow(config.flow, tokens, decision, capacity, token_counts, plan_algo)
         y = y.view(x.shape)
         if not recording:
             self._stop_clock(start)
@@ -529,6 +560,17 @@ class MoELayer(torch.nn.Module):
             grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
         return a2a_torch.fast_decode(combined, layout, gates if self.is_postscore else None, grad_buffer=grad_buffer)
 
+    def _other_flow(self, flow: str, tokens, decision, capacity: int, token_counts: list[int],
+                    algo: str) -> torch.Tensor:
+        """One of the layer's flows= (moe_runtime.dictionary_flows) on the same experts."""
+        scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
+        y, r, algo, sent = run_flow(flow, tokens, decision.indices, decision.gates, experts=self.experts,
+                                    comm=self._exchange_comm, algo=algo, token_counts=token_counts,
+                                    cache=self.shared_cache, cache_token=self._cache_token,
+                                    weight_grad_scale=scale)
+        self.last_plan = Plan(r, 1, algo, capacity, capacity, 0, sent, flow=flow)
+        return y
+
     def prefetch(self) -> None:
         """Collective, parallel="data_centric" only: starts gathering this
         layer's experts into the pipeline-shared cache on the communication
@@ -550,7 +592,7 @@ class MoELayer(torch.nn.Module):
         if self.shared_cache is not None:
             # A prefetch runs on the communication thread: done before this thread's next MPI call.
             self.shared_cache.wait()
-        r, d, algo = request
+        r, d, algo, _ = request  # flow= was refused: a layer with parallel= has no flows=
         given = [name for name, value in (("adaptive_r", r), ("a2a_ffn_overlap_degree", d), ("algo", algo),
                                           ("capacity_factor", capacity_factor)) if value is not None]
         counts = self._agree_hexa(tokens.shape[0], k, gate_index, given)
@@ -565,7 +607,7 @@ class MoELayer(torch.nn.Module):
                                   comm=self._exchange_comm, weight_grad_scale=scale)
             r, sent = self.comm.size, tokens.shape[0] * (self.comm.size - 1)
         most = int(max(counts))
-        self.last_plan = Plan(r, 1, "linear", most, most, 0, sent, parallel=self.parallel)
+        self.last_plan = Plan(r, 1, "linear", most, most, 0, sent, parallel=self.parallel, flow=self.parallel)
         return y
 
     def _agree_hexa(self, num_tokens: int, k: int, gate_index: int, given: list[str]) -> list[int]:
@@ -658,7 +700,7 @@ class MoELayer(torch.nn.Module):
     def _whole_expert_call(self, request: tuple) -> tuple[str, tuple, float]:
         """(algorithm, this rank's expert weights, gradient scale) of a call of
         the dropless or dynamic dispatcher, after checking its r and d."""
-        r, d, algo = request
+        r, d, algo, _ = request  # flow= was refused: these layers have no flows=
         _require_r1_d1(self.dispatcher, None if r is None else self._valid_r(r, "adaptive_r"), d, "adaptive_r")
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
         return self.default_algo if algo is None else algo, self.experts.local_weights(), scale
@@ -677,14 +719,16 @@ class MoELayer(torch.nn.Module):
         return cache
 
     # -- agreement and the dictionary ------------------------------------------
-    def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple) -> int:
+    def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple,
+               num_tokens: int) -> tuple[int, list[int]]:
         """One all-gather: the capacity (max over ranks), a check that every rank
-        asked for the same things, and the previous step's time (max)."""
-        r, d, algo = request
+        asked for the same things, the previous step's time (max), and every
+        rank's token count (the model-centric flow's all_gather_v counts)."""
+        r, d, algo, flow = request
         seconds = self._step_seconds
         row = np.array([capacity, top_k, gate_index, _NONE if r is None else int(r), _NONE if d is None else d,
-                        _NONE if algo is None else ALGORITHMS.index(algo),
-                        _NONE if seconds is None else int(seconds * 1e9)], dtype=np.int64)
+                        _NONE if algo is None else ALGORITHMS.index(algo), _NONE if flow is None else FLOWS.index(flow),
+                        num_tokens, _NONE if seconds is None else int(seconds * 1e9)], dtype=np.int64)
         table = a2a.all_gather(row, comm=self.comm).reshape(self.comm.size, len(row))
         for column, name in _AGREED_NAMES.items():
             values = table[:, column]
@@ -699,25 +743,45 @@ class MoELayer(torch.nn.Module):
             trial_capacity, config = self._trial
             self.adaptive.report(trial_capacity, config, float(times.max()) / 1e9)
         self._trial, self._step_seconds = None, None
-        return int(table[:, _CAPACITY].max())
+        return int(table[:, _CAPACITY].max()), table[:, _TOKENS].tolist()
 
-    def _configure(self, capacity: int, request: tuple, dtype: torch.dtype, top_k: int) -> tuple[int, int, str]:
-        """(r, d, algorithm) of this call: its arguments, else the dictionary's
-        choice, else the layer's defaults."""
-        r, d, algo = request
+    def _configure(self, capacity: int, request: tuple, dtype: torch.dtype, top_k: int) -> tuple[Config, str]:
+        """The configuration of this call and its all-to-all algorithm: its
+        arguments, else the dictionary's choice, else the layer's defaults.
+        Without flow=, adaptive_r, a2a_ffn_overlap_degree and algo pin the
+        expert flow (the dictionary's other choice is set aside)."""
+        r, d, algo, flow = request
+        chosen = None
         if self.adaptive is not None:
             self._bind_dictionary(dtype, top_k)
             chosen = self.adaptive.choose(capacity)
+        if flow is None:
+            pinned = r is not None or d is not None or algo is not None
+            flow = "expert" if chosen is None or pinned else chosen.flow
+        if flow != "expert":
+            if r is not None or d is not None:
+                raise ValueError(f"MoELayer: flow={flow!r} has no r or pipelining degree to choose; adaptive_r and "
+                                 "a2a_ffn_overlap_degree are the expert flow's")
+            if algo is not None and flow != "dropless":
+                raise ValueError(f"MoELayer: flow={flow!r} exchanges no rows by all-to-all; algo is the expert and "
+                                 "dropless flows'")
+            config = flow_config(flow)
+            # A trial runs the layer's default algorithm; another one is a step the user forced.
+            self._trial = (capacity, config) if algo in (None, self.default_algo) else None
+            return config, self.default_algo if algo is None else algo
+        if chosen is not None and chosen.flow == "expert":
             r = chosen.r if r is None else r
             d = chosen.d if d is None else d
             algo = chosen.algo if algo is None else algo
-        r = self._valid_r(self.adaptive_r if r is None else r, "adaptive_r")
+        default_r = 1 if self.adaptive_r is None else self.adaptive_r  # None: the dictionary chose another flow
+        r = self._valid_r(default_r if r is None else r, "adaptive_r")
         d = self.a2a_ffn_overlap_degree if d is None else d
         algo = self.default_algo if algo is None else algo
         if r == 0:
             d, algo = 1, "linear"  # no exchange to split or to route
-        self._trial = (capacity, Config(r, d, algo))
-        return r, d, algo
+        config = Config(r, d, algo)
+        self._trial = (capacity, config)
+        return config, algo
 
     def _bind_dictionary(self, dtype: torch.dtype, top_k: int) -> None:
         comm = self.comm
@@ -729,7 +793,7 @@ class MoELayer(torch.nn.Module):
         }
         if signature != self._bound_signature:
             two_level = comm.num_nodes > 1 and comm.local_size > 1
-            self.adaptive.bind(signature, self.valid_rs, two_level, writer=comm.rank == 0)
+            self.adaptive.bind(signature, self.valid_rs, two_level, writer=comm.rank == 0, flows=self.flows)
             self._bound_signature = signature
 
     def _stop_clock(self, start: float) -> None:
@@ -740,7 +804,8 @@ class MoELayer(torch.nn.Module):
             return (f"parallel={self.parallel!r}, model_dim={self.model_dim}, "
                     f"num_global_experts={self.num_global_experts}, world={self.comm.size}")
         return (f"model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
-                f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}")
+                f"sharded_count={self.sharded_count}, valid_rs={self.valid_rs}, world={self.comm.size}"
+                + (f", flows={self.flows}" if self.flows else ""))
 
 
 def _refuse_expert_parallel_options(parallel: str, options: dict[str, tuple[Any, Any]]) -> None:
@@ -800,6 +865,8 @@ def _require_r1_d1(dispatcher: str, r: int | None, d: int | None, r_name: str) -
 def _shown(column: int, value: int) -> str:
     if value == _NONE:
         return "not given"
+    if column == _FLOW:
+        return FLOWS[value]
     return ALGORITHMS[value] if column == _ALGO else str(value)
 
 

@@ -1,4 +1,4 @@
-"""The dictionary of best configurations: capacity window -> (r, d, algo).
+"""The dictionary of best configurations: capacity window -> (r, d, algo) or a flow.
 
 Tutel (Section 3.3) keeps, for each MoE layer, a map from ``floor(c / R)``
 (``c`` the step's capacity, ``R`` the window, default 128) to the best
@@ -11,6 +11,12 @@ configuration measured for that range of capacities:
   all-to-alls and expert work overlap.
 - ``algo``, the all-to-all algorithm: "linear", or "2dh" (two levels, only
   when the job has more than one node and more than one rank per node).
+
+Those are the configurations of the expert-parallel flow, ``flow="expert"``.
+A layer may offer other flows over the same expert parameters (``flows`` of
+:meth:`AdaptiveDictionary.bind`; the layer's ``flows=``): "dropless",
+"data_centric", "model_centric". Each has nothing to tune here and is one
+configuration, :func:`flow_config` (its r, d and algo are placeholders).
 
 Every configuration computes the same function, so the search runs on real
 training steps: the layer asks :meth:`AdaptiveDictionary.choose` what to run,
@@ -59,10 +65,12 @@ thirds would measure two new r per step.) Indices past the end are padding
 of infinite cost and are never measured. Measuring an r runs one trial for
 every pipelining degree and every allowed algorithm, except r = 0, which
 has no all-to-all and is one trial, reported as ``Config(0, 1, "linear")``.
-No configuration is measured twice. The entry is the fastest trial of all.
-Trials per key are at most ``(log_{3/2}(s) + 2) * len(degrees) *
-len(allowed algos)`` (``tests/unit/test_runtime_tuner.py`` checks it over
-many s and sets of valid r).
+Then each other flow the layer offers is measured once, in the order of
+``FLOWS``. No configuration is measured twice. The entry is the fastest
+trial of all, whatever its flow. Trials per key are at most
+``(log_{3/2}(s) + 2) * len(degrees) * len(allowed algos) + len(flows)``
+(``tests/unit/test_runtime_tuner.py`` checks it over many s and sets of
+valid r).
 
 The prior
 ---------
@@ -88,14 +96,16 @@ dictionary; one that is not this format is a ValueError naming it) and
 written whenever a key finishes tuning, by the rank that :meth:`bind` named
 the writer, as a temporary file renamed over the old one. It is JSON::
 
-    {"format": "moe_runtime.tuner", "version": 1,
+    {"format": "moe_runtime.tuner", "version": 2,
      "tables": {"<table name>": {"<key>": {"r": 2, "d": 4, "algo": "linear",
-                                          "seconds": 0.0123, "trials": 14}}}}
+                                          "flow": "expert", "seconds": 0.0123,
+                                          "trials": 14}}}}
 
 A table name is the canonical JSON (sorted keys, no spaces) of the layer's
 signature, the window and the search space (valid r, degrees, allowed
-algorithms): tables of other layers, shapes or machines stay in the file and
-are not used. Saving merges with what the file holds by then, so layers with
+algorithms, and the other flows when there are any): tables of other layers,
+shapes or machines stay in the file and are not used. Version 1 files (no
+"flow": every entry is the expert flow's) still load. Saving merges with what the file holds by then, so layers with
 their own dictionaries can share one file.
 """
 
@@ -115,26 +125,49 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["ALGOS", "DATA_PARALLEL", "AdaptiveDictionary", "Config", "Entry"]
+__all__ = ["ALGOS", "DATA_PARALLEL", "FLOWS", "AdaptiveDictionary", "Config", "Entry", "flow_config"]
 
 ALGOS = ("linear", "2dh")
+# "expert": Tutel's flows of (r, d, algo); the others are one configuration each (the layer's flows=).
+FLOWS = ("expert", "dropless", "data_centric", "model_centric")
 FILE_FORMAT = "moe_runtime.tuner"
-FILE_VERSION = 1
+FILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no "flow" (every entry the expert flow's)
+_PLACEHOLDER = (0, 1, "linear")  # (r, d, algo) of a flow other than "expert"
 
 _log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Config:
-    """How to run one step: parallelism degree ``r`` (0 = data parallel),
-    pipelining degree ``d``, all-to-all algorithm ``algo`` ("linear" or "2dh")."""
+    """How to run one step: the expert-parallel flow (``flow="expert"``)
+    with parallelism degree ``r`` (0 = data parallel), pipelining degree
+    ``d``, all-to-all algorithm ``algo`` ("linear" or "2dh"); or another
+    flow of ``FLOWS``, one configuration each (:func:`flow_config`: r, d and
+    algo are the placeholders 0, 1, "linear")."""
 
     r: int
     d: int
     algo: str
+    flow: str = "expert"
+
+    def __post_init__(self) -> None:
+        if self.flow not in FLOWS:
+            raise ValueError(f"unknown flow {self.flow!r}; the flows are {FLOWS}")
+        if self.flow != "expert" and (self.r, self.d, self.algo) != _PLACEHOLDER:
+            raise ValueError(f"flow {self.flow!r} has no r, d or algo to choose: its configuration is "
+                             f"flow_config({self.flow!r}) (r=0, d=1, 'linear'), got r={self.r}, d={self.d}, "
+                             f"{self.algo!r}")
 
     def __str__(self) -> str:
-        return f"r={self.r} d={self.d} {self.algo}"
+        return f"r={self.r} d={self.d} {self.algo}" if self.flow == "expert" else self.flow
+
+
+def flow_config(flow: str) -> Config:
+    """The one configuration of a flow other than "expert"."""
+    if flow == "expert":
+        raise ValueError("the expert flow has many configurations (r, d, algo); give them: Config(r, d, algo)")
+    return Config(*_PLACEHOLDER, flow)
 
 
 DATA_PARALLEL = Config(0, 1, "linear")
@@ -154,11 +187,12 @@ class Entry:
 @dataclass(frozen=True)
 class _Space:
     """What a search may try: the valid r (sorted, with 0), the pipelining
-    degrees, the algorithms the layer allows."""
+    degrees, the algorithms the layer allows, its other flows (in FLOWS' order)."""
 
     valid_rs: tuple[int, ...]
     degrees: tuple[int, ...]
     algos: tuple[str, ...]
+    flows: tuple[str, ...] = ()
     skip: frozenset[Config] = frozenset()  # left out by the prior
 
     def configs_of(self, r: int) -> list[Config]:
@@ -172,6 +206,8 @@ class _Space:
         return [config for config in self.configs_of(r) if config not in self.skip]
 
     def __contains__(self, config: Config) -> bool:
+        if config.flow != "expert":
+            return config.flow in self.flows
         return config.r in self.valid_rs and config in self.configs_of(config.r)
 
 
@@ -183,14 +219,17 @@ def _search(space: _Space) -> Generator[Config, float, tuple[Config, float]]:
     cost_of: dict[int, float] = {}
     best: list[tuple[float, Config]] = []  # the fastest trial so far; the first one wins a tie
 
+    def trial(config: Config) -> Generator[Config, float, float]:
+        seconds = yield config
+        if not best or seconds < best[0][0]:
+            best[:] = [(seconds, config)]
+        return seconds
+
     def measure(r: int) -> Generator[Config, float, float]:
         if r not in cost_of:
             cost = math.inf
             for config in space.trials_of(r):
-                seconds = yield config
-                cost = min(cost, seconds)
-                if not best or seconds < best[0][0]:
-                    best[:] = [(seconds, config)]
+                cost = min(cost, (yield from trial(config)))
             cost_of[r] = cost
         return cost_of[r]
 
@@ -199,6 +238,8 @@ def _search(space: _Space) -> Generator[Config, float, tuple[Config, float]]:
     if s > 0:
         yield from measure(s)
     yield from _fibonacci_search([r for r in space.valid_rs if 0 < r < s], measure)
+    for flow in space.flows:
+        yield from trial(flow_config(flow))
     seconds, config = best[0]
     return config, seconds
 
@@ -250,7 +291,8 @@ class _Tuning:
         trial_seconds = statistics.median(self._times[self._warmup :])
         self._times.clear()
         self.trials += 1
-        self._measured_rs.add(config.r)
+        if config.flow == "expert":
+            self._measured_rs.add(config.r)
         try:
             self.config = self._steps.send(trial_seconds)
         except StopIteration as done:
@@ -284,8 +326,9 @@ class _Binding:
 
 
 class AdaptiveDictionary:
-    """Per-capacity-window best (r, d, algo) of one MoE layer, found online by
-    running trial configurations on real steps (Tutel, Section 3.3).
+    """Per-capacity-window best (r, d, algo), or other flow, of one MoE layer,
+    found online by running trial configurations on real steps (Tutel,
+    Section 3.3).
 
     Args:
         window: capacities c with the same ``c // window`` share an entry.
@@ -347,7 +390,7 @@ class AdaptiveDictionary:
     # -- the layer's side ------------------------------------------------------------------------
 
     def bind(self, signature: Mapping[str, Any], valid_rs: Sequence[int], two_level: bool, *,
-             writer: bool = True) -> None:
+             writer: bool = True, flows: Sequence[str] = ()) -> None:
         """Say which layer and machine the coming steps are for.
 
         Args:
@@ -359,6 +402,9 @@ class AdaptiveDictionary:
             two_level: whether "2dh" can run (more than one node and more than
                 one rank per node).
             writer: whether this rank writes the file (``rank == 0``).
+            flows: the layer's other flows, of "dropless", "data_centric",
+                "model_centric" (each computing what the expert flow does);
+                each is one trial of every search.
 
         Binding another signature switches tables; the searches of the one
         left resume when it is bound again.
@@ -371,11 +417,21 @@ class AdaptiveDictionary:
         algos = tuple(a for a in self._algos if a != "2dh" or two_level)
         if rs[-1] > 0 and not algos:
             raise ValueError(f"no algorithm to try: algos={self._algos} and the layer is not two-level")
-        space = _Space(tuple(rs), self._degrees, algos)
+        given = _sequence("flows", flows)
+        for flow in given:
+            if flow not in FLOWS[1:]:
+                raise ValueError(f"flows: unknown flow {flow!r}; the other flows are {FLOWS[1:]} (the expert flow "
+                                 "is always searched)")
+        if len(set(given)) != len(given):
+            raise ValueError(f"flows has duplicates: {list(given)}")
+        others = tuple(flow for flow in FLOWS[1:] if flow in given)
+        space = _Space(tuple(rs), self._degrees, algos, others)
+        described = {"signature": signature, "window": self._window, "valid_rs": rs,
+                     "degrees": list(self._degrees), "algos": list(algos)}
+        if others:  # absent otherwise: the tables of layers without flows keep their names
+            described["flows"] = list(others)
         try:
-            table = json.dumps({"signature": signature, "window": self._window, "valid_rs": rs,
-                                "degrees": list(self._degrees), "algos": list(algos)},
-                               sort_keys=True, separators=(",", ":"), allow_nan=False)
+            table = json.dumps(described, sort_keys=True, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as error:
             raise TypeError(f"signature must be JSON-able: {error}") from None
         for key, entry in self._tables.setdefault(table, _Table()).entries.items():
@@ -483,7 +539,7 @@ class AdaptiveDictionary:
         binding, table = self._binding, self._tables[self._binding.table]
         space = binding.space
         lines = [head, f"  signature {json.dumps(binding.signature, sort_keys=True)}, valid r {space.valid_rs}, "
-                       + f"algos {space.algos}"]
+                       + f"algos {space.algos}" + (f", flows {space.flows}" if space.flows else "")]
         for key in sorted(set(table.entries) | set(table.tunings)):
             entry, tuning = table.entries.get(key), table.tunings.get(key)
             line = f"  c in {self._range(key)}:"
@@ -597,8 +653,8 @@ def _unique(name: str, values: list[Any]) -> tuple[Any, ...]:
 
 def _dump(tables: Mapping[str, Mapping[int, Entry]]) -> str:
     return json.dumps({"format": FILE_FORMAT, "version": FILE_VERSION, "tables": {
-        name: {str(key): {"r": e.config.r, "d": e.config.d, "algo": e.config.algo, "seconds": e.seconds,
-                          "trials": e.trials} for key, e in sorted(entries.items())}
+        name: {str(key): {"r": e.config.r, "d": e.config.d, "algo": e.config.algo, "flow": e.config.flow,
+                          "seconds": e.seconds, "trials": e.trials} for key, e in sorted(entries.items())}
         for name, entries in sorted(tables.items())}}, indent=1) + "\n"
 
 
@@ -620,9 +676,9 @@ def _parse(text: str, origin: str) -> dict[str, dict[int, Entry]]:
     if not isinstance(document, dict) or document.get("format") != FILE_FORMAT:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise ValueError(f"{origin}: not a {FILE_FORMAT} file (format {found!r})")
-    if document.get("version") != FILE_VERSION:
+    if document.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"{origin}: {FILE_FORMAT} version {document.get('version')!r}; "
-                         f"this reader knows version {FILE_VERSION}")
+                         f"this reader knows versions {READABLE_VERSIONS}")
     tables = document.get("tables")
     if not isinstance(tables, dict):
         raise ValueError(f"{origin}: 'tables' must be an object")  # noqa: TRY004 (a malformed file)
@@ -647,9 +703,11 @@ def _parse_key(key: str) -> int:
 
 
 def _parse_entry(fields: Any) -> Entry:
-    if not isinstance(fields, dict) or set(fields) != {"r", "d", "algo", "seconds", "trials"}:
-        raise ValueError('expected an object with "r", "d", "algo", "seconds", "trials"')
+    names = {"r", "d", "algo", "seconds", "trials"}
+    if not isinstance(fields, dict) or set(fields) - {"flow"} != names:
+        raise ValueError('expected an object with "r", "d", "algo", "seconds", "trials" (and "flow")')
     r, d, algo, seconds, trials = (fields[name] for name in ("r", "d", "algo", "seconds", "trials"))
+    flow = fields.get("flow", "expert")  # absent in version 1
     ints = (r, d, trials)
     if any(isinstance(n, bool) or not isinstance(n, int) for n in ints) or r < 0 or d < 1 or trials < 0:
         raise ValueError(f"r >= 0, d >= 1 and trials >= 0 must be ints, got {r!r}, {d!r}, {trials!r}")
@@ -657,4 +715,4 @@ def _parse_entry(fields: Any) -> Entry:
         raise ValueError(f"unknown algorithm {algo!r}")
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
         raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
-    return Entry(Config(r, d, algo), float(seconds), trials)
+    return Entry(Config(r, d, algo, flow), float(seconds), trials)

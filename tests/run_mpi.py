@@ -37,6 +37,8 @@ FLEX_TESTS = os.path.join("tests", "mpi", "test_mpi_flex.py")
 RUNTIME_TESTS = os.path.join("tests", "mpi_runtime")  # moe_runtime: its own configurations
 FLEXMOE_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_flex.py")  # FlexMoE also on 2 ranks (the np 2)
 HEXA_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_hexa.py")  # Hexa-MoE's layers also on 2 ranks (np 2, 4, 8)
+# The dictionary's flows (expert, dropless, data- and model-centric) on one layout, also on 2 ranks.
+FLOW_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_dictionary_flows.py")
 
 # Variables of the library that a developer's shell must not leak into a run.
 A2A_VARIABLES = (
@@ -125,8 +127,8 @@ CONFIGS = [
     Config("moe-2x4", 8, 4, paths=[RUNTIME_TESTS], note="moe_runtime, 2 nodes x 4 ranks", timeout=900),
     Config("flexmoe-np2", 2, paths=[FLEXMOE_TESTS], env={"A2A_TEST_FLEX_TIMEOUT": "1"},
            note="FlexMoE on 2 ranks, and an adjustment's timeout", timeout=300),
-    Config("hexa-np2", 2, paths=[HEXA_TESTS], note="Hexa-MoE's data- and model-centric layers on 2 ranks",
-           timeout=300),
+    Config("hexa-np2", 2, paths=[HEXA_TESTS, FLOW_TESTS],
+           note="Hexa-MoE's data- and model-centric layers, and the dictionary's flows, on 2 ranks", timeout=300),
     Config(
         "timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
     ),

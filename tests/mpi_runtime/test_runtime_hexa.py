@@ -346,8 +346,10 @@ def test_errors(comm, parallel):
             make_layer(comm, num_experts, parallel=parallel, **options)
     with pytest.raises(ValueError, match="parallel must be one of"):
         make_layer(comm, num_experts, parallel="tensor")
-    with pytest.raises(ValueError, match="hidden_split= and shared_cache= are the settings"):
+    with pytest.raises(ValueError, match="hidden_split= is the setting"):
         make_layer(comm, num_experts, hidden_split=[HIDDEN])
+    with pytest.raises(ValueError, match="shared_cache= is the setting of the data-centric flow"):
+        make_layer(comm, num_experts, shared_cache=PipelineSharedCache())
     with pytest.raises(TypeError, match="shared_cache must be"):
         make_layer(comm, num_experts, parallel=parallel, shared_cache={})
     if world > 1:  # H < W: some rank would hold no hidden unit

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from moe_runtime.tuner import DATA_PARALLEL, AdaptiveDictionary, Config, Entry
+from moe_runtime.tuner import DATA_PARALLEL, FLOWS, AdaptiveDictionary, Config, Entry, flow_config
 
 TUNER_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "moe_runtime", "tuner.py")
@@ -30,9 +30,10 @@ def all_configs(valid_rs, degrees, algos):
     return configs
 
 
-def trial_bound(s, degrees, algos):
-    """Tutel's trials per key, (log_{3/2} s + 2) * |degrees| * |algos|, with log of 1 (and 0) taken as 0."""
-    return ((math.log(s, 1.5) if s > 1 else 0) + 2) * len(degrees) * len(algos)
+def trial_bound(s, degrees, algos, flows=()):
+    """Tutel's trials per key, (log_{3/2} s + 2) * |degrees| * |algos|, with log of 1 (and 0) taken as 0,
+    plus one trial per other flow."""
+    return ((math.log(s, 1.5) if s > 1 else 0) + 2) * len(degrees) * len(algos) + len(flows)
 
 
 def tune(dictionary, capacity, cost, max_steps=100_000):
@@ -305,10 +306,12 @@ def test_file_round_trip(tmp_path):
     path = tmp_path / "tuner.json"
     first = train_two_keys(path)
     document = json.loads(path.read_text())
-    assert document["format"] == "moe_runtime.tuner" and document["version"] == 1
+    assert document["format"] == "moe_runtime.tuner" and document["version"] == 2
     (name, entries), = document["tables"].items()
     assert json.loads(name)["signature"] == SIGNATURE and json.loads(name)["window"] == 128
-    assert entries["0"] == {"r": 0, "d": 1, "algo": "linear", "seconds": 1.1, "trials": first.trials(100)}
+    assert "flows" not in json.loads(name)  # a layer without other flows keeps its version 1 table name
+    assert entries["0"] == {"r": 0, "d": 1, "algo": "linear", "flow": "expert", "seconds": 1.1,
+                            "trials": first.trials(100)}
     assert entries["5"]["r"] == 4 and entries["5"]["d"] == 1 and entries["5"]["algo"] == "linear"
     assert os.listdir(tmp_path) == ["tuner.json"]  # the temporary file was renamed
 
@@ -374,6 +377,11 @@ ENTRY = '{{"format": "moe_runtime.tuner", "version": 1, "tables": {{"t": {{"0": 
     ('{"format": "something else", "version": 1, "tables": {}}', "format 'something else'"),
     ("[1, 2]", "format 'list'"),
     ('{"format": "moe_runtime.tuner", "version": 99, "tables": {}}', "version 99"),
+    (ENTRY.format('{"r": 0, "d": 1, "algo": "linear", "flow": "ring", "seconds": 1, "trials": 1}'), "flow 'ring'"),
+    (ENTRY.format('{"r": 2, "d": 1, "algo": "linear", "flow": "dropless", "seconds": 1, "trials": 1}'),
+     "no r, d or algo"),
+    (ENTRY.format('{"r": 0, "d": 1, "algo": "linear", "flows": "dropless", "seconds": 1, "trials": 1}'),
+     '"flow"'),
     ('{"format": "moe_runtime.tuner", "version": 1, "tables": {"t": {"x": {}}}}', "non-negative integer"),
     ('{"format": "moe_runtime.tuner", "version": 1, "tables": {"t": {"0": {"r": 1}}}}', '"seconds"'),
     (ENTRY.format('{"r": 1, "d": 1, "algo": "ring", "seconds": 1, "trials": 1}'), "'ring'"),
@@ -558,3 +566,140 @@ def test_prior_bad_prediction():
     dictionary.bind(SIGNATURE, [0, 1], two_level=False)
     with pytest.raises(ValueError, match="finite"):
         dictionary.choose(0)
+
+
+# ---------------------------------------------------------------------------
+# The other flows (dropless, data-centric, model-centric): one trial each
+
+
+OTHER_FLOWS = FLOWS[1:]
+
+
+def flow_cost(expert_cost, flow_seconds):
+    """expert_cost for the expert flow's configurations, flow_seconds[flow] for the others."""
+    def cost(config, capacity):
+        return expert_cost(config, capacity) if config.flow == "expert" else flow_seconds[config.flow]
+    return cost
+
+
+@pytest.mark.parametrize("fastest", [*OTHER_FLOWS, "expert"])
+@pytest.mark.parametrize("s", [1, 4, 16])
+def test_each_flow_is_measured_once_and_the_fastest_is_the_entry(s, fastest):
+    degrees, algos, valid_rs = (1, 2, 4, 8), ("linear", "2dh"), list(range(s + 1))
+    expert = ConvexCost(convex_g(valid_rs, "random", random.Random(s)), degrees, algos)
+    best_expert = min(all_configs(valid_rs, degrees, algos), key=lambda c: expert(c, 50))
+    # The chosen flow beats the best expert configuration by a little; the others lose by a little.
+    seconds = {flow: expert(best_expert, 50) * (0.99 if flow == fastest else 1.01) for flow in OTHER_FLOWS}
+    dictionary = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=1, repeats=3)
+    dictionary.bind(SIGNATURE, valid_rs, two_level=True, flows=("model_centric", "dropless", "data_centric"))
+    ran = tune(dictionary, 50, flow_cost(expert, seconds))
+    assert [c for c in ran if c.flow != "expert"] == [flow_config(flow) for flow in OTHER_FLOWS]  # FLOWS' order
+    assert len(set(ran)) == len(ran) <= trial_bound(s, degrees, algos, OTHER_FLOWS)
+    want = best_expert if fastest == "expert" else flow_config(fastest)
+    assert dictionary.choose(50) == want and dictionary.entries[0] == Entry(want, expert(want, 50) if
+                                                                            fastest == "expert" else seconds[fastest],
+                                                                            len(ran))
+    # The expert flow's search is the one it runs without other flows, then the flows.
+    alone = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=1, repeats=3)
+    alone.bind(SIGNATURE, valid_rs, two_level=True)
+    assert ran[: -len(OTHER_FLOWS)] == tune(alone, 50, expert)
+
+
+@pytest.mark.parametrize("degrees,algos,max_s", [((1,), ("linear",), 60), ((1, 2, 4, 8), ("linear", "2dh"), 16)])
+def test_trial_bound_with_flows(degrees, algos, max_s):
+    for s in range(1, max_s + 1):
+        for valid_rs in rs_sets(s):
+            for flows in [("dropless",), OTHER_FLOWS]:
+                inner = [r for r in valid_rs if 0 < r < s]
+                g = {r: abs(i - len(inner) / 3) for i, r in enumerate(inner)}
+                g[0], g[s] = 9.0, 8.0
+                dictionary = AdaptiveDictionary(degrees=degrees, algos=algos, warmup=0, repeats=1)
+                dictionary.bind(SIGNATURE, valid_rs, two_level=True, flows=flows)
+                ran = tune(dictionary, 0, flow_cost(ConvexCost(g, degrees, algos), dict.fromkeys(flows, 100.0)))
+                assert len(ran) <= trial_bound(s, degrees, algos, flows), (s, valid_rs, flows)
+                assert sum(c.flow != "expert" for c in ran) == len(flows)
+
+
+def test_a_flow_entry_drifts_and_is_searched_again():
+    dictionary = AdaptiveDictionary(degrees=(1,), algos=("linear",), warmup=0, repeats=2, drift=0.25)
+    dictionary.bind(SIGNATURE, [0, 1, 2], two_level=False, flows=("data_centric",))
+    tune(dictionary, 0, lambda c, capacity: 1.0 if c.flow == "data_centric" else 2.0 + c.r)
+    assert dictionary.choose(0) == flow_config("data_centric")
+    for _ in range(2):
+        dictionary.report(0, flow_config("data_centric"), 5.0)
+    assert dictionary.tuning(0) and dictionary.choose(0) == DATA_PARALLEL
+    assert "data_centric" in repr(dictionary) and "flows ('data_centric',)" in repr(dictionary)
+
+
+def test_flows_file_round_trip_and_their_own_table(tmp_path):
+    path = tmp_path / "tuner.json"
+    first = AdaptiveDictionary(degrees=(1, 2), path=path)
+    first.bind(SIGNATURE, [0, 1, 2, 4], two_level=True, flows=("dropless", "model_centric"))
+    tune(first, 100, lambda c, capacity: 0.5 if c.flow == "model_centric" else 1.0 + c.r)
+    tune(first, 300, lambda c, capacity: 0.5 if c == Config(2, 2, "2dh") else 1.0 + (c.flow != "expert"))
+    tables = json.loads(path.read_text())["tables"]
+    (name, entries), = tables.items()
+    assert json.loads(name)["flows"] == ["dropless", "model_centric"]
+    assert entries["0"]["flow"] == "model_centric" and entries["2"]["flow"] == "expert"
+    assert (entries["0"]["r"], entries["0"]["d"], entries["0"]["algo"]) == (0, 1, "linear")
+
+    second = AdaptiveDictionary(degrees=(1, 2), path=path)
+    second.bind(SIGNATURE, [0, 1, 2, 4], two_level=True, flows=("model_centric", "dropless"))  # any order
+    assert dict(second.entries) == dict(first.entries)
+    assert second.choose(100) == flow_config("model_centric") and not second.tuning(100)
+    assert second.choose(300) == Config(2, 2, "2dh")
+    assert "model_centric" in repr(second)
+    third = AdaptiveDictionary.from_json(first.to_json(), degrees=(1, 2))
+    third.bind(SIGNATURE, [0, 1, 2, 4], two_level=True, flows=("dropless", "model_centric"))
+    assert dict(third.entries) == dict(first.entries)
+
+    # Without the flows it is another table; with flows whose entry is not among them, the entry is refused.
+    fourth = AdaptiveDictionary(degrees=(1, 2), path=path)
+    fourth.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+    assert dict(fourth.entries) == {}
+    document = json.loads(path.read_text())
+    document["tables"][name]["0"]["flow"] = "data_centric"
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError, match="data_centric"):
+        AdaptiveDictionary(degrees=(1, 2), path=path).bind(SIGNATURE, [0, 1, 2, 4], two_level=True,
+                                                           flows=("dropless", "model_centric"))
+
+
+def test_a_version_1_file_still_loads(tmp_path):
+    """A file written before the flows: version 1, entries without "flow"."""
+    path = tmp_path / "tuner.json"
+    table = json.dumps({"signature": SIGNATURE, "window": 128, "valid_rs": [0, 1, 2, 4], "degrees": [1, 2],
+                        "algos": ["linear", "2dh"]}, sort_keys=True, separators=(",", ":"))
+    path.write_text(json.dumps({"format": "moe_runtime.tuner", "version": 1, "tables": {table: {
+        "0": {"r": 0, "d": 1, "algo": "linear", "seconds": 1.5, "trials": 7},
+        "3": {"r": 2, "d": 2, "algo": "2dh", "seconds": 0.5, "trials": 9}}}}))
+    dictionary = AdaptiveDictionary(degrees=(1, 2), path=path)
+    dictionary.bind(SIGNATURE, [0, 1, 2, 4], two_level=True)
+    assert dict(dictionary.entries) == {0: Entry(DATA_PARALLEL, 1.5, 7), 3: Entry(Config(2, 2, "2dh"), 0.5, 9)}
+    assert dictionary.choose(400) == Config(2, 2, "2dh") and not dictionary.tuning(400)
+    tune(dictionary, 700, lambda c, capacity: 1.0 + c.r)  # saving rewrites it as version 2, entries kept
+    document = json.loads(path.read_text())
+    assert document["version"] == 2
+    assert document["tables"][table]["3"] == {"r": 2, "d": 2, "algo": "2dh", "flow": "expert", "seconds": 0.5,
+                                              "trials": 9}
+
+
+def test_flow_configs_and_bad_flows():
+    assert str(flow_config("dropless")) == "dropless" and str(Config(2, 4, "2dh")) == "r=2 d=4 2dh"
+    assert flow_config("model_centric") == Config(0, 1, "linear", "model_centric") != DATA_PARALLEL
+    with pytest.raises(ValueError, match="unknown flow 'ring'"):
+        Config(0, 1, "linear", "ring")
+    with pytest.raises(ValueError, match="no r, d or algo"):
+        Config(1, 1, "linear", "dropless")
+    with pytest.raises(ValueError, match="many configurations"):
+        flow_config("expert")
+    dictionary = AdaptiveDictionary()
+    with pytest.raises(ValueError, match="unknown flow 'expert'"):
+        dictionary.bind(SIGNATURE, [0, 1], two_level=False, flows=("expert",))
+    with pytest.raises(ValueError, match="duplicates"):
+        dictionary.bind(SIGNATURE, [0, 1], two_level=False, flows=("dropless", "dropless"))
+    with pytest.raises(TypeError, match="flows: expected a sequence"):
+        dictionary.bind(SIGNATURE, [0, 1], two_level=False, flows="dropless")
+    dictionary.bind(SIGNATURE, [0, 1], two_level=False, flows=("dropless",))
+    dictionary.report(0, flow_config("data_centric"), 1.0)  # not this layer's flow: counts for nothing
+    assert dictionary.trials(0) == 0
