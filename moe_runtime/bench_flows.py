@@ -102,7 +102,8 @@ class Run:
         if dictionary:
             layer = self.layer("dictionary")
             row["dictionary"] = self.flow_time(layer, tokens, settle=args.settle)
-            row["choice"] = str(layer.adaptive.choose(layer.last_plan.capacity)) if layer.adaptive else "-"
+            capacity = layer.last_plan.capacity
+            row["choice"] = str(layer.adaptive.choose(capacity)) + (" (tuning)" if layer.adaptive.tuning(capacity) else "")
         return row
 
 
