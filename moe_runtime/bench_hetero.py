@@ -10,7 +10,7 @@ rank about 1 / (1 + hogs) of it (the paper lowers a GPU's power limit instead). 
 ``balanced`` (no hog), ``rank 0 slow`` and ``rank 1 slow``.
 
 In each case every rank measures the proxy task (``moe_runtime.measure_latency``: a loop of
-(``--proxy-size``)^2 matmuls), the latencies are all-gathered (``rank_latencies``), and
+(``--proxy-size``)^2 matmuls, the median of ``--proxy-rounds`` rounds), the latencies are all-gathered (``rank_latencies``), and
 
 * data-centric (Equation 1): a global batch of ``W * T`` tokens is split uniformly, then by
   ``split_by_latency``; each rank runs its part through ``parallel="data_centric"``;
@@ -105,7 +105,10 @@ class Run:
                 hog.start()
         try:
             self.world.Barrier()
-            latencies = rank_latencies(comm, measure_latency(size=args.proxy_size, repeats=args.proxy_repeats))
+            # The median of a few rounds: one round can catch a rank's start-up (allocator, thread pool).
+            latency = statistics.median(measure_latency(size=args.proxy_size, repeats=args.proxy_repeats, warmup=5)
+                                        for _ in range(args.proxy_rounds))
+            latencies = rank_latencies(comm, latency)
             ranks = comm.size
             batch = ranks * args.tokens
             generator = torch.Generator().manual_seed(args.seed)
@@ -168,7 +171,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 QUICK = {"tokens": 64, "model_dim": 32, "hidden": 64, "experts": 4, "steps": 2, "warmup": 1, "proxy_size": 64,
-         "proxy_repeats": 2}
+         "proxy_repeats": 2, "proxy_rounds": 1}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -183,7 +186,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-k", "--top-k", type=int, default=2)
     p.add_argument("--hogs", type=int, default=1, help="busy processes sharing the slow rank's core")
     p.add_argument("--proxy-size", type=int, default=512, help="the proxy matmul's size")
-    p.add_argument("--proxy-repeats", type=int, default=20)
+    p.add_argument("--proxy-repeats", type=int, default=20, help="matmuls per round of the proxy task")
+    p.add_argument("--proxy-rounds", type=int, default=5, help="rounds of the proxy task; their median is the latency")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the medians")
     p.add_argument("--seed", type=int, default=0)
@@ -198,7 +202,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [c for c in args.cases if c not in CASES]
     if unknown or not args.cases:
         p.error(f"--cases: unknown {unknown}; known: {', '.join(CASES)}")
-    for name in ("tokens", "model_dim", "hidden", "experts", "top_k", "hogs", "proxy_size", "proxy_repeats", "steps"):
+    for name in ("tokens", "model_dim", "hidden", "experts", "top_k", "hogs", "proxy_size", "proxy_repeats", "proxy_rounds", "steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
     if args.warmup < 0:
