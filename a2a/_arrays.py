@@ -286,6 +286,16 @@ def copy_of(x: Any) -> Any:
     return np.array(x, copy=True, order="C")
 
 
+def shown_copy(table: Any) -> Any:
+    """A new copy of a table the kernels trust (a routing's, an index's) for
+    the caller; read-only for NumPy, so that writing to it fails instead of
+    seeming to change the table (torch and CuPy have no read-only arrays)."""
+    shown = copy_of(table)
+    if isinstance(shown, np.ndarray):
+        shown.flags.writeable = False
+    return shown
+
+
 def address_of(buffer: Any) -> int:
     """The data address of a C-contiguous NumPy array, torch tensor or CuPy array."""
     if is_torch_tensor(buffer):

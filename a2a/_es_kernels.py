@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from . import _C
-from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, view
+from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, shown_copy, view
 from ._errors import InvalidArgumentError
 from ._moe_kernels import FLOAT_DTYPES
 from ._routing import INDEX_DTYPES, MAX_EXPERTS, _as_int
@@ -52,12 +50,7 @@ class ESIndex:
         self._tile, self._num_slots = tile, num_slots
         return self
 
-    @staticmethod
-    def _show(table: Any) -> Any:
-        shown = copy_of(table)
-        if isinstance(shown, np.ndarray):
-            shown.flags.writeable = False
-        return shown
+    _show = staticmethod(shown_copy)
 
     @property
     def indices(self) -> Any:

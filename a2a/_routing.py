@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, view
+from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, shown_copy, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
@@ -75,15 +75,7 @@ class Routing:
         self._locations, self._counts, self._offsets = state["tables"]
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
 
-    @staticmethod
-    def _show(table: Any) -> Any:
-        """A new copy of a kernel table for the caller; read-only for NumPy,
-        so that writing to it fails instead of seeming to change the routing
-        (torch and CuPy have no read-only arrays)."""
-        shown = copy_of(table)
-        if isinstance(shown, np.ndarray):
-            shown.flags.writeable = False
-        return shown
+    _show = staticmethod(shown_copy)
 
     @property
     def indices(self) -> Any:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -42,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from a2a import launch
 from a2a.bench import common
 
 __all__ = ["COST_ERROR_MAX", "evaluate_targets", "main", "parse_args", "popularity"]
@@ -305,12 +303,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="small sizes and counts, for a test run in seconds")
     p.add_argument("--json", metavar="FILE", help="write the run as JSON to FILE (rank 0)")
-    given = {action.dest for action in p._actions if any(option in argv for option in action.option_strings)}
-    args = p.parse_args(argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            if name not in given:
-                setattr(args, name, value)
+    args = common.parse_with_quick(p, argv, QUICK)
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown or not args.scenarios:
         p.error(f"--scenarios: unknown {unknown}; known: {', '.join(SCENARIOS)}")
@@ -330,8 +323,4 @@ def main(argv: list[str] | None = None) -> int:
     """The --flex mode of ``python -m moe_runtime.bench`` (`argv` without --flex)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
-        return common.relaunch("moe_runtime.bench", ["--flex", *argv], args.np, args.local_size,
-                               default_np=DEFAULT_NP, default_local_size=args.np or DEFAULT_NP)
-    os.environ.setdefault("A2A_NUM_THREADS", "1")
-    return common.on_every_rank(lambda: _bench(args, ["--flex", *argv]))
+    return common.run_mode("moe_runtime.bench", "--flex", argv, args, DEFAULT_NP, 1, _bench)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from a2a import launch
 from a2a.bench import common
 
 __all__ = ["FLOWS", "main", "parse_args"]
@@ -166,12 +164,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="small sizes and counts, for a test run in seconds")
     p.add_argument("--json", metavar="FILE", help="write the run as JSON to FILE (rank 0)")
-    given = {action.dest for action in p._actions if any(option in argv for option in action.option_strings)}
-    args = p.parse_args(argv)
-    if args.quick:
-        for name, value in QUICK.items():
-            if name not in given:
-                setattr(args, name, value)
+    args = common.parse_with_quick(p, argv, QUICK)
     if not args.tokens or min(args.tokens) < 1:
         p.error("--tokens must be positive integers")
     for name in ("model_dim", "hidden", "experts", "top_k", "threads", "steps"):
@@ -186,8 +179,4 @@ def main(argv: list[str] | None = None) -> int:
     """The --flows mode of ``python -m moe_runtime.bench`` (`argv` without --flows)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
-        return common.relaunch("moe_runtime.bench", ["--flows", *argv], args.np, args.local_size,
-                               default_np=DEFAULT_NP, default_local_size=args.np or DEFAULT_NP)
-    os.environ.setdefault("A2A_NUM_THREADS", str(args.threads))
-    return common.on_every_rank(lambda: _bench(args, ["--flows", *argv]))
+    return common.run_mode("moe_runtime.bench", "--flows", argv, args, DEFAULT_NP, args.threads, _bench)

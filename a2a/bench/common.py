@@ -323,6 +323,35 @@ def relaunch(module: str, argv: list[str], np: int | None, local_size: int | Non
         return 2
 
 
+def parse_with_quick(parser: Any, argv: list[str], quick: dict[str, Any]) -> Any:
+    """parser.parse_args(argv); with --quick, the values of `quick` for the
+    options that argv does not give."""
+    given = {action.dest for action in parser._actions if any(option in argv for option in action.option_strings)}
+    args = parser.parse_args(argv)
+    if getattr(args, "quick", False):
+        for name, value in quick.items():
+            if name not in given:
+                setattr(args, name, value)
+    return args
+
+
+def run_mode(module: str, flag: str, argv: list[str], args: Any, default_np: int, threads: int,
+             bench: Callable[[Any, list[str]], int]) -> int:
+    """A benchmark mode (`flag`, e.g. --flex, of `python -m module`): started
+    plainly, it relaunches itself under mpirun on args.np ranks (default
+    default_np, emulated as one node of them); under mpirun it runs
+    bench(args, [flag, *argv]) on every rank with A2A_NUM_THREADS defaulting
+    to `threads`."""
+    from a2a import launch
+
+    np = getattr(args, "np", None)
+    if not launch.under_mpirun() and (np if np is not None else default_np) > 1:
+        return relaunch(module, [flag, *argv], np, getattr(args, "local_size", None), default_np=default_np,
+                        default_local_size=np or default_np)
+    os.environ.setdefault("A2A_NUM_THREADS", str(threads))
+    return on_every_rank(lambda: bench(args, [flag, *argv]))
+
+
 def utc_timestamp() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
