@@ -138,7 +138,7 @@ def test_large_message_paths(world):
         comm = a2a.Comm.from_mpi(world)
     finally:
         del os.environ["A2A_MPI_MAX_COUNT"]
-    counts = [333, 0, 17, 100][: comm.size - 1] + [48]
+    counts = ([333, 0, 17, 100] * comm.size)[: comm.size - 1] + [48]
     start = starts(counts)
     blocks = [values("pieces-v", r, (start[-1],)) for r in range(comm.size)]
     scattered = a2a.reduce_scatter_v(blocks[comm.rank].astype(np.float32), counts, comm=comm, op="sum")
