@@ -193,18 +193,6 @@ class FFNExperts(torch.nn.Module):
         self._require_whole_experts()
         return self.batched_fc1_w, self.batched_fc1_bias, self.batched_fc2_w
 
-    def versions(self) -> tuple:
-        """What identifies the current values of those tensors (storage and
-        in-place version counters): the pipeline-shared cache's key."""
-        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.sharded_weights() if p is not None)
-
-    def full_elements(self) -> int:
-        """Elements of fc1_w, fc2_w and fc1_bias of every expert whole."""
-        per_expert = 2 * self.hidden_size * self.model_dim
-        if self.batched_fc1_bias is not None:
-            per_expert += self.hidden_size
-        return self.num_experts * per_expert
-
     def gather_whole(self, shard: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
         """`out` (E, H, ...) <- every rank's `shard` (n, H, ...) (collective
         over the world, no autograd): rank i's experts are [i n, (i+1) n)."""

@@ -35,7 +35,7 @@ import a2a
 
 from .pipeline import Overlap, check_thread_level
 
-__all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache"]
+__all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache", "full_elements"]
 
 CachedExperts = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]  # fc1_w (E, H, M), fc1_bias (E, H), fc2_w
 
@@ -49,17 +49,26 @@ class GatheredLayout(Protocol):
     batched_fc1_w: torch.Tensor
     batched_fc1_bias: torch.Tensor | None
 
-    def full_elements(self) -> int:
-        """Elements of fc1_w, fc2_w and fc1_bias whole."""
-
-    def versions(self) -> tuple:
-        """What identifies the shards' current values."""
-
     def sharded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """This rank's shards of fc1_w, fc1_bias (or None), fc2_w."""
 
     def gather_whole(self, shard: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
         """`out` <- every rank's `shard` of one tensor, whole (collective)."""
+
+
+def full_elements(experts: GatheredLayout) -> int:
+    """Elements of a layout's fc1_w, fc2_w and fc1_bias with every expert
+    whole: what the cache holds for that layer."""
+    per_expert = 2 * experts.hidden_size * experts.model_dim
+    if experts.batched_fc1_bias is not None:
+        per_expert += experts.hidden_size
+    return experts.num_experts * per_expert
+
+
+def _versions(experts: GatheredLayout) -> tuple:
+    """What identifies the current values of a layout's shards: their storage
+    and in-place version counters (an optimizer step or a load changes them)."""
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in experts.sharded_weights() if p is not None)
 
 
 class PipelineSharedCache:
@@ -102,7 +111,7 @@ class PipelineSharedCache:
         """The whole experts of the layer `token` (collective over `comm`):
         from a prefetch or an earlier gather when every rank's shards are
         unchanged since, else gathered now."""
-        versions = experts.versions()
+        versions = _versions(experts)
         self.wait()
         if self._holder is not None and self._holder[0] == token:
             # The same layer on every rank (the calls are collective); its shards may differ.
@@ -118,7 +127,7 @@ class PipelineSharedCache:
         layer's forward). A prefetch still in flight is waited for first."""
         check_thread_level(comm)
         self._finish_pending()
-        versions = experts.versions()
+        versions = _versions(experts)
         views = self._views(experts)  # the buffer is (re)made here, on the caller's thread
         self._holder = None  # being overwritten
 
@@ -158,7 +167,7 @@ class PipelineSharedCache:
         """The layer's (fc1_w, fc1_bias, fc2_w) over the buffer of its dtype and device."""
         fc1 = experts.batched_fc1_w
         key = (fc1.dtype, fc1.device)
-        elements = max([experts.full_elements(), *(layer.full_elements() for layer in self._layers)])
+        elements = max([full_elements(experts), *(full_elements(layer) for layer in self._layers)])
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < elements:
             self._buffers.pop(key, None)  # the old buffer goes before the new one is made

@@ -140,13 +140,6 @@ class HiddenShardedExperts(torch.nn.Module):
         """H_w: the hidden units of each expert this rank holds."""
         return self.hidden_split[self.rank]
 
-    def full_elements(self) -> int:
-        """Elements of every expert's split tensors whole: what a rank's cache holds for this layer."""
-        per_expert = 2 * self.hidden_size * self.model_dim
-        if self.batched_fc1_bias is not None:
-            per_expert += self.hidden_size
-        return self.num_experts * per_expert
-
     def reset_parameters(self, expert_seed: int) -> None:
         """Draws every expert whole and keeps this rank's hidden rows."""
         rows = slice(self.hidden_start, self.hidden_stop)
@@ -185,12 +178,6 @@ class HiddenShardedExperts(torch.nn.Module):
         """`out` (E, H_w, ...) <- this rank's hidden rows of the sum over ranks
         of `whole` (E, H, ...): a whole tensor's gradient onto the shard."""
         return reduce_scatter_along_hidden(whole, self.hidden_split, comm, out)
-
-    def versions(self) -> tuple:
-        """What identifies the current values of this rank's split tensors:
-        their storage and in-place version counters (an optimizer step or a
-        load changes them)."""
-        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self.sharded_weights() if p is not None)
 
     def gather_experts(self, comm: a2a.Comm, *, grad: bool = False) -> dict[str, torch.Tensor]:
         """Every expert whole, on every rank (collective, no autograd), with

@@ -25,7 +25,7 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.hexa_cache import PipelineSharedCache
+from moe_runtime.hexa_cache import PipelineSharedCache, full_elements
 
 PARALLELS = ["data_centric", "model_centric"]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -211,7 +211,7 @@ def data_centric_stack(comm, hiddens, num_experts, cache):
 
 
 def full_bytes(layer) -> int:
-    return layer.experts.full_elements() * layer.experts.batched_fc1_w.element_size()
+    return full_elements(layer.experts) * layer.experts.batched_fc1_w.element_size()
 
 
 @pytest.mark.parametrize("prefetch", [False, True], ids=["gathered", "prefetched"])
