@@ -43,6 +43,8 @@ import numpy as np
 
 from a2a.bench import common
 
+from .bench_rank import RankRun
+
 __all__ = ["COST_ERROR_MAX", "evaluate_targets", "main", "parse_args", "popularity"]
 
 DEFAULT_NP = 2
@@ -85,19 +87,8 @@ def skewed_tokens(directions, probabilities: np.ndarray, count: int, rng: np.ran
 # One configuration
 
 
-class Run:
+class Run(RankRun):
     """Every rank's state of the benchmark: the communicator and the step loop."""
-
-    def __init__(self, args: argparse.Namespace):
-        import torch
-        from mpi4py import MPI
-
-        import a2a
-
-        torch.set_num_threads(1)
-        self.torch, self.a2a, self.world = torch, a2a, MPI.COMM_WORLD
-        self.comm = a2a.Comm.from_mpi(self.world)
-        self.args = args
 
     def layer(self, experts: int, config: str):
         import moe_runtime
@@ -116,9 +107,6 @@ class Run:
         gate = {"type": "top", "k": 2, "capacity_factor": factor}
         return moe_runtime.MoELayer(gate, args.model_dim, spec, comm=self.comm, seeds=(args.seed, args.seed + 1),
                                     **options)
-
-    def slowest(self, value: float) -> float:
-        return float(self.a2a.all_reduce(np.array([value]), comm=self.comm, op="max")[0])
 
     def total(self, values: np.ndarray) -> np.ndarray:
         return self.a2a.all_reduce(np.ascontiguousarray(values, dtype=np.int64), comm=self.comm)

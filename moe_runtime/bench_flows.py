@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from typing import Any
 
-import numpy as np
-
 from a2a.bench import common
+
+from .bench_rank import RankRun
 
 __all__ = ["FLOWS", "main", "parse_args"]
 
@@ -41,17 +39,9 @@ DEFAULT_NP = 2
 FLOWS = ("expert", "dropless", "data_centric", "model_centric")
 
 
-class Run:
+class Run(RankRun):
     def __init__(self, args: argparse.Namespace):
-        import torch
-        from mpi4py import MPI
-
-        import a2a
-
-        torch.set_num_threads(args.threads)
-        self.torch, self.a2a, self.world = torch, a2a, MPI.COMM_WORLD
-        self.comm = a2a.Comm.from_mpi(self.world)
-        self.args = args
+        super().__init__(args, args.threads)
 
     def layer(self, flow: str):
         import moe_runtime
@@ -73,33 +63,17 @@ class Run:
         return moe_runtime.MoELayer(gate, args.model_dim, spec, comm=self.comm, seeds=(args.seed, args.seed + 1),
                                     **options)
 
-    def slowest(self, value: float) -> float:
-        return float(self.a2a.all_reduce(np.array([value]), comm=self.comm, op="max")[0])
-
-    def step(self, layer, tokens) -> float:
-        x = tokens.clone().requires_grad_()
-        self.world.Barrier()
-        start = time.perf_counter()
-        y = layer(x)
-        (y.square().mean() + y.l_aux).backward()
-        return self.slowest(time.perf_counter() - start)
-
-    def flow_time(self, layer, tokens, settle: int = 0) -> float:
-        for _ in range(settle + self.args.warmup):
-            self.step(layer, tokens)
-        return statistics.median(self.step(layer, tokens) for _ in range(self.args.steps))
-
     def case(self, tokens_per_rank: int, dictionary: bool) -> dict:
         torch, args = self.torch, self.args
         generator = torch.Generator().manual_seed(args.seed + self.comm.rank)
         tokens = torch.randn(tokens_per_rank, args.model_dim, generator=generator)
         row: dict[str, Any] = {"tokens": tokens_per_rank}
         for flow in FLOWS:
-            row[flow] = self.flow_time(self.layer(flow), tokens)
+            row[flow] = self.median_step(self.layer(flow), tokens, args.warmup)
         row["best"] = min(FLOWS, key=lambda flow: row[flow])
         if dictionary:
             layer = self.layer("dictionary")
-            row["dictionary"] = self.flow_time(layer, tokens, settle=args.settle)
+            row["dictionary"] = self.median_step(layer, tokens, args.settle + args.warmup)
             capacity = layer.last_plan.capacity
             row["choice"] = str(layer.adaptive.choose(capacity)) + (" (tuning)" if layer.adaptive.tuning(capacity) else "")
         return row

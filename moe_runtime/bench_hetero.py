@@ -30,12 +30,11 @@ import multiprocessing
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
-import numpy as np
-
 from a2a.bench import common
+
+from .bench_rank import RankRun
 
 __all__ = ["PAPER", "main", "parse_args"]
 
@@ -52,23 +51,12 @@ def _spin(core: int) -> None:
         pass
 
 
-class Run:
+class Run(RankRun):
     def __init__(self, args: argparse.Namespace):
-        import torch
-        from mpi4py import MPI
-
-        import a2a
-
-        torch.set_num_threads(1)
-        self.torch, self.a2a, self.world = torch, a2a, MPI.COMM_WORLD
-        self.comm = a2a.Comm.from_mpi(self.world)
-        self.args = args
+        super().__init__(args)
         cores = sorted(os.sched_getaffinity(0))
         self.core = cores[self.comm.rank % len(cores)]
         os.sched_setaffinity(0, {self.core})
-
-    def slowest(self, value: float) -> float:
-        return float(self.a2a.all_reduce(np.array([value]), comm=self.comm, op="max")[0])
 
     def layer(self, parallel: str, hidden_split: list[int] | None):
         import moe_runtime
@@ -77,20 +65,6 @@ class Run:
         spec = {"type": "ffn", "num_experts_per_device": args.experts // ranks, "hidden_size_per_expert": args.hidden}
         return moe_runtime.MoELayer({"type": "top", "k": args.top_k}, args.model_dim, spec, comm=self.comm,
                                     seeds=(args.seed, args.seed + 1), parallel=parallel, hidden_split=hidden_split)
-
-    def steps(self, layer, tokens) -> float:
-        """Median step time (forward + backward, slowest rank) of `tokens` through `layer`."""
-        times = []
-        for step in range(self.args.warmup + self.args.steps):
-            x = tokens.clone().requires_grad_()
-            self.world.Barrier()
-            start = time.perf_counter()
-            y = layer(x)
-            (y.square().mean() + y.l_aux).backward()
-            seconds = self.slowest(time.perf_counter() - start)
-            if step >= self.args.warmup:
-                times.append(seconds)
-        return statistics.median(times)
 
     def case(self, name: str) -> dict:
         from moe_runtime.hetero_split import measure_latency, rank_latencies, split_by_latency, uniform_split
@@ -118,14 +92,14 @@ class Run:
             data = self.layer("data_centric", None)
             for label, split in splits.items():
                 start = sum(split[:comm.rank])
-                row[f"data_centric {label}"] = self.steps(data, global_batch[start:start + split[comm.rank]])
+                row[f"data_centric {label}"] = self.median_step(data, global_batch[start:start + split[comm.rank]], args.warmup)
             hidden = {"uniform": None, "proportional": split_by_latency(args.hidden, latencies)}
             if min(hidden["proportional"]) < 1:  # every rank must hold a hidden unit
                 hidden["proportional"] = None
             row["hidden_split"] = hidden["proportional"] or uniform_split(args.hidden, ranks)
             local = global_batch[comm.rank * args.tokens:(comm.rank + 1) * args.tokens]
             for label, split in hidden.items():
-                row[f"model_centric {label}"] = self.steps(self.layer("model_centric", split), local)
+                row[f"model_centric {label}"] = self.median_step(self.layer("model_centric", split), local, args.warmup)
             for flow in ("data_centric", "model_centric"):
                 row[f"{flow} change"] = row[f"{flow} proportional"] / row[f"{flow} uniform"] - 1
             return row
