@@ -19,12 +19,8 @@ using cpu::GemmJob;
 using cpu::parallel_for;
 using cpu::RowSource;
 
-// Elements per slice of the element-wise passes: enough that waking a thread pays off.
-constexpr int64_t kGrainElements = 1 << 15;
 // Columns per ESS task (its accumulators stay in L1).
 constexpr int64_t kSumColumns = 256;
-
-int64_t rows_grain(int64_t row_elements) { return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, row_elements)); }
 
 int64_t divisor(a2a_es_rows_t rows, int64_t top_k) { return rows == A2A_ES_ROWS_TOKEN ? top_k : 1; }
 
@@ -91,7 +87,7 @@ void esmm_typed(const a2a_es_index_t& index, const EsMatmul& p, int threads) {
   // Rows no expert wrote: zeros; with k > 1 by token, each token's sum in choice order.
   const std::vector<unsigned char> routed = routed_choices(index);
   const int64_t out_rows = by_token ? index.num_tokens : index.num_tokens * k;
-  parallel_for(out_rows, rows_grain(n), threads, [&](int64_t begin, int64_t end) {
+  parallel_for(out_rows, cpu::grain_for(n), threads, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* dst = y + r * n;
       if (!summed) {

@@ -24,19 +24,14 @@ namespace a2a::moe {
 namespace {
 
 using cpu::default_num_threads;
+using cpu::grain_for;
 using cpu::parallel_for;
 using cpu::slice_count;
 
-// Work per slice: enough elements that waking a thread pays off.
-constexpr int64_t kGrainElements = 1 << 15;
 // Choices per slice of the location scan.
 constexpr int64_t kScanGrain = 1 << 14;
 // Elements per L1 block: accumulators in combine, staging for non-temporal stores.
 constexpr int64_t kBlock = 512;
-
-int64_t token_grain(int64_t elements_per_token) {
-  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, elements_per_token));
-}
 
 // The per-row loops. On x86-64 each is compiled twice: for the baseline ISA
 // and, through the `flatten` wrappers below, for AVX2 (picked at run time).
@@ -339,7 +334,7 @@ void dispatch_typed(const a2a_routing_t& r, const T* x, int64_t model_dim, const
   const int64_t k = r.top_k;
   const size_t row_bytes = static_cast<size_t>(model_dim) * sizeof(T);
   const RowKernels<T> kernels(static_cast<size_t>(r.num_rows) * row_bytes);
-  parallel_for(r.num_tokens, token_grain(k * model_dim), num_threads, [&](int64_t begin, int64_t end) {
+  parallel_for(r.num_tokens, grain_for(k * model_dim), num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* src = x + t * model_dim;
       for (int64_t j = 0; j < k; ++j) {
@@ -359,7 +354,7 @@ void dispatch_typed(const a2a_routing_t& r, const T* x, int64_t model_dim, const
   // Expert e's padding is one contiguous block of rows after its kept ones, up
   // to the next expert's first row (one capacity, or per-expert capacities).
   const int64_t rows_per_expert = r.num_rows / r.num_experts;
-  parallel_for(r.num_experts, token_grain(rows_per_expert * model_dim), num_threads, [&](int64_t begin, int64_t end) {
+  parallel_for(r.num_experts, grain_for(rows_per_expert * model_dim), num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       const int64_t first = r.expert_offsets[e] + r.counts[e];
       const int64_t last = r.expert_offsets[e + 1];
@@ -374,7 +369,7 @@ void combine_typed(const a2a_routing_t& r, const T* rows, int64_t model_dim, con
   using Acc = typename Num<T>::Acc;
   const int64_t k = r.top_k;
   const RowKernels<T> kernels(static_cast<size_t>(r.num_tokens) * static_cast<size_t>(model_dim) * sizeof(T));
-  parallel_for(r.num_tokens, token_grain(k * model_dim), num_threads, [&](int64_t begin, int64_t end) {
+  parallel_for(r.num_tokens, grain_for(k * model_dim), num_threads, [&](int64_t begin, int64_t end) {
     std::vector<const T*> sources(static_cast<size_t>(k));
     std::vector<Acc> weights(static_cast<size_t>(k));
     for (int64_t t = begin; t < end; ++t) {
@@ -397,7 +392,7 @@ void gate_grad_typed(const a2a_routing_t& r, const T* tokens, const T* rows, int
                      void* grad_gates, int num_threads) {
   const int64_t k = r.top_k;
   const RowKernels<T> kernels(0);  // only dot products
-  parallel_for(r.num_tokens, token_grain(k * model_dim), num_threads, [&](int64_t begin, int64_t end) {
+  parallel_for(r.num_tokens, grain_for(k * model_dim), num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t j = 0; j < k; ++j) {
         const int64_t choice = t * k + j;

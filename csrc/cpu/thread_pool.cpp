@@ -214,4 +214,9 @@ void parallel_for(int64_t n, int64_t grain, int num_threads, const std::function
   lease.pool().run(slices, slices, [&](int s) { body(n * s / slices, n * (s + 1) / slices); });
 }
 
+int64_t grain_for(int64_t elements_per_item) {
+  constexpr int64_t kGrainElements = int64_t{1} << 15;
+  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, elements_per_item));
+}
+
 }  // namespace a2a::cpu

@@ -23,6 +23,10 @@ int threads_per_rank(int ranks_on_host);
 // a slice, it runs body(0, n) on the calling thread.
 void parallel_for(int64_t n, int64_t grain, int num_threads, const std::function<void(int64_t, int64_t)>& body);
 
+// The grain of a parallel_for over items of `elements_per_item` elements
+// each: enough elements per slice (2^15) that waking a thread pays off.
+int64_t grain_for(int64_t elements_per_item);
+
 // How many slices parallel_for(n, grain, num_threads, ...) cuts [0, n) into.
 int slice_count(int64_t n, int64_t grain, int num_threads);
 
