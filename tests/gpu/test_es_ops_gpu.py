@@ -18,22 +18,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import a2a
+from gpu_data import DEVICE, DTYPES, STORE_EPS, make_data, make_gates, make_indices, on_device
 
-DEVICE = "cuda"
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
-# Unit roundoff of each dtype as a storage type, and of its accumulator.
-STORE_EPS = {
-    torch.float32: 2.0**-24,
-    torch.float64: 2.0**-53,
-    torch.float16: 2.0**-11,
-    torch.bfloat16: 2.0**-8,
-}
+import a2a
 
 # Half the spacing of each dtype's subnormals: a result that small rounds to
 # a multiple of it, whatever its relative error.
@@ -47,38 +34,6 @@ SUBNORMAL_STEP = {
 
 def acc_eps(dtype):
     return 2.0**-53 if dtype == torch.float64 else 2.0**-24
-
-
-def generator(*key: int) -> torch.Generator:
-    seed = 0
-    for part in key:
-        seed = (seed * 1_000_003 + int(part)) % (2**61 - 1)
-    return torch.Generator().manual_seed(seed)
-
-
-def make_indices(T, k, E, *, unrouted=0.1, skew=0.0, seed=0, dtype=torch.int64):
-    """(T, k) distinct experts per token (k <= E), low experts favoured by
-    `skew` (high ones may get none), a fraction `unrouted` negative."""
-    g = generator(T, k, E, seed)
-    scores = torch.rand(T, E, generator=g) - skew * torch.arange(E) / max(E, 1)
-    indices = scores.topk(k, dim=1).indices
-    negative = torch.rand(T, k, generator=g) < unrouted
-    return torch.where(negative, -torch.randint(1, 4, (T, k), generator=g), indices).to(dtype).contiguous()
-
-
-def make_data(shape, dtype, *key):
-    return torch.randn(*shape, generator=generator(*shape, *key)).to(dtype)
-
-
-def make_gates(mode, T, k, dtype, *key):
-    if mode == "none":
-        return None
-    gate_dtype = torch.float32 if mode == "float32" else dtype
-    return (0.05 + 0.95 * torch.rand(T, k, generator=generator(T, k, 7, *key))).to(gate_dtype)
-
-
-def on_device(x):
-    return None if x is None else x.to(DEVICE)
 
 
 def index_both(indices, E, tile):
