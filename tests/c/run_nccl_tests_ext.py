@@ -8,6 +8,7 @@ clear message, and python -m a2a.bench reports the same sizes.
 
     python tests/c/run_nccl_tests_ext.py            # what `make test` runs
     python tests/c/run_nccl_tests_ext.py --build-only  # `make nccl-tests-ext`
+    python tests/c/run_nccl_tests_ext.py --build-only --build-dir DIR  # elsewhere (tools/gpu_check)
 
 Prints one PASS/FAIL line per run and a summary; exits 1 on any failure."""
 
@@ -172,9 +173,13 @@ def same_sizes_as_python_bench() -> list[str]:
 
 
 def main() -> int:
+    global BUILD
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--build-only", action="store_true", help="build the programs into build/nccl-tests-ext and stop")
-    if parser.parse_args().build_only:
+    parser.add_argument("--build-only", action="store_true", help="build the programs and stop")
+    parser.add_argument("--build-dir", default=BUILD, help=f"where to build them (default {BUILD})")
+    args = parser.parse_args()
+    BUILD = os.path.abspath(args.build_dir)
+    if args.build_only:
         build()
         print(f"built {', '.join(sorted({r.program for r in RUNS}))} in {BUILD}")
         return 0

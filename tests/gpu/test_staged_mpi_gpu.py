@@ -1,6 +1,7 @@
-"""The staged MPI transport with 4 ranks sharing one GPU (NCCL refuses
-that): linear, 2DH (2 x 2) and flexible all-to-all and all-to-all-v on CUDA
-tensors, bitwise against the host communicator (staged_ranks.py)."""
+"""The staged MPI transport with 2, 3 and 4 ranks sharing one GPU (NCCL
+refuses that): linear, 2DH (2 x 2, 3 x 1) and flexible all-to-all and
+all-to-all-v on CUDA tensors, bitwise against the host communicator
+(staged_ranks.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from a2a import launch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.mark.parametrize("np_,local_size", [(4, 2), (3, 1)], ids=["4 ranks as 2x2", "3 ranks as 3x1"])
+@pytest.mark.parametrize("np_,local_size", [(2, 2), (4, 2), (3, 1)],
+                         ids=["2 ranks on one node", "4 ranks as 2x2", "3 ranks as 3x1"])
 def test_staged_mpi_on_one_gpu_matches_the_host(np_, local_size):
     env = dict(os.environ, STAGED_LOCAL_SIZE=str(local_size), A2A_TIMEOUT_S="120")
     env.pop("A2A_LOCAL_SIZE", None)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -17,8 +18,10 @@ def test_layout_mode_is_recognized():
     assert not _layout_bench.is_layout_mode(["--", "--layout"])
 
 
-def test_cpu_run_moves_every_byte_right():
-    command = [sys.executable, "-m", "a2a.bench", "--layout", "--total", "2M", "--chunks", "3,4K,64K", "-r", "1"]
+def test_cpu_run_moves_every_byte_right(tmp_path):
+    json_path = tmp_path / "layout.json"
+    command = [sys.executable, "-m", "a2a.bench", "--layout", "--total", "2M", "--chunks", "3,4K,64K", "-r", "1",
+               "--json", str(json_path)]
     result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line and not line.startswith("#")]
@@ -32,6 +35,9 @@ def test_cpu_run_moves_every_byte_right():
     ]
     assert all(r[-1] == "0" for r in rows)  # #wrong
     assert "# Out of bounds values : 0 OK" in result.stdout
+    written = json.loads(json_path.read_text())
+    assert [(r["chunk_bytes"], r["op"], r["wrong"]) for r in written] == [(int(r[0]), r[4], 0) for r in rows]
+    assert all(r["device"] == "cpu" and r["of_copy"] > 0 for r in written)
 
 
 @pytest.mark.parametrize(

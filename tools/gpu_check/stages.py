@@ -1,0 +1,262 @@
+"""The stages of the GPU check, each step with its time budget, and the
+runner that holds a step to it.
+
+A step that fails or runs over its budget is reported and the next one
+still runs. A step over budget gets SIGTERM, then SIGKILL, for its whole
+process group and for every process that carries its marker variable
+(mpirun's ranks leave the process group). The dry run (no GPU) runs each
+step's `dry` command instead, the part that needs no GPU call (collection,
+argument parsing, the carried mpirun), or nothing.
+
+Budgets, in seconds, for an H100 machine of the lent kind (16 cores): the
+build is measured (docs/gpu.md, "First contact"), the rest estimated from
+the CPU runs and the case counts; they add up to DEADLINE_S, the issue's 8
+minutes, and a step starts with what is left of that, at most its budget.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .environment import Environment
+
+DEADLINE_S = 480  # from the start of the driver: kit, build and every stage (the issue's 8 minutes)
+BUILD_BUDGET_S = 90  # the kit, a2a for one architecture, nccl_tests_ext (see docs/gpu.md, "First contact")
+# The dry run builds on the development machine (2 cores, about 2 minutes) and
+# its steps only collect and parse: its deadline counts from the build's end.
+DRY_BUILD_BUDGET_S = 900
+MARKER = "A2A_GPU_CHECK_STEP"
+TERM_GRACE_S = 5
+
+Command = Callable[[Environment], list[str]]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    budget_s: int
+    command: Command
+    dry: Command | None = None  # what the dry run runs instead; None: nothing
+
+
+@dataclass(frozen=True)
+class Stage:
+    key: str  # for --only
+    title: str
+    log: str  # file name under the output folder
+    steps: tuple[Step, ...]
+
+    @property
+    def budget_s(self) -> int:
+        return sum(step.budget_s for step in self.steps)
+
+
+@dataclass
+class Result:
+    stage: str
+    step: str
+    status: str  # passed, failed, over budget, not run (why), dry: passed, dry: failed
+    seconds: float = 0.0
+    summary: str = ""  # the command's own last word (pytest's summary line, a runner's count)
+    excerpt: str = ""  # the lines to read first when it did not pass
+    skips: list[str] = field(default_factory=list)  # pytest's SKIPPED lines: on a GPU, each is a finding
+    output: str = ""  # the step's whole output (the targets read the benchmarks' tables from it)
+    budget_s: float = 0.0  # what it was given (less than its Step's budget when the deadline was near)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("passed", "dry: passed")
+
+
+def pytest(*paths: str, ignore: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Command:
+    """pytest on paths of the checkout, quiet, with the reasons of failures,
+    errors and skips; no cache written into the checkout."""
+    def command(e: Environment) -> list[str]:
+        return [e.python, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--rootdir", str(e.root),
+                *(str(e.root / p) for p in paths), *(f"--ignore={e.root / p}" for p in ignore), *extra]
+    return command
+
+
+def collect(test: Command) -> Command:
+    return lambda e: [*test(e), "--collect-only"]
+
+
+def python_module(module: str, *args: str) -> Command:
+    return lambda e: [e.python, "-m", module, *(a.format(bench=e.bench, work=e.work) for a in args)]
+
+
+def parse_only(module: str, *args: str) -> Command:
+    """The benchmark's own parser on the arguments of the GPU run: nothing runs."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return lambda e: [e.python, os.path.join(here, "parse_only.py"), module,
+                      *(a.format(bench=e.bench, work=e.work) for a in args)]
+
+
+def nccl_perf(program: str, *args: str) -> Command:
+    return lambda e: [e.python, "-m", "a2a.launch", "--np", "1", "--", str(e.nccl_tests / program), *args]
+
+
+def nccl_help(program: str, *args: str) -> Command:
+    """The program parses the flags of the GPU run up to a final --help, which
+    stops it before any device call (its MPI is the kit's)."""
+    return lambda e: [*nccl_perf(program, *args)(e), "--help"]
+
+
+KIT_MPIRUN_CODE = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
+              "assert c.allreduce(1) == c.size == 2, c.allreduce(1); "
+              "import re; maps = open('/proc/self/maps').read(); "
+              "print(c.rank, 'libmpi:', sorted(set(re.findall(r'/\\S+/libmpi\\.so\\S*', maps))))")
+
+KIT_MPIRUN: Command = lambda e: [e.python, "-m", "a2a.launch", "--np", "2", "--", e.python, "-c",
+                                 KIT_MPIRUN_CODE]
+GPU_TESTS = pytest("tests/gpu", ignore=("tests/gpu/test_staged_mpi_gpu.py", "tests/gpu/test_nccl_group_gpu.py"))
+UNIT_CUDA = pytest("tests/unit/test_moe_devices.py", "tests/unit/test_torch_collectives.py",
+                   "tests/unit/test_expert_cache.py", "tests/unit/test_layout.py", extra=("-k", "cuda"))
+STAGED = pytest("tests/gpu/test_staged_mpi_gpu.py")
+NCCL_GROUP = pytest("tests/gpu/test_nccl_group_gpu.py")
+RUNTIME: Command = lambda e: [e.python, str(e.root / "tests" / "run_mpi.py"), "--gpu"]
+
+# The benchmarks: sizes chosen to finish inside the budget on an H100 and to
+# cover each target's range (docs/benchmarks.md, "GPU checks").
+COLLECTIVES_ARGS = ("--device", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "--algo", "linear,2dh,flex,v",
+                    "-n", "20", "-w", "3", "--json", "{bench}/collectives.json")
+LAYOUT_ARGS = ("--layout", "--device", "cuda", "--total", "256M", "--chunks", "4K,64K,256K,1M,4M", "-n", "10",
+               "-r", "5", "--json", "{bench}/layout.json")
+KERNEL_ARGS = ("--op", "all", "--device", "cuda", "--dtype", "bfloat16", "--tokens", "16384", "--experts", "8,64",
+               "--model-dim", "1024,4096", "--top-k", "2", "-r", "5", "--json", "{bench}/kernels.json")
+ES_ARGS = ("--op", "esmm,ess,estmm", "--device", "cuda", "--tokens", "16384", "--experts", "8", "--top-k", "2",
+           "--model-dim", "1024", "--hidden", "1024", "--dtype", "bfloat16,float32", "-r", "5",
+           "--json", "{bench}/es_ops.json")
+LAYER_ARGS = ("--device", "cuda", "--gpu-step", "--json", "{bench}/layer.json")
+NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w", "5", "-c", "1")
+
+STAGES = (
+    Stage("tests", "tests/gpu and the unit tests' CUDA cases, one process", "1-tests.log", (
+        Step("tests/gpu (kernels, collectives on NCCL, from_torch, staged 1 rank, graphs)", 80, GPU_TESTS,
+             collect(GPU_TESTS)),
+        Step("tests/unit CUDA cases", 20, UNIT_CUDA, collect(UNIT_CUDA)),
+    )),
+    Stage("mpirun", "mpirun on the one GPU: staged MPI with 2, 3 and 4 ranks, NCCL from a torch NCCL group",
+          "2-mpirun.log", (
+        Step("the kit's mpirun and mpi4py, 2 ranks", 10, KIT_MPIRUN, KIT_MPIRUN),
+        Step("staged MPI transport, ranks sharing the GPU", 40, STAGED, collect(STAGED)),
+        Step("NCCL communicator from a torch.distributed NCCL group, CUDA graphs", 25, NCCL_GROUP,
+             collect(NCCL_GROUP)),
+    )),
+    Stage("runtime", "moe_runtime on CUDA tensors against its float64 reference, ranks sharing the GPU",
+          "3-runtime.log", (
+        Step("tests/run_mpi.py --gpu", 96, RUNTIME, lambda e: [*RUNTIME(e), "--collect-only"]),
+    )),
+    Stage("bench", "the GPU benchmarks and their targets", "4-bench.log", (
+        Step("a2a.bench --device cuda", 15, python_module("a2a.bench", *COLLECTIVES_ARGS),
+             parse_only("a2a.bench", *COLLECTIVES_ARGS)),
+        Step("a2a.bench --layout --device cuda", 12, python_module("a2a.bench", *LAYOUT_ARGS),
+             parse_only("a2a.bench", *LAYOUT_ARGS)),
+        Step("a2a.bench --op all --device cuda", 20, python_module("a2a.bench", *KERNEL_ARGS),
+             parse_only("a2a.bench", *KERNEL_ARGS)),
+        Step("a2a.bench --op esmm,ess,estmm --device cuda", 12, python_module("a2a.bench", *ES_ARGS),
+             parse_only("a2a.bench", *ES_ARGS)),
+        Step("moe_runtime.bench --device cuda --gpu-step", 30, python_module("moe_runtime.bench", *LAYER_ARGS),
+             parse_only("moe_runtime.bench", *LAYER_ARGS)),
+        *(Step(f"nccl_tests_ext {program} {' '.join(extra)}".rstrip(), 6, nccl_perf(program, *NCCL_ARGS, *extra),
+               nccl_help(program, *NCCL_ARGS, *extra))
+          for program, extra in (("alltoall_perf", ()), ("alltoallv_perf", ()), ("alltoall_flex_perf", ()),
+                                 ("alltoall_perf", ("-G", "1")), ("alltoall_flex_perf", ("-G", "1")))),
+    )),
+)
+
+PYTEST_SUMMARY = re.compile(r"^=*\s*\d+(/\d+)? (passed|failed|skipped|errors?|deselected|tests? collected)\b.*$")
+RUNNER_SUMMARY = re.compile(r"^\d+ passed, \d+ failed\b.*$")  # tests/run_mpi.py's last line
+EXCERPT_LINE = re.compile(r"^(FAILED|ERROR|FAIL\b|E  |Traceback|\S+Error\b|RuntimeError|.*#wrong [1-9])")
+
+
+def stray_processes(marker: str) -> list[int]:
+    """Processes whose environment carries marker (the step's own, at any depth)."""
+    found = []
+    needle = f"{MARKER}={marker}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def stop(process: subprocess.Popen, marker: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for target in (process.pid, *stray_processes(marker)):
+            try:
+                if target == process.pid:
+                    os.killpg(process.pid, sig)
+                else:
+                    os.kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            process.wait(timeout=TERM_GRACE_S)
+            if not stray_processes(marker):
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.5)
+
+
+def summarize(output: str) -> tuple[str, str, list[str]]:
+    """(summary line, excerpt, skipped lines) of a step's output."""
+    lines = [line for line in output.rstrip("\n").splitlines() if not line.startswith("===== ")]
+    summary = next((line.strip("= ").strip() for line in reversed(lines)
+                    if PYTEST_SUMMARY.match(line) or RUNNER_SUMMARY.match(line)), "")
+    if not summary:
+        summary = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    picked = [line for line in lines if EXCERPT_LINE.match(line)][:30]
+    excerpt = "\n".join([*picked, "...", *lines[-12:]] if picked else lines[-20:])
+    skips = [line for line in lines if line.startswith("SKIPPED")]
+    return summary[:300], excerpt, skips
+
+
+def run_step(stage: Stage, step: Step, environment: Environment, log_path: Path, *, dry: bool,
+             budget_s: float) -> Result:
+    command = (step.dry if dry else step.command)
+    if command is None:
+        return Result(stage.key, step.name, "not run: no GPU" if dry else "not run")
+    if budget_s <= 0:
+        return Result(stage.key, step.name, "not run: out of time (the 8-minute deadline)")
+    argv = command(environment)
+    marker = f"{stage.key}-{os.getpid()}-{time.monotonic_ns()}"
+    with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+        log.write(f"\n===== {step.name}{' (dry run)' if dry else ''}: budget {budget_s:.0f} s\n$ {' '.join(argv)}\n")
+        log.flush()
+        start_offset = log.tell()
+        started = time.monotonic()
+        process = subprocess.Popen(argv, cwd=environment.work, env=dict(environment.env, **{MARKER: marker}),
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = process.wait(timeout=budget_s)
+            over = False
+        except subprocess.TimeoutExpired:
+            stop(process, marker)
+            rc, over = process.returncode, True
+        seconds = time.monotonic() - started
+        log.write(f"===== {step.name}: {'over budget' if over else f'exit {rc}'} after {seconds:.1f} s\n")
+    with open(log_path, encoding="utf-8", errors="replace") as fh:
+        fh.seek(start_offset)
+        output = fh.read()
+    summary, excerpt, skips = summarize(output)
+    if over:
+        status = f"over budget ({budget_s:.0f} s)"
+    elif dry:
+        status = "dry: passed" if rc == 0 else f"dry: failed (exit {rc})"
+    else:
+        status = "passed" if rc == 0 else f"failed (exit {rc})"
+    return Result(stage.key, step.name, status, seconds, summary, "" if rc == 0 and not over else excerpt, skips,
+                  output, budget_s)

@@ -1,0 +1,157 @@
+"""The GPU targets of docs/benchmarks.md, read from the benchmarks' JSON and
+output: each with its measured number and met / missed (or only reported,
+where the docs set no number).
+
+    target                                                     source
+    a2a.bench --device cuda: #wrong 0; linear vs D2D reported  collectives.json
+    layout kernels >= 0.80 of a device copy, chunks >= 64 KiB  layout.json
+    encode/decode >= 0.9 of a same-run device memcpy, bf16     kernels.json
+    esmm >= 0.7 of cuBLAS (issue 14's target, on the GPU)      es_ops.json
+    nccl_tests_ext -D cuda (and -G 1): #wrong 0                the programs' footers
+    MoE layer step <= 1.15x its expert compute, >= 4x GShard   layer.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .stages import Result
+
+LAYOUT_MIN = 0.80
+LAYOUT_FROM_BYTES = 64 * 1024
+ENCODE_DECODE_MIN = 0.9
+ESMM_MIN = 0.7
+STEP_VS_EXPERT_MAX = 1.15
+GSHARD_VS_STEP_MIN = 4.0
+NCCL_FOOTER = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    measured: str
+    verdict: str  # met, missed, reported, not run (why)
+
+
+def load(bench: Path, name: str) -> list | dict | None:
+    path = bench / name
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def collectives(rows: list[dict]) -> list[Target]:
+    ours = [r for r in rows if r.get("algo") not in (None, "d2d")]
+    wrong = sum(r.get("wrong") or 0 for r in ours)
+    out = [Target("a2a.bench --device cuda: every algorithm right", "#wrong 0", f"#wrong {wrong}", verdict(not wrong))]
+    for algo in sorted({r["algo"] for r in ours}):
+        largest = max((r for r in ours if r["algo"] == algo), key=lambda r: r["size"])
+        ratio = (largest.get("ratios") or {}).get("d2d")
+        out.append(Target(f"a2a.bench --device cuda: {algo} against a device copy (1 rank)", "reported",
+                          f"{ratio:.2f}x D2D at {largest['size']} B" if ratio else "no D2D ratio", "reported"))
+    return out
+
+
+def layout(rows: list[dict]) -> list[Target]:
+    out = []
+    for op in ("transpose", "ranges"):
+        big = [r for r in rows if r["op"] == op and r["chunk_bytes"] >= LAYOUT_FROM_BYTES]
+        if not big:
+            continue
+        worst = min(big, key=lambda r: r["of_copy"])
+        wrong = sum(r["wrong"] for r in rows if r["op"] == op)
+        out.append(Target(f"layout {op} against a device copy, chunks >= 64 KiB", f">= {LAYOUT_MIN:.2f}, #wrong 0",
+                          f"worst {worst['of_copy']:.2f} (chunk {worst['chunk_bytes']} B), "
+                          f"geomean {geomean([r['of_copy'] for r in big]):.2f}, #wrong {wrong}",
+                          verdict(worst["of_copy"] >= LAYOUT_MIN and not wrong)))
+    return out
+
+
+def kernels(rows: list[dict]) -> list[Target]:
+    out = []
+    measured = [r for r in rows if not r.get("skipped") and r.get("vs_memcpy")]
+    for op in ("encode", "decode", "permute", "unpermute"):
+        mine = [r for r in measured if r["op"] == op and r["dtype"] == "bfloat16"]
+        if not mine:
+            continue
+        worst = min(mine, key=lambda r: r["vs_memcpy"])
+        wrong = sum(r.get("wrong") or 0 for r in mine)
+        shape = f"T={worst['tokens']} E={worst['experts']} M={worst['model_dim']}"
+        text = (f"worst {worst['vs_memcpy']:.2f} ({shape}), geomean {geomean([r['vs_memcpy'] for r in mine]):.2f}, "
+                f"#wrong {wrong}")
+        goal = f">= {ENCODE_DECODE_MIN} of memcpy, #wrong 0" if op in ("encode", "decode") else "reported, #wrong 0"
+        ok = worst["vs_memcpy"] >= ENCODE_DECODE_MIN if op in ("encode", "decode") else True
+        out.append(Target(f"{op} bf16 against a same-run device memcpy", goal, text,
+                          verdict(ok and not wrong) if op in ("encode", "decode") or wrong else "reported"))
+    return out
+
+
+def es_ops(rows: list[dict]) -> list[Target]:
+    out = []
+    for row in rows:
+        goal = f">= {ESMM_MIN} of cuBLAS" if row["op"] == "esmm" else "reported"
+        text = (f"{row['gflops']:.0f} GFLOP/s, {row['vs_dense']:.2f}x the dense matmul, "
+                f"{row['vs_padded']:.2f}x padded, #wrong {row['wrong']}")
+        ok = row["vs_dense"] >= ESMM_MIN if row["op"] == "esmm" else True
+        out.append(Target(f"{row['op']} {row['dtype']} T={row['T']} E={row['E']} k={row['k']} M={row['M']} H={row['H']}",
+                          goal + ", #wrong 0", text,
+                          verdict(ok and not row["wrong"]) if row["op"] == "esmm" or row["wrong"] else "reported"))
+    return out
+
+
+def layer(report: dict) -> list[Target]:
+    """The MoE layer step on the GPU (moe_runtime.bench --gpu-step's JSON)."""
+    out = []
+    for target in report.get("targets", []):
+        out.append(Target(f"MoE layer: {target['name']}", target["goal"], target["measured"], target["verdict"]))
+    return out
+
+
+def nccl_programs(results: list[Result]) -> list[Target]:
+    out = []
+    for result in results:
+        if not result.step.startswith("nccl_tests_ext"):
+            continue
+        footer = NCCL_FOOTER.search(result.output)
+        if not result.ok or footer is None:
+            measured = f"{result.status}" + (f", footer: {footer.group(0)}" if footer else ", no footer")
+            out.append(Target(result.step, "#wrong 0", measured, "missed" if result.status != "not run" else "not run"))
+            continue
+        wrong = int(footer.group(1))
+        out.append(Target(result.step, "#wrong 0", f"#wrong {wrong}", verdict(wrong == 0 and footer.group(2) == "OK")))
+    return out
+
+
+def evaluate(bench: Path, results: list[Result], *, dry: bool) -> list[Target]:
+    """Every target, in the order of the module docstring."""
+    readers = (("collectives.json", collectives, "a2a.bench --device cuda"),
+               ("layout.json", layout, "layout kernels"),
+               ("kernels.json", kernels, "encode/decode/permute/unpermute bf16"),
+               ("es_ops.json", es_ops, "esmm, ess, estmm"),
+               ("layer.json", layer, "MoE layer step"))
+    out: list[Target] = []
+    for name, read, what in readers:
+        data = None if dry else load(bench, name)
+        if data is None:
+            why = "no GPU (dry run)" if dry else f"no {name}: its benchmark did not finish"
+            out.append(Target(what, "see docs/benchmarks.md", "-", f"not run: {why}"))
+            continue
+        out += read(data)
+    if dry:
+        out.append(Target("nccl_tests_ext -D cuda, -G 1", "#wrong 0", "-", "not run: no GPU (dry run)"))
+    else:
+        out += nccl_programs(results)
+    return out
