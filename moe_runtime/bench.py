@@ -188,11 +188,11 @@ QUICK = {
     "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
     "dynamic_steps": 2,
 }
-# --gpu-step: the issue's comparison on one GPU alone (the T = 4096 case: the
-# step, its expert compute and GShard), bfloat16, no sweep, no dropless or
-# dynamic rows; flags given with it still win.
+# --gpu-step: the issue's comparison on one GPU alone, 1 rank (the T = 4096
+# case: the step, its expert compute and GShard), bfloat16, no sweep, no
+# dropless or dynamic rows; flags given with it still win.
 GPU_STEP = {
-    **DEFAULTS, "device": "cuda", "dtype": "bfloat16", "tokens": 0, "peer_tokens": ISSUE_SIZE["tokens"],
+    **DEFAULTS, "device": "cuda", "np": 1, "dtype": "bfloat16", "tokens": 0, "peer_tokens": ISSUE_SIZE["tokens"],
     "model_dim": ISSUE_SIZE["model_dim"], "hidden": ISSUE_SIZE["hidden"], "experts": ISSUE_SIZE["experts"],
     "top_k": ISSUE_SIZE["top_k"], "peer_factors": [ISSUE_SIZE["factor"]], "warmup": 3, "repeats": 10,
     "switch_pairs": 0, "dropless_factors": [], "dynamic_steps": 0,
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     presets = p.add_mutually_exclusive_group()
     presets.add_argument("--quick", action="store_true", help="small sizes and counts, for a test run in seconds")
     presets.add_argument("--gpu-step", action="store_true", help="the issue's comparison on a GPU alone: --device "
-                         "cuda, bfloat16, T = 4096 (no sweep), M = H = 1024, E = 8, k = 2, f = 1: the step, its "
+                         "cuda, 1 rank, bfloat16, T = 4096 (no sweep), M = H = 1024, E = 8, k = 2, f = 1: the step, its "
                          "expert compute and GShard, 10 rounds; no dropless or dynamic rows")
     p.add_argument("--json", metavar="FILE", help="write the run as JSON to FILE (rank 0)")
     p.add_argument("--plot", metavar="FILE.png", help="draw step time against (r, d) per case to FILE.png (rank 0)")

@@ -119,7 +119,7 @@ def test_device_is_cpu_unless_asked():
 
 def test_gpu_step_preset_is_the_issues_comparison_alone():
     args = bench.parse_args(["--gpu-step"])
-    assert (args.device, args.dtype, bench.default_np(args)) == ("cuda", "bfloat16", 1)
+    assert (args.device, args.np, args.dtype) == ("cuda", 1, "bfloat16")
     issue = bench.ISSUE_SIZE
     assert (args.model_dim, args.hidden, args.experts, args.top_k) == (
         issue["model_dim"], issue["hidden"], issue["experts"], issue["top_k"])
@@ -131,7 +131,7 @@ def test_gpu_step_preset_is_the_issues_comparison_alone():
     # Flags given with it win: the same command on the CPU, smaller.
     args = bench.parse_args(["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128"])
     assert (args.device, args.dtype, args.model_dim, args.hidden, args.peer_tokens) == ("cpu", "bfloat16", 32, 64, 128)
-    assert bench.default_np(args) == bench.DEFAULT_NP
+    assert args.np == 1 and bench.parse_args(["--gpu-step", "--np", "2"]).np == 2
 
 
 def test_gpu_step_is_its_flags_spelled_out():
@@ -142,8 +142,7 @@ def test_gpu_step_is_its_flags_spelled_out():
     spelled = shlex.split(text)
     preset, flags = vars(bench.parse_args(["--gpu-step"])), vars(bench.parse_args(spelled))
     differing = {name for name in preset if preset[name] != flags[name]}
-    assert differing == {"gpu_step", "np"}, differing
-    assert flags["np"] == 1 and bench.default_np(bench.parse_args(["--gpu-step"])) == 1
+    assert differing == {"gpu_step"}, differing
 
 
 def test_gpu_step_at_the_issues_size_is_judged_by_the_targets():
@@ -466,7 +465,7 @@ def test_gpu_step_command_on_one_cpu_rank(tmp_path, torch):
     """The --gpu-step command with --device cpu and small sizes, on 1 rank (no mpirun): the
     comparison case alone, and the JSON fields a summary of the GPU run reads."""
     out = tmp_path / "step.json"
-    argv = ["--gpu-step", "--device", "cpu", "--np", "1", "-M", "32", "-H", "64", "--peer-tokens", "128", "-r", "2",
+    argv = ["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128", "-r", "2",
             "-w", "1", "--tune-repeats", "1", "--json", str(out)]
     proc = subprocess.run([sys.executable, "-m", "moe_runtime.bench", *argv], check=False, cwd=REPO,
                           env=_clean_env(), capture_output=True, text=True, timeout=180)
