@@ -9,15 +9,43 @@ the experts' own compute and a GShard-style peer, measured in the same run.
     python -m moe_runtime.bench --flex                # FlexMoE under skewed routing (bench_flex.py)
     python -m moe_runtime.bench --hetero              # Hexa-MoE's heterogeneous split (bench_hetero.py)
     python -m moe_runtime.bench --flows               # which flow wins as the workload grows (bench_flows.py)
+    python -m moe_runtime.bench --gpu-step --json step.json   # the issue's comparison on one GPU (below)
+    python -m moe_runtime.bench --device cuda --np 4 --transport mpi   # 4 ranks sharing one GPU
 
 Under mpirun it runs on every rank of ``MPI_COMM_WORLD``; started plainly it
 starts itself under mpirun through :mod:`a2a.launch` on ``--np`` ranks
 (default 4, emulating 2 ranks per node unless ``--np``, ``--local-size`` or
-``A2A_LOCAL_SIZE`` say otherwise), as ``python -m a2a.bench`` does.
+``A2A_LOCAL_SIZE`` say otherwise; 1 with ``--device cuda``), as ``python -m
+a2a.bench`` does.
+
+``--device cuda`` puts the layers, the tokens, the expert-compute buffers,
+the GShard peer and its float64 check on the GPU, with the communicator
+``a2a.Comm.from_mpi(world, device="cuda")``: NCCL, one GPU per rank (its rank
+on its node, modulo the GPUs), or ``--transport mpi``, the staged MPI
+transport, with which several ranks may share one GPU (docs/gpu.md). A step
+is then timed from a synchronized device to a synchronized device, and the
+dictionary's trials too (the layer's ``timer``). Without a GPU, or with an
+a2a built without CUDA, it exits 2 at once ("--device cuda: torch sees no
+GPU"). ``--gpu-step`` is the issue's comparison on one GPU, in seconds::
+
+    python -m moe_runtime.bench --gpu-step --json step.json
+
+which is ``--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens
+4096 --peer-factors 1 -M 1024 -H 1024 -E 8 -k 2 -w 3 -r 10 --switch-pairs 0
+--dropless-factors '' --dynamic-steps 0``: no sweep (``--tokens 0``), the
+T = 4096, f = 1 case alone: the dictionary's search, then the step, its
+expert compute and GShard taking turns, 10 rounds after 3 warm-up steps.
+Flags given with it win (``--device cpu`` and smaller sizes: the same run on
+the CPU). Its JSON: ``summaries[0]`` holds ``adaptive.time_ms`` (the step),
+``adaptive.config``, ``expert.time_ms``, ``step_vs_expert``, ``gshard_ms``
+and ``gshard_vs_step``; ``targets`` the ``expert`` (step within 1.15x of its
+expert compute) and ``gshard`` (>= 4x faster than GShard at the issue's
+size) verdicts, ``met`` or ``missed``, with those numbers per case;
+``device``, ``gpu`` and ``transport`` say where it ran.
 
 The layer: ``E`` experts (``--experts``; ``E / W`` per rank, or ``W / E``
 ranks sharing one), model dim ``M``, hidden ``H``, the top-k gate, Tutel's
-capacity rule. The cases: ``T`` tokens per rank (``--tokens``) at every
+capacity rule. The cases: ``T`` tokens per rank (``--tokens``; 0: none) at every
 capacity factor of ``--factors`` (the sweep), then ``--peer-tokens`` at
 every factor of ``--peer-factors`` (the comparison: GShard's einsums cost
 about ``T / H`` times the experts, so the peer is compared at a larger T).
@@ -129,10 +157,11 @@ from a2a import launch
 from a2a.bench import common
 
 from .bench_dynamic import dynamic_header_lines, dynamic_rows, format_dynamic
+from .bench_rank import slowest
 
-__all__ = ["DEFAULTS", "QUICK", "build_parser", "evaluate_targets", "main", "parse_args"]
+__all__ = ["DEFAULTS", "GPU_STEP", "QUICK", "build_parser", "default_np", "evaluate_targets", "main", "parse_args"]
 
-DEFAULT_NP = 4
+DEFAULT_NP = 4  # --device cpu; --device cuda: 1 (one GPU per rank, as python -m a2a.bench)
 DEFAULT_LOCAL_SIZE = 2  # with neither --np nor --local-size nor A2A_LOCAL_SIZE: 2 emulated nodes of 2 ranks
 ALGOS = ("linear", "2dh")
 DTYPES = {"float": "float32", "float32": "float32", "fp32": "float32", "double": "float64",
@@ -158,6 +187,15 @@ QUICK = {
     "degrees": [1, 2], "algos": list(ALGOS), "warmup": 1, "repeats": 1, "tune_repeats": 1,
     "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
     "dynamic_steps": 2,
+}
+# --gpu-step: the issue's comparison on one GPU alone, 1 rank (the T = 4096
+# case: the step, its expert compute and GShard), bfloat16, no sweep, no
+# dropless or dynamic rows; flags given with it still win.
+GPU_STEP = {
+    **DEFAULTS, "device": "cuda", "np": 1, "dtype": "bfloat16", "tokens": 0, "peer_tokens": ISSUE_SIZE["tokens"],
+    "model_dim": ISSUE_SIZE["model_dim"], "hidden": ISSUE_SIZE["hidden"], "experts": ISSUE_SIZE["experts"],
+    "top_k": ISSUE_SIZE["top_k"], "peer_factors": [ISSUE_SIZE["factor"]], "warmup": 3, "repeats": 10,
+    "switch_pairs": 0, "dropless_factors": [], "dynamic_steps": 0,
 }
 TUNING_STEP_LIMIT = 10_000  # a search that takes more steps than this is a bug
 WINDOW = 128  # the dictionary's capacity window (its default)
@@ -189,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     d = DEFAULTS
-    p.add_argument("-T", "--tokens", type=int, help=f"tokens per rank of the sweep (default {d['tokens']})")
+    p.add_argument("-T", "--tokens", type=int, help=f"tokens per rank of the sweep (default {d['tokens']}; 0: no "
+                   "sweep, and no dropless or dynamic rows, which run at these tokens)")
     p.add_argument("-M", "--model-dim", type=int, help=f"model dim M (default {d['model_dim']})")
     p.add_argument("-H", "--hidden", type=int, help=f"hidden size per expert H (default {d['hidden']})")
     p.add_argument("-E", "--experts", type=int,
@@ -223,12 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--switch-pairs", type=int, help="switches per r that time switching r: a step right after a "
                    "step at another r, then two at the same r (default "
                    f"{d['switch_pairs']}; 0: none)")
-    p.add_argument("-d", "--dtype", default="float", help="float, bfloat16 or double (default float)")
+    p.add_argument("-d", "--dtype", help="float, bfloat16 or double (default float)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where the layers, tokens and buffers live: cpu (default) "
+                   "or cuda (one GPU per rank, by its rank on its node; default 1 rank)")
+    p.add_argument("--transport", choices=("nccl", "mpi"), help="--device cuda: how the exchanges move, nccl "
+                   "(default) or mpi (staged through host memory; ranks may share a GPU)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads and A2A_NUM_THREADS per rank (default 1: the ranks share the cores)")
-    p.add_argument("--np", type=int, help=f"ranks to launch under mpirun when not under it (default {DEFAULT_NP})")
+    p.add_argument("--np", type=int, help="ranks to launch under mpirun when not under it (default "
+                   f"{DEFAULT_NP}; 1 with --device cuda)")
     p.add_argument("--local-size", type=int, help="emulated ranks per node (A2A_LOCAL_SIZE)")
-    p.add_argument("--quick", action="store_true", help="small sizes and counts, for a test run in seconds")
+    presets = p.add_mutually_exclusive_group()
+    presets.add_argument("--quick", action="store_true", help="small sizes and counts, for a test run in seconds")
+    presets.add_argument("--gpu-step", action="store_true", help="the issue's comparison on a GPU alone: --device "
+                         "cuda, 1 rank, bfloat16, T = 4096 (no sweep), M = H = 1024, E = 8, k = 2, f = 1: the step, its "
+                         "expert compute and GShard, 10 rounds; no dropless or dynamic rows")
     p.add_argument("--json", metavar="FILE", help="write the run as JSON to FILE (rank 0)")
     p.add_argument("--plot", metavar="FILE.png", help="draw step time against (r, d) per case to FILE.png (rank 0)")
     return p
@@ -237,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
-    for name, value in preset.items():
+    preset = QUICK if args.quick else GPU_STEP if args.gpu_step else DEFAULTS
+    for name, value in {"device": "cpu", "dtype": "float", **preset}.items():
         if getattr(args, name, None) is None:
             setattr(args, name, list(value) if isinstance(value, list) else value)
     if isinstance(args.algos, str):
@@ -254,7 +302,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if len(set(args.peer_factors)) != len(args.peer_factors):
         parser.error("--peer-factors has duplicates")
     common.require_at_least(parser, (
-        ("--tokens", args.tokens, 1),
+        ("--tokens", args.tokens, 0),
         ("--model-dim", args.model_dim, 1),
         ("--hidden", args.hidden, 1),
         ("--experts", args.experts, 1),
@@ -282,12 +330,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.dtype = DTYPES[key]
     if args.np is not None and args.np < 1:
         parser.error(f"--np must be positive, got {args.np}")
+    if args.transport is not None and args.device != "cuda":
+        parser.error("--transport chooses how CUDA buffers move: it needs --device cuda")
     if args.local_size is not None:
         if args.local_size < 1:
             parser.error(f"--local-size must be positive, got {args.local_size}")
         if args.np is not None and args.np % args.local_size:
             parser.error(f"--np {args.np} is not divisible by --local-size {args.local_size}")
-    error = layout_error(args, args.np if args.np is not None else DEFAULT_NP)
+    error = layout_error(args, args.np if args.np is not None else default_np(args))
     if error and not launch.under_mpirun():
         parser.error(error)
     if args.plot:
@@ -298,7 +348,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(missing)
     if args.no_peer or not args.peer_factors:
         args.peer_tokens = 0
+    if not args.tokens:  # no sweep: the dropless and dynamic rows run at its tokens
+        args.dropless_factors, args.dynamic_steps = [], 0
+        if not args.peer_tokens:
+            parser.error("--tokens 0 and no comparison cases (--peer-tokens 0, --no-peer or no --peer-factors): "
+                         "nothing to measure")
     return args
+
+
+def default_np(args: argparse.Namespace) -> int:
+    """Ranks when --np is not given: 1 on CUDA (one GPU per rank), else DEFAULT_NP."""
+    return 1 if args.device == "cuda" else DEFAULT_NP
 
 
 def layout_error(args: argparse.Namespace, ranks: int) -> str | None:
@@ -328,8 +388,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_flex.main([arg for arg in argv if arg != "--flex"])
     args = parse_args(argv)
-    if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
-        return common.relaunch("moe_runtime.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
+    if args.device == "cuda":  # refused here, before mpirun starts ranks that would all fail alike
+        error = common.cuda_missing()
+        if error:
+            print(f"moe_runtime.bench {error}", file=sys.stderr)
+            return 2
+    if not launch.under_mpirun() and (args.np if args.np is not None else default_np(args)) > 1:
+        return common.relaunch("moe_runtime.bench", argv, args.np, args.local_size, default_np=default_np(args),
                                default_local_size=DEFAULT_LOCAL_SIZE)
     os.environ["A2A_NUM_THREADS"] = str(args.threads)  # read once, at a2a's first kernel call
     return common.on_every_rank(lambda: _bench(args, argv))
@@ -375,7 +440,7 @@ def static_configs(valid_rs: list[int], degrees: list[int], algos: list[str]) ->
 
 
 def _cases(args: argparse.Namespace) -> list[Case]:
-    cases = [Case(args.tokens, f, False) for f in args.factors]
+    cases = [Case(args.tokens, f, False) for f in args.factors] if args.tokens else []
     if args.peer_tokens:
         cases += [Case(args.peer_tokens, f, True) for f in args.peer_factors]
     return cases
@@ -385,17 +450,22 @@ class _Bench:
     """The objects of one run on one rank: the communicator, the layers, the peer."""
 
     def __init__(self, args: argparse.Namespace):
-        import numpy as np
         import torch
         from mpi4py import MPI
 
         import a2a
 
         from .bench_peer import GShardPeer
+        from .host_values import torch_device
 
         self.args, self.torch, self.a2a = args, torch, a2a
         self.world = MPI.COMM_WORLD
-        self.comm = a2a.Comm.from_mpi(self.world, local_size=args.local_size)
+        if args.device == "cuda":
+            self.comm = common.cuda_comm(self.world, local_size=args.local_size, transport=args.transport)
+        else:
+            self.comm = a2a.Comm.from_mpi(self.world, local_size=args.local_size)
+        self.device = torch_device(self.comm)  # the layers, tokens and buffers: where the communicator moves memory
+        self.clock = common.Clock(torch, args.device)
         self.dtype = getattr(torch, args.dtype)
         ranks = self.comm.size
         per_device = args.experts // ranks if args.experts >= ranks else -(ranks // args.experts)
@@ -404,30 +474,37 @@ class _Bench:
             args.model_dim,
             {"type": "ffn", "num_experts_per_device": per_device, "hidden_size_per_expert": args.hidden},
         )
-        self.layer = self._layer()
+        self.layer = self.new_layer()
         self.peer = None
         if not args.no_peer and self.layer.experts.sharers == 1:
-            self.peer = GShardPeer(self.layer).to(self.dtype)
-        self._max = np.zeros(1)
+            self.peer = GShardPeer(self.layer).to(device=self.device, dtype=self.dtype)
 
-    def _layer(self, adaptive: Any = None) -> Any:
+    def new_layer(self, **options: Any) -> Any:
+        """A layer with the run's sizes and weights (seeds 1, 2), on the run's device and dtype."""
         from .layer import MoELayer
 
-        layer = MoELayer(*self.layer_args, comm=self.comm, seeds=(1, 2), adaptive=adaptive)
-        return layer.to(self.dtype)
+        layer = MoELayer(*self.layer_args, comm=self.comm, seeds=(1, 2), **options)
+        return layer.to(device=self.device, dtype=self.dtype)
+
+    def adaptive_layer(self, adaptive: Any) -> Any:
+        """The layer under the dictionary `adaptive`, whose trials are timed
+        by the run's clock (on CUDA: until the device is done)."""
+        return self.new_layer(adaptive=adaptive, timer=self.clock.now)
 
     # -- timing ------------------------------------------------------------------------------------------
     def timed(self, step: Callable[[], None]) -> float:
-        """Seconds of one step after a barrier, the maximum over ranks."""
+        """Seconds of one step, from a barrier (the device idle) until the
+        step's work is done (on CUDA: synchronized), the maximum over ranks."""
+        self.clock.sync()
         self.world.Barrier()
         start = time.perf_counter()
         step()
-        self._max[0] = time.perf_counter() - start
-        return float(self.a2a.all_reduce(self._max, comm=self.comm, op="max")[0])
+        return slowest(self.clock.now() - start, self.comm)
 
     def tokens(self, count: int) -> Any:
-        generator = self.torch.Generator().manual_seed(7919 * count + self.comm.rank)
-        x = self.torch.randn(count, self.args.model_dim, generator=generator, dtype=self.torch.float32)
+        torch = self.torch
+        generator = torch.Generator(device=self.device).manual_seed(7919 * count + self.comm.rank)
+        x = torch.randn(count, self.args.model_dim, generator=generator, dtype=torch.float32, device=self.device)
         return x.to(self.dtype).requires_grad_(True)
 
     @staticmethod
@@ -457,7 +534,7 @@ class _Bench:
         """Real steps of the adaptive layer until its dictionary has tuned the
         case's capacity; what the search cost and chose."""
         step = self.layer_step(layer, x, capacity_factor=factor)
-        start = time.perf_counter()
+        start = self.clock.now()
         step()
         steps, capacity = 1, layer.last_plan.capacity
         while layer.adaptive.tuning(capacity):
@@ -465,8 +542,7 @@ class _Bench:
                 raise RuntimeError(f"the dictionary did not finish tuning capacity {capacity} in {steps} steps")
             step()
             steps += 1
-        self._max[0] = time.perf_counter() - start
-        seconds = float(self.a2a.all_reduce(self._max, comm=self.comm, op="max")[0])
+        seconds = slowest(self.clock.now() - start, self.comm)
         entry = layer.adaptive.entries[capacity // WINDOW]
         config = entry.config
         return {"config": config_label(config.r, config.d, config.algo), "r": config.r, "d": config.d,
@@ -498,18 +574,19 @@ class _Bench:
         fc1_bias = None if fc1_bias is None else fc1_bias[pick, :hidden].unsqueeze(1).contiguous()  # (n, 1, Hl)
         fc2_bias = whole.get("batched_fc2_bias")
         fc2_bias = None if fc2_bias is None else fc2_bias[pick].unsqueeze(1).contiguous()  # (n, 1, M)
-        generator = torch.Generator().manual_seed(31 + self.comm.rank)
+        device = self.device
+        generator = torch.Generator(device=device).manual_seed(31 + self.comm.rank)
         model_dim = self.args.model_dim
-        x = torch.randn(count, rows, model_dim, generator=generator).to(self.dtype)
+        x = torch.randn(count, rows, model_dim, generator=generator, device=device).to(self.dtype)
 
         def empty(*shape: int) -> Any:
-            return torch.empty(shape, dtype=self.dtype)
+            return torch.empty(shape, dtype=self.dtype, device=device)
 
         h, grad_h = empty(count, rows, hidden), empty(count, rows, hidden)
         y, grad_x = empty(count, rows, model_dim), empty(count, rows, model_dim)
         grad_fc1, grad_fc2 = empty(*fc1.shape), empty(*fc2.shape)
         grad_b1, grad_b2 = empty(count, hidden), empty(count, model_dim)
-        grad_y = torch.ones(count, rows, model_dim, dtype=self.dtype)  # the gradient of sum(y)
+        grad_y = torch.ones(count, rows, model_dim, dtype=self.dtype, device=device)  # the gradient of sum(y)
 
         def step() -> None:
             if fc1_bias is None:
@@ -561,10 +638,10 @@ class _Bench:
             return []
         import numpy as np
 
-        from .layer import MoELayer
+        from .host_values import all_reduce_host
         from .step_memory import peak_step_bytes
 
-        dropless = MoELayer(*self.layer_args, comm=self.comm, seeds=(1, 2), dispatcher="dropless").to(self.dtype)
+        dropless = self.new_layer(dispatcher="dropless")
         x = self.tokens(self.args.tokens)
         steps = [self.layer_step(self.layer, x, capacity_factor=f, adaptive_r=1, a2a_ffn_overlap_degree=1,
                                  algo="linear") for f in factors]
@@ -575,16 +652,16 @@ class _Bench:
                 step()
             plans.append(layer.last_plan)
         samples = common.take_turns([lambda s=step: self.timed(s) for step in steps], self.args.repeats)
-        row_bytes = self.args.model_dim * self.torch.empty((), dtype=self.dtype).element_size()
+        row_bytes = self.args.model_dim * self.dtype.itemsize
         peaks = []
         for step, layer in zip(steps, [self.layer] * len(factors) + [dropless]):
             layer._pool.clear()  # the pool then holds this step's buffers only (not earlier configurations')
             step()
-            peaks.append(peak_step_bytes(step, layer._pool))
+            peaks.append(peak_step_bytes(step, layer._pool, self.device))
         counts = np.array([[p.rows_sent for p in plans], [p.dropped for p in plans], peaks], dtype=np.float64)
-        most_sent = self.a2a.all_reduce(counts[0].copy(), comm=self.comm, op="max")
-        dropped = self.a2a.all_reduce(counts[1].copy(), comm=self.comm)
-        peak = self.a2a.all_reduce(counts[2].copy(), comm=self.comm, op="max")
+        most_sent = all_reduce_host(counts[0], self.comm, op="max")
+        dropped = all_reduce_host(counts[1], self.comm)
+        peak = all_reduce_host(counts[2], self.comm, op="max")
         dropless_ms = statistics.median(samples[-1]) * 1e3
         rows = []
         for index, factor in enumerate([*factors, None]):
@@ -622,7 +699,7 @@ class _Bench:
         dictionary = AdaptiveDictionary(window=WINDOW, degrees=tuple(args.degrees), algos=tuple(args.algos),
                                         repeats=args.tune_repeats, drift=math.inf, prior=prior,
                                         prior_factor=args.prior_factor)
-        adaptive = self._layer(dictionary)
+        adaptive = self.adaptive_layer(dictionary)
         tuning = self.tune(adaptive, x, case.factor)
         plan = adaptive.last_plan
 
@@ -981,6 +1058,11 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     experts = layer.experts
     say(f"# moe_runtime.bench: {ranks} ranks = {comm.num_nodes} node(s) x {comm.local_size} ranks{emulated}; "
         f"a2a {a2a.__version__}, torch {torch.__version__}, {args.threads} thread(s) per rank, {args.dtype}")
+    gpu = None
+    if args.device == "cuda":
+        gpu = torch.cuda.get_device_name(bench.device)
+        say(f"# device: {bench.device} ({gpu}) per rank, transport {comm.transport}; a step is timed from a "
+            "synchronized device to a synchronized device")
     say(f"# layer: E={layer.num_global_experts} experts ("
         + (f"{experts.num_local} per rank" if experts.sharers == 1 else f"each shared by {experts.sharers} ranks")
         + f"), M={args.model_dim}, H={args.hidden}, top-{args.top_k} gate, Tutel's capacity rule; "
@@ -997,7 +1079,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     peer_check = None
     if bench.peer is not None:
         peer_check = check_peer(comm, experts=args.experts, top_k=args.top_k,
-                                factors=tuple(dict.fromkeys(args.factors + args.peer_factors)))
+                                factors=tuple(dict.fromkeys(case.factor for case in _cases(args))))
         failed = not peer_check.passed
         say(f"# peer check (T={peer_check.tokens}, M={peer_check.model_dim}, H={peer_check.hidden}, float64, "
             f"r=1 d=1 linear, f {','.join(f'{f:g}' for f in peer_check.factors)}): max |y - y_gshard| "
@@ -1009,8 +1091,9 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     rows: list[dict] = []
     summaries: list[dict] = []
-    for line in header_lines():
-        say(line)
+    if args.tokens:  # the sweep's rows (a comparison case has none)
+        for line in header_lines():
+            say(line)
     for case in _cases(args):
         case_rows, summary = bench.run_case(case)
         for row in case_rows:
@@ -1041,7 +1124,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         say(f"# dropless: the capacity dispatcher (r1/d1/linear) at each factor against dispatcher='dropless', "
             f"T={args.tokens}; sent = the most any rank sends to the others per step (4 exchanges); dropped = "
             "choices the capacity dropped, all ranks; peak = the most any rank's step holds at once, its "
-            "allocations at their peak (torch.profiler) plus the layer's pooled buffers (moe_runtime.step_memory)")
+            "allocations at their peak (torch.profiler; on CUDA the allocator's peak) plus the layer's pooled "
+            "buffers (moe_runtime.step_memory)")
         for line in dropless_header_lines():
             say(line)
         for row in dropless:
@@ -1090,6 +1174,9 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             "torch": torch.__version__,
             "threads": args.threads,
             "dtype": args.dtype,
+            "device": args.device,
+            "gpu": gpu,
+            "transport": comm.transport,
             "settings": {name: getattr(args, name) for name in
                          ("tokens", "model_dim", "hidden", "experts", "top_k", "factors", "degrees", "algos",
                           "warmup", "repeats", "tune_repeats", "peer_tokens", "peer_factors", "switch_pairs",

@@ -21,7 +21,11 @@ import math
 import statistics
 from typing import Any
 
+import numpy as np
+
 from a2a.bench import common
+
+from .host_values import all_reduce_host
 
 __all__ = ["dynamic_header_lines", "dynamic_rows", "format_dynamic"]
 
@@ -34,8 +38,8 @@ def _step_inputs(bench: Any, layer: Any, steps: int) -> list[Any]:
     row = layer.gates[0].wg.weight.detach().float()
     inputs = []
     for step in range(steps):
-        generator = torch.Generator().manual_seed(104729 * step + bench.comm.rank)
-        x = torch.randn(args.tokens, args.model_dim, generator=generator)
+        generator = torch.Generator(device=bench.device).manual_seed(104729 * step + bench.comm.rank)
+        x = torch.randn(args.tokens, args.model_dim, generator=generator, device=bench.device)
         hot = row[(step // 2) % layer.num_global_experts]
         x[: args.tokens // 2] += SKEW * hot / hot.norm().clamp(min=1e-12) * math.sqrt(args.model_dim) / 4
         inputs.append(x.to(bench.dtype).requires_grad_(True))
@@ -50,7 +54,7 @@ def _no_drop_factor(bench: Any, layer: Any, inputs: list[Any]) -> float:
         for x in inputs:
             indices = torch.topk(layer.gates[0](x), args.top_k, dim=1).indices
             busiest = max(busiest, int(torch.bincount(indices.reshape(-1), minlength=args.experts).max()))
-    busiest = int(bench.a2a.all_reduce(torch.tensor([busiest]), comm=bench.comm, op="max")[0])
+    busiest = int(all_reduce_host(np.array([busiest]), bench.comm, op="max")[0])
     share = -(-args.tokens // args.experts)  # ceil(T / E)
     # k * floor(f * share) >= busiest: f * share just above ceil(busiest / k).
     return (-(-busiest // args.top_k) + 0.5) / share
@@ -64,13 +68,7 @@ def dynamic_rows(bench: Any, steps: int) -> list[dict]:
     the dynamic layer's capacity changes."""
     if bench.layer.experts.sharers > 1 or steps < 1:
         return []
-    import numpy as np
-
-    from .layer import MoELayer
-
-    def layer(**options: Any) -> Any:
-        return MoELayer(*bench.layer_args, comm=bench.comm, seeds=(1, 2), **options).to(bench.dtype)
-
+    layer = bench.new_layer
     layers = {"static": layer(), "dropless": layer(dispatcher="dropless"), "dynamic": layer(dispatcher="dynamic")}
     inputs = _step_inputs(bench, layers["static"], steps)
     factor = _no_drop_factor(bench, layers["static"], inputs)
@@ -94,7 +92,7 @@ def dynamic_rows(bench: Any, steps: int) -> list[dict]:
 
     names = list(layers)
     samples = common.take_turns([timing(name) for name in names], steps)
-    dropped = bench.a2a.all_reduce(np.array([float(stats[n]["dropped"]) for n in names]), comm=bench.comm)
+    dropped = all_reduce_host(np.array([float(stats[n]["dropped"]) for n in names]), bench.comm)
     static_ms = statistics.median(samples[0]) * 1e3
     rows = []
     for index, name in enumerate(names):

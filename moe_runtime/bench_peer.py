@@ -38,6 +38,7 @@ import a2a
 import a2a.torch as a2a_torch
 
 from .capacity import rule_capacity
+from .host_values import all_reduce_host, torch_device
 from .layer import MoELayer
 from .losses import gshard_loss
 
@@ -92,7 +93,7 @@ class GShardPeer(torch.nn.Module):
 
         combine = x.new_zeros(num_tokens, num_experts, capacity)
         dispatch = x.new_zeros(num_tokens, num_experts, capacity)
-        taken = torch.zeros(num_experts, dtype=torch.long)  # slots used by the earlier choices
+        taken = torch.zeros(num_experts, dtype=torch.long, device=x.device)  # slots used by the earlier choices
         for choice in range(k):
             mask = F.one_hot(chosen[:, choice], num_experts)  # (T, E)
             locations = torch.cumsum(mask, dim=0) - 1 + taken
@@ -145,15 +146,17 @@ def check_peer(comm: a2a.Comm, *, experts: int, top_k: int, factors: tuple[float
                model_dim: int = 16, hidden: int = 32, tolerance: float = 1e-10) -> PeerCheck:
     """Runs a small float64 MoELayer (r = 1, d = 1, linear) and its peer on
     the same tokens at every factor; collective. Few tokens per expert, so
-    that some choices are dropped at f = 1."""
+    that some choices are dropped at f = 1. Both live where `comm` moves
+    memory (its GPU for a CUDA communicator): the device the timed layers use."""
     num_local = experts // comm.size
+    device = torch_device(comm)
     layer = MoELayer({"type": "top", "k": top_k}, model_dim,
                      {"type": "ffn", "num_experts_per_device": num_local, "hidden_size_per_expert": hidden},
-                     comm=comm, seeds=(11, 12)).to(torch.float64)
+                     comm=comm, seeds=(11, 12)).to(device=device, dtype=torch.float64)
     peer = GShardPeer(layer)
-    generator = torch.Generator().manual_seed(1000 + comm.rank)
-    x = torch.randn(tokens, model_dim, dtype=torch.float64, generator=generator)
-    weights = torch.randn(tokens, model_dim, dtype=torch.float64, generator=generator)
+    generator = torch.Generator(device=device).manual_seed(1000 + comm.rank)
+    x = torch.randn(tokens, model_dim, dtype=torch.float64, generator=generator, device=device)
+    weights = torch.randn(tokens, model_dim, dtype=torch.float64, generator=generator, device=device)
     errors = np.zeros(3)
     for factor in factors:
         results = []
@@ -168,6 +171,6 @@ def check_peer(comm: a2a.Comm, *, experts: int, top_k: int, factors: tuple[float
         (y0, g0, l0), (y1, g1, l1) = results
         mine = [float((y0 - y1).abs().max()), float((g0 - g1).abs().max()), float((l0 - l1).abs())]
         errors = np.maximum(errors, mine)
-    errors = a2a.all_reduce(errors, comm=comm, op="max")
+    errors = all_reduce_host(errors, comm, op="max")
     return PeerCheck(tokens, model_dim, hidden, tuple(factors), "float64", float(errors[0]), float(errors[1]),
                      float(errors[2]), tolerance)

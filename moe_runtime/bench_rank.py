@@ -6,10 +6,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
-__all__ = ["RankRun"]
+from .host_values import all_reduce_host
+
+__all__ = ["RankRun", "slowest"]
+
+
+def slowest(value: float, comm: Any) -> float:
+    """The maximum of `value` over the ranks of `comm`, a host or a CUDA communicator."""
+    return float(all_reduce_host(np.array([value], dtype=np.float64), comm, op="max")[0])
 
 
 class RankRun:
@@ -29,7 +37,7 @@ class RankRun:
 
     def slowest(self, value: float) -> float:
         """The maximum of `value` over the ranks (a step's time is its slowest rank's)."""
-        return float(self.a2a.all_reduce(np.array([value]), comm=self.comm, op="max")[0])
+        return slowest(value, self.comm)
 
     def step(self, layer, tokens) -> float:
         """Seconds of one forward + backward of `tokens` (a fresh leaf) through `layer`, slowest rank."""

@@ -877,10 +877,8 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
         if not torch.cuda.is_available():
             raise SystemExit("a2a.bench: --device cuda needs a CUDA device (torch.cuda.is_available() is False)")
-        local_rank = world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        comm = common.cuda_comm(world, local_size=args.local_size, transport=args.transport)
         device_text = f"cuda:{torch.cuda.current_device()}"
-        comm = a2a.Comm.from_mpi(world, local_size=args.local_size, device="cuda", transport=args.transport)
     else:
         comm = a2a.Comm.from_mpi(world, local_size=args.local_size)
     if GLOO_BASELINE not in args.baselines:

@@ -22,6 +22,8 @@ __all__ = [
     "Clock",
     "Progress",
     "command_line",
+    "cuda_comm",
+    "cuda_missing",
     "format_time",
     "forward_output",
     "geomean",
@@ -82,6 +84,12 @@ class Clock:
         if self.cuda:
             self.torch.cuda.current_stream().synchronize()
 
+    def now(self) -> float:
+        """perf_counter once the work queued so far is done (on CUDA, after
+        sync): a host clock for spans that other ranks, or the host, take part in."""
+        self.sync()
+        return time.perf_counter()
+
     def time(self, fn: Callable[[], Any], n: int) -> float:
         if self.cuda:
             stream = self.torch.cuda.current_stream()
@@ -97,6 +105,43 @@ class Clock:
         for _ in range(n):
             fn()
         return (time.perf_counter() - start_s) / n
+
+
+def cuda_missing() -> str | None:
+    """Why ``--device cuda`` cannot run here, or None: torch sees no GPU, or
+    this a2a was built without CUDA (a benchmark reports it and exits 2)."""
+    import torch
+
+    import a2a
+
+    if not torch.cuda.is_available():
+        return "--device cuda: torch sees no GPU"
+    if not a2a.config().get("cuda"):
+        return "--device cuda: this a2a was built without CUDA"
+    return None
+
+
+def cuda_comm(world: Any, *, local_size: int | None = None, transport: str | None = None) -> Any:
+    """``a2a.Comm.from_mpi(world, device="cuda")`` on this rank's GPU: its rank
+    on its node modulo the GPUs torch sees, made torch's current device.
+    NCCL (the default transport) takes one GPU per rank: a node with more
+    ranks than GPUs raises SystemExit on every rank of it; the staged MPI
+    transport (``transport="mpi"``) lets ranks share one."""
+    import torch
+    from mpi4py import MPI
+
+    import a2a
+
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, on_node = node.Get_rank(), node.Get_size()
+    node.Free()
+    gpus = torch.cuda.device_count()
+    if transport in (None, "nccl") and on_node > gpus:
+        raise SystemExit(f"--device cuda: {on_node} ranks on this node and {gpus} GPU(s), but NCCL takes one GPU "
+                         "per rank: run fewer ranks, or --transport mpi (staged through host memory; ranks may "
+                         "share a GPU)")
+    torch.cuda.set_device(local_rank % gpus)
+    return a2a.Comm.from_mpi(world, local_size=local_size, device="cuda", transport=transport)
 
 
 def take_turns(timings: list[Callable[[], float]], repeats: int) -> list[list[float]]:

@@ -992,20 +992,10 @@ def _device_description(env: _Env) -> str:
 
 
 def _resolve_device(args: argparse.Namespace) -> str | None:
-    """Fills args.device; returns an error message or None."""
-    import torch
-
-    import a2a
-
-    built_cuda = bool(a2a.config().get("cuda"))
+    """Fills args.device (default cuda where it can run); returns an error message or None."""
     if args.device is None:
-        args.device = "cuda" if built_cuda and torch.cuda.is_available() else "cpu"
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            return "--device cuda: torch sees no GPU"
-        if not built_cuda:
-            return "--device cuda: this a2a was built without CUDA"
-    return None
+        args.device = "cpu" if common.cuda_missing() else "cuda"
+    return common.cuda_missing() if args.device == "cuda" else None
 
 
 def main(argv: list[str]) -> int:

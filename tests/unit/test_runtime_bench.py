@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -65,7 +66,11 @@ def test_flags():
         "--peer-factors 1,1",
         "--dropless-factors 0",
         "--dynamic-steps -1",
-        "-T 0",
+        "-T -1",
+        "-T 0 --peer-tokens 0",  # no sweep and no comparison: nothing to measure
+        "--transport mpi",  # the transport of CUDA buffers, without --device cuda
+        "--device gpu",
+        "--quick --gpu-step",
         "-r 0",
         "-w -1",
         "--tune-repeats 0",
@@ -101,6 +106,81 @@ def test_experts_may_be_shared_by_ranks():
     assert bench.parse_args(["-E", "2", "--np", "4"]).experts == 2
     assert bench.layout_error(bench.parse_args(["-E", "16"]), 8) is None
     assert "multiple or a divisor" in bench.layout_error(bench.parse_args(["-E", "16"]), 6)
+
+
+def test_device_is_cpu_unless_asked():
+    args = bench.parse_args([])
+    assert (args.device, args.transport, bench.default_np(args)) == ("cpu", None, bench.DEFAULT_NP)
+    args = bench.parse_args(["--device", "cuda"])
+    assert (args.device, args.transport, args.np, bench.default_np(args)) == ("cuda", None, None, 1)
+    args = bench.parse_args(["--device", "cuda", "--transport", "mpi", "--np", "4", "-d", "bf16"])
+    assert (args.device, args.transport, args.np, args.dtype) == ("cuda", "mpi", 4, "bfloat16")
+
+
+def test_gpu_step_preset_is_the_issues_comparison_alone():
+    args = bench.parse_args(["--gpu-step"])
+    assert (args.device, args.np, args.dtype) == ("cuda", 1, "bfloat16")
+    issue = bench.ISSUE_SIZE
+    assert (args.model_dim, args.hidden, args.experts, args.top_k) == (
+        issue["model_dim"], issue["hidden"], issue["experts"], issue["top_k"])
+    # No sweep (nor the dropless and dynamic rows at its tokens): the T = 4096, f = 1 comparison case only.
+    assert bench._cases(args) == [bench.Case(issue["tokens"], issue["factor"], True)]
+    assert (args.tokens, args.switch_pairs, args.dropless_factors, args.dynamic_steps) == (0, 0, [], 0)
+    assert (args.warmup, args.repeats) == (bench.GPU_STEP["warmup"], bench.GPU_STEP["repeats"])
+    assert not args.no_peer and bench.layout_error(args, 1) is None
+    # Flags given with it win: the same command on the CPU, smaller.
+    args = bench.parse_args(["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128"])
+    assert (args.device, args.dtype, args.model_dim, args.hidden, args.peer_tokens) == ("cpu", "bfloat16", 32, 64, 128)
+    assert args.np == 1 and bench.parse_args(["--gpu-step", "--np", "2"]).np == 2
+
+
+def test_gpu_step_is_its_flags_spelled_out():
+    """The module docstring's spelling of --gpu-step parses to the same run."""
+    text = ("--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens 4096 --peer-factors 1 -M 1024 -H 1024 "
+            "-E 8 -k 2 -w 3 -r 10 --switch-pairs 0 --dropless-factors '' --dynamic-steps 0")
+    assert text in " ".join(bench.__doc__.split())
+    spelled = shlex.split(text)
+    preset, flags = vars(bench.parse_args(["--gpu-step"])), vars(bench.parse_args(spelled))
+    differing = {name for name in preset if preset[name] != flags[name]}
+    assert differing == {"gpu_step"}, differing
+
+
+def test_gpu_step_at_the_issues_size_is_judged_by_the_targets():
+    args = bench.parse_args(["--gpu-step"])
+    summary = {"tokens": args.peer_tokens, "factor": args.peer_factors[0], "comparison": True, "best": None,
+               "step_vs_expert": 1.1, "gshard_vs_step": 4.5, "switch": None}
+    sizes = {"model_dim": args.model_dim, "hidden": args.hidden, "experts": args.experts, "top_k": args.top_k}
+    verdicts = {t["name"]: t["verdict"] for t in bench.evaluate_targets([summary], sizes)}
+    assert verdicts == {"adaptive": "not measured", "expert": "met", "gshard": "met", "switch": "not measured"}
+
+
+@pytest.mark.parametrize("argv", [["--device", "cuda"], ["--device", "cuda", "--np", "4"], ["--gpu-step"]])
+def test_device_cuda_without_a_gpu_fails_at_once(argv, launched, monkeypatch, capsys, torch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(argv) == 2
+    assert "moe_runtime.bench --device cuda: torch sees no GPU" in capsys.readouterr().err
+    assert launched == []  # refused before mpirun starts any rank
+
+
+def test_device_cuda_with_an_a2a_built_without_cuda_fails_at_once(launched, monkeypatch, capsys, torch):
+    import a2a
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(a2a, "config", lambda: {"cuda": False})
+    assert bench.main(["--device", "cuda", "--np", "2"]) == 2
+    assert "moe_runtime.bench --device cuda: this a2a was built without CUDA" in capsys.readouterr().err
+    assert launched == []
+
+
+def test_cuda_missing_is_the_kernel_benchs_check_too(monkeypatch, torch):
+    from a2a.bench import kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert common.cuda_missing() == "--device cuda: torch sees no GPU"
+    args = kernels.parse_args(["--op", "encode", "--device", "cuda"])
+    assert kernels._resolve_device(args) == common.cuda_missing()
+    args = kernels.parse_args(["--op", "encode"])
+    assert kernels._resolve_device(args) is None and args.device == "cpu"  # the default: cuda only where it runs
 
 
 def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
@@ -379,3 +459,30 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
     assert "# targets" in proc.stdout
     if plot is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_step_command_on_one_cpu_rank(tmp_path, torch):
+    """The --gpu-step command with --device cpu and small sizes, on 1 rank (no mpirun): the
+    comparison case alone, and the JSON fields a summary of the GPU run reads."""
+    out = tmp_path / "step.json"
+    argv = ["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128", "-r", "2",
+            "-w", "1", "--tune-repeats", "1", "--json", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "moe_runtime.bench", *argv], check=False, cwd=REPO,
+                          env=_clean_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads(out.read_text())
+    assert (record["ranks"], record["device"], record["gpu"], record["dtype"]) == (1, "cpu", None, "bfloat16")
+    assert record["valid_rs"] == [0, 1] and record["peer_check"]["passed"] is True
+    assert record["peer_check"]["factors"] == [1.0]  # the comparison's factor only: no sweep
+    assert [row["kind"] for row in record["rows"]] == ["adaptive", "expert", "gshard"]
+    assert record["dropless"] == [] and record["dynamic"] == []
+    [s] = record["summaries"]
+    assert (s["tokens"], s["factor"], s["comparison"], s["switch"]) == (128, 1.0, True, None)
+    assert s["adaptive"]["config"].split("/")[0] in ("r0", "r1") and s["adaptive"]["time_ms"] > 0
+    assert s["expert"]["time_ms"] > 0 and s["gshard_ms"] > 0
+    assert s["step_vs_expert"] == pytest.approx(s["adaptive"]["time_ms"] / s["expert"]["time_ms"])
+    assert s["gshard_vs_step"] == pytest.approx(s["gshard_ms"] / s["adaptive"]["time_ms"])
+    targets = {t["name"]: t for t in record["targets"]}
+    assert targets["expert"]["verdict"] in ("met", "missed") and len(targets["expert"]["cases"]) == 1
+    [gshard] = targets["gshard"]["cases"]
+    assert gshard["issue_size"] is False and targets["gshard"]["verdict"] == "not measured"  # smaller than the issue's

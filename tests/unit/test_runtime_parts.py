@@ -1,5 +1,5 @@
 """moe_runtime's parts on one process: capacity rules, losses, gates, the
-buffer pool, chunk-major routing."""
+buffer pool, chunk-major routing, host values through a communicator."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import a2a
 from moe_runtime import capacity, gates, losses
 from moe_runtime.buffers import BufferPool
 from moe_runtime.flows import chunk_major
+from moe_runtime.host_values import all_gather_host, all_reduce_host, torch_device
 
 
 @pytest.mark.parametrize("rule, factor, tokens, experts, k, want", [
@@ -118,3 +119,15 @@ def test_chunk_major_keeps_every_slot():
     assert torch.equal(virtual[kept], locations[kept] - 3 * chunk[kept])
     assert torch.equal(layout.indices[kept], (chunk * 3 + indices)[kept])
     assert layout.num_dropped == 0 and int(layout.counts.sum()) == int(kept.sum())
+
+
+def test_host_values_through_a_host_communicator(comm):
+    """NumPy in, NumPy out (a CUDA communicator takes them as a tensor on its GPU: tests/gpu)."""
+    import numpy as np
+
+    assert torch_device(comm) == torch.device("cpu")
+    row = np.array([3, -1, 7], dtype=np.int64)
+    gathered = all_gather_host(row, comm)
+    assert isinstance(gathered, np.ndarray) and gathered.tolist() == [3, -1, 7]
+    reduced = all_reduce_host(np.array([0.5, 2.0]), comm, op="max")
+    assert isinstance(reduced, np.ndarray) and reduced.tolist() == [0.5, 2.0]

@@ -1,0 +1,69 @@
+"""moe_runtime.MoELayer on a CUDA communicator (1 rank, NCCL and staged MPI):
+its control values (the agreement all-gather) through the GPU, one training
+step equal to the same layer on the host communicator, and the GShard peer
+of python -m moe_runtime.bench agreeing with the layer there. Skipped
+without a GPU or a CUDA build of a2a."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import a2a
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module", params=["nccl", "mpi"])
+def cuda_comm(request, cuda_available):
+    from mpi4py import MPI
+
+    if request.param == "nccl" and not a2a.config()["nccl"]:
+        pytest.skip("a2a was built without NCCL (a2a.config()['nccl'] is False)")
+    return a2a.Comm.from_mpi(MPI.COMM_SELF, device="cuda", transport=request.param)
+
+
+@pytest.fixture(scope="module")
+def host_comm():
+    from mpi4py import MPI
+
+    return a2a.Comm.from_mpi(MPI.COMM_SELF)
+
+
+def test_host_values_travel_through_the_gpu(cuda_comm):
+    from moe_runtime.host_values import all_gather_host, all_reduce_host, torch_device
+
+    assert torch_device(cuda_comm) == torch.device("cuda", cuda_comm.cuda_device)
+    gathered = all_gather_host(np.array([5, -2, 9], dtype=np.int64), cuda_comm)
+    assert isinstance(gathered, np.ndarray) and gathered.tolist() == [5, -2, 9]
+    reduced = all_reduce_host(np.array([0.25, 3.0]), cuda_comm, op="max")
+    assert isinstance(reduced, np.ndarray) and reduced.tolist() == [0.25, 3.0]
+
+
+def _step(comm, device, r: int, d: int) -> list:
+    from moe_runtime import MoELayer
+
+    layer = MoELayer({"type": "top", "k": 2}, 16,
+                     {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 32},
+                     comm=comm, seeds=(3, 4)).to(device=device, dtype=torch.float64)
+    x = torch.randn(40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(5)).to(device)
+    x.requires_grad_(True)
+    y = layer(x, capacity_factor=1.0, adaptive_r=r, a2a_ffn_overlap_degree=d, algo="linear")
+    (y.sum() + y.l_aux).backward()
+    grads = [p.grad for p in layer.parameters()]
+    return [t.detach().cpu() for t in (y, x.grad, y.l_aux, *grads)]
+
+
+@pytest.mark.parametrize("r, d", [(0, 1), (1, 1), (1, 2)])
+def test_a_layer_step_on_the_gpu_equals_the_host(cuda_comm, host_comm, r, d):
+    got = _step(cuda_comm, torch.device("cuda", cuda_comm.cuda_device), r, d)
+    want = _step(host_comm, torch.device("cpu"), r, d)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_the_bench_peer_agrees_with_the_layer_on_the_gpu(cuda_comm):
+    from moe_runtime.bench_peer import check_peer
+
+    result = check_peer(cuda_comm, experts=4, top_k=2, factors=(1.0, 0.5, 2.0))
+    assert result.passed, result
