@@ -34,6 +34,7 @@ OPENMPI_LIB = "libmpi.so.40"
 # Architectures of the kinds that are lent (H100, H200): used by the dry run,
 # which has no GPU to ask.
 DEFAULT_ARCH = "90"
+CUDA_HOME_NVCC = "/usr/local/cuda/bin/nvcc"
 
 
 @dataclass
@@ -96,7 +97,10 @@ def prepare(root: Path, work: Path) -> Environment:
     for name in [n for n in env if n.startswith("A2A_")]:  # a developer's shell must not leak into the checks
         del env[name]
     scripts = sysconfig.get_path("scripts")  # cmake, ninja and pytest of the running Python's environment
-    env["PATH"] = os.pathsep.join([str(environment.prefix / "bin"), scripts, env.get("PATH", "")])
+    path = [str(environment.prefix / "bin"), scripts, env.get("PATH", "")]
+    if shutil.which("nvcc", path=os.pathsep.join(path)) is None and os.access(CUDA_HOME_NVCC, os.X_OK):
+        path.append(os.path.dirname(CUDA_HOME_NVCC))  # the toolkit's usual place, if the image leaves it off PATH
+    env["PATH"] = os.pathsep.join(path)
     env["PYTHONPATH"] = os.pathsep.join([str(environment.site), *extra_path])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [str(environment.prefix / "lib"), env.get("LD_LIBRARY_PATH")] if p)
     # mpi4py 4 finds libmpi by this variable (else next to sys.prefix, which is not the prefix here).
@@ -208,7 +212,10 @@ def facts(environment: Environment, kit: Path) -> dict[str, str]:
         out["gpu"] = done.stdout.strip() or f"nvidia-smi failed: {done.stderr.strip()[:200]}"
     else:
         out["gpu"] = "none (no nvidia-smi)"
-    nvcc = shutil.which("nvcc")
+    done = subprocess.run([environment.python, "-c", "from a2a.launch import find_mpirun; print(find_mpirun())"],
+                          env=environment.env, cwd=environment.work, capture_output=True, text=True, check=False)
+    out["mpirun"] = done.stdout.strip() if done.returncode == 0 else "a2a.launch found none"  # the one the tests use
+    nvcc = shutil.which("nvcc", path=environment.env["PATH"])
     if nvcc:
         done = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
         out["nvcc"] = (done.stdout.strip().splitlines() or ["?"])[-1]

@@ -113,10 +113,26 @@ def es_ops(rows: list[dict]) -> list[Target]:
 
 
 def layer(report: dict) -> list[Target]:
-    """The MoE layer step on the GPU (moe_runtime.bench --gpu-step's JSON)."""
+    """The MoE layer step on the GPU (moe_runtime.bench --gpu-step's JSON):
+    its expert and GShard targets as the benchmark judged them, and the
+    float64 check of the GShard peer against the layer."""
+    case = next((s for s in report.get("summaries", []) if s.get("comparison")), None)
+    size = f"T={case['tokens']}, f={case['factor']:g}, {report.get('dtype')}" if case else "no comparison case"
+    judged = {t["name"]: t for t in report.get("targets", [])}
     out = []
-    for target in report.get("targets", []):
-        out.append(Target(f"MoE layer: {target['name']}", target["goal"], target["measured"], target["verdict"]))
+    if case:
+        step, expert = case["adaptive"]["time_ms"], case["expert"]["time_ms"]
+        out.append(Target(f"MoE layer step ({case['adaptive']['config']}) against its expert compute, {size}",
+                          f"<= {STEP_VS_EXPERT_MAX}x", f"{step:.2f} ms / {expert:.2f} ms = {case['step_vs_expert']:.2f}x",
+                          judged.get("expert", {}).get("verdict", "not judged")))
+        if case.get("gshard_ms"):
+            out.append(Target(f"GShard's einsum layer against the MoE layer step, {size}", f">= {GSHARD_VS_STEP_MIN}x",
+                              f"{case['gshard_ms']:.2f} ms / {step:.2f} ms = {case['gshard_vs_step']:.2f}x",
+                              judged.get("gshard", {}).get("verdict", "not judged")))
+    peer = report.get("peer_check") or {}
+    out.append(Target("the GShard peer equals the layer in float64 on the device", f"<= {peer.get('tolerance', '?')}",
+                      f"output error {peer.get('output_error', float('nan')):.2g}, gradient error "
+                      f"{peer.get('grad_error', float('nan')):.2g}", verdict(bool(peer.get("passed")))))
     return out
 
 
