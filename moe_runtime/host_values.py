@@ -1,0 +1,40 @@
+"""Small host values (counts, flags, agreed settings) exchanged over a communicator of either device.
+
+The collectives of a CUDA communicator take memory of its device only (a
+NumPy array fails the call on every rank), so the runtime's agreements --
+NumPy rows of a few int64 or float64 -- travel there as a tensor on the
+communicator's device and come back as NumPy. On a host communicator they
+go as they are (and torch is not needed). Both functions are collective
+over ``comm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import a2a
+
+__all__ = ["all_gather_values", "all_reduce_values"]
+
+
+def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **options: Any) -> np.ndarray:
+    values = np.ascontiguousarray(values)
+    if comm.device == "cpu":
+        return collective(values, comm=comm, **options)
+    import torch  # a CUDA communicator's caller has torch (the runtime); a host one's need not
+
+    device = torch.device(comm.device, comm.cuda_device)
+    return collective(torch.tensor(values, device=device), comm=comm, **options).cpu().numpy()
+
+
+def all_gather_values(values: Any, comm: a2a.Comm) -> np.ndarray:
+    """Every rank's `values` (an array of n numbers), rank after rank: (W n,) NumPy."""
+    return _exchanged(a2a.all_gather, values, comm)
+
+
+def all_reduce_values(values: Any, comm: a2a.Comm, op: str = "sum") -> np.ndarray:
+    """`values` (an array of n numbers) reduced elementwise over the ranks by `op`: (n,) NumPy."""
+    return _exchanged(a2a.all_reduce, values, comm, op=op)
