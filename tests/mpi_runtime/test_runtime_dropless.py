@@ -123,6 +123,7 @@ def test_the_expert_cache_serves_inference_bitwise_equal_to_the_uncached_layer(c
     assert report["requests"] == sum(map(len, cache.recorded)) and report["hits"] + report["misses"] == report["requests"]
     if slots >= local:
         assert report["misses"] == len(set().union(*cache.recorded))  # cold misses only
+    assert report["bytes_copied"] == report["misses"] * cache.bytes_per_expert  # every miss copied in
 
     # A recording call trains on the parameters, not the cache.
     requests = report["requests"]
