@@ -39,6 +39,8 @@ import torch
 
 import a2a
 
+from .host_values import all_gather_values
+
 __all__ = ["AssignmentCache", "AssignmentStats", "check_sample_ids", "predicted_choices"]
 
 _SCORE_UNIT = 10**9  # scores travel as integers (parts per billion) in the agreement
@@ -157,7 +159,7 @@ class AssignmentCache:
         score = self.score
         state = _BAD_IDS if error is not None else int(ids_given)
         row = np.array([state, _NO_SCORE if score is None else round(score * _SCORE_UNIT)], dtype=np.int64)
-        table = a2a.all_gather(row, comm=comm).reshape(comm.size, 2)
+        table = all_gather_values(row, comm).reshape(comm.size, 2)
         states = table[:, 0]
         if error is not None:
             raise error

@@ -638,7 +638,7 @@ class _Bench:
             return []
         import numpy as np
 
-        from .host_values import all_reduce_host
+        from .host_values import all_reduce_values
         from .step_memory import peak_step_bytes
 
         dropless = self.new_layer(dispatcher="dropless")
@@ -659,9 +659,9 @@ class _Bench:
             step()
             peaks.append(peak_step_bytes(step, layer._pool, self.device))
         counts = np.array([[p.rows_sent for p in plans], [p.dropped for p in plans], peaks], dtype=np.float64)
-        most_sent = all_reduce_host(counts[0], self.comm, op="max")
-        dropped = all_reduce_host(counts[1], self.comm)
-        peak = all_reduce_host(counts[2], self.comm, op="max")
+        most_sent = all_reduce_values(counts[0], self.comm, op="max")
+        dropped = all_reduce_values(counts[1], self.comm)
+        peak = all_reduce_values(counts[2], self.comm, op="max")
         dropless_ms = statistics.median(samples[-1]) * 1e3
         rows = []
         for index, factor in enumerate([*factors, None]):

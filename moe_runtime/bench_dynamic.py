@@ -25,7 +25,7 @@ import numpy as np
 
 from a2a.bench import common
 
-from .host_values import all_reduce_host
+from .host_values import all_reduce_values
 
 __all__ = ["dynamic_header_lines", "dynamic_rows", "format_dynamic"]
 
@@ -54,7 +54,7 @@ def _no_drop_factor(bench: Any, layer: Any, inputs: list[Any]) -> float:
         for x in inputs:
             indices = torch.topk(layer.gates[0](x), args.top_k, dim=1).indices
             busiest = max(busiest, int(torch.bincount(indices.reshape(-1), minlength=args.experts).max()))
-    busiest = int(all_reduce_host(np.array([busiest]), bench.comm, op="max")[0])
+    busiest = int(all_reduce_values(np.array([busiest]), bench.comm, op="max")[0])
     share = -(-args.tokens // args.experts)  # ceil(T / E)
     # k * floor(f * share) >= busiest: f * share just above ceil(busiest / k).
     return (-(-busiest // args.top_k) + 0.5) / share
@@ -92,7 +92,7 @@ def dynamic_rows(bench: Any, steps: int) -> list[dict]:
 
     names = list(layers)
     samples = common.take_turns([timing(name) for name in names], steps)
-    dropped = all_reduce_host(np.array([float(stats[n]["dropped"]) for n in names]), bench.comm)
+    dropped = all_reduce_values(np.array([float(stats[n]["dropped"]) for n in names]), bench.comm)
     static_ms = statistics.median(samples[0]) * 1e3
     rows = []
     for index, name in enumerate(names):

@@ -38,7 +38,7 @@ import a2a
 import a2a.torch as a2a_torch
 
 from .capacity import rule_capacity
-from .host_values import all_reduce_host, torch_device
+from .host_values import all_reduce_values, torch_device
 from .layer import MoELayer
 from .losses import gshard_loss
 
@@ -171,6 +171,6 @@ def check_peer(comm: a2a.Comm, *, experts: int, top_k: int, factors: tuple[float
         (y0, g0, l0), (y1, g1, l1) = results
         mine = [float((y0 - y1).abs().max()), float((g0 - g1).abs().max()), float((l0 - l1).abs())]
         errors = np.maximum(errors, mine)
-    errors = all_reduce_host(errors, comm, op="max")
+    errors = all_reduce_values(errors, comm, op="max")
     return PeerCheck(tokens, model_dim, hidden, tuple(factors), "float64", float(errors[0]), float(errors[1]),
                      float(errors[2]), tolerance)

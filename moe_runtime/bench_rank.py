@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from .host_values import all_reduce_host
+from .host_values import all_reduce_values
 
 __all__ = ["RankRun", "slowest"]
 
 
 def slowest(value: float, comm: Any) -> float:
     """The maximum of `value` over the ranks of `comm`, a host or a CUDA communicator."""
-    return float(all_reduce_host(np.array([value], dtype=np.float64), comm, op="max")[0])
+    return float(all_reduce_values(np.array([value], dtype=np.float64), comm, op="max")[0])
 
 
 class RankRun:

@@ -37,6 +37,7 @@ from .flex_cost import CostModel, StepSample
 from .flex_dispatch import FlexCall, ReplicaSync
 from .flex_routing import balance_ratio, rank_loads, route, variance_ratio
 from .flex_scheduler import Decision, Scheduler
+from .host_values import all_gather_values
 from .ragged_ffn import ComputeClock
 from .relocation import Moved, agree_on_move, copy_slots
 from .vexperts import Primitive, SlotTable
@@ -83,7 +84,7 @@ class FlexState:
             self.scheduler = Scheduler(self.config, self.cost_model)
         num_experts, ranks = self.table.num_experts, self.comm.size
         counts = torch.bincount(indices.reshape(-1), minlength=num_experts).cpu().numpy()
-        gathered = a2a.all_gather(np.concatenate([counts, self._measurements(step_seconds)]), comm=self.comm)
+        gathered = all_gather_values(np.concatenate([counts, self._measurements(step_seconds)]), self.comm)
         gathered = gathered.reshape(ranks, -1)
         demand = gathered[:, :num_experts].astype(np.int64)
         if self._last is not None and (gathered[:, num_experts] > 0).all():

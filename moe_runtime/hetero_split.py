@@ -35,6 +35,8 @@ import numpy as np
 
 import a2a
 
+from .host_values import all_gather_values
+
 __all__ = ["local_batch", "measure_latency", "offsets", "rank_latencies", "split_by_latency", "uniform_split"]
 
 
@@ -164,7 +166,7 @@ def rank_latencies(comm: a2a.Comm, latency: float) -> list[float]:
         mine = float(latency)
     except (TypeError, ValueError):
         mine = math.nan  # reported after the gather, on every rank
-    gathered = a2a.all_gather(np.array([mine], dtype=np.float64), comm=comm)
+    gathered = all_gather_values(np.array([mine], dtype=np.float64), comm)
     values = [float(value) for value in gathered]
     _check_latencies(values)
     return values

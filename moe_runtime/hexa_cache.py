@@ -33,6 +33,7 @@ import torch
 
 import a2a
 
+from .host_values import all_reduce_values
 from .pipeline import Overlap, check_thread_level
 
 __all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache", "full_elements"]
@@ -116,7 +117,7 @@ class PipelineSharedCache:
         if self._holder is not None and self._holder[0] == token:
             # The same layer on every rank (the calls are collective); its shards may differ.
             same = np.array([1 if self._holder[1] == versions else 0], dtype=np.int64)
-            if int(a2a.all_reduce(same, comm=comm, op="min")[0]) == 1:
+            if int(all_reduce_values(same, comm, op="min")[0]) == 1:
                 self.reuses += 1
                 return self._views(experts)
         return self._gather(token, experts, comm, versions)
@@ -125,7 +126,7 @@ class PipelineSharedCache:
         """Starts gathering the layer `token` into the cache off the caller's
         path (collective over `comm`, which the caller leaves alone until the
         layer's forward). A prefetch still in flight is waited for first."""
-        check_thread_level(comm)
+        check_thread_level(comm, "prefetch gathers the experts")
         self._finish_pending()
         versions = _versions(experts)
         views = self._views(experts)  # the buffer is (re)made here, on the caller's thread

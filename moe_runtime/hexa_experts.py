@@ -46,6 +46,7 @@ import a2a
 
 from .experts import EXPERT_TAG, check_ffn_spec, draw_expert, expert_layout
 from .hetero_split import offsets, uniform_split
+from .host_values import all_gather_values
 
 __all__ = ["HiddenShardedExperts", "agreed_hidden_split", "check_hidden_split", "gather_along_hidden",
            "reduce_scatter_along_hidden"]
@@ -213,7 +214,7 @@ def agreed_hidden_split(comm: a2a.Comm, split: Sequence[int] | None, hidden: int
         row[0], row[1:] = 1, parts
     except ValueError as caught:
         error = caught
-    table = a2a.all_gather(row, comm=comm).reshape(world, world + 1)
+    table = all_gather_values(row, comm).reshape(world, world + 1)
     if error is not None:
         raise error
     invalid = np.flatnonzero(table[:, 0] == 0).tolist()

@@ -1,43 +1,46 @@
-"""Small host arrays (counts, flags, seconds) through an ``a2a.Comm`` of either device.
+"""Small host values (counts, flags, agreed settings) exchanged over a communicator of either device.
 
-The collectives of a CUDA communicator take CUDA tensors only (a NumPy array
-there is refused), so on one the values travel as a tensor on its GPU and come
-back to the host: one small copy each way, and a wait for the stream, which
-the caller pays anyway since it reads them. On a host communicator they go as
-they are."""
+The collectives of a CUDA communicator take memory of its device only (a
+NumPy array fails the call on every rank), so the runtime's agreements --
+NumPy rows of a few int64 or float64 -- travel there as a tensor on the
+communicator's device and come back as NumPy. On a host communicator they
+go as they are (and torch is not needed). Both functions are collective
+over ``comm``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch
 
 import a2a
 
-__all__ = ["all_gather_host", "all_reduce_host", "torch_device"]
+__all__ = ["all_gather_values", "all_reduce_values", "torch_device"]
 
 
-def torch_device(comm: a2a.Comm) -> torch.device:
+def torch_device(comm: a2a.Comm) -> Any:
     """Where `comm` moves memory, as torch names it: cpu, or its GPU."""
+    import torch  # a CUDA communicator's caller has torch (the runtime); a host one's need not
+
     return torch.device("cpu") if comm.device == "cpu" else torch.device("cuda", comm.cuda_device)
 
 
-def _where(values: np.ndarray, comm: a2a.Comm) -> Any:
+def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **options: Any) -> np.ndarray:
+    values = np.ascontiguousarray(values)
     if comm.device == "cpu":
-        return values
-    return torch.from_numpy(np.ascontiguousarray(values)).to(torch_device(comm))
+        return collective(values, comm=comm, **options)
+    import torch
+
+    return collective(torch.tensor(values, device=torch_device(comm)), comm=comm, **options).cpu().numpy()
 
 
-def _back(result: Any) -> np.ndarray:
-    return result if isinstance(result, np.ndarray) else result.cpu().numpy()
+def all_gather_values(values: Any, comm: a2a.Comm) -> np.ndarray:
+    """Every rank's `values` (an array of n numbers), rank after rank: (W n,) NumPy."""
+    return _exchanged(a2a.all_gather, values, comm)
 
 
-def all_gather_host(values: np.ndarray, comm: a2a.Comm) -> np.ndarray:
-    """``a2a.all_gather`` of `values` (rows stacked by rank), on the host."""
-    return _back(a2a.all_gather(_where(values, comm), comm=comm))
-
-
-def all_reduce_host(values: np.ndarray, comm: a2a.Comm, op: str = "sum") -> np.ndarray:
-    """``a2a.all_reduce`` of `values` (``op``: sum, max, min), on the host."""
-    return _back(a2a.all_reduce(_where(values, comm), comm=comm, op=op))
+def all_reduce_values(values: Any, comm: a2a.Comm, op: str = "sum") -> np.ndarray:
+    """`values` (an array of n numbers) reduced elementwise over the ranks by `op`: (n,) NumPy."""
+    return _exchanged(a2a.all_reduce, values, comm, op=op)

@@ -46,7 +46,7 @@ from .gates import decide, make_gate
 from .hexa import data_centric_moe, model_centric_moe
 from .hexa_cache import SHARED_CACHE, PipelineSharedCache
 from .hexa_experts import HiddenShardedExperts
-from .host_values import all_gather_host, all_reduce_host
+from .host_values import all_gather_values, all_reduce_values
 from .pipeline import Overlap, check_thread_level
 from .placement import as_assignment
 from .ragged import ragged_moe
@@ -302,9 +302,9 @@ class MoELayer(torch.nn.Module):
         sizes = sorted({self.sharded_count // r for r in self.valid_rs if r >= 1} - {1})
         self._groups = {g: comm.split(comm.rank // g, comm.rank) for g in sizes}
         self._exchange_comm = comm.split(0, comm.rank)
-        self._overlap = Overlap(comm.device)
+        self._overlap = Overlap(comm.device, comm.cuda_device)
         if assignment_cache is not None:
-            check_thread_level(self._exchange_comm)  # the predicted dispatch runs on the communication thread
+            check_thread_level(self._exchange_comm, "sample-assignment caching runs the predicted dispatch")
         self._pool = BufferPool()
         self._bound_signature: dict | None = None
         self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
@@ -346,7 +346,7 @@ class MoELayer(torch.nn.Module):
     def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
         if seeds is None:
             drawn = np.array([int(torch.randint(0, 2**31 - 1, (1,))) for _ in range(2)], dtype=np.int64)
-            table = all_gather_host(drawn, self.comm).reshape(self.comm.size, 2)
+            table = all_gather_values(drawn, self.comm).reshape(self.comm.size, 2)
             return int(table[0, 0]), int(table[0, 1])  # rank 0's
         if len(seeds) != 2:
             raise ValueError(f"seeds must be (gate_seed, expert_seed), got {seeds!r}")
@@ -467,8 +467,13 @@ class MoELayer(torch.nn.Module):
 
         tokens = x.reshape(-1, self.model_dim).contiguous()
         recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        if recording and self.comm.device == "cuda":
+            check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
+                                          "layer's collectives)")
         if recording:
-            anchor = torch.zeros((), requires_grad=True)  # makes the clock's backward run even if x needs no grad
+            # makes the clock's backward run even if x needs no grad; on the tokens' device, so that autograd
+            # sees one device in the clock's inputs
+            anchor = torch.zeros((), device=tokens.device, requires_grad=True)
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
         caching = self._begin_caching(tokens, k, sample_ids, algo)
         try:
@@ -616,7 +621,7 @@ class MoELayer(torch.nn.Module):
         counts), a check that every rank asked for the same k and gate, and
         that no rank passed an argument of the expert-parallel flows."""
         row = np.array([num_tokens, k, gate_index, len(given)], dtype=np.int64)
-        table = all_gather_host(row, self.comm).reshape(self.comm.size, len(row))
+        table = all_gather_values(row, self.comm).reshape(self.comm.size, len(row))
         self._trial, self._step_seconds = None, None  # no dictionary here
         for column, name in ((1, "top_k"), (2, "gate_index")):
             values = table[:, column]
@@ -687,7 +692,7 @@ class MoELayer(torch.nn.Module):
         # Each expert's count and the token count, the maximum over ranks: the policy's input.
         counts = torch.bincount(indices[indices >= 0].reshape(-1), minlength=num_experts).cpu().numpy()
         mine = np.append(counts, indices.shape[0]).astype(np.int64)
-        agreed = all_reduce_host(mine, self.comm, op="max")
+        agreed = all_reduce_values(mine, self.comm, op="max")
         capacities = self.capacity_tracker.update(agreed[:num_experts], int(agreed[num_experts]), indices.shape[1])
         scores = decision.scores.detach().contiguous() if self.batch_prioritized_routing else None
         y, routing, sent = ragged_moe(tokens, indices, decision.gates, capacities=capacities, weights=weights,
@@ -730,7 +735,7 @@ class MoELayer(torch.nn.Module):
         row = np.array([capacity, top_k, gate_index, _NONE if r is None else int(r), _NONE if d is None else d,
                         _NONE if algo is None else ALGORITHMS.index(algo), _NONE if flow is None else FLOWS.index(flow),
                         num_tokens, _NONE if seconds is None else int(seconds * 1e9)], dtype=np.int64)
-        table = all_gather_host(row, self.comm).reshape(self.comm.size, len(row))
+        table = all_gather_values(row, self.comm).reshape(self.comm.size, len(row))
         for column, name in _AGREED_NAMES.items():
             values = table[:, column]
             if (values != values[0]).any():

@@ -34,24 +34,34 @@ __all__ = ["Overlap", "check_thread_level"]
 THREAD_LEVELS_THAT_OVERLAP = ("serialized", "multiple")
 
 
-def check_thread_level(comm: a2a.Comm) -> None:
+def check_thread_level(comm: a2a.Comm, task: str | None = None) -> None:
     """A communication thread needs MPI_THREAD_SERIALIZED or more (every rank
-    has the same level, so every rank raises alike)."""
+    has the same level, so every rank raises alike). `task`: what runs on the
+    thread by :meth:`Overlap.start` (on every device: a CUDA communicator's
+    calls go through MPI too, its argument check at least); None: pipelining,
+    which runs on a thread on the CPU only (on CUDA, on a stream of the
+    calling thread)."""
     level = comm.mpi_thread_level
-    if comm.device == "cpu" and level is not None and level not in THREAD_LEVELS_THAT_OVERLAP:
-        raise a2a.UnsupportedError(
-            f"pipelining (a2a_ffn_overlap_degree > 1) on CPU runs the exchanges on a thread, which needs "
-            f"MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE; MPI granted {level!r} on rank {comm.rank} "
-            "(initialize MPI with a higher level, e.g. mpi4py.rc.thread_level = 'multiple')"
-        )
+    if level is None or level in THREAD_LEVELS_THAT_OVERLAP:
+        return
+    if task is None:
+        if comm.device != "cpu":
+            return
+        task = "pipelining (a2a_ffn_overlap_degree > 1) on CPU runs the exchanges"
+    raise a2a.UnsupportedError(
+        f"{task} on a thread, which needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE; MPI granted {level!r} on "
+        f"rank {comm.rank} (initialize MPI with a higher level, e.g. mpi4py.rc.thread_level = 'multiple')"
+    )
 
 
 class Overlap:
     """Runs `before(i)`, `compute(i)`, `after(i)` for d chunks with the
     exchanges (before, after) off the compute path."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, cuda_device: int | None = None):
         self.device = device
+        # The communicator's GPU: its current stream is the compute stream, whatever the current device.
+        self.cuda_device = cuda_device
         self._executor: ThreadPoolExecutor | None = None
         self._stream: Any = None
 
@@ -93,7 +103,7 @@ class Overlap:
             raise
 
     def _run_streams(self, chunks: int, before, compute, after) -> None:
-        main = torch.cuda.current_stream()
+        main = torch.cuda.current_stream(self.cuda_device)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=main.device)
         side = self._stream
@@ -127,7 +137,7 @@ class Overlap:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-exchange")
         if self.device != "cuda":
             return self._executor.submit(_without_grad, task).result
-        main = torch.cuda.current_stream()
+        main = torch.cuda.current_stream(self.cuda_device)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=main.device)
         side, inputs_ready = self._stream, main.record_event()

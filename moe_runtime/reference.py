@@ -96,7 +96,8 @@ def moe_reference(
                 out = activation(h) @ fc2[e]
                 if fc2_bias is not None:
                     out = out + fc2_bias[e]
-                y = y.index_add(0, torch.tensor([t]), (g * out if is_postscore else out).unsqueeze(0))
+                row = torch.tensor([t], device=x.device)  # the tokens' device: index_add takes no other
+                y = y.index_add(0, row, (g * out if is_postscore else out).unsqueeze(0))
         ys.append(y)
         l_auxes.append(l_aux)
     return ys, l_auxes, capacity

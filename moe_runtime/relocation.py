@@ -32,6 +32,8 @@ import torch
 
 import a2a
 
+from .host_values import all_gather_values
+
 __all__ = ["Moved", "agree_on_move", "copy_slots", "move_experts", "placed_tensors"]
 
 
@@ -85,7 +87,7 @@ def agree_on_move(comm: a2a.Comm, name: str, experts: torch.nn.Module, optimizer
     except ValueError as error:
         problem = f"{name}: {error}"
     row = np.array([problem is None, optimizer is not None, state_print, digest], dtype=np.int64)
-    rows = a2a.all_gather(row, comm=comm).reshape(comm.size, -1)
+    rows = all_gather_values(row, comm).reshape(comm.size, -1)
     if problem is not None:
         raise ValueError(problem)
     bad = np.flatnonzero(rows[:, 0] == 0).tolist()

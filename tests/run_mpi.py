@@ -2,9 +2,12 @@
 """Runs tests/mpi under mpirun for a matrix of world sizes and topologies.
 
     python tests/run_mpi.py                 # the whole matrix (make test-mpi)
-    python tests/run_mpi.py --list          # show the configurations
+    python tests/run_mpi.py --list          # show the configurations (--gpu: the GPU ones)
     python tests/run_mpi.py --only 2x4 --only np3 -v
     python tests/run_mpi.py --np 6 --local-size 3 -k flex
+    python tests/run_mpi.py --gpu           # the configurations that need a GPU (not in the matrix)
+    python tests/run_mpi.py --gpu --collect-only   # import and collect them only (no GPU needed)
+    python tests/run_mpi.py --gpu --test-device cpu   # run them on the host (A2A_TEST_DEVICE=cpu)
 
 Topologies are emulated with A2A_LOCAL_SIZE (nodes = blocks of local_size
 consecutive ranks); without it every rank is on this one machine. Only rank 0
@@ -26,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
@@ -50,6 +53,7 @@ A2A_VARIABLES = (
     "A2A_TEST_STAGING",
     "A2A_TEST_THREADS",
     "A2A_TEST_MPI_THREAD_LEVEL",
+    "A2A_TEST_DEVICE",
     "A2A_DEBUG",
     "A2A_FLEX_PATH",
     "A2A_NUM_THREADS",
@@ -73,6 +77,7 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)
     note: str = ""
     timeout: int | None = None  # wall-clock limit of the mpirun; None: --timeout
+    gpu: bool = False  # needs a GPU: not in the default matrix (--gpu, --only NAME)
 
     def describe(self) -> str:
         topo = f"A2A_LOCAL_SIZE={self.local_size}" if self.local_size else "detected topology"
@@ -129,6 +134,14 @@ CONFIGS = [
            note="FlexMoE on 2 ranks, and an adjustment's timeout", timeout=300),
     Config("hexa-np2", 2, paths=[HEXA_TESTS, FLOW_TESTS],
            note="Hexa-MoE's data- and model-centric layers, and the dictionary's flows, on 2 ranks", timeout=300),
+    # moe_runtime on CUDA tensors (A2A_TEST_DEVICE=cuda, tests/mpi_runtime/runtime_util.py): the whole
+    # runtime suite, every rank on GPU 0 through the staged MPI transport (NCCL refuses several ranks
+    # on one GPU), on one node and on two emulated ones (2dh). They need a GPU, so they are not in the
+    # default matrix: --gpu runs them, --only names one.
+    Config("gpu-moe-np2", 2, paths=[RUNTIME_TESTS], env={"A2A_TEST_DEVICE": "cuda"},
+           note="moe_runtime on CUDA, 2 ranks on one GPU", timeout=300, gpu=True),
+    Config("gpu-moe-2x2", 4, 2, paths=[RUNTIME_TESTS], env={"A2A_TEST_DEVICE": "cuda"},
+           note="moe_runtime on CUDA, 2 nodes x 2 ranks on one GPU", timeout=300, gpu=True),
     Config(
         "timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
     ),
@@ -152,7 +165,7 @@ CONFIGS = [
 ]
 
 SUMMARY_RE = re.compile(
-    r"\b\d+ (passed|failed|skipped|errors?|deselected|xfailed|xpassed)\b.* in \d+(\.\d+)?s\b"
+    r"\b\d+ (passed|failed|skipped|errors?|deselected|xfailed|xpassed|tests? collected)\b.* in \d+(\.\d+)?s\b"
 )
 
 
@@ -226,6 +239,8 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
     pytest_args = ["-q", "-rfE", "-p", "no:cacheprovider", "--color=no", *config.paths]
     if args.k:
         pytest_args += ["-k", args.k]
+    if args.collect_only:
+        pytest_args.append("--collect-only")
     command = mpirun_command(config.np, [sys.executable, WRAPPER, "--log-dir", log_dir, "--", *pytest_args])
     env = run_env(config, args.rank_timeout)
 
@@ -326,14 +341,28 @@ def select(args: argparse.Namespace) -> list[Config]:
                 args.local_size,
             )
         ]
+    gpu = [c for c in CONFIGS if c.gpu] if args.gpu else []
     if not args.only:
-        return list(CONFIGS)
-    wanted = [name for item in args.only for name in item.split(",") if name]
-    by_name = {c.name: c for c in CONFIGS}
-    unknown = [name for name in wanted if name not in by_name]
-    if unknown:
-        sys.exit(f"run_mpi.py: unknown configuration(s) {unknown}; see --list")
-    return [by_name[name] for name in wanted]
+        chosen = gpu or [c for c in CONFIGS if not c.gpu]
+    else:
+        wanted = [name for item in args.only for name in item.split(",") if name]
+        by_name = {c.name: c for c in CONFIGS}
+        unknown = [name for name in wanted if name not in by_name]
+        if unknown:
+            sys.exit(f"run_mpi.py: unknown configuration(s) {unknown}; see --list (and --list --gpu)")
+        named = [by_name[name] for name in wanted]
+        chosen = named + [c for c in gpu if c not in named]
+    if args.test_device:
+        return [on_test_device(c, args.test_device) for c in chosen]
+    return chosen
+
+
+def on_test_device(config: Config, device: str) -> Config:
+    """`config` with the runtime suite's device forced (A2A_TEST_DEVICE): a
+    GPU configuration with "cpu" runs the same tests and code on the host
+    (only the CUDA lines untried), without a GPU. Its logs go elsewhere."""
+    return replace(config, name=f"{config.name}@{device}", env={**config.env, "A2A_TEST_DEVICE": device},
+                               note=f"{config.note}, A2A_TEST_DEVICE={device}".lstrip(", "))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,6 +370,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the configurations and exit")
     parser.add_argument(
         "--only", action="append", default=[], help="run only these configurations (repeatable)"
+    )
+    parser.add_argument(
+        "--gpu", action="store_true", help="the configurations that need a GPU (gpu-*; not in the default matrix)"
+    )
+    parser.add_argument(
+        "--collect-only", action="store_true", help="only import and collect the tests (pytest --collect-only)"
+    )
+    parser.add_argument(
+        "--test-device",
+        choices=("cpu", "cuda"),
+        help="force the runtime suite's device (A2A_TEST_DEVICE) in the selected configurations: "
+        "--gpu --test-device cpu runs the GPU configurations on the host",
     )
     parser.add_argument("--np", type=int, help="run one custom configuration with this many ranks")
     parser.add_argument("--local-size", type=int, help="with --np: emulated ranks per node")

@@ -31,12 +31,12 @@ def host_comm():
 
 
 def test_host_values_travel_through_the_gpu(cuda_comm):
-    from moe_runtime.host_values import all_gather_host, all_reduce_host, torch_device
+    from moe_runtime.host_values import all_gather_values, all_reduce_values, torch_device
 
     assert torch_device(cuda_comm) == torch.device("cuda", cuda_comm.cuda_device)
-    gathered = all_gather_host(np.array([5, -2, 9], dtype=np.int64), cuda_comm)
+    gathered = all_gather_values(np.array([5, -2, 9], dtype=np.int64), cuda_comm)
     assert isinstance(gathered, np.ndarray) and gathered.tolist() == [5, -2, 9]
-    reduced = all_reduce_host(np.array([0.25, 3.0]), cuda_comm, op="max")
+    reduced = all_reduce_values(np.array([0.25, 3.0]), cuda_comm, op="max")
     assert isinstance(reduced, np.ndarray) and reduced.tolist() == [0.25, 3.0]
 
 

@@ -1,5 +1,6 @@
 """Fixtures for the runtime's tests under mpirun (tests/run_mpi.py's moe-*
-configurations). Every rank runs the same tests in the same order."""
+configurations, and gpu-moe-* on CUDA: runtime_util.DEVICE). Every rank
+runs the same tests in the same order."""
 
 from __future__ import annotations
 
@@ -22,6 +23,6 @@ def world():
 
 @pytest.fixture(scope="module")
 def comm(world):
-    import a2a
+    from runtime_util import suite_comm  # on the device A2A_TEST_DEVICE names (runtime_util)
 
-    return a2a.Comm.from_mpi(world)
+    return suite_comm(world)

@@ -1,6 +1,18 @@
-"""Deterministic inputs and the reference comparison for the runtime tests."""
+"""Deterministic inputs and the reference comparison for the runtime tests,
+and the one place that decides their device.
+
+``A2A_TEST_DEVICE`` (read by the tests only, never by the library; tests/
+run_mpi.py's gpu-* configurations set it): ``cuda`` runs the layers, their
+tokens and upstream gradients on CUDA device 0 over a staged CUDA
+communicator (``transport="mpi"``: the ranks share the one GPU, which NCCL
+refuses); ``cpu`` or unset, on the host over a host communicator. Either way
+the same code runs; every reference is computed in float64 on the CPU, from
+the layer's gathered weights moved there and every rank's tokens.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -8,6 +20,30 @@ import a2a
 import moe_runtime
 
 MODEL_DIM, HIDDEN = 8, 16
+CPU = torch.device("cpu")
+
+
+def _test_device() -> torch.device:
+    name = os.environ.get("A2A_TEST_DEVICE") or "cpu"
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"A2A_TEST_DEVICE must be 'cpu' or 'cuda', got {name!r}")
+    return torch.device(name, 0) if name == "cuda" else CPU
+
+
+DEVICE = _test_device()
+
+
+def suite_comm(world, **options) -> a2a.Comm:
+    """The communicator of the tests on DEVICE (topology from A2A_LOCAL_SIZE
+    as always); `options` go to a2a.Comm.from_mpi (timeout_s=)."""
+    if DEVICE.type == "cuda":
+        return a2a.Comm.from_mpi(world, device="cuda", transport="mpi", cuda_device=DEVICE.index, **options)
+    return a2a.Comm.from_mpi(world, **options)
+
+
+def on_device(x, dtype: torch.dtype | None = None):
+    """A layer or tensor moved to DEVICE (and `dtype`, when given)."""
+    return x.to(device=DEVICE, dtype=dtype)
 
 
 def experts_cases(world: int) -> list[int]:
@@ -31,7 +67,7 @@ def make_layer(comm, num_experts, dtype=torch.float64, **options):
         {"type": "top", "k": options.pop("k", 2), "capacity_factor": factor}, MODEL_DIM,
         experts_spec(num_experts, comm.size), comm=comm, seeds=(21, 22), **options,
     )
-    return layer.to(dtype)
+    return on_device(layer, dtype)
 
 
 def whole_expert_cases(comm):
@@ -39,15 +75,28 @@ def whole_expert_cases(comm):
     return [e for e in experts_cases(comm.size) if e >= comm.size] or [comm.size, 2 * comm.size]
 
 
-def tokens_of(rank: int, dtype: torch.dtype) -> torch.Tensor:
+def random_rows(rows: int, seed: int, *, columns: int = MODEL_DIM, dtype: torch.dtype = torch.float64,
+                device: torch.device = DEVICE) -> torch.Tensor:
+    """(rows, columns) normal values from a host generator seeded `seed`, in
+    float64 (the same values whatever the device), then `dtype` on `device`."""
+    generator = torch.Generator().manual_seed(seed)
+    drawn = torch.randn(rows, columns, generator=generator, dtype=torch.float64)
+    return drawn.to(device=device, dtype=dtype)
+
+
+def tokens_of(rank: int, dtype: torch.dtype, device: torch.device = DEVICE) -> torch.Tensor:
     """Rank i's tokens: 5 + 2i of them (odd, different per rank)."""
-    generator = torch.Generator().manual_seed(100 + rank)
-    return torch.randn(5 + 2 * rank, MODEL_DIM, generator=generator, dtype=torch.float64).to(dtype)
+    return random_rows(5 + 2 * rank, 100 + rank, dtype=dtype, device=device)
 
 
-def upstream_of(rank: int, dtype: torch.dtype) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(200 + rank)
-    return torch.randn(5 + 2 * rank, MODEL_DIM, generator=generator, dtype=torch.float64).to(dtype)
+def upstream_of(rank: int, dtype: torch.dtype, device: torch.device = DEVICE) -> torch.Tensor:
+    """Rank i's gradient of the layer's output."""
+    return random_rows(5 + 2 * rank, 200 + rank, dtype=dtype, device=device)
+
+
+def host_leaf(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (a layer's weight) as a reference's input: a float64 leaf on the CPU that requires grad."""
+    return tensor.detach().to(CPU, torch.float64).requires_grad_(True)
 
 
 def two_level(comm: a2a.Comm) -> bool:
@@ -71,14 +120,14 @@ def run_layer(layer, comm, dtype, **call):
 def reference(layer, comm, dtype, *, capacity_factor, top_k=None, batch_prioritized_routing=False,
               is_postscore=True, activation=torch.relu):
     """The reference's (y, x grad, gate grad, expert grads, l_aux) for this rank."""
-    experts = {name: t.double().requires_grad_(True) for name, t in layer.gather_experts().items()}
-    gate_weight = layer.gates[0].wg.weight.detach().double().requires_grad_(True)
-    xs = [tokens_of(i, dtype).double().requires_grad_(True) for i in range(comm.size)]
+    experts = {name: host_leaf(t) for name, t in layer.gather_experts().items()}
+    gate_weight = host_leaf(layer.gates[0].wg.weight)
+    xs = [tokens_of(i, dtype, CPU).double().requires_grad_(True) for i in range(comm.size)]
     ys, l_auxes, capacity = moe_runtime.moe_reference(
         xs, gate_weight, experts, top_k=top_k or layer.gates[0].top_k, capacity_factor=capacity_factor,
         batch_prioritized_routing=batch_prioritized_routing, is_postscore=is_postscore, activation=activation,
     )
-    loss = sum((y * upstream_of(i, dtype).double()).sum() + l for i, (y, l) in enumerate(zip(ys, l_auxes)))
+    loss = sum((y * upstream_of(i, dtype, CPU).double()).sum() + l for i, (y, l) in enumerate(zip(ys, l_auxes)))
     loss.backward()
     rank = comm.rank
     grads = {name: t.grad for name, t in experts.items()}
@@ -91,8 +140,9 @@ def assert_matches(got, want, tolerance: float, what: str) -> None:
              ("l_aux", l_aux, want[4])]
     pairs += [(f"grad {name}", expert_grads[name], want[3][name]) for name in want[3]]
     for name, a, b in pairs:
-        error = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-        scale = max(1.0, float(b.double().abs().max())) if b.numel() else 1.0
+        a, b = a.to(CPU, torch.float64), b.to(CPU, torch.float64)  # the layer's device, the reference's host
+        error = float((a - b).abs().max()) if a.numel() else 0.0
+        scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
         assert error <= tolerance * scale, f"{what}: {name} differs from the reference by {error:.3g}"
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from runtime_util import MODEL_DIM, run_layer, tokens_of, two_level
+from runtime_util import MODEL_DIM, on_device, run_layer, tokens_of, two_level
 from test_runtime_dropless import make_layer, whole_expert_cases
 
 import a2a
 import moe_runtime
+from moe_runtime.host_values import all_gather_values
 
 ALWAYS = {"on_threshold": 0.0, "off_threshold": 0.0}  # on as soon as every rank has a score
 
@@ -29,6 +30,12 @@ def layers(comm, num_experts, dtype, k=2, **cache_options):
 def sample_ids(comm, offset=0):
     """One token per sample: ids distinct across ranks (they need not be)."""
     return np.arange(tokens_of(comm.rank, torch.float64).shape[0]) + 1000 * comm.rank + offset
+
+
+def predictable_experts(comm, k=2) -> int:
+    """The first whole-expert E with k experts besides each token's k (so
+    that a wrong prediction exists): E = W does not on 2 ranks."""
+    return next(e for e in whole_expert_cases(comm) if e >= 2 * k)
 
 
 def wrong_experts(actual, num_experts):
@@ -60,14 +67,14 @@ def assert_identical(got, want, what):
 
 
 def all_ranks(comm, value):
-    return a2a.all_gather(np.array([int(value)], dtype=np.int64), comm=comm).tolist()
+    return all_gather_values(np.array([int(value)], dtype=np.int64), comm).tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("quality", [0, 50, 100, "unseen"])
 def test_cached_equals_uncached_whatever_the_prediction(comm, dtype, quality):
     algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
-    num_experts = whole_expert_cases(comm)[0]
+    num_experts = predictable_experts(comm)
     for algo in algos:
         plain, cached, cache = layers(comm, num_experts, dtype)
         want = run_layer(plain, comm, dtype, algo=algo)
@@ -100,7 +107,8 @@ def test_experts_without_rows_and_a_rank_without_tokens(comm):
             layer.gates[0].wg.weight.zero_()
             layer.gates[0].wg.weight[0].fill_(1.0)  # with positive inputs, expert 0 always wins
     count = 0 if comm.rank == 0 else 3 + comm.rank
-    x = torch.rand(count, MODEL_DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank)) + 0.1
+    generator = torch.Generator().manual_seed(comm.rank)
+    x = on_device(torch.rand(count, MODEL_DIM, dtype=torch.float64, generator=generator) + 0.1)
     ids = np.arange(count) + 100 * comm.rank
 
     def step(layer, **call):
@@ -129,7 +137,7 @@ def test_every_rank_takes_the_same_decision(comm):
     """decay 0: the score is the last call's hit fraction. Rank 0's
     predictions turn 50% right while the others' stay right: caching turns
     off on every rank (the lowest score decides), then on again at >= 0.95."""
-    num_experts = whole_expert_cases(comm)[0]
+    num_experts = predictable_experts(comm)
     plain, cached, cache = layers(comm, num_experts, torch.float64, decay=0.0, on_threshold=0.95,
                                   off_threshold=0.85)
     want = run_layer(plain, comm, torch.float64)

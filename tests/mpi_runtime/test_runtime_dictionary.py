@@ -11,10 +11,10 @@ import random
 import numpy as np
 import pytest
 import torch
-from runtime_util import MODEL_DIM, experts_spec
+from runtime_util import MODEL_DIM, experts_spec, on_device, random_rows
 
-import a2a
 import moe_runtime
+from moe_runtime.host_values import all_gather_values, all_reduce_values
 
 
 class FakeClock:
@@ -51,12 +51,12 @@ def make(comm, dictionary, clock_cost):
     layer = moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": 1.0}, MODEL_DIM,
                                  experts_spec(max(comm.size // 4, 1), comm.size), comm=comm, seeds=(3, 4),
                                  adaptive=dictionary, timer=FakeClock(ref, clock_cost, comm.rank))
-    ref.append(layer.double())
+    ref.append(on_device(layer, torch.float64))
     return layer
 
 
 def train(layer, comm, steps: int) -> list[tuple]:
-    x = torch.randn(12, MODEL_DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
+    x = random_rows(12, comm.rank)
     plans = []
     for _ in range(steps):
         y = layer(x)
@@ -67,7 +67,7 @@ def train(layer, comm, steps: int) -> list[tuple]:
 
 def same_on_every_rank(comm, plans) -> bool:
     codes = np.array([r * 1000 + d * 10 + ("linear", "2dh").index(a) for r, d, a in plans], dtype=np.int64)
-    table = a2a.all_gather(codes, comm=comm).reshape(comm.size, -1)
+    table = all_gather_values(codes, comm).reshape(comm.size, -1)
     return bool((table == table[0]).all())
 
 
@@ -75,7 +75,7 @@ def test_the_search_finds_the_optimum_on_every_rank(comm, tmp_path_factory):
     path = str(tmp_path_factory.getbasetemp() / f"dictionary-{comm.size}.json") if comm.rank == 0 else None
     # Every rank must name the same file: rank 0's path, broadcast.
     name = np.frombuffer((path or "").ljust(512).encode(), dtype=np.uint8).copy()
-    name = a2a.all_gather(name, comm=comm)[:512].tobytes().decode().strip()
+    name = all_gather_values(name, comm)[:512].tobytes().decode().strip()
     dictionary = moe_runtime.AdaptiveDictionary(warmup=1, repeats=3, path=name)
     layer = make(comm, dictionary, cost_table)
     plans = train(layer, comm, 160)
@@ -98,7 +98,7 @@ def test_the_search_finds_the_optimum_on_every_rank(comm, tmp_path_factory):
 
 
 def comm_barrier(comm) -> None:
-    a2a.all_reduce(np.zeros(1), comm=comm)
+    all_reduce_values(np.zeros(1), comm)
 
 
 def test_drift_retunes(comm):
@@ -132,7 +132,7 @@ def test_the_scale_model_prior_leaves_out_the_same_trials_on_every_rank(comm):
     assert not dictionary.tuning(capacity)
     assert same_on_every_rank(comm, plans)
     skipped = np.array([dictionary.skipped(capacity)], dtype=np.int64)
-    assert (a2a.all_gather(skipped, comm=comm) == skipped[0]).all()
+    assert (all_gather_values(skipped, comm) == skipped[0]).all()
     if comm.num_nodes > 1 and comm.local_size > 1:
         assert skipped[0] > 0  # 2dh's second pass over the bytes is predicted > 1.2x on this host
     signature = layer._bound_signature

@@ -16,6 +16,7 @@ from runtime_util import (
     NOTHING_DROPS,
     assert_matches,
     experts_spec,
+    on_device,
     reference,
     run_layer,
     tokens_of,
@@ -26,6 +27,7 @@ import a2a
 import moe_runtime
 from moe_runtime.dictionary_flows import OTHER_FLOWS
 from moe_runtime.hexa_cache import PipelineSharedCache
+from moe_runtime.host_values import all_gather_values
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 ALL_FLOWS = ("expert", *OTHER_FLOWS)
@@ -38,7 +40,7 @@ def flows_layer(comm, num_experts, dtype=torch.float64, *, k=2, hidden=HIDDEN, e
     spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden, **(extra or {})}
     layer = moe_runtime.MoELayer({"type": "top", "k": k, "capacity_factor": 0.0}, MODEL_DIM, spec, comm=comm,
                                  seeds=(21, 22), flows=OTHER_FLOWS, **options)
-    return layer.to(dtype)
+    return on_device(layer, dtype)
 
 
 def forced_runs(comm):
@@ -117,7 +119,7 @@ class FlowClock:
 def plans_everywhere(comm, plans) -> np.ndarray:
     codes = np.array([ALL_FLOWS.index(f) * 10000 + r * 100 + d * 10 + ("linear", "2dh").index(a)
                       for f, r, d, a in plans], dtype=np.int64)
-    return a2a.all_gather(codes, comm=comm).reshape(comm.size, -1)
+    return all_gather_values(codes, comm).reshape(comm.size, -1)
 
 
 @pytest.mark.parametrize("fastest", ALL_FLOWS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from runtime_util import (
+    DEVICE,
     NOTHING_DROPS,
     assert_matches,
     make_layer,
@@ -18,8 +19,8 @@ from runtime_util import (
     whole_expert_runs,
 )
 
-import a2a
 import moe_runtime
+from moe_runtime.host_values import all_reduce_values
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])
@@ -47,13 +48,13 @@ def test_a_capacity_that_drops_is_not_what_dropless_computes(comm):
     padded = make_layer(comm, num_experts, capacity_factor=0.25)
     dropless = make_layer(comm, num_experts, dispatcher="dropless")
     run_layer(padded, comm, torch.float64)
-    dropped = a2a.all_reduce(torch.tensor([float(padded.last_plan.dropped)]), comm=comm)
-    assert float(dropped) > 0
+    dropped = all_reduce_values([padded.last_plan.dropped], comm)
+    assert int(dropped[0]) > 0
     got = run_layer(dropless, comm, torch.float64)
     assert_matches(got, reference(dropless, comm, torch.float64, capacity_factor=NOTHING_DROPS), 1e-12, "dropless")
     y_padded = run_layer(padded, comm, torch.float64)[0]
-    difference = torch.tensor([float((y_padded - got[0]).abs().max())])
-    assert float(a2a.all_reduce(difference, comm=comm, op="max")) > 1e-6  # some rank's tokens lost a choice
+    difference = float((y_padded - got[0]).abs().max())
+    assert all_reduce_values([difference], comm, op="max")[0] > 1e-6  # some rank's tokens lost a choice
 
 
 def test_every_rank_may_hold_a_different_number_of_tokens_and_experts_may_get_none(comm):
@@ -99,9 +100,10 @@ def test_dropless_errors(comm):
 @pytest.mark.parametrize("slots", [1, 2, 64], ids=["one-slot", "two-slots", "all-fit"])
 def test_the_expert_cache_serves_inference_bitwise_equal_to_the_uncached_layer(comm, slots):
     """Inference with an ExpertCache equals the uncached dropless layer
-    bitwise, whether the batch's experts fit the slots at once (fetched before
-    the exchange) or not (fetched one at a time); training bypasses it, and an
-    optimizer step rebinds it to the new weights."""
+    bitwise (on CUDA too, the misses copied on the cache's stream), whether
+    the batch's experts fit the slots at once (fetched before the exchange)
+    or not (fetched one at a time); training bypasses it, and an optimizer
+    step rebinds it to the new weights."""
     num_experts = whole_expert_cases(comm)[0]
     local = num_experts // comm.size
     cache = moe_runtime.ExpertCache(min(slots, local), "lifo", record=True)
@@ -112,10 +114,16 @@ def test_the_expert_cache_serves_inference_bitwise_equal_to_the_uncached_layer(c
         with torch.no_grad():
             assert torch.equal(cached(x * (step + 1)), plain(x * (step + 1))), step
     assert len(cache.recorded) == 3 and all(batch <= set(range(local)) for batch in cache.recorded)
+    # The slots are on the tokens' device; on CUDA the misses came from page-locked host copies on the
+    # cache's own copy stream (the compute stream waited for them).
+    assert all(pool.device == DEVICE for pool in cache.pool.values())
+    assert (cache.copy_stream is not None) == (DEVICE.type == "cuda")
+    assert all(w.device.type == "cpu" and (DEVICE.type != "cuda" or w.is_pinned()) for w in cache.host.values())
     report = cache.report()
     assert report["requests"] == sum(map(len, cache.recorded)) and report["hits"] + report["misses"] == report["requests"]
     if slots >= local:
         assert report["misses"] == len(set().union(*cache.recorded))  # cold misses only
+    assert report["bytes_copied"] == report["misses"] * cache.bytes_per_expert  # every miss copied in
 
     # A recording call trains on the parameters, not the cache.
     requests = report["requests"]

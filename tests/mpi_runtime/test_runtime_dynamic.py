@@ -21,20 +21,20 @@ from runtime_util import (
     whole_expert_runs,
 )
 
-import a2a
 import moe_runtime
+from moe_runtime.host_values import all_gather_values
 
 
 def gathered(values, comm) -> np.ndarray:
     """(W, len(values)): every rank's values."""
     mine = np.asarray(values, dtype=np.int64)
-    return a2a.all_gather(mine, comm=comm).reshape(comm.size, len(mine))
+    return all_gather_values(mine, comm).reshape(comm.size, len(mine))
 
 
 def demand_of(layer, x, k) -> np.ndarray:
     """(E,) this rank's routed choices per expert, from the layer's gate."""
     indices = torch.topk(torch.softmax(layer.gates[0](x), dim=1), k, dim=1).indices
-    return torch.bincount(indices.reshape(-1), minlength=layer.num_global_experts).numpy()
+    return torch.bincount(indices.reshape(-1), minlength=layer.num_global_experts).cpu().numpy()
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])
@@ -75,7 +75,7 @@ def test_capacities_follow_the_policy_and_agree(comm):
         assert (capacities % 4 == 0).all()
         table = gathered(capacities, comm)
         assert (table == table[0]).all(), f"step {step}: the ranks' capacities differ: {table.tolist()}"
-    averages = a2a.all_gather(layer.capacity_tracker.average, comm=comm).reshape(comm.size, -1)
+    averages = all_gather_values(layer.capacity_tracker.average, comm).reshape(comm.size, -1)
     assert (averages == averages[0]).all()
     assert 1 <= layer.capacity_tracker.changes <= 5
 

@@ -10,13 +10,16 @@ import numpy as np
 import pytest
 import torch
 from runtime_util import (
+    DEVICE,
     HIDDEN,
     MODEL_DIM,
     NOTHING_DROPS,
     assert_matches,
     experts_cases,
     experts_spec,
+    host_leaf,
     make_layer,
+    on_device,
     reference,
     run_layer,
     tokens_of,
@@ -26,6 +29,7 @@ from runtime_util import (
 import a2a
 import moe_runtime
 from moe_runtime.hexa_cache import PipelineSharedCache, full_elements
+from moe_runtime.host_values import all_gather_values
 
 PARALLELS = ["data_centric", "model_centric"]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -87,14 +91,14 @@ def test_a_global_batch_split_by_latency(comm, parallel, case):
     assert len({p.shape[0] for p in pieces}) > 1 or world == 1
     layer = hexa_layer(comm, experts_cases(world)[0], parallel, hidden_split=uneven_split(world))
 
-    x = pieces[comm.rank].clone().requires_grad_(True)
+    x = on_device(pieces[comm.rank].clone()).requires_grad_(True)
     y = layer(x)
-    ((y * moe_runtime.local_batch(upstream, latencies, comm.rank)).sum() + y.l_aux).backward()
+    ((y * on_device(moe_runtime.local_batch(upstream, latencies, comm.rank))).sum() + y.l_aux).backward()
     moe_runtime.sync_shared_gradients(layer, comm)
     got_experts = {name: g * world for name, g in layer.gather_experts(grad=True).items()}
 
-    experts = {name: t.requires_grad_(True) for name, t in layer.gather_experts().items()}
-    gate_weight = layer.gates[0].wg.weight.detach().clone().requires_grad_(True)
+    experts = {name: host_leaf(t) for name, t in layer.gather_experts().items()}
+    gate_weight = host_leaf(layer.gates[0].wg.weight)
     xs = [p.clone().requires_grad_(True) for p in pieces]
     ys, l_auxes, _ = moe_runtime.moe_reference(xs, gate_weight, experts, top_k=2, capacity_factor=NOTHING_DROPS)
     ups = [moe_runtime.local_batch(upstream, latencies, rank) for rank in range(world)]
@@ -131,7 +135,8 @@ def test_another_activation_summed_gradients_and_no_biases(comm, parallel):
         layer = moe_runtime.MoELayer(
             {"type": "top", "k": 2}, MODEL_DIM, experts_spec(num_experts, comm.size, **extra), comm=comm,
             seeds=(3, 4), parallel=parallel, **options,
-        ).double()
+        )
+        layer = on_device(layer, torch.float64)
         want = reference(layer, comm, torch.float64, capacity_factor=NOTHING_DROPS,
                          activation=extra.get("activation_fn", torch.relu))
         assert set(want[3]) == set(layer.gather_experts())
@@ -169,9 +174,9 @@ def expert_twins(comm, hiddens, num_experts, parallel_type="adaptive:1"):
     layers = []
     for i, hidden in enumerate(hiddens):
         spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden}
-        layers.append(moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": NOTHING_DROPS}, MODEL_DIM,
-                                           spec, comm=comm, seeds=(30 + i, 40 + i),
-                                           parallel_type=parallel_type).double())
+        layers.append(on_device(moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": NOTHING_DROPS},
+                                                     MODEL_DIM, spec, comm=comm, seeds=(30 + i, 40 + i),
+                                                     parallel_type=parallel_type), torch.float64))
     return layers
 
 
@@ -204,9 +209,9 @@ def data_centric_stack(comm, hiddens, num_experts, cache):
     layers = []
     for i, hidden in enumerate(hiddens):
         spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden}
-        layers.append(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, spec, comm=comm,
-                                           seeds=(30 + i, 40 + i), parallel="data_centric",
-                                           shared_cache=cache).double())
+        layers.append(on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, spec, comm=comm,
+                                                     seeds=(30 + i, 40 + i), parallel="data_centric",
+                                                     shared_cache=cache), torch.float64))
     return layers
 
 
@@ -230,7 +235,7 @@ def test_data_centric_layers_share_one_cache(comm, prefetch):
     with GraphBytes() as graph:
         _, y, x_grad, grads = stacked(layers, comm, prefetch=prefetch)
     assert cache.nbytes == largest  # the only full copy, one layer's worth
-    buffer = cache.buffer(torch.float64, torch.device("cpu"))
+    buffer = cache.buffer(torch.float64, DEVICE)
     assert buffer is not None and buffer.numel() * 8 == largest
     # 3 forward gathers (two of them prefetched, then found in the cache), then the
     # backward: the last layer reuses the cache, the two others gather again.
@@ -294,9 +299,9 @@ def test_the_process_cache_is_shared_by_default(comm):
 
     SHARED_CACHE.clear()
     num_experts = max(experts_cases(comm.size))
-    layers = [moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM,
-                                   {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden},
-                                   comm=comm, seeds=(1, 2), parallel="data_centric").double()
+    layers = [on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM,
+                                             {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden},
+                                             comm=comm, seeds=(1, 2), parallel="data_centric"), torch.float64)
               for hidden in (HIDDEN, 4 * HIDDEN)]
     assert all(layer.shared_cache is SHARED_CACHE for layer in layers)
     with torch.no_grad():
@@ -310,8 +315,8 @@ def test_the_process_cache_is_shared_by_default(comm):
 def test_rank_latencies_are_the_same_list_on_every_rank(comm):
     latencies = moe_runtime.rank_latencies(comm, 1.0 + comm.rank)
     assert latencies == [1.0 + rank for rank in range(comm.size)]
-    measured = moe_runtime.rank_latencies(comm, moe_runtime.measure_latency(size=64, repeats=2, warmup=1))
-    table = a2a.all_gather(np.array(measured), comm=comm).reshape(comm.size, comm.size)
+    measured = moe_runtime.rank_latencies(comm, moe_runtime.measure_latency(DEVICE, size=64, repeats=2, warmup=1))
+    table = all_gather_values(np.array(measured), comm).reshape(comm.size, comm.size)
     assert (table == table[0]).all()
     split = moe_runtime.split_by_latency(HIDDEN, measured)
     assert sum(split) == HIDDEN

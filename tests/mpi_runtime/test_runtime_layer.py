@@ -10,6 +10,8 @@ from runtime_util import (
     assert_matches,
     experts_cases,
     experts_spec,
+    on_device,
+    random_rows,
     reference,
     run_layer,
     two_level,
@@ -26,7 +28,7 @@ def make_layer(comm, num_experts, dtype, *, k=2, capacity_factor=1.0, **options)
         {"type": "top", "k": k, "capacity_factor": capacity_factor}, MODEL_DIM,
         experts_spec(num_experts, comm.size), comm=comm, seeds=(11, 12), **options,
     )
-    return layer.to(dtype)
+    return on_device(layer, dtype)
 
 
 @pytest.fixture(params=[torch.float64, torch.float32], ids=["f64", "f32"])
@@ -82,11 +84,11 @@ def test_summed_expert_gradients_and_another_activation(comm):
     """expert_gradient="sum" (no 1/W folded into the weight gradients) and an
     activation other than relu (its backward through autograd), every r, d."""
     num_experts = experts_cases(comm.size)[-1]
-    layer = moe_runtime.MoELayer(
+    layer = on_device(moe_runtime.MoELayer(
         {"type": "top", "k": 2, "capacity_factor": 1.0}, MODEL_DIM,
         experts_spec(num_experts, comm.size, activation_fn=torch.nn.functional.gelu), comm=comm, seeds=(11, 12),
         expert_gradient="sum",
-    ).double()
+    ), torch.float64)
     want = reference(layer, comm, torch.float64, capacity_factor=1.0, activation=torch.nn.functional.gelu)
     for r in layer.valid_rs:
         for d in (1, 2):
@@ -104,7 +106,7 @@ def test_ranks_that_disagree_raise_on_every_rank(comm, argument, values):
     if comm.size < 2:
         pytest.skip("needs two ranks")
     layer = make_layer(comm, experts_cases(comm.size)[0], torch.float64)
-    x = torch.randn(6, MODEL_DIM, dtype=torch.float64)
+    x = on_device(torch.randn(6, MODEL_DIM, dtype=torch.float64))
     with pytest.raises(a2a.MismatchError, match=argument):
         layer(x, **{argument: values(comm.rank, layer)})
     y = layer(x)  # the layer still works afterwards
@@ -113,7 +115,7 @@ def test_ranks_that_disagree_raise_on_every_rank(comm, argument, values):
 
 def test_switching_r_allocates_nothing_once_every_r_has_run(comm):
     layer = make_layer(comm, experts_cases(comm.size)[-1], torch.float64)
-    x = torch.randn(9, MODEL_DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
+    x = random_rows(9, comm.rank)
     configs = [(r, d) for r in layer.valid_rs for d in (1, 2)]
 
     def step(r, d):
@@ -136,7 +138,7 @@ def test_a_forward_before_the_last_backward_keeps_each_steps_buffers(comm):
     backward has run, at every r."""
     layer = make_layer(comm, experts_cases(comm.size)[-1], torch.float64)
     generator = torch.Generator().manual_seed(comm.rank)
-    xs = [torch.randn(7 + i, MODEL_DIM, dtype=torch.float64, generator=generator) for i in range(2)]
+    xs = [on_device(torch.randn(7 + i, MODEL_DIM, dtype=torch.float64, generator=generator)) for i in range(2)]
 
     def grads(x):
         return [x.grad.clone(), *(g.clone() for g in layer.gather_experts(grad=True).values())]
@@ -167,7 +169,7 @@ def test_switching_r_moves_no_bytes_and_trains_the_same(comm):
     switching = make_layer(comm, num_experts, torch.float64)
     before = {name: (t.data_ptr(), t.detach().clone()) for name, t in switching.state_dict().items()}
     losses = {"fixed": [], "switching": []}
-    x = torch.randn(9, MODEL_DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(comm.rank))
+    x = random_rows(9, comm.rank)
     for name, layer in (("fixed", fixed), ("switching", switching)):
         optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
         for step in range(6):

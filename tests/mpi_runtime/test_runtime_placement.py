@@ -9,17 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from runtime_util import MODEL_DIM, assert_matches, experts_spec, reference, run_layer, two_level
+from runtime_util import MODEL_DIM, assert_matches, experts_spec, on_device, reference, run_layer, two_level
 
 import a2a
 import moe_runtime
+from moe_runtime.host_values import all_reduce_values
 
 
 def make_layer(comm, num_experts, **options):
     gate = {"type": "top", "k": 2, "capacity_factor": options.pop("capacity_factor", 1.0)}
     layer = moe_runtime.MoELayer(gate, MODEL_DIM, experts_spec(num_experts, comm.size), comm=comm, seeds=(31, 32),
                                  **options)
-    return layer.double()
+    return on_device(layer, torch.float64)
 
 
 def expert_counts(comm):
@@ -29,12 +30,14 @@ def expert_counts(comm):
 
 def shuffled(num_experts, ranks, seed):
     """A (W, n) assignment that moves most experts to another rank (the same on every rank)."""
-    order = np.random.default_rng(seed).permutation(num_experts)
-    return order.reshape(ranks, -1)
+    order = np.random.default_rng(seed).permutation(num_experts).reshape(ranks, -1)
+    if (order // order.shape[1] == np.arange(ranks)[:, None]).all():  # none moves (2 experts, 2 ranks may draw it)
+        order = np.roll(order, 1, axis=0)
+    return order
 
 
 def total(comm, value):
-    return int(a2a.all_reduce(np.array([value], dtype=np.int64), comm=comm)[0])
+    return int(all_reduce_values(np.array([value], dtype=np.int64), comm)[0])
 
 
 def configurations(comm):

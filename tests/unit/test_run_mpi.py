@@ -49,6 +49,7 @@ def test_run_env_sets_the_timeout_and_topology(monkeypatch):
     [
         ("....\n12 passed, 3 skipped in 1.50s\n", "12 passed, 3 skipped in 1.50s"),
         ("== 1 failed, 2 passed in 0.3s ==\n[warn] Epoll MOD(4) on fd 20 failed\n", "1 failed, 2 passed in 0.3s"),
+        ("a.py::test_x\n\n115 tests collected in 8.66s\n", "115 tests collected in 8.66s"),
         ("nothing here\n", "no pytest summary"),
     ],
 )
@@ -65,12 +66,39 @@ def test_excerpt_starts_at_the_failures():
     assert run_mpi.excerpt("a\nb", 20) == "a\nb"
 
 
+def selection(*, only=(), gpu=False, test_device=None) -> argparse.Namespace:
+    return argparse.Namespace(np=None, local_size=None, only=list(only), gpu=gpu, test_device=test_device)
+
+
 def test_select_by_name():
-    args = argparse.Namespace(np=None, local_size=None, only=["np2,2x4", "np1"])
+    args = selection(only=["np2,2x4", "np1"])
     assert [c.name for c in run_mpi.select(args)] == ["np2", "2x4", "np1"]
     args.only = ["nope"]
     with pytest.raises(SystemExit):
         run_mpi.select(args)
+
+
+def test_gpu_configurations_run_the_runtime_suite_on_cuda_outside_the_default_matrix():
+    gpu = [c for c in run_mpi.CONFIGS if c.gpu]
+    assert {c.name for c in gpu} == {"gpu-moe-np2", "gpu-moe-2x2"}
+    assert {(c.np, c.local_size) for c in gpu} == {(2, None), (4, 2)}  # one node, and two (2dh)
+    assert all(c.paths == [run_mpi.RUNTIME_TESTS] and c.env == {"A2A_TEST_DEVICE": "cuda"} for c in gpu)
+    default = run_mpi.select(selection())
+    assert default and not any(c.gpu for c in default)
+    assert run_mpi.select(selection(gpu=True)) == gpu
+    assert [c.name for c in run_mpi.select(selection(only=["gpu-moe-np2"]))] == ["gpu-moe-np2"]
+    # --only and --gpu together: the named ones, then the other GPU ones
+    assert [c.name for c in run_mpi.select(selection(only=["np2", "gpu-moe-2x2"], gpu=True))] == [
+        "np2", "gpu-moe-2x2", "gpu-moe-np2"]
+
+
+def test_the_test_device_is_forced_per_run_and_never_leaks_from_the_shell(monkeypatch):
+    forced = run_mpi.select(selection(gpu=True, test_device="cpu"))
+    assert [c.name for c in forced] == ["gpu-moe-np2@cpu", "gpu-moe-2x2@cpu"]
+    assert all(run_mpi.run_env(c, 60)["A2A_TEST_DEVICE"] == "cpu" for c in forced)
+    monkeypatch.setenv("A2A_TEST_DEVICE", "cuda")
+    moe = next(c for c in run_mpi.CONFIGS if c.name == "moe-np4")
+    assert "A2A_TEST_DEVICE" not in run_mpi.run_env(moe, 60)
 
 
 @pytest.mark.parametrize(
@@ -125,3 +153,11 @@ def test_runner_reports_a_failing_configuration(tmp_path):
     assert lines[0].startswith("FAIL  np2-local1")
     assert "failing ranks: [0, 1]" in lines[0]
     assert "rank 1, pytest exit code 5" in done.stdout
+
+
+def test_runner_collects_the_gpu_configuration_without_a_gpu(tmp_path):
+    done = run_runner(tmp_path, "--only", "gpu-moe-np2", "--collect-only")
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = done.stdout.strip().splitlines()[0]
+    assert first.startswith("PASS  gpu-moe-np2") and " tests collected in " in first, first
+    assert (tmp_path / "gpu-moe-np2" / "rank1.rc").read_text().strip() == "0"

@@ -14,7 +14,7 @@ import a2a
 from moe_runtime import capacity, gates, losses
 from moe_runtime.buffers import BufferPool
 from moe_runtime.flows import chunk_major
-from moe_runtime.host_values import all_gather_host, all_reduce_host, torch_device
+from moe_runtime.host_values import all_gather_values, all_reduce_values, torch_device
 
 
 @pytest.mark.parametrize("rule, factor, tokens, experts, k, want", [
@@ -127,7 +127,7 @@ def test_host_values_through_a_host_communicator(comm):
 
     assert torch_device(comm) == torch.device("cpu")
     row = np.array([3, -1, 7], dtype=np.int64)
-    gathered = all_gather_host(row, comm)
+    gathered = all_gather_values(row, comm)
     assert isinstance(gathered, np.ndarray) and gathered.tolist() == [3, -1, 7]
-    reduced = all_reduce_host(np.array([0.5, 2.0]), comm, op="max")
+    reduced = all_reduce_values(np.array([0.5, 2.0]), comm, op="max")
     assert isinstance(reduced, np.ndarray) and reduced.tolist() == [0.5, 2.0]
