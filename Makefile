@@ -3,8 +3,11 @@
 #              (BENCH_MOE_ARGS="--quick" for a short run)
 # make nccl-tests-ext  build, then build nccl_tests_ext/ (alltoall_perf,
 #              alltoallv_perf, alltoall_flex_perf) into build/nccl-tests-ext
-# make test    build, then run the whole suite (unit + mpirun + C programs; the
-#              GPU tests skip themselves without a GPU)
+# make test    build, then run the whole suite (unit + mpirun + C programs + the
+#              CUDA kernels on the CPU emulation; the GPU tests skip themselves
+#              without a GPU)
+# make test-cuda-emulation  every kernel of csrc/cuda run on the CPU (no build
+#              needed; tools/cuda_emulation/run.py, about 1.5 min)
 # make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
 # Both set up .venv from PyPI on first use (tools/bootstrap.sh).
 
@@ -17,7 +20,8 @@ NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
-.PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu lint clean FORCE
+.PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
+	test-cuda-emulation lint clean FORCE
 
 all: build
 
@@ -48,7 +52,7 @@ bench-moe: build
 nccl-tests-ext: build
 	$(PY) tests/c/run_nccl_tests_ext.py --build-only
 
-test: test-unit test-gpu test-mpi test-c test-nccl-tests-ext
+test: test-unit test-gpu test-mpi test-c test-nccl-tests-ext test-cuda-emulation
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
@@ -64,6 +68,11 @@ test-nccl-tests-ext: build
 
 test-gpu: build
 	$(PY) -m pytest -q -rs tests/gpu
+
+# Needs no build of the library: the script compiles what it runs (g++ with
+# ASan/UBSan and TSan), with the standard library alone.
+test-cuda-emulation: $(VENV)/.ready
+	$(PY) tools/cuda_emulation/run.py $(CUDA_EMULATION_ARGS)
 
 lint: build
 	$(VENV)/bin/ruff check .

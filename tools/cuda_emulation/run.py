@@ -58,11 +58,11 @@ unwritten shared memory, a __syncthreads in divergent code, a non-atomic
 add, a missing __syncwarp) and requires each to be reported by the
 detectors named there.
 
-    python3 tools/cuda_emulation/run.py            what make test runs (TIME_QUICK here)
+    python3 tools/cuda_emulation/run.py            what make test runs (40-80 s on 2 shared cores)
     python3 tools/cuda_emulation/run.py --long     10x the cases, 5x under TSan, ASan's
-                                                   use-after-return detection (TIME_LONG here)
+                                                   use-after-return detection (6 min there)
     python3 tools/cuda_emulation/run.py --scale 3 --seed 7 --only moe_cuda --no-tsan
-    python3 tools/cuda_emulation/run.py --self-test                   (TIME_SELF here)
+    python3 tools/cuda_emulation/run.py --self-test    (1.5 min there)
     python3 tools/cuda_emulation/run.py --plant histogram-plain-add --only moe_cuda
 
 --scale multiplies every program's case count (CASES below), --tsan-scale the
