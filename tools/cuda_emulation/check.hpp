@@ -175,8 +175,9 @@ struct Region {
 // failure when anything in `outputs` differs between the two, or op's error
 // (an a2a::Failure) does: a data race, or a read of shared memory that
 // nobody wrote, that the ordering made visible. Leaves the second run's
-// bytes; returns its error message ("" when op did not throw). With
-// ThreadSanitizer, which checks the ordering itself, op runs once.
+// bytes (shared memory filled with 0xff: NaN, -1); returns its error message
+// ("" when op did not throw). With ThreadSanitizer, which checks the
+// ordering itself, op runs once.
 inline std::string two_schedules(const std::string& what, std::vector<Region> outputs,
                                  const std::function<void()>& op) {
   auto run = [&] {
@@ -190,12 +191,13 @@ inline std::string two_schedules(const std::string& what, std::vector<Region> ou
   const uint64_t n = static_cast<uint64_t>(cases);
   const emu::Order first = n % 2 ? emu::Order::kShuffled : emu::Order::kForward;
   const emu::Order second = n % 2 ? emu::Order::kShuffled : emu::Order::kReverse;
-  emu::schedule = {first, first, 2 * n, 0x00};
 #if EMU_TSAN
   (void)second;
   (void)outputs;
+  emu::schedule = {first, first, 2 * n, 0xff};
   return run();
 #else
+  emu::schedule = {first, first, 2 * n, 0x00};
   std::vector<std::vector<unsigned char>> start, after;
   for (const Region& r : outputs) {
     const unsigned char* p = static_cast<const unsigned char*>(r.data);

@@ -253,8 +253,8 @@ def kernel_files() -> dict[str, str]:
         if not os.path.exists(os.path.join(HERE, f"{stem}_check.cpp")):
             fail(f"csrc/cuda/{entry} defines CUDA kernels but tools/cuda_emulation/{stem}_check.cpp does not exist: "
                  "write a check program for it (see es_cuda_check.cpp) and list its CPU twins in TWINS")
-        if stem not in TWINS:
-            fail(f"csrc/cuda/{entry}: add its CPU twins (or []) to TWINS in run.py")
+        if stem not in TWINS or stem not in CASES or stem not in TSAN_CASES:
+            fail(f"csrc/cuda/{entry}: add it to TWINS (its CPU twins, or []), CASES and TSAN_CASES in run.py")
         found[stem] = os.path.join(KERNEL_DIR, entry)
     return found
 
