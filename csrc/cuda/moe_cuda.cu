@@ -18,7 +18,9 @@
 // A token_order is checked first (first_seen + order_check: the first entry
 // token_order[r] that is out of range or repeats an earlier one), and the scan skips
 // any position whose token is out of range, so a bad order cannot make it
-// read out of bounds. Then demand and the error record come back to the host
+// read out of bounds; once order_check has found a bad entry, histogram and
+// assignment do nothing at all (route fails), so that locations is left as it
+// was, as on the CPU. Then demand and the error record come back to the host
 // in one copy, followed by the only stream synchronization.
 //
 // Data kernels (dispatch, combine, gate_grad). A group of `lanes` threads
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(kThreads)
     tile_histogram_kernel(const void* __restrict__ indices, a2a_dtype_t index_dtype, int64_t T, int64_t k,
                           int64_t E, const int64_t* __restrict__ order, int64_t positions, int64_t tile,
                           int64_t tiles, unsigned long long* __restrict__ tile_counts, unsigned long long* record) {
+  if (order != nullptr && record[kBadOrderEntry] != kUnset) return;  // see tile_assign_kernel
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = thread_count() / kWarp;
   for (int64_t w = global_thread() / kWarp; w < tiles; w += warps) {
@@ -225,7 +228,11 @@ __global__ void __launch_bounds__(kScanThreads)
 __global__ void __launch_bounds__(kThreads)
     tile_assign_kernel(const void* __restrict__ indices, a2a_dtype_t index_dtype, int64_t T, int64_t k, int64_t E,
                        const int64_t* __restrict__ order, int64_t positions, int64_t tile, int64_t tiles,
-                       int64_t* next, int64_t* __restrict__ locations) {
+                       int64_t* next, int64_t* __restrict__ locations, const unsigned long long* record) {
+  // A token_order that repeats a token maps two positions to one choice, whose
+  // location both would write, unordered (a data race, found by
+  // tools/cuda_emulation): with a bad order, route fails, so write nothing.
+  if (order != nullptr && record[kBadOrderEntry] != kUnset) return;
   const int lane = threadIdx.x % kWarp;
   const unsigned lower_lanes = (1u << lane) - 1u;
   const int64_t warps = thread_count() / kWarp;
@@ -578,7 +585,7 @@ class CudaKernels final : public Kernels {
       check_launch("tile_scan_kernel");
       tile_assign_kernel<<<warp_blocks, kThreads, 0, stream_>>>(p.indices, p.index_dtype, T, k, E, p.token_order,
                                                                 layout.positions, layout.tile, layout.tiles,
-                                                                tile_counts, locations);
+                                                                tile_counts, locations, record);
       check_launch("tile_assign_kernel");
     }
     error_values_kernel<<<1, 1, 0, stream_>>>(p.indices, p.index_dtype, p.token_order, record);

@@ -1,52 +1,24 @@
 // es_cuda.cu's host functions and kernels, run by the CUDA emulation of
 // include/ (see run.py), against float64 references: the slot scatter, ESMM
 // (CUDA-core and tensor-core paths, every row and layout mode, bias, gates,
-// misaligned rows, outputs prefilled with NaN), ESS and ESTMM. Random cases
-// from a seed: `es_cuda_check CASES [SEED]`; exits 1 on any failure.
+// misaligned rows, outputs prefilled with NaN), ESS and ESTMM, each under two
+// schedules (check.hpp). Random cases from a seed:
+// `es_cuda_check CASES [SEED]`; exits 1 on any failure.
+#include <algorithm>
 #include <cmath>
-#include <string>
 #include <cstdio>
-#include <random>
+#include <string>
 #include <vector>
 
-#include "cuda/cuda_check.hpp"
+#include "check.hpp"
 #include "cuda/es_cuda.hpp"
-
-namespace a2a {
-void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "check_cuda: %s\n", call);
-    std::abort();
-  }
-}
-void check_launch(const char*) {}
-void warn_timeout(const std::string&) {}
-}  // namespace a2a
 
 using namespace a2a;
 using namespace a2a::moe;
+using namespace check;
 
-static std::mt19937_64 rng(12345);
-static double uniform() { return std::uniform_real_distribution<double>(0, 1)(rng); }
-static int64_t pick(std::initializer_list<int64_t> v) { return *(v.begin() + rng() % v.size()); }
 // Sizes are picked from small lists that cross every tile edge: 64-slot
 // blocks, 16/32-wide K steps, 64/128-column tiles, 8-element vectors.
-static int failures = 0, checks = 0;
-
-template <typename T> a2a_dtype_t dtype_of();
-template <> a2a_dtype_t dtype_of<float>() { return A2A_FLOAT32; }
-template <> a2a_dtype_t dtype_of<double>() { return A2A_FLOAT64; }
-template <> a2a_dtype_t dtype_of<half_t>() { return A2A_FLOAT16; }
-template <> a2a_dtype_t dtype_of<bfloat16_t>() { return A2A_BFLOAT16; }
-template <typename T> double store_eps();
-template <> double store_eps<float>() { return std::ldexp(1.0, -24); }
-template <> double store_eps<double>() { return std::ldexp(1.0, -53); }
-template <> double store_eps<half_t>() { return std::ldexp(1.0, -11); }
-template <> double store_eps<bfloat16_t>() { return std::ldexp(1.0, -8); }
-template <typename T> double acc_eps() { return std::is_same_v<T, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24); }
-template <typename T> const char* name_of() {
-  return std::is_same_v<T, float> ? "f32" : std::is_same_v<T, double> ? "f64" : std::is_same_v<T, half_t> ? "f16" : "bf16";
-}
 
 // A matrix of T with a one-element offset option (misaligned rows).
 template <typename T>
@@ -60,6 +32,26 @@ struct Data {
       p[i] = Num<T>::store(static_cast<typename Num<T>::Acc>(std::normal_distribution<double>(0, 1)(rng)));
       value[i] = Num<T>::load(p[i]);
     }
+  }
+};
+
+// Per-choice gates: mode 0 none (a gate of 1), 1 float32, 2 the data's T;
+// g holds their values exactly.
+template <typename T>
+struct GateSet {
+  int mode;
+  Data<T> data;
+  std::vector<float> f32;
+  std::vector<double> g;
+  GateSet(int64_t choices, int m) : mode(m), data(choices, false), f32(choices), g(choices, 1.0) {
+    for (int64_t c = 0; c < choices; ++c) {
+      f32[c] = static_cast<float>(0.05 + uniform());
+      if (mode == 1) g[c] = f32[c];
+      if (mode == 2) g[c] = data.value[c];
+    }
+  }
+  EsGates view() const {
+    return {mode == 0 ? nullptr : mode == 1 ? static_cast<const void*>(f32.data()) : data.p, mode == 2};
   }
 };
 
@@ -92,14 +84,15 @@ Index make_index(int64_t T, int64_t k, int64_t E, int64_t tile, double unrouted,
     if (ix.indices[c] >= 0) want[ix.starts[ix.indices[c]] + locations[c]] = c;
   ix.slots.assign(ix.num_slots + 1, 12345);  // one guard entry past the end
   RouteProblem problem{ix.indices.data(), A2A_INT64, T, k, E, nullptr};
-  cuda_es_scatter_slots(launch, problem, locations.data(), ix.starts.data(), ix.num_slots, ix.slots.data());
-  ++checks;
+  char what[100];
+  std::snprintf(what, sizeof what, "scatter T=%ld k=%ld E=%ld tile=%ld", T, k, E, tile);
+  ++cases;
+  two_schedules(what, {{ix.slots.data(), ix.slots.size() * sizeof(int64_t)}}, [&] {
+    cuda_es_scatter_slots(launch, problem, locations.data(), ix.starts.data(), ix.num_slots, ix.slots.data());
+  });
   bool ok = ix.slots[ix.num_slots] == 12345;
   for (int64_t s = 0; s < ix.num_slots; ++s) ok = ok && ix.slots[s] == want[s];
-  if (!ok) {
-    ++failures;
-    std::printf("FAIL scatter T=%ld k=%ld E=%ld tile=%ld\n", T, k, E, tile);
-  }
+  expect(ok, "%s", what);
   ix.slots.resize(ix.num_slots);
   return ix;
 }
@@ -117,8 +110,7 @@ bool compare(const char* what, const T* got, const std::vector<double>& exact, c
     const double bound = 2 * (terms + 2) * acc_eps<T>() * magnitude[i] + 2 * store_eps<T>() * std::fabs(exact[i]) +
                          subnormal / 2 + 1e-300;
     if (!(std::fabs(g - exact[i]) <= bound)) {
-      ++failures;
-      std::printf("FAIL %s %s at %zu: got %.9g exact %.9g bound %.3g\n", what, name_of<T>(), i, g, exact[i], bound);
+      fail("%s %s at %zu: got %.9g exact %.9g bound %.3g", what, name_of<T>(), i, g, exact[i], bound);
       return false;
     }
   }
@@ -132,14 +124,8 @@ void test_esmm(const Index& ix, int64_t K, int64_t N, const EsLaunch& launch, a2
   const int64_t T_ = ix.T, k = ix.k, choices = T_ * k, E = ix.E;
   const int64_t x_rows_n = x_rows == A2A_ES_ROWS_TOKEN ? T_ : choices;
   Data<T> x(x_rows_n * K, shift), w(E * N * K, shift), b(E * N, false);
-  Data<T> gd(choices, false);
-  std::vector<float> gf(choices);
-  std::vector<double> g(choices, 1.0);
-  for (int64_t c = 0; c < choices; ++c) {
-    gf[c] = static_cast<float>(0.05 + uniform());
-    if (gate_mode == 1) g[c] = gf[c];
-    if (gate_mode == 2) g[c] = gd.value[c];
-  }
+  const GateSet<T> gates(choices, gate_mode);
+  const std::vector<double>& g = gates.g;
   const int64_t y_rows_n = y_rows == A2A_ES_ROWS_TOKEN ? T_ : choices;
   std::vector<T> y(y_rows_n * N + 1);
   std::memset(y.data(), 0xff, y.size() * sizeof(T));  // NaN everywhere: every row must be written
@@ -147,10 +133,15 @@ void test_esmm(const Index& ix, int64_t K, int64_t N, const EsLaunch& launch, a2
   std::vector<Acc> workspace(ws ? choices * N : 0);
   if (!workspace.empty()) std::memset(workspace.data(), 0xff, workspace.size() * sizeof(Acc));
   EsMatmul p{{x.p, x_rows, K}, w.p, layout, with_bias ? b.p : nullptr,
-             {gate_mode == 0 ? nullptr : gate_mode == 1 ? static_cast<const void*>(gf.data()) : gd.p, gate_mode == 2},
+             gates.view(),
              dtype_of<T>(), N, y.data(), y_rows, ws ? workspace.data() : nullptr};
-  if (y_rows_n > 0 && N > 0) cuda_esmm(launch, ix.view(), p);  // es_ops.cpp returns early otherwise
-  else return;
+  if (y_rows_n == 0 || N == 0) return;  // es_ops.cpp returns early
+  char what[200];
+  std::snprintf(what, sizeof what, "esmm T=%ld k=%ld E=%ld tile=%ld K=%ld N=%ld x=%d y=%d kn=%d bias=%d gates=%d shift=%d ptx=%d",
+                T_, k, E, ix.tile, K, N, x_rows, y_rows, layout, with_bias, gate_mode, shift, emu::ptx_version);
+  ++cases;
+  two_schedules(what, {{y.data(), y.size() * sizeof(T)}, {workspace.data(), workspace.size() * sizeof(Acc)}},
+                [&] { cuda_esmm(launch, ix.view(), p); });
   std::vector<double> exact(y_rows_n * N, 0.0), magnitude(y_rows_n * N, 0.0);
   for (int64_t c = 0; c < choices; ++c) {
     const int64_t e = ix.indices[c];
@@ -168,35 +159,29 @@ void test_esmm(const Index& ix, int64_t K, int64_t N, const EsLaunch& launch, a2
       magnitude[yr * N + n] += std::fabs(g[c]) * m;
     }
   }
-  char what[200];
-  std::snprintf(what, sizeof what, "esmm T=%ld k=%ld E=%ld tile=%ld K=%ld N=%ld x=%d y=%d kn=%d bias=%d gates=%d shift=%d ptx=%d",
-                T_, k, E, ix.tile, K, N, x_rows, y_rows, layout, with_bias, gate_mode, shift, emu::ptx_version);
   compare<T>(what, y.data(), exact, magnitude, K + k);
-  if (std::memcmp(&y[y_rows_n * N], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) != 0) {
-    ++failures;
-    std::printf("FAIL %s: wrote past y\n", what);
-  }
+  expect(std::memcmp(&y[y_rows_n * N], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) == 0, "%s: wrote past y",
+         what);
 }
 
 template <typename T>
 void test_ess(const Index& ix, int64_t N, const EsLaunch& launch, a2a_es_rows_t rows, int gate_mode) {
   const int64_t k = ix.k, choices = ix.T * k, E = ix.E;
-  Data<T> x((rows == A2A_ES_ROWS_TOKEN ? ix.T : choices) * N, false), gd(choices, false);
-  std::vector<float> gf(choices);
-  std::vector<double> g(choices, 1.0);
-  for (int64_t c = 0; c < choices; ++c) {
-    gf[c] = static_cast<float>(0.05 + uniform());
-    if (gate_mode == 1) g[c] = gf[c];
-    if (gate_mode == 2) g[c] = gd.value[c];
-  }
+  Data<T> x((rows == A2A_ES_ROWS_TOKEN ? ix.T : choices) * N, false);
+  const GateSet<T> gates(choices, gate_mode);
+  const std::vector<double>& g = gates.g;
   std::vector<T> out(E * N + 1);
   std::memset(out.data(), 0xff, out.size() * sizeof(T));
-  if (N > 0)
+  if (N == 0) return;
+  char what[160];
+  std::snprintf(what, sizeof what, "ess T=%ld k=%ld E=%ld tile=%ld N=%ld rows=%d gates=%d", ix.T, k, E, ix.tile, N, rows,
+                gate_mode);
+  ++cases;
+  two_schedules(what, {{out.data(), out.size() * sizeof(T)}}, [&] {
     cuda_ess(launch, ix.view(), {x.p, rows, N},
-             {gate_mode == 0 ? nullptr : gate_mode == 1 ? static_cast<const void*>(gf.data()) : gd.p, gate_mode == 2},
+             gates.view(),
              dtype_of<T>(), out.data());
-  else
-    return;
+  });
   std::vector<double> exact(E * N, 0.0), magnitude(E * N, 0.0);
   int64_t most = 0;
   for (int64_t e = 0; e < E; ++e) most = std::max(most, ix.counts[e]);
@@ -209,14 +194,9 @@ void test_ess(const Index& ix, int64_t N, const EsLaunch& launch, a2a_es_rows_t 
       magnitude[e * N + n] += std::fabs(v);
     }
   }
-  char what[160];
-  std::snprintf(what, sizeof what, "ess T=%ld k=%ld E=%ld tile=%ld N=%ld rows=%d gates=%d", ix.T, k, E, ix.tile, N, rows,
-                gate_mode);
   compare<T>(what, out.data(), exact, magnitude, most);
-  if (std::memcmp(&out[E * N], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) != 0) {
-    ++failures;
-    std::printf("FAIL %s: wrote past out\n", what);
-  }
+  expect(std::memcmp(&out[E * N], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) == 0, "%s: wrote past out",
+         what);
 }
 
 template <typename T>
@@ -224,22 +204,21 @@ void test_estmm(const Index& ix, int64_t A, int64_t B, const EsLaunch& launch, a
                 a2a_es_rows_t b_rows, int gate_mode) {
   const int64_t k = ix.k, choices = ix.T * k, E = ix.E;
   Data<T> a((a_rows == A2A_ES_ROWS_TOKEN ? ix.T : choices) * A, false);
-  Data<T> b((b_rows == A2A_ES_ROWS_TOKEN ? ix.T : choices) * B, false), gd(choices, false);
-  std::vector<float> gf(choices);
-  std::vector<double> g(choices, 1.0);
-  for (int64_t c = 0; c < choices; ++c) {
-    gf[c] = static_cast<float>(0.05 + uniform());
-    if (gate_mode == 1) g[c] = gf[c];
-    if (gate_mode == 2) g[c] = gd.value[c];
-  }
+  Data<T> b((b_rows == A2A_ES_ROWS_TOKEN ? ix.T : choices) * B, false);
+  const GateSet<T> gates(choices, gate_mode);
+  const std::vector<double>& g = gates.g;
   std::vector<T> out(E * A * B + 1);
   std::memset(out.data(), 0xff, out.size() * sizeof(T));
-  if (E * A * B > 0)
+  if (E * A * B == 0) return;
+  char what[160];
+  std::snprintf(what, sizeof what, "estmm T=%ld k=%ld E=%ld tile=%ld A=%ld B=%ld rows=%d,%d gates=%d", ix.T, k, E, ix.tile,
+                A, B, a_rows, b_rows, gate_mode);
+  ++cases;
+  two_schedules(what, {{out.data(), out.size() * sizeof(T)}}, [&] {
     cuda_estmm(launch, ix.view(), {a.p, a_rows, A}, {b.p, b_rows, B},
-               {gate_mode == 0 ? nullptr : gate_mode == 1 ? static_cast<const void*>(gf.data()) : gd.p, gate_mode == 2},
+               gates.view(),
                dtype_of<T>(), out.data());
-  else
-    return;
+  });
   std::vector<double> exact(E * A * B, 0.0), magnitude(E * A * B, 0.0);
   int64_t most = 0;
   for (int64_t e = 0; e < E; ++e) most = std::max(most, ix.counts[e]);
@@ -253,14 +232,9 @@ void test_estmm(const Index& ix, int64_t A, int64_t B, const EsLaunch& launch, a
         magnitude[(e * A + i) * B + j] += std::fabs(v);
       }
   }
-  char what[160];
-  std::snprintf(what, sizeof what, "estmm T=%ld k=%ld E=%ld tile=%ld A=%ld B=%ld rows=%d,%d gates=%d", ix.T, k, E, ix.tile,
-                A, B, a_rows, b_rows, gate_mode);
   compare<T>(what, out.data(), exact, magnitude, most + 1);
-  if (std::memcmp(&out[E * A * B], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) != 0) {
-    ++failures;
-    std::printf("FAIL %s: wrote past out\n", what);
-  }
+  expect(std::memcmp(&out[E * A * B], "\xff\xff\xff\xff\xff\xff\xff\xff", sizeof(T)) == 0, "%s: wrote past out",
+         what);
 }
 
 template <typename T>
@@ -282,12 +256,10 @@ void run_case(int64_t seed_cases) {
 }
 
 int main(int argc, char** argv) {
-  const int64_t cases = argc > 1 ? std::atoll(argv[1]) : 10;
-  if (argc > 2) rng.seed(std::atoll(argv[2]));
-  run_case<half_t>(cases);
-  run_case<bfloat16_t>(cases);
-  run_case<float>(cases);
-  run_case<double>(cases / 2 + 1);
-  std::printf("%d checks, %d failures, %lld launches, %lld blocks\n", checks, failures, emu::launches, emu::blocks_run);
-  return failures != 0;
+  const int64_t n = arguments(argc, argv, 10);
+  run_case<half_t>(n);
+  run_case<bfloat16_t>(n);
+  run_case<float>(n);
+  run_case<double>(n / 2 + 1);
+  return summary("es_cuda");
 }

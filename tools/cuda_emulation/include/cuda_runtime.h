@@ -1,54 +1,71 @@
-// Host emulation of the CUDA execution model, enough to run es_cuda.cu's
-// kernels on the CPU: one block at a time, one std::thread per CUDA thread,
-// __shared__ as static storage, __syncthreads as a barrier that reports a
-// deadlock (non-uniform barriers) instead of hanging.
+// Host emulation of the CUDA runtime and device functions that csrc/cuda's
+// kernel files use, on the scheduler of emu.hpp (run.py explains the whole).
+// Only what those files use is here: anything else fails to compile, which
+// is the signal to emulate it.
 #pragma once
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
+
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <type_traits>
+
+#include "emu.hpp"
 
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 
-struct dim3 {
-  unsigned x = 1, y = 1, z = 1;
-  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
-inline thread_local dim3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
+// Per fiber: the thread and block index of the CUDA thread running now.
+#define threadIdx (::emu::runtime.thread_index())
+#define blockIdx (::emu::runtime.block_index())
 
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+
+// ---------------------------------------------------------------------------
+// Runtime API (the stream is ignored: everything runs at once, in order)
 
 typedef void* cudaStream_t;
-enum cudaError_t { cudaSuccess = 0 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+enum cudaMemoryType { cudaMemoryTypeUnregistered, cudaMemoryTypeHost, cudaMemoryTypeDevice, cudaMemoryTypeManaged };
+struct cudaPointerAttributes {
+  cudaMemoryType type = cudaMemoryTypeUnregistered;
+  int device = 0;
+};
+
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
   std::memset(p, v, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t) {
+  std::memcpy(dst, src, n);
+  return cudaSuccess;
+}
+// Host buffers of the check programs are pageable memory that CUDA does not know.
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes*, const void*) { return cudaErrorInvalidValue; }
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = emu::device;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (attribute != cudaDevAttrMultiProcessorCount || device < 0 || device >= 64) return cudaErrorInvalidValue;
+  *value = emu::device_sms[device];
+  return cudaSuccess;
+}
 
-namespace emu {
-// The PTX version every kernel reports (es_cuda.cu takes the tensor-core
-// ESMM from 80 up): the check program sets it per case.
-inline int ptx_version = 80;
-}  // namespace emu
 struct cudaFuncAttributes {
   int ptxVersion = 0;
   int binaryVersion = 0;
@@ -59,67 +76,71 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Function*) {
   return cudaSuccess;
 }
 
-inline float __fmul_rn(float a, float b) { return a * b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
+// ---------------------------------------------------------------------------
+// Device functions
 
-template <class A, class B>
-inline auto min(A a, B b) -> decltype(a < b ? a : b) { return a < b ? a : b; }
-template <class A, class B>
-inline auto max(A a, B b) -> decltype(a < b ? a : b) { return a < b ? b : a; }
-
-namespace emu {
-struct Barrier {
-  std::mutex m;
-  std::condition_variable cv;
-  unsigned count = 0, waiting = 0, generation = 0;
-  void wait() {
-    std::unique_lock<std::mutex> lock(m);
-    const unsigned gen = generation;
-    if (++waiting == count) {
-      waiting = 0;
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return generation != gen; })) {
-      std::fprintf(stderr, "emu: __syncthreads deadlock in block (%u,%u,%u): %u of %u threads waiting\n", blockIdx.x,
-                   blockIdx.y, blockIdx.z, waiting, count);
-      std::abort();
-    }
-  }
-};
-inline Barrier barrier;
-inline long long launches = 0, blocks_run = 0;
-
-inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x * block.y * block.z == 0) {
-    std::fprintf(stderr, "emu: launch with an empty grid or block\n");
-    std::abort();
-  }
-  if (grid.y > 65535 || grid.z > 65535) {
-    std::fprintf(stderr, "emu: grid y/z above 65535\n");
-    std::abort();
-  }
-  ++launches;
-  gridDim = grid;
-  blockDim = block;
-  const unsigned threads = block.x * block.y * block.z;
-  barrier.count = threads;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        ++blocks_run;
-        std::vector<std::thread> pool;
-        pool.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t)
-          pool.emplace_back([&, t, bx, by, bz] {
-            blockIdx = dim3(bx, by, bz);
-            threadIdx = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-            body();
-          });
-        for (auto& th : pool) th.join();
-      }
+// A product rounded on its own: the empty asm keeps the compiler, which
+// contracts a * b + c into an FMA in the kernel file (as nvcc does), from
+// fusing it with a sum, as nvcc never fuses __fmul_rn.
+inline float __fmul_rn(float a, float b) {
+  float product = a * b;
+  asm("" : "+x"(product));
+  return product;
 }
-}  // namespace emu
+inline double __dmul_rn(double a, double b) {
+  double product = a * b;
+  asm("" : "+x"(product));
+  return product;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+[[noreturn]] inline void __trap() { emu::fatal("__trap() in block (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z); }
 
-inline void __syncthreads() { emu::barrier.wait(); }
+// By value: decltype(a < b ? a : b) would be a reference to a parameter.
+template <class A, class B>
+inline std::common_type_t<A, B> min(A a, B b) { return a < b ? a : b; }
+template <class A, class B>
+inline std::common_type_t<A, B> max(A a, B b) { return a < b ? b : a; }
+
+// A plain store of one 16-byte vector (UBSan checks its alignment).
+inline void __stwb(uint4* p, uint4 value) { *p = value; }
+
+// Atomics are relaxed, as CUDA's: ThreadSanitizer sees them as atomic
+// accesses that order nothing.
+template <class T>
+inline T atomicAdd(T* p, T value) { return __atomic_fetch_add(p, value, __ATOMIC_RELAXED); }
+template <class T>
+inline T atomicMin(T* p, T value) {
+  T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (value < old && !__atomic_compare_exchange_n(p, &old, value, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return old;
+}
+
+inline void __syncthreads() { emu::runtime.syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::runtime.warp_collective(emu::kSyncwarp, mask, 0); }
+
+template <class T>
+inline unsigned __match_any_sync(unsigned mask, T value) {
+  static_assert(sizeof(T) <= 8, "a 32- or 64-bit value");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof value);
+  const emu::Cell<uint64_t>* all = emu::runtime.warp_collective(emu::kMatch, mask, bits);
+  unsigned same = 0;
+  for (unsigned l = 0; l < emu::kWarp; ++l) same |= (all[l].get() == bits ? 1u : 0u) << l;
+  return same;
+}
+
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= 8, "a 32- or 64-bit value");
+  if (width != 32) emu::fatal("__shfl_xor_sync with width %d: only 32 is emulated", width);
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof value);
+  const emu::Cell<uint64_t>* all = emu::runtime.warp_collective(emu::kShuffle, mask, bits);
+  const unsigned lane = emu::runtime.linear_thread() % emu::kWarp;
+  const uint64_t other = all[lane ^ (static_cast<unsigned>(lane_mask) & 31)].get();
+  T out;
+  std::memcpy(&out, &other, sizeof out);
+  return out;
+}

@@ -1,12 +1,15 @@
 // WMMA emulation: every thread of a warp holds the whole 16x16 fragment and
-// does the warp's operation itself (identical results, so the 32 identical
-// stores are harmless). Checks the pointer (32-byte) and ldm rules.
+// does the warp's operation itself; a store writes only the lane's share of
+// the tile (element i by lane i % 32), as on the GPU, so that ThreadSanitizer
+// sees no two lanes write one element. Checks the pointer (32-byte) and ldm
+// rules.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
 #include "core/half.hpp"
+#include "cuda_runtime.h"
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 
@@ -44,8 +47,11 @@ void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned
 template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
   check(p, ldm, sizeof(float));
+  const unsigned lane = emu::runtime.linear_thread() % emu::kWarp;
   for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.v[r][c];
+    for (int c = 0; c < 16; ++c)
+      if (static_cast<unsigned>(r * 16 + c) % emu::kWarp == lane)
+        (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.v[r][c];
 }
 template <int M, int N, int K>
 void fill_fragment(fragment<accumulator, M, N, K, float>& f, float value) {
