@@ -132,6 +132,9 @@ def test_a_step_reports_pytest_summary_failures_and_skips(tmp_path):
     assert result.summary == "1 failed, 2 passed, 1 skipped in 3.1s"
     assert result.skips == ["SKIPPED [1] tests/gpu/test_x.py:9: no CUDA device"]
     assert "FAILED tests/gpu/test_x.py::test_b" in result.excerpt
+    quiet = stages.Step("passes, but on no GPU", 10, lambda e: [e.python, "-c", f"print({output!r})"])
+    blind = stages.run_step(stage, quiet, environment(tmp_path), tmp_path / "log.txt", dry=False, budget_s=10)
+    assert blind.status.startswith("failed (1 skip line(s) say there is no GPU") and not blind.ok
     dry = stages.run_step(stage, stages.Step("no dry part", 1, step.command), environment(tmp_path),
                           tmp_path / "log.txt", dry=True, budget_s=10)
     assert dry.status == "not run: no GPU"

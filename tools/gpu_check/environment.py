@@ -140,7 +140,9 @@ def detect_arch(environment: Environment) -> str:
     done = subprocess.run([environment.python, "-c", "import torch; print('%d%d' % torch.cuda.get_device_capability())"],
                           env=environment.env, cwd=environment.work, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"no GPU found: nvidia-smi gave nothing and torch said:\n{done.stderr[-2000:]}")
+        said = (done.stderr.strip().splitlines() or ["nothing"])[-1]
+        raise RuntimeError(f"no GPU found: nvidia-smi gave no compute capability and torch said: {said} "
+                           "(without a GPU: --dry-run)")
     return done.stdout.strip()
 
 

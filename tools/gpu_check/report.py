@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .stages import Result
+from .stages import NOT_CHOSEN, Result
 from .targets import Target
 
 
@@ -20,13 +20,14 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 def write(path: Path, *, dry: bool, facts: dict[str, str], build: Result, results: list[Result],
           targets: list[Target], seconds: float) -> None:
-    failed = [r for r in [build, *results] if not r.ok and not r.status.startswith("not run: no GPU")
-              and "--only" not in r.status]
+    failed = [r for r in [build, *results] if not r.ok]
     if dry:
         verdict = "dry run (no GPU): " + ("everything up to the first GPU call passed" if not failed
                                           else f"{len(failed)} step(s) failed")
     else:
-        verdict = "every step passed" if not failed else f"{len(failed)} step(s) did not pass"
+        left_out = sum(r.status == NOT_CHOSEN for r in results)
+        verdict = (f"{len(failed)} step(s) did not pass" if failed else "every step passed" if not left_out
+                   else f"every step that ran passed ({left_out} left out by --only)")
     lines = [f"# GPU check: {facts.get('gpu', '?')}", "", f"**{verdict}**, {seconds:.0f} s in all.", ""]
     lines += table(("", ""), [(key, value) for key, value in facts.items()])
     lines += ["", "## Steps", ""]

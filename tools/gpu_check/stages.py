@@ -33,6 +33,9 @@ BUILD_BUDGET_S = 90  # the kit, a2a for one architecture, nccl_tests_ext (see do
 # its steps only collect and parse: its deadline counts from the build's end.
 DRY_BUILD_BUDGET_S = 900
 MARKER = "A2A_GPU_CHECK_STEP"
+NO_GPU = "not run: no GPU"
+DRY_PASSED = f"{NO_GPU}; its dry part passed"
+NOT_CHOSEN = "not run: not in --only"
 TERM_GRACE_S = 5
 
 Command = Callable[[Environment], list[str]]
@@ -43,7 +46,7 @@ class Step:
     name: str
     budget_s: int
     command: Command
-    dry: Command | None = None  # what the dry run runs instead; None: nothing
+    dry: Command | None = None  # what the dry run runs instead (the command itself: it needs no GPU); None: nothing
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Stage:
 class Result:
     stage: str
     step: str
-    status: str  # passed, failed, over budget, not run (why), dry: passed, dry: failed
+    status: str  # passed, failed (exit N), over budget (N s), not run: why (the dry run: NO_GPU + its dry part)
     seconds: float = 0.0
     summary: str = ""  # the command's own last word (pytest's summary line, a runner's count)
     excerpt: str = ""  # the lines to read first when it did not pass
@@ -72,7 +75,8 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("passed", "dry: passed")
+        """Passed, or (the dry run) its dry part passed or it has none, or left out by --only."""
+        return self.status in ("passed", NO_GPU, DRY_PASSED, NOT_CHOSEN)
 
 
 def pytest(*paths: str, ignore: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Command:
@@ -174,6 +178,9 @@ STAGES = (
 
 PYTEST_SUMMARY = re.compile(r"^=*\s*\d+(/\d+)? (passed|failed|skipped|errors?|deselected|tests? collected)\b.*$")
 RUNNER_SUMMARY = re.compile(r"^\d+ passed, \d+ failed\b.*$")  # tests/run_mpi.py's last line
+# A skip that says there is no GPU (or no CUDA or NCCL build) means, on the GPU machine, a check that
+# did not run: the step fails instead of passing with its cases skipped.
+NO_GPU_SKIP = re.compile(r"no CUDA device|torch sees no GPU|built without (CUDA|NCCL)|no usable CUDA")
 EXCERPT_LINE = re.compile(r"^(FAILED|ERROR|FAIL\b|E  |Traceback|\S+Error\b|RuntimeError|.*#wrong [1-9])")
 
 
@@ -228,7 +235,7 @@ def run_step(stage: Stage, step: Step, environment: Environment, log_path: Path,
              budget_s: float) -> Result:
     command = (step.dry if dry else step.command)
     if command is None:
-        return Result(stage.key, step.name, "not run: no GPU" if dry else "not run")
+        return Result(stage.key, step.name, NO_GPU if dry else "not run")
     if budget_s <= 0:
         return Result(stage.key, step.name, "not run: out of time (the 8-minute deadline)")
     argv = command(environment)
@@ -254,9 +261,12 @@ def run_step(stage: Stage, step: Step, environment: Environment, log_path: Path,
     summary, excerpt, skips = summarize(output)
     if over:
         status = f"over budget ({budget_s:.0f} s)"
-    elif dry:
-        status = "dry: passed" if rc == 0 else f"dry: failed (exit {rc})"
+    elif dry and step.dry is not step.command:
+        status = DRY_PASSED if rc == 0 else f"{NO_GPU}; its dry part failed (exit {rc})"
     else:
         status = "passed" if rc == 0 else f"failed (exit {rc})"
-    return Result(stage.key, step.name, status, seconds, summary, "" if rc == 0 and not over else excerpt, skips,
-                  output, budget_s)
+        blind = [line for line in skips if NO_GPU_SKIP.search(line)]
+        if blind and rc == 0:
+            status = f"failed ({len(blind)} skip line(s) say there is no GPU or no CUDA/NCCL build)"
+    return Result(stage.key, step.name, status, seconds, summary, excerpt if status not in ("passed", DRY_PASSED) else "",
+                  skips, output, budget_s)
