@@ -131,10 +131,10 @@ RUNTIME: Command = lambda e: [e.python, str(e.root / "tests" / "run_mpi.py"), "-
 # cover each target's range (docs/benchmarks.md, "GPU checks").
 COLLECTIVES_ARGS = ("--device", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "--algo", "linear,2dh,flex,v",
                     "-n", "20", "-w", "3", "--json", "{bench}/collectives.json")
-LAYOUT_ARGS = ("--layout", "--device", "cuda", "--total", "256M", "--chunks", "4K,64K,256K,1M,4M", "-n", "10",
+LAYOUT_ARGS = ("--layout", "--device", "cuda", "--total", "128M", "--chunks", "4K,64K,256K,1M,4M", "-n", "10",
                "-r", "5", "--json", "{bench}/layout.json")
-KERNEL_ARGS = ("--op", "all", "--device", "cuda", "--dtype", "bfloat16", "--tokens", "16384", "--experts", "8,64",
-               "--model-dim", "1024,4096", "--top-k", "2", "-r", "5", "--json", "{bench}/kernels.json")
+KERNEL_ARGS = ("--op", "all", "--device", "cuda", "--dtype", "bfloat16", "--tokens", "16384", "--experts", "64",
+               "--model-dim", "1024,4096", "--top-k", "2", "-r", "3", "--json", "{bench}/kernels.json")
 ES_ARGS = ("--op", "esmm,ess,estmm", "--device", "cuda", "--tokens", "16384", "--experts", "8", "--top-k", "2",
            "--model-dim", "1024", "--hidden", "1024", "--dtype", "bfloat16,float32", "-r", "5",
            "--json", "{bench}/es_ops.json")
@@ -143,7 +143,7 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 
 STAGES = (
     Stage("tests", "tests/gpu and the unit tests' CUDA cases, one process", "1-tests.log", (
-        Step("tests/gpu (kernels, collectives on NCCL, from_torch, staged 1 rank, graphs)", 80, GPU_TESTS,
+        Step("tests/gpu (kernels, collectives on NCCL, from_torch, staged 1 rank, graphs)", 75, GPU_TESTS,
              collect(GPU_TESTS)),
         Step("tests/unit CUDA cases", 20, UNIT_CUDA, collect(UNIT_CUDA)),
     )),
@@ -163,13 +163,13 @@ STAGES = (
              parse_only("a2a.bench", *COLLECTIVES_ARGS)),
         Step("a2a.bench --layout --device cuda", 12, python_module("a2a.bench", *LAYOUT_ARGS),
              parse_only("a2a.bench", *LAYOUT_ARGS)),
-        Step("a2a.bench --op all --device cuda", 20, python_module("a2a.bench", *KERNEL_ARGS),
+        Step("a2a.bench --op all --device cuda", 15, python_module("a2a.bench", *KERNEL_ARGS),
              parse_only("a2a.bench", *KERNEL_ARGS)),
         Step("a2a.bench --op esmm,ess,estmm --device cuda", 12, python_module("a2a.bench", *ES_ARGS),
              parse_only("a2a.bench", *ES_ARGS)),
         Step("moe_runtime.bench --gpu-step", 30, python_module("moe_runtime.bench", *LAYER_ARGS),
              parse_only("moe_runtime.bench", *LAYER_ARGS)),
-        *(Step(f"nccl_tests_ext {program} {' '.join(extra)}".rstrip(), 6, nccl_perf(program, *NCCL_ARGS, *extra),
+        *(Step(f"nccl_tests_ext {program} {' '.join(extra)}".rstrip(), 8, nccl_perf(program, *NCCL_ARGS, *extra),
                nccl_help(program, *NCCL_ARGS, *extra))
           for program, extra in (("alltoall_perf", ()), ("alltoallv_perf", ()), ("alltoall_flex_perf", ()),
                                  ("alltoall_perf", ("-G", "1")), ("alltoall_flex_perf", ("-G", "1")))),
