@@ -30,6 +30,7 @@ __all__ = [
     "out_of_bounds_line",
     "parse_size",
     "relaunch",
+    "resolve_device",
     "size_text",
     "strip_np",
     "take_turns",
@@ -119,6 +120,15 @@ def cuda_missing() -> str | None:
     if not a2a.config().get("cuda"):
         return "--device cuda: this a2a was built without CUDA"
     return None
+
+
+def resolve_device(args: Any) -> str | None:
+    """Fills ``args.device`` when it was not given (cuda where it can run,
+    else cpu); returns why ``--device cuda`` cannot run here, or None."""
+    missing = cuda_missing()
+    if args.device is None:
+        args.device = "cpu" if missing else "cuda"
+    return missing if args.device == "cuda" else None
 
 
 def cuda_comm(world: Any, *, local_size: int | None = None, transport: str | None = None) -> Any:

@@ -187,10 +187,11 @@ def main(argv: list[str]) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() and a2a.config().get("cuda") else "cpu")
-    if device == "cuda" and (missing := common.cuda_missing()) is not None:
+    missing = common.resolve_device(args)
+    if missing is not None:
         print(f"a2a.bench --op {args.op}: {missing}", file=sys.stderr)
         return 2
+    device = args.device
     clock = common.Clock(torch, device)
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     print(f"# a2a.bench --op {','.join(ops)}: {device}, threads {torch.get_num_threads()}, "

@@ -991,13 +991,6 @@ def _device_description(env: _Env) -> str:
     return f"cpu: {cpu}, {os.cpu_count()} cores"
 
 
-def _resolve_device(args: argparse.Namespace) -> str | None:
-    """Fills args.device (default cuda where it can run); returns an error message or None."""
-    if args.device is None:
-        args.device = "cpu" if common.cuda_missing() else "cuda"
-    return common.cuda_missing() if args.device == "cuda" else None
-
-
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # The core reads A2A_NUM_THREADS once, at its first kernel call.
@@ -1018,7 +1011,7 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"a2a.bench --op: this a2a has no {', '.join(missing)}", file=sys.stderr)
         return 2
-    error = _resolve_device(args)
+    error = common.resolve_device(args)
     if error:
         print(f"a2a.bench {error}", file=sys.stderr)
         return 2

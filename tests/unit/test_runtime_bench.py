@@ -178,9 +178,9 @@ def test_cuda_missing_is_the_kernel_benchs_check_too(monkeypatch, torch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert common.cuda_missing() == "--device cuda: torch sees no GPU"
     args = kernels.parse_args(["--op", "encode", "--device", "cuda"])
-    assert kernels._resolve_device(args) == common.cuda_missing()
+    assert common.resolve_device(args) == common.cuda_missing()
     args = kernels.parse_args(["--op", "encode"])
-    assert kernels._resolve_device(args) is None and args.device == "cpu"  # the default: cuda only where it runs
+    assert common.resolve_device(args) is None and args.device == "cpu"  # the default: cuda only where it runs
 
 
 def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
