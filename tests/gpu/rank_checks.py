@@ -3,11 +3,13 @@ ranks sharing one GPU through the staged MPI transport; nccl_ranks.py: NCCL
 communicators made over MPI and from a torch.distributed NCCL group): every
 algorithm on CUDA tensors, compared bitwise with the host communicator on
 the same data, `#wrong` counted over all ranks per case; and the fixed-size
-collectives captured into a CUDA graph and replayed."""
+collectives captured into a CUDA graph and replayed. `run_under_mpirun` is
+how the tests start such a script and judge it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,6 +19,9 @@ import reference as ref
 import torch
 
 import a2a
+from a2a import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Tally:
@@ -93,3 +98,16 @@ def graph_replay(tally: Tally, label: str, host: a2a.Comm, cuda: a2a.Comm) -> No
     torch.cuda.synchronize()
     tally.compare(f"{label} graph replay all_to_all", out[0], np.asarray(want[0]))
     tally.compare(f"{label} graph replay all_to_all_flex", out[1], np.asarray(want[1]))
+
+
+def run_under_mpirun(np_: int, script: str, timeout_s: int, **env: str) -> None:
+    """Runs tests/gpu/`script` on `np_` ranks (bounded waits, no inherited
+    A2A_LOCAL_SIZE, `env` added) and asserts that it exited 0 with a total
+    #wrong of 0; prints its output."""
+    env = dict(os.environ, A2A_TIMEOUT_S="120", **env)
+    env.pop("A2A_LOCAL_SIZE", None)
+    command = launch.mpirun_command(np_, [sys.executable, os.path.join(HERE, script)])
+    result = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=timeout_s)
+    print(result.stdout[-6000:])
+    assert result.returncode == 0, f"mpirun exited {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    assert "total #wrong 0" in result.stdout
