@@ -55,8 +55,10 @@ def list_stages() -> None:
     print(f"deadline {DEADLINE_S} s from the start, everything included")
 
 
-def run_build(environment, kit: Path, log_path: Path, arch: str | None, dry: bool, deadline: float) -> Result:
+def run_build(environment, kit: Path, log_path: Path, arch: str | None, dry: bool) -> Result:
     started = time.monotonic()
+    budget_s = DRY_BUILD_BUDGET_S if dry else BUILD_BUDGET_S
+    deadline = started + budget_s
     with open(log_path, "w", encoding="utf-8") as log:
         try:
             install_kit(environment, kit, log, deadline)
@@ -67,10 +69,11 @@ def run_build(environment, kit: Path, log_path: Path, arch: str | None, dry: boo
             log.flush()
             tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:])
             return Result("build", f"kit, a2a for sm_{arch or '?'}, nccl_tests_ext", "failed",
-                          time.monotonic() - started, str(error)[:300], tail)
+                          time.monotonic() - started, str(error)[:300], tail, budget_s=budget_s)
     summary = (f"a2a {config['version']}: CUDA sm_{','.join(config['cuda_archs'])}, NCCL {config['nccl_version']}, "
                f"MPI {config['mpi_version']}")
-    return Result("build", f"kit, a2a for sm_{arch}, nccl_tests_ext", "passed", time.monotonic() - started, summary)
+    return Result("build", f"kit, a2a for sm_{arch}, nccl_tests_ext", "passed", time.monotonic() - started, summary,
+                  budget_s=budget_s)
 
 
 def merge_bench_json(bench: Path, into: Path) -> None:
@@ -89,10 +92,7 @@ def main(argv: list[str]) -> int:
     environment = prepare(ROOT, args.work.resolve())
     mode = "dry run, no GPU call" if args.dry_run else "GPU run"
     print(f"gpu_check: {mode}; work {environment.work}, out {out}, python {environment.interpreter_note}", flush=True)
-    build_budget = DRY_BUILD_BUDGET_S if args.dry_run else BUILD_BUDGET_S
-    built = run_build(environment, args.kit.resolve(), out / "build.log", args.arch, args.dry_run,
-                      started + build_budget)
-    built.budget_s = build_budget
+    built = run_build(environment, args.kit.resolve(), out / "build.log", args.arch, args.dry_run)
     deadline = (time.monotonic() + DEADLINE_S - BUILD_BUDGET_S) if args.dry_run else started + DEADLINE_S
     print(f"{'ok  ' if built.ok else 'FAIL'}  build ({built.seconds:.0f} s): {built.summary}", flush=True)
     results: list[Result] = []
