@@ -21,7 +21,7 @@ layout at every step.
 - :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
   ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
 - expert placement: ``MoELayer.place`` (moves whole experts, relocation.py)
-  and the policies and metrics of :mod:`moe_runtime.placement` (greedy,
+  and the policies and metrics of :mod:`moe_runtime.deployment.placement` (greedy,
   anti-correlation, Max Load), ``python -m moe_runtime.bench_placement``
 - :class:`DynamicCapacity`, the per-expert capacity policy of
   ``MoELayer(dispatcher="dynamic")`` (dynamic_capacity.py; its flow is
@@ -50,22 +50,22 @@ layout at every step.
 
 from __future__ import annotations
 
-from . import placement
-from .assignment_cache import AssignmentCache, AssignmentStats
-from .capacity import buffer_capacity, local_capacity, rule_capacity
-from .dynamic_capacity import CapacityTracker, DynamicCapacity
-from .expert_cache import ExpertCache
-from .flex_config import FlexConfig
-from .flows import Plan
-from .gates import CosineTopKGate, LinearTopKGate
-from .hetero_split import local_batch, measure_latency, rank_latencies, split_by_latency
-from .hexa_cache import PipelineSharedCache
+from .deployment import placement
+from .deployment.assignment_cache import AssignmentCache, AssignmentStats
+from .deployment.expert_cache import ExpertCache
+from .dynamic.capacity import CapacityTracker, DynamicCapacity
+from .flex.config import FlexConfig
+from .flex.vexperts import Expand, Migrate, Shrink, SlotTable
+from .flows.expert import Plan
+from .gating.capacity import buffer_capacity, local_capacity, rule_capacity
+from .gating.gates import CosineTopKGate, LinearTopKGate
+from .gating.losses import gshard_loss, load_importance_loss, z_loss
+from .hexa.cache import PipelineSharedCache
+from .hexa.split import local_batch, measure_latency, rank_latencies, split_by_latency
 from .layer import MoELayer, sync_shared_gradients
-from .losses import gshard_loss, load_importance_loss, z_loss
-from .prior import ExchangePrior
 from .reference import moe_reference
-from .tuner import AdaptiveDictionary, Config
-from .vexperts import Expand, Migrate, Shrink, SlotTable
+from .tuning.dictionary import AdaptiveDictionary, Config
+from .tuning.prior import ExchangePrior
 
 __all__ = [
     "AdaptiveDictionary",

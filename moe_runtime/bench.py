@@ -125,7 +125,7 @@ switching r costs less than 1% of a step and allocates no buffer.
 
 ``--prior PRESET`` (``local``, ``a100``, ``h100``; default none) gives the
 adaptive layer's dictionary the scale model's prior
-(:class:`moe_runtime.prior.ExchangePrior`, ``--prior-factor``, default 4):
+(:class:`moe_runtime.tuning.prior.ExchangePrior`, ``--prior-factor``, default 4):
 the (d, algorithm) it predicts far slower are not tried. Each case then
 reports the trials the search ran, the trials it would have run without the
 prior (the search replayed, without it, on the static rows' times; in a
@@ -456,7 +456,7 @@ class _Bench:
         import a2a
 
         from .bench_peer import GShardPeer
-        from .host_values import torch_device
+        from .common.host_values import torch_device
 
         self.args, self.torch, self.a2a = args, torch, a2a
         self.world = MPI.COMM_WORLD
@@ -638,7 +638,7 @@ class _Bench:
             return []
         import numpy as np
 
-        from .host_values import all_reduce_values
+        from .common.host_values import all_reduce_values
         from .step_memory import peak_step_bytes
 
         dropless = self.new_layer(dispatcher="dropless")
@@ -687,13 +687,13 @@ class _Bench:
     # -- one case ----------------------------------------------------------------------------------------
     def run_case(self, case: Case) -> tuple[list[dict], dict]:
         """The rows and the summary of one (T, f)."""
-        from .tuner import AdaptiveDictionary
+        from .tuning.dictionary import AdaptiveDictionary
 
         args = self.args
         x = self.tokens(case.tokens)
         prior = None
         if args.prior:
-            from .prior import ExchangePrior
+            from .tuning.prior import ExchangePrior
 
             prior = ExchangePrior(args.prior)
         dictionary = AdaptiveDictionary(window=WINDOW, degrees=tuple(args.degrees), algos=tuple(args.algos),
@@ -749,7 +749,7 @@ def trials_without_prior(rows: list[dict], tuning: dict, valid_rs: list[int], ar
     """The trials the case's search would have run without the prior: the
     search replayed, without it, on the static rows' times (pure); with no
     static rows (a comparison case), the trials plus those the prior saved."""
-    from .tuner import AdaptiveDictionary, Config
+    from .tuning.dictionary import AdaptiveDictionary, Config
 
     static = {Config(row["r"], row["d"], row["algo"]): row["time_ms"] for row in rows if row["kind"] == "static"}
     if not static:

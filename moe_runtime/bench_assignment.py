@@ -79,8 +79,8 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     import a2a
 
-    from .assignment_cache import AssignmentCache
-    from .gates import decide
+    from .deployment.assignment_cache import AssignmentCache
+    from .gating.gates import decide
     from .layer import MoELayer
 
     comm = a2a.Comm.from_mpi(MPI.COMM_WORLD)

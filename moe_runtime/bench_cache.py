@@ -37,8 +37,8 @@ import torch
 
 import a2a
 
-from .cache_policy import POLICIES, simulate
-from .expert_cache import ExpertCache
+from .deployment.cache_policy import POLICIES, simulate
+from .deployment.expert_cache import ExpertCache
 from .layer import MoELayer
 
 

@@ -114,8 +114,8 @@ class Run(RankRun):
     def measure(self, scenario: str, experts: int, config: str) -> dict:
         """The config's steps on the scenario: per-step times, balance ratios, drops, shares."""
         import moe_runtime
-        from moe_runtime.flex_routing import balance_ratio, rank_loads, route
-        from moe_runtime.vexperts import SlotTable
+        from moe_runtime.flex.routing import balance_ratio, rank_loads, route
+        from moe_runtime.flex.vexperts import SlotTable
 
         torch, args, comm = self.torch, self.args, self.comm
         layer = self.layer(experts, config)

@@ -67,7 +67,7 @@ class Run(RankRun):
                                     seeds=(args.seed, args.seed + 1), parallel=parallel, hidden_split=hidden_split)
 
     def case(self, name: str) -> dict:
-        from moe_runtime.hetero_split import measure_latency, rank_latencies, split_by_latency, uniform_split
+        from moe_runtime.hexa.split import measure_latency, rank_latencies, split_by_latency, uniform_split
 
         torch, args, comm = self.torch, self.args, self.comm
         slow = {"rank 0 slow": 0, "rank 1 slow": 1}.get(name)

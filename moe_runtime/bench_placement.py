@@ -6,7 +6,7 @@
 Started plainly it runs itself under mpirun on ``--np`` ranks (a2a.launch).
 Three traces of (batches, E) counts, E = W x ``--experts-per-rank``, each
 fitted on its first half and measured on its second (the Deployment paper,
-Section VII; moe_runtime.placement), for the identity placement (the
+Section VII; moe_runtime.deployment.placement), for the identity placement (the
 layer's), greedy and anti-correlation:
 
 * ``skewed``: Zipf(``--zipf``) popularity over shuffled ids, a log-normal
@@ -44,7 +44,7 @@ import numpy as np
 from a2a import launch
 from a2a.bench import common
 
-from . import placement
+from .deployment import placement
 
 DEFAULT_NP = 4
 POLICY_NAMES = tuple(placement.POLICIES)

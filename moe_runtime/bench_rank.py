@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .host_values import all_reduce_values
+from .common.host_values import all_reduce_values
 
 __all__ = ["RankRun", "slowest"]
 

@@ -2,18 +2,18 @@
 ``MoELayer(..., parallel_type="adaptive:auto", flows=("dropless",
 "data_centric", "model_centric"))``.
 
-The dictionary (moe_runtime.tuner) then times, besides Tutel's (r, d,
+The dictionary (moe_runtime.tuning.dictionary) then times, besides Tutel's (r, d,
 algorithm), each of these flows once per capacity window and keeps the
 fastest. Every flow runs on the layer's one parameter layout, Tutel's
-whole experts (moe_runtime.experts.FFNExperts, n > 0 per rank), and
+whole experts (moe_runtime.experts.ffn.FFNExperts, n > 0 per rank), and
 gathers what it needs from it:
 
-- dropless (moe_runtime.dropless): the rows go to the rank of their expert
+- dropless (moe_runtime.deployment.dropless): the rows go to the rank of their expert
   by all_to_all_v and each rank computes its n experts as stored;
-- data_centric (moe_runtime.hexa): every rank's (n, H, M) all-gathered into
+- data_centric (moe_runtime.hexa.flows): every rank's (n, H, M) all-gathered into
   the whole (E, H, M) in the pipeline-shared cache, this rank's tokens
   through it, the gradients reduce-scattered back;
-- model_centric (moe_runtime.hexa): rank w's hidden slice (E, H_w, M) of
+- model_centric (moe_runtime.hexa.flows): rank w's hidden slice (E, H_w, M) of
   every expert by an all-to-all, every rank's tokens all-gathered, the
   partial outputs reduce-scattered.
 
@@ -32,11 +32,11 @@ import torch
 
 import a2a
 
-from .dropless import dropless_moe
-from .experts import FFNExperts
-from .hexa import data_centric_moe, model_centric_moe
-from .hexa_cache import PipelineSharedCache
-from .tuner import FLOWS
+from .deployment.dropless import dropless_moe
+from .experts.ffn import FFNExperts
+from .hexa.cache import PipelineSharedCache
+from .hexa.flows import data_centric_moe, model_centric_moe
+from .tuning.dictionary import FLOWS
 
 __all__ = ["OTHER_FLOWS", "check_capacity_factor", "check_layer", "checked_flows", "run_flow"]
 

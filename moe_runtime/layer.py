@@ -28,36 +28,36 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from .assignment_cache import AssignmentCache, AssignmentStats
-from .buffers import BufferPool
-from .cached_dispatch import CachedDispatch
-from .capacity import RULES, buffer_capacity, local_capacity
+from .common.buffers import BufferPool
+from .common.host_values import all_gather_values, all_reduce_values
+from .common.overlap import Overlap, check_thread_level
+from .deployment.assignment_cache import AssignmentCache, AssignmentStats
+from .deployment.cached_dispatch import CachedDispatch
+from .deployment.dropless import CACHED_WEIGHT_NAMES, dropless_moe
+from .deployment.expert_cache import ExpertCache
+from .deployment.placement import as_assignment
 from .dictionary_flows import check_capacity_factor, check_layer, checked_flows, run_flow
-from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
-from .dynamic_capacity import CapacityTracker, DynamicCapacity
-from .expert_cache import ExpertCache
-from .experts import EXPERT_TAG, FFNExperts
-from .flex import FlexState
-from .flex_config import FlexConfig
-from .flex_dispatch import flex_moe
-from .flex_scheduler import Decision
-from .flows import Plan, Segment, Shape, chunk_major, run_segment
-from .gates import decide, make_gate
-from .hexa import data_centric_moe, model_centric_moe
-from .hexa_cache import SHARED_CACHE, PipelineSharedCache
-from .hexa_experts import HiddenShardedExperts
-from .host_values import all_gather_values, all_reduce_values
-from .pipeline import Overlap, check_thread_level
-from .placement import as_assignment
-from .ragged import ragged_moe
-from .relocation import Moved, agree_on_move, move_experts
-from .tuner import FLOWS, AdaptiveDictionary, Config, flow_config
-from .vexperts import Primitive
+from .dynamic.capacity import CapacityTracker, DynamicCapacity
+from .dynamic.ragged import ragged_moe
+from .experts.ffn import EXPERT_TAG, FFNExperts
+from .experts.relocation import Moved, agree_on_move, move_experts
+from .flex.config import FlexConfig
+from .flex.dispatch import flex_moe
+from .flex.scheduler import Decision
+from .flex.state import FlexState
+from .flex.vexperts import Primitive
+from .flows.expert import Plan, Segment, Shape, chunk_major, run_segment
+from .gating.capacity import RULES, buffer_capacity, local_capacity
+from .gating.gates import decide, make_gate
+from .hexa.cache import SHARED_CACHE, PipelineSharedCache
+from .hexa.experts import HiddenShardedExperts
+from .hexa.flows import data_centric_moe, model_centric_moe
+from .tuning.dictionary import FLOWS, AdaptiveDictionary, Config, flow_config
 
 __all__ = ["DISPATCHERS", "PARALLELS", "MoELayer", "sync_shared_gradients"]
 
 DISPATCHERS = ("capacity", "dropless", "dynamic")
-PARALLELS = ("expert", "data_centric", "model_centric")  # Tutel's flows; Hexa-MoE's two (moe_runtime.hexa)
+PARALLELS = ("expert", "data_centric", "model_centric")  # Tutel's flows; Hexa-MoE's two (moe_runtime.hexa.flows)
 _WHOLE_EXPERT_DISPATCHERS = ("dropless", "dynamic")  # r = 1, d = 1, whole experts on every rank
 
 ALGORITHMS = tuple(a2a.ALGORITHMS)
@@ -126,14 +126,14 @@ class MoELayer(torch.nn.Module):
     nothing either: capacity_factor=0, is_postscore, no batch-prioritized
     routing, num_experts_per_device > 0). ``use_2dh``: the
     default algorithm. ``capacity_rule``: ``"tutel"`` (default) or ``"a2a"``
-    (see moe_runtime.capacity). ``expert_gradient``: ``"mean"`` (default:
+    (see moe_runtime.gating.capacity). ``expert_gradient``: ``"mean"`` (default:
     expert gradients divided by the world size, as DDP averages the shared
     ones) or ``"sum"``. ``timer``: the clock of the dictionary's trials.
     ``dispatcher``: ``"capacity"`` (default: Tutel's padded buffers, every
-    r and d), ``"dropless"`` (moe_runtime.dropless: nothing dropped or
+    r and d), ``"dropless"`` (moe_runtime.deployment.dropless: nothing dropped or
     padded; r = 1, d = 1, whole experts on every rank) or ``"dynamic"``
-    (moe_runtime.ragged: one capacity per expert, picked each call by the
-    policy of moe_runtime.dynamic_capacity with the settings
+    (moe_runtime.dynamic.ragged: one capacity per expert, picked each call by the
+    policy of moe_runtime.dynamic.capacity with the settings
     ``dynamic_capacity``, a :class:`DynamicCapacity`; r = 1, d = 1, whole
     experts; ``layer.capacity_tracker`` holds its state). ``expert_cache``: an
     :class:`ExpertCache` (dropless only) that serves calls recording no
@@ -141,21 +141,21 @@ class MoELayer(torch.nn.Module):
     host and only those receiving rows are brought into its device slots.
     ``assignment_cache``: a :class:`moe_runtime.AssignmentCache` (dropless
     dispatcher only): sample-assignment caching for the calls that pass
-    ``sample_ids`` (moe_runtime.cached_dispatch; the same results).
+    ``sample_ids`` (moe_runtime.deployment.cached_dispatch; the same results).
     ``flex``: a :class:`moe_runtime.FlexConfig` (dropless dispatcher only):
     FlexMoE's vExpert replicas of hot experts, routed to locality first;
-    ``layer.flex`` holds the table, history and scheduler (moe_runtime.flex),
+    ``layer.flex`` holds the table, history and scheduler (moe_runtime.flex.state),
     ``layer.rebalance(optimizer)`` after each optimizer step applies the
     scheduler's plan, ``layer.adjust(primitives, optimizer)`` explicit ones.
 
     ``parallel``: ``"expert"`` (default: the flows above), or Hexa-MoE's
-    ``"data_centric"`` / ``"model_centric"`` (moe_runtime.hexa): every
+    ``"data_centric"`` / ``"model_centric"`` (moe_runtime.hexa.flows): every
     expert sharded along its hidden size over every rank
-    (moe_runtime.hexa_experts; ``hidden_split``: the ranks' H_w, uniform by
+    (moe_runtime.hexa.experts; ``hidden_split``: the ranks' H_w, uniform by
     default, e.g. ``split_by_latency(H, latencies)``), tokens in their order
     through the expert-specific operators, nothing dropped. Data-centric
     gathers the experts whole into the pipeline-shared cache
-    (``shared_cache``, moe_runtime.hexa_cache.SHARED_CACHE by default;
+    (``shared_cache``, moe_runtime.hexa.cache.SHARED_CACHE by default;
     ``layer.prefetch()`` starts that gather early); model-centric all-gathers
     the tokens and reduce-scatters the outputs. Ranks may hold different
     numbers of tokens. Neither takes the expert-parallel settings (dispatcher,
@@ -318,7 +318,7 @@ class MoELayer(torch.nn.Module):
         self._position_table: torch.Tensor | None = None  # _positions on the tokens' device, None for identity
         # A list: each call appends this rank's (E,) counts of routed choices per logical expert.
         self.routing_trace: list[np.ndarray] | None = None
-        # The data-centric layers' one full copy of the experts (moe_runtime.hexa_cache).
+        # The data-centric layers' one full copy of the experts (moe_runtime.hexa.cache).
         self.shared_cache: PipelineSharedCache | None = None
         self._cache_token: int | None = None  # the layer's in the cache
         if parallel == "data_centric" or "data_centric" in flows:
@@ -380,7 +380,7 @@ class MoELayer(torch.nn.Module):
         positions = torch.from_numpy(self._positions if self.flex is None else self.flex.first_slots())
         return {name: tensor.index_select(0, positions.to(tensor.device)) for name, tensor in whole.items()}
 
-    # -- placement (the Deployment paper, Section VII; moe_runtime.placement) --
+    # -- placement (the Deployment paper, Section VII; moe_runtime.deployment.placement) --
     @property
     def placement(self) -> np.ndarray:
         """(W, n) int64: the logical experts each rank holds, slot by slot."""
@@ -422,7 +422,7 @@ class MoELayer(torch.nn.Module):
         self._position_table = None if identity else torch.from_numpy(new)
         return moved
 
-    # -- FlexMoE (moe_runtime.flex) ----------------------------------------------------
+    # -- FlexMoE (moe_runtime.flex.state) ----------------------------------------------------
     def rebalance(self, optimizer: torch.optim.Optimizer | None = None) -> Decision | None:
         """Collective, after the optimizer's step: applies the scheduler's plan
         made at the last call (Expand / Shrink / Migrate of vExpert slots, with
@@ -431,7 +431,7 @@ class MoELayer(torch.nn.Module):
         return self._flex_state("rebalance").rebalance(self.experts, optimizer)
 
     def adjust(self, primitives: Sequence[Primitive], optimizer: torch.optim.Optimizer | None = None) -> Moved:
-        """Collective: applies `primitives` (moe_runtime.vexperts: Expand,
+        """Collective: applies `primitives` (moe_runtime.flex.vexperts: Expand,
         Shrink, Migrate; the same list on every rank) to the vExpert slots,
         their gradients and `optimizer`'s state. Returns what this rank sent."""
         return self._flex_state("adjust").adjust(primitives, self.experts, optimizer)
@@ -594,7 +594,7 @@ class MoELayer(torch.nn.Module):
 
     def _hexa(self, tokens, decision, k: int, gate_index: int, request: tuple,
               capacity_factor: float | None) -> torch.Tensor:
-        """Hexa-MoE's data- or model-centric call (moe_runtime.hexa)."""
+        """Hexa-MoE's data- or model-centric call (moe_runtime.hexa.flows)."""
         if self.shared_cache is not None:
             # A prefetch runs on the communication thread: done before this thread's next MPI call.
             self.shared_cache.wait()
@@ -650,7 +650,7 @@ class MoELayer(torch.nn.Module):
                                     algo=self.default_algo if algo is None else algo)
 
     def _dropless(self, tokens, decision, request: tuple, caching: CachedDispatch | None, cached: bool) -> torch.Tensor:
-        """The dropless dispatcher (moe_runtime.dropless): r = 1, d = 1;
+        """The dropless dispatcher (moe_runtime.deployment.dropless): r = 1, d = 1;
         `caching`: the sample-assignment cache's dispatch, begun before the
         gate; `cached`: the experts' weights come from the expert cache."""
         algo, weights, scale = self._whole_expert_call(request)
@@ -668,7 +668,7 @@ class MoELayer(torch.nn.Module):
         return y
 
     def _flex_call(self, tokens, decision, request: tuple, step_seconds: float | None) -> torch.Tensor:
-        """FlexMoE's call (moe_runtime.flex, flex_dispatch): the plan of
+        """FlexMoE's call (moe_runtime.flex.state, flex_dispatch): the plan of
         Algorithm 3 over the vExpert slots, then the dropless flow to it."""
         algo, weights, scale = self._whole_expert_call(request)
         indices = decision.indices.contiguous()
@@ -684,7 +684,7 @@ class MoELayer(torch.nn.Module):
         return y
 
     def _dynamic(self, tokens, decision, request: tuple) -> torch.Tensor:
-        """The per-expert capacity dispatcher (moe_runtime.ragged): r = 1, d = 1,
+        """The per-expert capacity dispatcher (moe_runtime.dynamic.ragged): r = 1, d = 1,
         capacities from the policy on this call's demand, agreed across ranks."""
         algo, weights, scale = self._whole_expert_call(request)
         indices = decision.indices.contiguous()

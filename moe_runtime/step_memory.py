@@ -6,7 +6,7 @@ allocator has no peak counter, so there the step runs under
 ``torch.profiler`` with ``profile_memory=True``: every op's allocations and
 frees (its self memory) in time order make the live-bytes curve of the step,
 and its maximum is the peak above what was live when the step began. The
-layer's pooled buffers (moe_runtime.buffers) are reused from step to step, so
+layer's pooled buffers (moe_runtime.common.buffers) are reused from step to step, so
 a warm step allocates none of them: their bytes are added, since the step
 needs them as much as what it allocates.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from .buffers import BufferPool
+from .common.buffers import BufferPool
 
 __all__ = ["peak_step_bytes"]
 

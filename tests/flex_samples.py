@@ -1,6 +1,6 @@
 """Synthetic FlexMoE measurements from known cost parameters, and the
-hand-worked cases, for the tests of moe_runtime.flex_cost and
-moe_runtime.flex_scheduler.
+hand-worked cases, for the tests of moe_runtime.flex.cost and
+moe_runtime.flex.scheduler.
 
 :func:`measured_sample` plays the layer: it routes a demand over a table
 (Algorithm 3) and writes down what a machine with the given true parameters
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_runtime.flex_cost import Calibration, CostModel, Line, StepSample
-from moe_runtime.flex_routing import rank_loads, route
-from moe_runtime.vexperts import SlotTable
+from moe_runtime.flex.cost import Calibration, CostModel, Line, StepSample
+from moe_runtime.flex.routing import rank_loads, route
+from moe_runtime.flex.vexperts import SlotTable
 
 
 def off_rank_busiest(matrix: np.ndarray) -> float:

@@ -31,7 +31,7 @@ def host_comm():
 
 
 def test_host_values_travel_through_the_gpu(cuda_comm):
-    from moe_runtime.host_values import all_gather_values, all_reduce_values, torch_device
+    from moe_runtime.common.host_values import all_gather_values, all_reduce_values, torch_device
 
     assert torch_device(cuda_comm) == torch.device("cuda", cuda_comm.cuda_device)
     gathered = all_gather_values(np.array([5, -2, 9], dtype=np.int64), cuda_comm)

@@ -14,7 +14,7 @@ from test_runtime_dropless import make_layer, whole_expert_cases
 
 import a2a
 import moe_runtime
-from moe_runtime.host_values import all_gather_values
+from moe_runtime.common.host_values import all_gather_values
 
 ALWAYS = {"on_threshold": 0.0, "off_threshold": 0.0}  # on as soon as every rank has a score
 

@@ -14,7 +14,7 @@ import torch
 from runtime_util import MODEL_DIM, experts_spec, on_device, random_rows
 
 import moe_runtime
-from moe_runtime.host_values import all_gather_values, all_reduce_values
+from moe_runtime.common.host_values import all_gather_values, all_reduce_values
 
 
 class FakeClock:

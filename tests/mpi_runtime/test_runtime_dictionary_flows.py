@@ -26,8 +26,8 @@ from runtime_util import (
 import a2a
 import moe_runtime
 from moe_runtime.dictionary_flows import OTHER_FLOWS
-from moe_runtime.hexa_cache import PipelineSharedCache
-from moe_runtime.host_values import all_gather_values
+from moe_runtime.hexa.cache import PipelineSharedCache
+from moe_runtime.common.host_values import all_gather_values
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 ALL_FLOWS = ("expert", *OTHER_FLOWS)

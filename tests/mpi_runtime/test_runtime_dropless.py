@@ -20,7 +20,7 @@ from runtime_util import (
 )
 
 import moe_runtime
-from moe_runtime.host_values import all_reduce_values
+from moe_runtime.common.host_values import all_reduce_values
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)], ids=["f64", "f32"])

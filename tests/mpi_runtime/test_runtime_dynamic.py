@@ -22,7 +22,7 @@ from runtime_util import (
 )
 
 import moe_runtime
-from moe_runtime.host_values import all_gather_values
+from moe_runtime.common.host_values import all_gather_values
 
 
 def gathered(values, comm) -> np.ndarray:

@@ -33,9 +33,9 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.flex_routing import route
-from moe_runtime.host_values import all_gather_values
-from moe_runtime.vexperts import FREE, Expand, Migrate, Shrink
+from moe_runtime.flex.routing import route
+from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.flex.vexperts import FREE, Expand, Migrate, Shrink
 
 
 def make_layer(comm, num_experts, slots=None, flex=True, **options):

@@ -28,8 +28,8 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.hexa_cache import PipelineSharedCache, full_elements
-from moe_runtime.host_values import all_gather_values
+from moe_runtime.hexa.cache import PipelineSharedCache, full_elements
+from moe_runtime.common.host_values import all_gather_values
 
 PARALLELS = ["data_centric", "model_centric"]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -295,7 +295,7 @@ def test_prefetch_of_a_layer_whose_weights_change_gathers_again(comm):
 
 
 def test_the_process_cache_is_shared_by_default(comm):
-    from moe_runtime.hexa_cache import SHARED_CACHE
+    from moe_runtime.hexa.cache import SHARED_CACHE
 
     SHARED_CACHE.clear()
     num_experts = max(experts_cases(comm.size))

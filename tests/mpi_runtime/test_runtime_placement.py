@@ -13,7 +13,7 @@ from runtime_util import MODEL_DIM, assert_matches, experts_spec, on_device, ref
 
 import a2a
 import moe_runtime
-from moe_runtime.host_values import all_reduce_values
+from moe_runtime.common.host_values import all_reduce_values
 
 
 def make_layer(comm, num_experts, **options):

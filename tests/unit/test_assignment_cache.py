@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import moe_runtime
-from moe_runtime.assignment_cache import check_sample_ids, predicted_choices
+from moe_runtime.deployment.assignment_cache import check_sample_ids, predicted_choices
 
 M, H = 6, 10
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from moe_runtime import bench_cache
-from moe_runtime.cache_policy import POLICIES
+from moe_runtime.deployment.cache_policy import POLICIES
 
 
 def test_json_rows_cover_every_size_and_policy(capsys):

@@ -1,4 +1,4 @@
-"""The per-expert capacity policy (moe_runtime.dynamic_capacity) on given
+"""The per-expert capacity policy (moe_runtime.dynamic.capacity) on given
 demands: the first call, growth at once, shrinking only after a lasting fall
 below the band, the granularity, the bound and the count of changes; and
 bad settings."""

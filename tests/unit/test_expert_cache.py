@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moe_runtime import ExpertCache
-from moe_runtime.cache_policy import POLICIES, PolicyCore, simulate
+from moe_runtime.deployment.cache_policy import POLICIES, PolicyCore, simulate
 
 
 def test_paper_example_lifo_evicts_2_and_keeps_1():

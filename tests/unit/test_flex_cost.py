@@ -1,4 +1,4 @@
-"""moe_runtime.flex_cost: Equation 5's parts against hand-computed values, the
+"""moe_runtime.flex.cost: Equation 5's parts against hand-computed values, the
 adjustment cost, the non-negative line fit, the calibration recovering known
 parameters from synthetic measurements (tests/flex_samples.py), with and
 without a2a.sim's shape, its determinism, and the errors of bad input."""
@@ -21,7 +21,7 @@ from flex_samples import (
     measured_sample,
 )
 
-from moe_runtime.flex_cost import (
+from moe_runtime.flex.cost import (
     Breakdown,
     Calibration,
     CostModel,
@@ -31,7 +31,7 @@ from moe_runtime.flex_cost import (
     fit_line,
     ring_factor,
 )
-from moe_runtime.vexperts import Expand, Migrate, Shrink, SlotTable
+from moe_runtime.flex.vexperts import Expand, Migrate, Shrink, SlotTable
 
 
 def test_predict_two_ranks_four_experts_by_hand():

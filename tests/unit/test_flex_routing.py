@@ -1,5 +1,5 @@
-"""FlexMoE's vExpert table (moe_runtime.vexperts), Algorithm 3's routing
-(moe_runtime.flex_routing) and FlexConfig, against hand-worked cases; the
+"""FlexMoE's vExpert table (moe_runtime.flex.vexperts), Algorithm 3's routing
+(moe_runtime.flex.routing) and FlexConfig, against hand-worked cases; the
 layer with flex= on one rank."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import moe_runtime
-from moe_runtime.flex_routing import balance_ratio, rank_loads, route, variance_ratio
-from moe_runtime.vexperts import FREE, Expand, Migrate, Shrink, SlotTable
+from moe_runtime.flex.routing import balance_ratio, rank_loads, route, variance_ratio
+from moe_runtime.flex.vexperts import FREE, Expand, Migrate, Shrink, SlotTable
 
 
 def test_route_by_hand():

@@ -1,4 +1,4 @@
-"""moe_runtime.flex_scheduler: Algorithm 2 and Migrate against hand-worked
+"""moe_runtime.flex.scheduler: Algorithm 2 and Migrate against hand-worked
 cases (2 ranks, 4 experts; the cost model of test_flex_cost's HAND
 calibration: 1 ms per row computed, per byte exchanged, per byte
 all-reduced), the triggers, and Algorithm 1 in the Scheduler: no plan before
@@ -22,10 +22,10 @@ from flex_samples import (
     skewed_demand,
 )
 
-from moe_runtime.flex_config import FlexConfig
-from moe_runtime.flex_cost import Line
-from moe_runtime.flex_routing import balance_ratio, rank_loads, route
-from moe_runtime.flex_scheduler import (
+from moe_runtime.flex.config import FlexConfig
+from moe_runtime.flex.cost import Line
+from moe_runtime.flex.routing import balance_ratio, rank_loads, route
+from moe_runtime.flex.scheduler import (
     Scheduler,
     migrate_plan,
     planned_cost,
@@ -33,7 +33,7 @@ from moe_runtime.flex_scheduler import (
     replica_spread,
     trigger_metric,
 )
-from moe_runtime.vexperts import FREE, Expand, Migrate, Shrink, SlotTable
+from moe_runtime.flex.vexperts import FREE, Expand, Migrate, Shrink, SlotTable
 
 UNIFORM = np.full((2, 4), 10, dtype=np.int64)
 

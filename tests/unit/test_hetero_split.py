@@ -1,4 +1,4 @@
-"""moe_runtime.hetero_split: Equations 1 and 2 of Hexa-MoE, rounded so the
+"""moe_runtime.hexa.split: Equations 1 and 2 of Hexa-MoE, rounded so the
 parts sum exactly; the paper's Table 2; the proxy task and the latencies'
 all-gather on one rank."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from moe_runtime.hetero_split import (
+from moe_runtime.hexa.split import (
     local_batch,
     measure_latency,
     offsets,

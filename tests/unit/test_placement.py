@@ -1,4 +1,4 @@
-"""moe_runtime.placement (the Deployment paper, Section VII): the policies and
+"""moe_runtime.deployment.placement (the Deployment paper, Section VII): the policies and
 metrics against hand-worked cases, and MoELayer.place on one rank."""
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_place_on_one_rank_keeps_the_function_and_moves_the_adam_state(comm, dis
     state = {name: {k: v.clone() for k, v in optimizer.state[p].items()} for name, p in
              layer.experts.named_parameters()}
     moved = layer.place([[2, 0, 3, 1]], optimizer)
-    assert moved == moe_runtime.relocation.Moved(0, 0)  # one rank: slots change, nothing is sent
+    assert moved == moe_runtime.experts.relocation.Moved(0, 0)  # one rank: slots change, nothing is sent
     assert layer.placement.tolist() == [[2, 0, 3, 1]]
     for name, p in layer.experts.named_parameters():
         assert torch.equal(p.detach()[0], experts[name][2]) and torch.equal(p.grad[0], grads[name][2])

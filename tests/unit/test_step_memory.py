@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from moe_runtime.buffers import BufferPool
+from moe_runtime.common.buffers import BufferPool
 from moe_runtime.step_memory import peak_step_bytes
 
 MIB4 = 1000 * 1000 * 4  # a (1000, 1000) float32

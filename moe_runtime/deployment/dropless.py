@@ -23,7 +23,7 @@ this layout does not have.
 
 Two steps, :func:`dispatch` (up to ``received``) and
 :func:`experts_and_return` (the rest), so that the sample-assignment cache
-(moe_runtime.cached_dispatch) can make the same ``received`` another way.
+(moe_runtime.deployment.cached_dispatch) can make the same ``received`` another way.
 
 With an expert cache (inference, Deployment paper Section VI) the count
 exchange tells which local experts receive rows; those are fetched into the
@@ -43,9 +43,9 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from .activation import Activation
+from ..experts.activation import Activation
+from ..experts.ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
 from .expert_cache import ExpertCache
-from .ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
 
 __all__ = ["CACHED_WEIGHT_NAMES", "Dispatched", "dispatch", "dropless_moe", "experts_and_return", "rows_per_rank"]
 
@@ -164,7 +164,7 @@ def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tenso
     """y (T, M) of this rank's tokens, the rows each local expert computed
     (n,), and the rows this rank sent to other ranks (in each exchange).
     ``dispatched``: the dispatch of (tokens, indices) made already (by the
-    sample-assignment cache, moe_runtime.cached_dispatch); else it is made
+    sample-assignment cache, moe_runtime.deployment.cached_dispatch); else it is made
     here. For the other arguments see :func:`experts_and_return`."""
     if dispatched is None:
         dispatched = dispatch(tokens, indices, weights[0].shape[0] * comm.size, comm=comm, algo=algo,

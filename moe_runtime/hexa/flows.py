@@ -1,8 +1,8 @@
 """Hexa-MoE's two flows (Section 3.3) over the expert-specific operators.
 
-The experts are sharded along the hidden size (moe_runtime.hexa_experts,
+The experts are sharded along the hidden size (moe_runtime.hexa.experts,
 ``MoELayer(parallel=...)``), or held whole n per rank in Tutel's layout
-(moe_runtime.experts, when the dictionary of an expert-parallel layer picks
+(moe_runtime.experts.ffn, when the dictionary of an expert-parallel layer picks
 one of these flows: the layer's ``flows=``); each flow asks the layout for
 what it needs (:class:`HexaLayout`). Tokens stay in their order and the ES operators (a2a.es_index, a2a.esmm,
 a2a.ess, a2a.estmm) read each choice's expert through the re-index vector
@@ -23,7 +23,7 @@ The backward is autograd's: the collectives' adjoints (all_gather_v <->
 reduce_scatter_v) and the ES operators' (ESMM, ESS, ESTMM).
 
 data_centric (data parallelism over sharded weights): the experts are
-gathered whole into the pipeline-shared cache (moe_runtime.hexa_cache;
+gathered whole into the pipeline-shared cache (moe_runtime.hexa.cache;
 ``gather_whole``) and each rank runs its own tokens through them. One
 autograd Function keeps the inputs, the gates and the hidden activation,
 never the weights: its backward gathers them again, computes the gradients
@@ -48,15 +48,15 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from .activation import activate, activation_backward
-from .hexa_cache import GatheredLayout, PipelineSharedCache
+from ..experts.activation import activate, activation_backward
+from .cache import GatheredLayout, PipelineSharedCache
 
 __all__ = ["DataCentric", "HexaLayout", "data_centric_moe", "fc2_bias_term", "model_centric_moe"]
 
 
 class HexaLayout(GatheredLayout, Protocol):
     """What the two flows need of an expert layout, besides what the cache
-    needs (moe_runtime.hexa_experts.HiddenShardedExperts, moe_runtime.experts.FFNExperts)."""
+    needs (moe_runtime.hexa.experts.HiddenShardedExperts, moe_runtime.experts.ffn.FFNExperts)."""
 
     activation_fn: Callable[[torch.Tensor], torch.Tensor]
     batched_fc2_w: torch.Tensor
@@ -152,7 +152,7 @@ class _DataCentricExperts(torch.autograd.Function):
         y = a2a.esmm(activated, fc2, call.index, gates=gates, x_rows="choice", y_rows="token", w_layout="kn")
         ctx.call, ctx.with_fc1_bias = call, fc1_bias_shard is not None
         # Only the activations (relu's output, else the pre-activation:
-        # moe_runtime.activation); the weights are gathered again in the backward.
+        # moe_runtime.experts.activation); the weights are gathered again in the backward.
         ctx.save_for_backward(tokens, gates, hidden)
         return y
 

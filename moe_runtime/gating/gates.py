@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .initialization import uniform
+from ..common.initialization import uniform
 from .losses import gshard_loss, load_importance_loss, z_loss
 
 __all__ = ["CosineTopKGate", "GateDecision", "LinearTopKGate", "decide", "make_gate"]

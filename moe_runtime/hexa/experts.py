@@ -3,7 +3,7 @@ hidden size H over all W ranks.
 
 Rank w holds hidden units [o_w, o_w + H_w) of every expert, o_w = H_0 + ...
 + H_{w-1}; the H_w come from ``hidden_split`` (uniform by default, or
-:func:`moe_runtime.hetero_split.split_by_latency` of the ranks' measured
+:func:`moe_runtime.hexa.split.split_by_latency` of the ranks' measured
 latencies, Equation 2)::
 
     batched_fc1_w     (E, H_w, M)
@@ -25,11 +25,11 @@ layer's with the same seeds, whatever W and the split.
 The flows gather a whole expert tensor along H, one collective per expert
 (an expert's (H, M) block is the ranks' (H_w, M) blocks one after the other,
 what a2a.all_gather_v writes), and reduce-scatter gradients the same way.
-Those are the methods the Hexa-MoE flows (moe_runtime.hexa) and the
+Those are the methods the Hexa-MoE flows (moe_runtime.hexa.flows) and the
 pipeline-shared cache call on a layout: ``gather_whole`` /
 ``reduce_scatter_whole`` (data-centric), ``hidden_slices`` (model-centric:
 here the shards themselves) and ``fc2_bias`` (the whole bias, with its
-gradient summed over the ranks). Tutel's layout (moe_runtime.experts.
+gradient summed over the ranks). Tutel's layout (moe_runtime.experts.ffn.
 FFNExperts) has the same methods, so either flow runs on either layout.
 """
 
@@ -44,9 +44,9 @@ import torch.nn.functional as F
 
 import a2a
 
-from .experts import EXPERT_TAG, check_ffn_spec, draw_expert, expert_layout
-from .hetero_split import offsets, uniform_split
-from .host_values import all_gather_values
+from ..common.host_values import all_gather_values
+from ..experts.ffn import EXPERT_TAG, check_ffn_spec, draw_expert, expert_layout
+from .split import offsets, uniform_split
 
 __all__ = ["HiddenShardedExperts", "agreed_hidden_split", "check_hidden_split", "gather_along_hidden",
            "reduce_scatter_along_hidden"]

@@ -3,7 +3,7 @@ Algorithm 3's plan sends them, each rank computes its slots' rows, and the
 replicas' gradients are all-reduced in the backward.
 
 One call on rank g (W ranks, E experts, S slots per rank; ``sends`` (E, W,
-W) from moe_runtime.flex_routing.route, the same on every rank)::
+W) from moe_runtime.flex.routing.route, the same on every rank)::
 
     tokens (T, M), indices (T, k)
     destination of each choice: expert e's choices on g, in a2a.permute's
@@ -39,8 +39,8 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from .activation import Activation
-from .ragged_ffn import ComputeClock, ExpertWeights, ragged_ffn
+from ..experts.activation import Activation
+from ..experts.ragged_ffn import ComputeClock, ExpertWeights, ragged_ffn
 from .vexperts import SlotTable
 
 __all__ = ["FlexCall", "ReplicaGradients", "destinations", "flex_moe"]
@@ -49,7 +49,7 @@ __all__ = ["FlexCall", "ReplicaGradients", "destinations", "flex_moe"]
 @dataclass
 class FlexCall:
     """What one call measured on this rank, for the cost model
-    (moe_runtime.flex_cost.StepSample): rows its slots computed, seconds of
+    (moe_runtime.flex.cost.StepSample): rows its slots computed, seconds of
     expert compute (forward + backward), of the two forward exchanges, and of
     each replica gradient all-reduce ({expert: seconds})."""
 

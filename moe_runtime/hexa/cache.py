@@ -2,8 +2,8 @@
 copy of the experts that the data-centric layers take turns in.
 
 Each data-centric layer keeps only its shards: a hidden slice of every
-expert (moe_runtime.hexa_experts), or Tutel's n whole experts per rank
-(moe_runtime.experts, when the dictionary of an expert-parallel layer picks
+expert (moe_runtime.hexa.experts), or Tutel's n whole experts per rank
+(moe_runtime.experts.ffn, when the dictionary of an expert-parallel layer picks
 the data-centric flow). To compute, it gathers every rank's shards into the
 cache (the layout's ``gather_whole``):
 one flat buffer per (dtype, device), as large as the largest layer that
@@ -33,8 +33,8 @@ import torch
 
 import a2a
 
-from .host_values import all_reduce_values
-from .pipeline import Overlap, check_thread_level
+from ..common.host_values import all_reduce_values
+from ..common.overlap import Overlap, check_thread_level
 
 __all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache", "full_elements"]
 

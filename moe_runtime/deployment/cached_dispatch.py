@@ -1,6 +1,6 @@
 """The dropless dispatch by a predicted assignment, corrected to the actual one
 (sample-assignment caching, DynaMoE Section 4.2; the cache and its policy
-are in moe_runtime.assignment_cache).
+are in moe_runtime.deployment.assignment_cache).
 
 One call with caching on, on every rank (W ranks, n experts each, E = n W)::
 
@@ -17,7 +17,7 @@ One call with caching on, on every rank (W ranks, n experts each, E = n W)::
                       of my block in pool_c); one int64 all_to_all_v
     received = cat(pool_p, pool_c)[place]
 
-``received`` holds the rows of the uncached dispatch (moe_runtime.dropless)
+``received`` holds the rows of the uncached dispatch (moe_runtime.deployment.dropless)
 in its order, bit for bit (rows are copied, never computed), so the experts
 and the way back, the same code, give the same output. Its backward is the
 uncached dispatch's (the gradient rows go back by one all_to_all_v of the
@@ -35,9 +35,9 @@ import torch
 
 import a2a
 
+from ..common.overlap import Overlap
 from .assignment_cache import AssignmentCache, AssignmentStats, check_sample_ids, predicted_choices
 from .dropless import Dispatched, rows_per_rank
-from .pipeline import Overlap
 
 __all__ = ["CachedDispatch"]
 

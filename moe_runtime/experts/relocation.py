@@ -32,7 +32,7 @@ import torch
 
 import a2a
 
-from .host_values import all_gather_values
+from ..common.host_values import all_gather_values
 
 __all__ = ["Moved", "agree_on_move", "copy_slots", "move_experts", "placed_tensors"]
 

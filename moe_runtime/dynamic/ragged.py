@@ -1,5 +1,5 @@
 """The per-expert capacity dispatcher (DynaMoE's dynamic capacity factors):
-each expert has its own capacity C_e (moe_runtime.dynamic_capacity picks
+each expert has its own capacity C_e (moe_runtime.dynamic.capacity picks
 them), the same on every rank, and the buffers hold sum_e C_e rows instead
 of E times the largest.
 
@@ -23,7 +23,7 @@ known from C alone) and the shapes stay the same while C does; unlike the
 capacity dispatcher no expert is padded to the busiest one. Every step is a
 differentiable a2a.torch function or torch op, so autograd runs the reverse
 flow. r = 1 with whole experts and d = 1, for the dropless dispatcher's
-reasons (moe_runtime.dropless).
+reasons (moe_runtime.deployment.dropless).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from .activation import Activation
-from .ragged_ffn import ragged_ffn
+from ..experts.activation import Activation
+from ..experts.ragged_ffn import ragged_ffn
 
 __all__ = ["ragged_moe"]
 

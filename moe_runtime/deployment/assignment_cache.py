@@ -25,7 +25,7 @@ on when it reaches ``on_threshold`` and off when it drops below
 ``off_threshold`` (DynaMoE's code: 0.95 and 0.85; its paper's experiment
 of Fig. 10: 0.96 and 0.90). Every rank computes the decision from the same
 gathered values, so all take the same one. The layer's flow that uses the
-prediction is moe_runtime.cached_dispatch; docs/runtime.md draws it.
+prediction is moe_runtime.deployment.cached_dispatch; docs/runtime.md draws it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 
 import a2a
 
-from .host_values import all_gather_values
+from ..common.host_values import all_gather_values
 
 __all__ = ["AssignmentCache", "AssignmentStats", "check_sample_ids", "predicted_choices"]
 

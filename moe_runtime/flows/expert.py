@@ -34,9 +34,9 @@ import torch
 
 import a2a
 
-from .activation import activate, activation_backward
-from .buffers import Lease
-from .pipeline import Overlap
+from ..common.buffers import Lease
+from ..common.overlap import Overlap
+from ..experts.activation import activate, activation_backward
 
 __all__ = ["Plan", "Segment", "chunk_major", "run_segment"]
 

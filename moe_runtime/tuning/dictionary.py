@@ -74,7 +74,7 @@ valid r).
 
 The prior
 ---------
-With ``prior`` (e.g. :class:`moe_runtime.prior.ExchangePrior`, the exchange
+With ``prior`` (e.g. :class:`moe_runtime.tuning.prior.ExchangePrior`, the exchange
 time the scale model :mod:`a2a.sim` predicts), a search starts by asking it
 for every configuration of every r > 0 at the key's capacity, and leaves out
 the (d, algo) of an r predicted more than ``prior_factor`` times slower than
@@ -96,7 +96,7 @@ dictionary; one that is not this format is a ValueError naming it) and
 written whenever a key finishes tuning, by the rank that :meth:`bind` named
 the writer, as a temporary file renamed over the old one. It is JSON::
 
-    {"format": "moe_runtime.tuner", "version": 2,
+    {"format": "moe_runtime.tuning.dictionary", "version": 2,
      "tables": {"<table name>": {"<key>": {"r": 2, "d": 4, "algo": "linear",
                                           "flow": "expert", "seconds": 0.0123,
                                           "trials": 14}}}}
@@ -130,7 +130,7 @@ __all__ = ["ALGOS", "DATA_PARALLEL", "FLOWS", "AdaptiveDictionary", "Config", "E
 ALGOS = ("linear", "2dh")
 # "expert": Tutel's flows of (r, d, algo); the others are one configuration each (the layer's flows=).
 FLOWS = ("expert", "dropless", "data_centric", "model_centric")
-FILE_FORMAT = "moe_runtime.tuner"
+FILE_FORMAT = "moe_runtime.tuning.dictionary"
 FILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: no "flow" (every entry the expert flow's)
 _PLACEHOLDER = (0, 1, "linear")  # (r, d, algo) of a flow other than "expert"
@@ -345,7 +345,7 @@ class AdaptiveDictionary:
             fraction of it; ``math.inf`` never searches again.
         prior: ``prior(signature, capacity, config) -> seconds or None``,
             the predicted cost of a configuration (the exchange time of
-            :class:`moe_runtime.prior.ExchangePrior`); None: no prior. See the
+            :class:`moe_runtime.tuning.prior.ExchangePrior`); None: no prior. See the
             module docstring.
         prior_factor: (d, algo) of an r predicted more than this many times
             slower than the best predicted of that r are not tried (> 1).

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .flex_routing import rank_loads, route
+from .routing import rank_loads, route
 from .vexperts import SlotTable, Transfer
 
 __all__ = ["Breakdown", "Calibration", "CostModel", "Line", "StepSample", "Terms", "busiest_bytes", "checked_demand", "fit_line",

@@ -15,9 +15,9 @@ the same on every rank and changes only through the primitives:
 
 ``n_{e,g}`` (:meth:`SlotTable.replicas`) is how many slots of rank g serve
 expert e: the rank's share of e's tokens is proportional to it (Algorithm 3,
-moe_runtime.flex_routing). :meth:`SlotTable.apply` applies primitives in
+moe_runtime.flex.routing). :meth:`SlotTable.apply` applies primitives in
 order and says where each slot's states come from
-(:class:`Transfer`), which moe_runtime.relocation.copy_slots carries out
+(:class:`Transfer`), which moe_runtime.experts.relocation.copy_slots carries out
 in one exchange: copies with the same source and destination rank travel
 in one message, and copies between different pairs at once.
 """

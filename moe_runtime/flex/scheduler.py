@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .flex_config import FlexConfig
-from .flex_cost import Breakdown, CostModel, StepSample, checked_demand
-from .flex_routing import balance_ratio, rank_loads, route, variance_ratio
+from .config import FlexConfig
+from .cost import Breakdown, CostModel, StepSample, checked_demand
+from .routing import balance_ratio, rank_loads, route, variance_ratio
 from .vexperts import FREE, Expand, Migrate, Primitive, Shrink, SlotTable
 
 __all__ = ["Decision", "Scheduler", "migrate_plan", "planned_cost", "policy_step", "replica_spread",

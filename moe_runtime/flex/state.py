@@ -32,14 +32,14 @@ import torch
 
 import a2a
 
-from .flex_config import FlexConfig
-from .flex_cost import CostModel, StepSample
-from .flex_dispatch import FlexCall, ReplicaSync
-from .flex_routing import balance_ratio, rank_loads, route, variance_ratio
-from .flex_scheduler import Decision, Scheduler
-from .host_values import all_gather_values
-from .ragged_ffn import ComputeClock
-from .relocation import Moved, agree_on_move, copy_slots
+from ..common.host_values import all_gather_values
+from ..experts.ragged_ffn import ComputeClock
+from ..experts.relocation import Moved, agree_on_move, copy_slots
+from .config import FlexConfig
+from .cost import CostModel, StepSample
+from .dispatch import FlexCall, ReplicaSync
+from .routing import balance_ratio, rank_loads, route, variance_ratio
+from .scheduler import Decision, Scheduler
 from .vexperts import Primitive, SlotTable
 
 __all__ = ["FlexState"]

@@ -55,9 +55,9 @@ import torch.nn.functional as F
 import a2a
 import a2a.torch as a2a_torch
 
-from .buffers import Lease
-from .hetero_split import offsets, uniform_split
-from .initialization import uniform
+from ..common.buffers import Lease
+from ..common.initialization import uniform
+from .split import offsets, uniform_split
 
 __all__ = ["FFNExperts", "check_ffn_spec", "draw_expert", "expert_layout"]
 
@@ -117,7 +117,7 @@ class FFNExperts(torch.nn.Module):
     def __init__(self, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int,
                  slots: Sequence[int] | None = None):
         """`slots`: the experts this rank's slots hold, for FlexMoE's vExpert
-        slots (moe_runtime.vexperts; -1: a free slot, zeros); None: the
+        slots (moe_runtime.flex.vexperts; -1: a free slot, zeros); None: the
         layout above."""
         super().__init__()
         hidden = check_ffn_spec(spec)
@@ -186,7 +186,7 @@ class FFNExperts(torch.nn.Module):
         fc1, fc1_bias, fc2, fc2_bias = (getattr(self, name) for name in WEIGHT_NAMES)
         return fc1, fc1_bias, fc2, fc2_bias
 
-    # -- what the dictionary's other flows gather (moe_runtime.hexa, hexa_cache) ----------
+    # -- what the dictionary's other flows gather (moe_runtime.hexa.flows, hexa_cache) ----------
     def sharded_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """This rank's (fc1_w, fc1_bias or None, fc2_w), as stored: the
         tensors the Hexa-MoE flows gather or slice along H."""

@@ -4,7 +4,7 @@ FlexMoE (Nie et al., 2023) gives hot experts more vExpert slots (replicas)
 and routes tokens to them; the scheduler watches the balance ratio every
 step and asks the policy maker for Expand / Shrink pairs while the cost
 model predicts a gain, then Migrates to gather replicas on fewer ranks
-(moe_runtime.flex_scheduler). docs/runtime.md "FlexMoE" draws the data.
+(moe_runtime.flex.scheduler). docs/runtime.md "FlexMoE" draws the data.
 """
 
 from __future__ import annotations

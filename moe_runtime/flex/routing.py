@@ -2,7 +2,7 @@
 
 Inputs, the same on every rank: ``demand`` (W, E) int64, I_{e,g}: the
 routed choices of expert e on rank g (every rank's gate counts, all-gathered),
-and ``replicas`` (E, W) int64, n_{e,g} (moe_runtime.vexperts). For expert e
+and ``replicas`` (E, W) int64, n_{e,g} (moe_runtime.flex.vexperts). For expert e
 with I_e = sum_g I_{e,g} choices and n_e = sum_g n_{e,g} vExperts:
 
     target_g = I_e n_{e,g} / n_e       rank g's share (cap_e n_{e,g}, cap_e = I_e / n_e),

@@ -27,8 +27,8 @@ from typing import Any
 
 from a2a import sim
 
-from .capacity import buffer_capacity
-from .tuner import Config
+from ..gating.capacity import buffer_capacity
+from .dictionary import Config
 
 __all__ = ["ExchangePrior"]
 
