@@ -29,42 +29,23 @@ pool (no per-step allocation of the big tensors).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 import a2a
+import a2a.torch as a2a_torch
 
 from ..common.buffers import Lease
-from ..common.overlap import Overlap
+from ..common.overlap import Overlap, check_thread_level
 from ..experts.activation import activate, activation_backward
+from ..gating.capacity import buffer_capacity, local_capacity
+from ..gating.gates import GateDecision
+from ..tuning.dictionary import Config
+from .base import Call, Choice, Context, Flow, Plan, Request
 
-__all__ = ["Plan", "Segment", "chunk_major", "run_segment"]
-
-@dataclass(frozen=True)
-class Plan:
-    """What one call runs: parallelism r, pipelining degree d, algorithm, and
-    the capacities (``capacity``: what routing used, agreed across ranks;
-    ``buffer_capacity``: rows per expert in the buffers, a multiple of d*g;
-    with per-expert capacities, ``capacities`` (E,) holds them and both are
-    the largest). ``dropped``: this rank's routed choices that did not fit."""
-
-    r: int
-    d: int
-    algo: str
-    capacity: int
-    buffer_capacity: int
-    dropped: int = 0
-    rows_sent: int | None = None  # rows this rank sends to other ranks in each exchange of the call
-    capacities: tuple[int, ...] | None = None  # per-expert capacities (dispatcher="dynamic")
-    # The layer's parallel=: "expert" (the flows here), or Hexa-MoE's "data_centric" (r = 0: the
-    # experts gathered whole) or "model_centric" (r = W: every rank holds a slice of every expert),
-    # for which capacity is the most tokens on a rank and rows_sent the token rows it all-gathers.
-    parallel: str = "expert"
-    # Which flow ran: "expert" (r, d, algo above), or the layer's parallel= ("data_centric",
-    # "model_centric"), or one of its flows= that the dictionary (or the call's flow=) picked
-    # ("dropless", "data_centric", "model_centric": r 1, 0, W; capacity is the agreed one).
-    flow: str = "expert"
-
+__all__ = ["ExpertFlow", "Segment", "chunk_major", "run_segment"]
 
 @dataclass(frozen=True)
 class Shape:
@@ -287,3 +268,129 @@ def run_segment(segment: Segment, dispatched: torch.Tensor, fc1: torch.Tensor, f
                 fc2: torch.Tensor, fc2_bias: torch.Tensor | None) -> torch.Tensor:
     """The combine buffer of `dispatched` (autograd when anything requires grad)."""
     return _SegmentFunction.apply(dispatched, fc1, fc1_bias, fc2, fc2_bias, segment)
+
+
+def divisors(n: int) -> list[int]:
+    return [i for i in range(1, n + 1) if n % i == 0]
+
+
+def parse_parallel_type(parallel_type: str, sharers: int) -> int | None:
+    """The default r of Tutel's parallel_type; None for the dictionary."""
+    if parallel_type in ("auto", "adaptive:auto"):
+        return None
+    if parallel_type == "data":
+        return 0
+    if parallel_type == "model":
+        return sharers
+    if isinstance(parallel_type, str) and parallel_type.startswith("adaptive:"):
+        try:
+            return int(parallel_type.split(":", 1)[1])
+        except ValueError:
+            pass
+    raise ValueError(
+        f"parallel_type must be 'adaptive:<r>', 'adaptive:auto', 'auto', 'data' or 'model', got {parallel_type!r}"
+    )
+
+
+def positive_degree(d: Any) -> int:
+    if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 1:
+        raise ValueError(f"a2a_ffn_overlap_degree must be a positive integer, got {d!r}")
+    return int(d)
+
+
+class ExpertFlow(Flow):
+    """Tutel's flow (the module docstring): routing with the agreed capacity,
+    fast_encode into the chunk-major dispatch buffer, the segment of (r, d,
+    algorithm), fast_decode. ``settings``: (parallel_type, a2a_ffn_overlap_degree)."""
+
+    name = "expert"
+    takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo", "capacity_factor"})
+    uses_capacity = True
+
+    def __init__(self, context: Context, settings: tuple[str, int]):
+        super().__init__(context, settings)
+        parallel_type, degree = settings
+        comm, experts = context.comm, context.experts
+        self.sharded_count = experts.sharers
+        self.valid_rs = [0, *divisors(self.sharded_count)]
+        self.degree = positive_degree(degree)
+        default = parse_parallel_type(parallel_type, self.sharded_count)  # None: the dictionary's
+        self.adaptive_r = None if default is None else self.valid_r(default, "parallel_type")
+        # One communicator per group size g > 1 that some r needs, made once (Comm.split is collective).
+        sizes = sorted({self.sharded_count // r for r in self.valid_rs if r >= 1} - {1})
+        self.groups = {g: comm.split(comm.rank // g, comm.rank) for g in sizes}
+
+    def valid_r(self, r: Any, what: str) -> int:
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 0:
+            raise ValueError(f"{what}: r must be a non-negative integer, got {r!r}")
+        r = min(int(r), self.sharded_count)  # Tutel: r above s means s
+        if r not in self.valid_rs:
+            raise ValueError(f"{what}: r = {r} is not valid for this layer; valid_rs = {self.valid_rs}")
+        return r
+
+    def local_capacity(self, decision: GateDecision, factor: float, rule: str) -> int:
+        return local_capacity(rule, factor, decision.indices, self.context.num_experts)
+
+    def configure(self, request: Request, chosen: Config | None) -> Choice:
+        """The call's arguments, else the dictionary's choice, else the layer's defaults."""
+        r, d, algo = request.r, request.d, request.algo
+        if chosen is not None:
+            r = chosen.r if r is None else r
+            d = chosen.d if d is None else d
+            algo = chosen.algo if algo is None else algo
+        default_r = 1 if self.adaptive_r is None else self.adaptive_r  # None: the dictionary chose another flow
+        r = self.valid_r(default_r if r is None else r, "adaptive_r")
+        d = self.degree if d is None else d
+        algo = self.context.default_algo if algo is None else algo
+        if r == 0:
+            d, algo = 1, "linear"  # no exchange to split or to route
+        return Choice(Config(r, d, algo), algo)
+
+    def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
+        """Routing, encode, the segment of (r, d, algo), decode."""
+        context, config = self.context, call.choice.config
+        r, d, algo, capacity = config.r, config.d, call.choice.algo, call.capacity
+        experts, num_experts, model_dim, comm = context.experts, context.num_experts, context.model_dim, context.comm
+        tokens, decision = call.tokens, call.decision
+        indices = decision.indices.contiguous()
+        prioritized = context.batch_prioritized_routing
+        scores = decision.scores.detach().contiguous() if prioritized else None
+        routing = a2a.route(indices, num_experts, capacity=capacity, scores=scores, batch_prioritized=prioritized)
+        group = self.sharded_count // r if r >= 1 else 1
+        rows = buffer_capacity(capacity, d * group)
+        chunk_rows = rows // d
+        layout = routing
+        if rows != capacity or d > 1:
+            layout = chunk_major(routing, indices, num_experts, d, chunk_rows, scores)
+        # Each exchange sends E r C_b rows in all (blocks of the repeat r), 1/W of them to this rank itself.
+        sent = 0 if r == 0 else num_experts * r * rows * (comm.size - 1) // comm.size
+        plan = Plan(r, d, algo, capacity, rows, routing.num_dropped, sent)
+
+        lease = context.pool.lease()
+        buffer = lease.get("dispatch", (d * num_experts, chunk_rows, model_dim), tokens.dtype, tokens.device)
+        gates = decision.gates
+        dispatched = a2a_torch.fast_encode(tokens, layout, None if context.is_postscore else gates, out=buffer)
+        gathered_over = comm if r == 0 else self.groups.get(group)
+        fc1, fc1_bias, fc2, fc2_bias = experts.gathered(gathered_over, lease=lease)
+        if r == 0:
+            shape = Shape(num_experts, model_dim, num_experts, experts.hidden_size, 1, 1, 1, rows, 0)
+        else:
+            if r > 1:  # partial outputs: the whole bias is added once, at the tokens' rank
+                fc2_bias = experts.fc2_bias(comm)
+            shape = Shape(num_experts, model_dim, experts.num_local, experts.hidden_size // r, r, group, d,
+                          chunk_rows, comm.size)
+        if d > 1:
+            check_thread_level(context.exchange_comm)
+        # Weights gathered from other ranks get their gradients in pooled buffers
+        # (the gather's backward reduce-scatters them into fresh shard gradients);
+        # a rank's own parameters get fresh ones, which autograd keeps as .grad.
+        gathered = gathered_over is not None and gathered_over.size > 1
+        segment = Segment(shape, plan, context.exchange_comm, context.overlap, lease, experts.activation_fn,
+                          context.weight_grad_scale, pooled_weight_grads=gathered)
+        combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, fc2_bias)
+        # The combine buffer's gradient, as big as the buffer, is pooled too.
+        grad_buffer = None
+        if combined.requires_grad:
+            grad_buffer = lease.get("grad_combine", combined.shape, combined.dtype, combined.device)
+        y = a2a_torch.fast_decode(combined, layout, gates if context.is_postscore else None, grad_buffer=grad_buffer)
+        return y, plan

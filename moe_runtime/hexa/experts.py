@@ -25,7 +25,7 @@ layer's with the same seeds, whatever W and the split.
 The flows gather a whole expert tensor along H, one collective per expert
 (an expert's (H, M) block is the ranks' (H_w, M) blocks one after the other,
 what a2a.all_gather_v writes), and reduce-scatter gradients the same way.
-Those are the methods the Hexa-MoE flows (moe_runtime.hexa.flows) and the
+Those are the methods the Hexa-MoE flows (moe_runtime.hexa.centric) and the
 pipeline-shared cache call on a layout: ``gather_whole`` /
 ``reduce_scatter_whole`` (data-centric), ``hidden_slices`` (model-centric:
 here the shards themselves) and ``fc2_bias`` (the whole bias, with its

@@ -125,11 +125,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["ALGOS", "DATA_PARALLEL", "FLOWS", "AdaptiveDictionary", "Config", "Entry", "flow_config"]
+__all__ = ["ALGOS", "DATA_PARALLEL", "FLOWS", "SOLO_FLOWS", "AdaptiveDictionary", "Config", "Entry", "flow_config"]
 
 ALGOS = ("linear", "2dh")
 # "expert": Tutel's flows of (r, d, algo); the others are one configuration each (the layer's flows=).
 FLOWS = ("expert", "dropless", "data_centric", "model_centric")
+# Flows that only run alone, never as the dictionary's choice: named so that every call's
+# configuration is a Config (one configuration each, as the other flows).
+SOLO_FLOWS = ("dynamic", "flex")
 FILE_FORMAT = "moe_runtime.tuning.dictionary"
 FILE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: no "flow" (every entry the expert flow's)
@@ -152,8 +155,8 @@ class Config:
     flow: str = "expert"
 
     def __post_init__(self) -> None:
-        if self.flow not in FLOWS:
-            raise ValueError(f"unknown flow {self.flow!r}; the flows are {FLOWS}")
+        if self.flow not in FLOWS + SOLO_FLOWS:
+            raise ValueError(f"unknown flow {self.flow!r}; the flows are {FLOWS + SOLO_FLOWS}")
         if self.flow != "expert" and (self.r, self.d, self.algo) != _PLACEHOLDER:
             raise ValueError(f"flow {self.flow!r} has no r, d or algo to choose: its configuration is "
                              f"flow_config({self.flow!r}) (r=0, d=1, 'linear'), got r={self.r}, d={self.d}, "

@@ -135,7 +135,7 @@ def test_the_scale_model_prior_leaves_out_the_same_trials_on_every_rank(comm):
     assert (all_gather_values(skipped, comm) == skipped[0]).all()
     if comm.num_nodes > 1 and comm.local_size > 1:
         assert skipped[0] > 0  # 2dh's second pass over the bytes is predicted > 1.2x on this host
-    signature = layer._bound_signature
+    signature = layer.tuning.signature
     ran = {moe_runtime.Config(*plan) for plan in plans}
     for config in ran - {moe_runtime.Config(0, 1, "linear")}:
         best = min(prior(signature, capacity, moe_runtime.Config(config.r, d, a)) for d in (1, 2, 4, 8)

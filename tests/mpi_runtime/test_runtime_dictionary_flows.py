@@ -25,7 +25,7 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.dictionary_flows import OTHER_FLOWS
+from moe_runtime.registry import DICTIONARY_FLOWS as OTHER_FLOWS
 from moe_runtime.hexa.cache import PipelineSharedCache
 from moe_runtime.common.host_values import all_gather_values
 
@@ -169,7 +169,7 @@ def test_construction_errors(comm):
         ({"batch_prioritized_routing": True}, "batch_prioritized_routing"),
         ({"flows": ("dropless", "ring")}, "unknown flow 'ring'"),
         ({"flows": ("dropless", "dropless")}, "duplicates"),
-        ({"flows": ("data_centric",), "dispatcher": "dropless"}, "dispatcher='capacity'"),
+        ({"flows": ("data_centric",), "dispatcher": "dropless"}, "flow='expert'"),
         ({"flows": ("dropless",), "shared_cache": PipelineSharedCache()}, "shared_cache= is the setting"),
         ({"flows": ("dropless",), "parallel": "data_centric", "parallel_type": "adaptive:1"}, "'flows'"),
     ]

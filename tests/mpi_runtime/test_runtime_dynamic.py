@@ -106,7 +106,7 @@ def test_dynamic_errors(comm):
     num_experts = whole_expert_cases(comm)[0]
     layer = make_layer(comm, num_experts, dispatcher="dynamic")
     x = tokens_of(comm.rank, torch.float64)
-    with pytest.raises(ValueError, match=r"dispatcher='dynamic'\) runs r = 1 only"):
+    with pytest.raises(ValueError, match=r"flow='dynamic'\) runs r = 1 only"):
         layer(x, adaptive_r=0)
     with pytest.raises(ValueError, match="d = 1 only"):
         layer(x, a2a_ffn_overlap_degree=2)
@@ -121,5 +121,5 @@ def test_dynamic_errors(comm):
         with pytest.raises(error, match=match):
             make_layer(comm, num_experts, **options)
     if comm.size > 1:  # E = W / 2: two ranks share each expert
-        with pytest.raises(ValueError, match=r"dispatcher='dynamic'\) needs whole experts"):
+        with pytest.raises(ValueError, match=r"flow='dynamic'\) needs whole experts"):
             make_layer(comm, comm.size // 2, dispatcher="dynamic")

@@ -149,7 +149,7 @@ def test_algorithm_1_stops_under_the_threshold_or_after_max_plans(threshold, max
 
 
 def test_a_settled_table_is_not_searched_again(monkeypatch):
-    from moe_runtime import flex_scheduler
+    from moe_runtime.flex import scheduler as flex_scheduler
 
     searched = []
     search = flex_scheduler.migrate_plan

@@ -148,7 +148,7 @@ def test_place_on_one_rank_keeps_the_function_and_moves_the_adam_state(comm, dis
         for a, b in zip(_step(layer, x, adaptive_r=r), want):
             assert torch.allclose(a, b, atol=1e-13, rtol=0)
     layer.place(placement.identity(4, 1))
-    assert layer._position_table is None
+    assert not layer.positions.moved
     assert torch.equal(layer.experts.batched_fc1_w.detach(), experts["batched_fc1_w"])
 
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import a2a
-from moe_runtime import capacity, gates, losses
+from moe_runtime.gating import capacity, gates, losses
 from moe_runtime.common.buffers import BufferPool
 from moe_runtime.flows.expert import chunk_major
 from moe_runtime.common.host_values import all_gather_values, all_reduce_values, torch_device

@@ -18,7 +18,7 @@ import pytest
 from moe_runtime.tuning.dictionary import DATA_PARALLEL, FLOWS, AdaptiveDictionary, Config, Entry, flow_config
 
 TUNER_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          "moe_runtime", "tuner.py")
+                          "moe_runtime", "tuning", "dictionary.py")
 SIGNATURE = {"world_size": 16, "local_size": 4, "num_nodes": 4, "E": 4, "M": 1024, "H": 4096, "k": 2,
              "dtype": "bfloat16", "device": "cuda"}
 

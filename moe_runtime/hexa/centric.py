@@ -51,7 +51,7 @@ import a2a.torch as a2a_torch
 from ..experts.activation import activate, activation_backward
 from .cache import GatheredLayout, PipelineSharedCache
 
-__all__ = ["DataCentric", "HexaLayout", "data_centric_moe", "fc2_bias_term", "model_centric_moe"]
+__all__ = ["HexaLayout", "data_centric_moe", "fc2_bias_term", "model_centric_moe"]
 
 
 class HexaLayout(GatheredLayout, Protocol):
@@ -128,7 +128,7 @@ def model_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.
 
 
 @dataclass
-class DataCentric:
+class DataCentricCall:
     """What one data-centric call needs besides its tensors."""
 
     experts: HexaLayout
@@ -199,7 +199,7 @@ def data_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.T
     into `cache` (see the module docstring); `token`: the layer's in the
     cache; `comm`: the gathers' communicator (every rank, the layer's own)."""
     index = a2a.es_index(indices.contiguous(), experts.num_experts)
-    call = DataCentric(experts, cache, token, comm, index, weight_grad_scale)
+    call = DataCentricCall(experts, cache, token, comm, index, weight_grad_scale)
     fc1, fc1_bias, fc2 = experts.sharded_weights()
     y = _DataCentricExperts.apply(tokens, _gates_for(gates, tokens.dtype).contiguous(), fc1, fc1_bias, fc2, call)
     return _with_fc2_bias(y, experts, indices, gates, comm, weight_grad_scale)

@@ -1,0 +1,117 @@
+"""The dropless flow (``MoELayer(flow="dropless")`` or
+``flow=Dropless(...)``) and its two caches, as a :class:`moe_runtime.flows.base.Flow`.
+
+Every routed choice reaches its expert (moe_runtime.deployment.dropless):
+r = 1, d = 1, whole experts on every rank. ``Dropless.expert_cache`` serves
+the calls that record no autograd graph (inference) from the host-resident
+experts of moe_runtime.deployment.expert_cache; ``Dropless.assignment_cache``
+starts the predicted dispatch of the calls that pass ``sample_ids`` before
+the gate (moe_runtime.deployment.cached_dispatch). Both give the same results
+as the plain flow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..common.overlap import check_thread_level
+from ..flows.base import Call, Choice, Flow, Plan, Request, require_r1_d1, whole_expert_layer
+from ..tuning.dictionary import Config
+from .assignment_cache import AssignmentCache
+from .cached_dispatch import CachedDispatch
+from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
+from .expert_cache import ExpertCache
+
+__all__ = ["Dropless", "DroplessFlow"]
+
+
+@dataclass(frozen=True)
+class Dropless:
+    """The dropless flow's settings: ``expert_cache`` (an :class:`ExpertCache`,
+    inference), ``assignment_cache`` (an :class:`AssignmentCache`, calls with
+    ``sample_ids``); either may be None."""
+
+    expert_cache: ExpertCache | None = None
+    assignment_cache: AssignmentCache | None = None
+    flow = "dropless"
+
+    def __post_init__(self) -> None:
+        if self.expert_cache is not None and not isinstance(self.expert_cache, ExpertCache):
+            raise TypeError(f"expert_cache must be a moe_runtime.ExpertCache, got {type(self.expert_cache).__name__}")
+        cache = self.assignment_cache
+        if cache is not None and not isinstance(cache, AssignmentCache):
+            raise TypeError(f"assignment_cache must be a moe_runtime.AssignmentCache, got {type(cache).__name__}")
+
+
+class DroplessFlow(Flow):
+    """Nothing dropped or padded; r = 1, d = 1, whole experts on every rank."""
+
+    name = "dropless"
+    takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo"})
+    why_refused = "nothing is dropped, so there is no capacity"
+
+    def __init__(self, context, settings: Dropless | None = None):
+        super().__init__(context, settings or Dropless())
+        self.expert_cache = self.settings.expert_cache
+        self.assignment_cache = self.settings.assignment_cache
+        self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
+        if self.assignment_cache is not None:
+            self.assignment_cache.bind(self)  # one layer per cache
+            check_thread_level(context.exchange_comm, "sample-assignment caching runs the predicted dispatch")
+
+    @classmethod
+    def check_layer(cls, layer: Any) -> None:
+        whole_expert_layer(cls.name, layer)
+        if not layer.is_postscore:
+            raise ValueError("MoELayer(flow='dropless') applies the gates at the combine: is_postscore must be True")
+        if layer.batch_prioritized_routing:
+            raise ValueError("MoELayer(flow='dropless') drops nothing, so batch_prioritized_routing (which orders "
+                             "who is dropped) has no meaning there")
+
+    def begin(self, tokens: torch.Tensor, top_k: int, sample_ids: Any, algo: str | None) -> CachedDispatch | None:
+        """Sample-assignment caching, before the gate (collective when the flow has a cache)."""
+        if self.assignment_cache is None:
+            return super().begin(tokens, top_k, sample_ids, algo)
+        context = self.context
+        return CachedDispatch.begin(self.assignment_cache, sample_ids, tokens, top_k, context.num_experts,
+                                    agree_comm=context.comm, comm=context.exchange_comm, overlap=context.overlap,
+                                    algo=context.default_algo if algo is None else algo)
+
+    def configure(self, request: Request, chosen: Config | None) -> Choice:
+        self.refuse(request)
+        require_r1_d1(self.name, request.r, request.d, "adaptive_r")
+        return super().configure(Request(algo=request.algo), chosen)
+
+    def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
+        context = self.context
+        indices = call.decision.indices.contiguous()
+        dispatched, stats = None, None
+        if call.prepared is not None:
+            dispatched = call.prepared.finish(call.tokens, indices)
+            stats = call.prepared.stats
+        cache = self._bound_cache(call.tokens.device) if self.expert_cache is not None and not call.recording else None
+        y, rows, sent = dropless_moe(call.tokens, indices, call.decision.gates, weights=self.whole_expert_weights(),
+                                     activation=context.experts.activation_fn, comm=context.exchange_comm,
+                                     algo=call.choice.algo, weight_grad_scale=context.weight_grad_scale,
+                                     dispatched=dispatched, expert_cache=cache)
+        self.assignment_stats = stats
+        # As the dictionary's choice the plan keeps the agreed capacity (its key); alone, the most rows.
+        capacity = call.capacity or (int(rows.max()) if rows.size else 0)
+        return y, Plan(1, 1, call.choice.algo, capacity, capacity, 0, sent, flow=self.name)
+
+    assignment_stats = None
+
+    def _bound_cache(self, device: torch.device) -> ExpertCache:
+        """The expert cache holding the current expert weights: (re)bound when
+        a parameter changed since (an optimizer step, a load) or the tokens
+        moved to another device."""
+        named = zip(CACHED_WEIGHT_NAMES, self.whole_expert_weights(), strict=True)
+        weights = {name: p for name, p in named if p is not None}
+        versions = (device, *((p.data_ptr(), p._version) for p in weights.values()))
+        if versions != self._cached_versions:
+            self.expert_cache.bind(weights, device)
+            self._cached_versions = versions
+        return self.expert_cache

@@ -1,0 +1,114 @@
+"""The per-call agreement: one small all-gather of one int64 row per rank.
+
+It carries what every rank must share before a flow runs, and checks what
+every rank must have passed alike, so that a rank that differs raises on
+every rank (naming the field and each rank's value) instead of leaving the
+others in a collective of another size::
+
+    column     agreed as               why
+    capacity   max over ranks          the routing's rows per expert
+    tokens     every rank's            the uneven collectives' counts
+    seconds    max over ranks          the previous step's time (the tuner)
+    top_k, gate_index, adaptive_r, a2a_ffn_overlap_degree, algo, flow,
+    model_dim, dtype                   equal on every rank, else MismatchError
+    refused    zero on every rank      per-call arguments the layer's flow
+                                       does not take
+    invalid    zero on every rank      a rank whose own checks failed: it
+                                       raises its error, the others name it
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+import a2a
+
+from ..common.host_values import all_gather_values
+from ..tuning.dictionary import FLOWS
+from .base import CALL_ARGUMENTS, Flow, Request
+
+__all__ = ["Agreed", "CallRow", "agree_call"]
+
+NOT_GIVEN = -1
+ALGORITHMS = tuple(a2a.ALGORITHMS)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_COLUMNS = ("capacity", "top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow", "tokens",
+            "seconds", "model_dim", "dtype", "refused", "invalid")
+_EQUAL = ("top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow", "model_dim", "dtype")
+
+
+@dataclass
+class CallRow:
+    """This rank's side of the agreement."""
+
+    capacity: int
+    top_k: int
+    gate_index: int
+    request: Request
+    tokens: int
+    seconds: int
+    model_dim: int
+    dtype: torch.dtype
+    refused: list[str]
+    error: Exception | None = None
+
+    def values(self) -> np.ndarray:
+        r, d, algo, flow = self.request.r, self.request.d, self.request.algo, self.request.flow
+        return np.array([
+            self.capacity, self.top_k, self.gate_index, _code(r), _code(d),
+            ALGORITHMS.index(algo) if algo in ALGORITHMS else NOT_GIVEN,
+            FLOWS.index(flow) if flow in FLOWS else NOT_GIVEN, self.tokens, self.seconds, self.model_dim,
+            DTYPES.index(self.dtype) if self.dtype in DTYPES else len(DTYPES), len(self.refused),
+            int(self.error is not None)], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Agreed:
+    capacity: int
+    token_counts: list[int]
+    seconds: np.ndarray  # every rank's previous step (ns; NOT_GIVEN where not measured)
+
+
+def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
+    """The all-gather, then the checks in the order that names the cause:
+    a rank's own error, then refused arguments, then the fields that differ."""
+    values = row.values()
+    table = all_gather_values(values, comm).reshape(comm.size, len(values))
+    column = {name: table[:, i] for i, name in enumerate(_COLUMNS)}
+    where = f"{owner} on rank {comm.rank}"
+    if row.error is not None:
+        raise row.error
+    invalid = np.flatnonzero(column["invalid"]).tolist()
+    if invalid:
+        raise ValueError(f"{where}: rank(s) {invalid} called the layer with invalid arguments (their error names "
+                         "them)")
+    refusing = np.flatnonzero(column["refused"]).tolist()
+    if refusing:
+        mine = f"; this rank passed {row.refused}" if row.refused else ""
+        refused = [name for name in CALL_ARGUMENTS if name not in flow.takes]
+        raise ValueError(f"{where}: flow={flow.name!r} takes none of {refused} ({flow.why_refused}), but "
+                         f"rank(s) {refusing} passed some{mine}")
+    for name in _EQUAL:
+        values = column[name]
+        if (values != values[0]).any():
+            shown = ", ".join(f"rank {i}: {_shown(name, v)}" for i, v in enumerate(values))
+            raise a2a.MismatchError(f"{where}: the ranks passed different {name} ({shown}); every rank must call "
+                                    "the layer with the same arguments and tokens of the same model dim and dtype")
+    return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"])
+
+
+def _code(value: int | None) -> int:
+    return NOT_GIVEN if value is None else int(value)
+
+
+def _shown(name: str, value: int) -> str:
+    if name == "dtype":
+        return str(DTYPES[value]).removeprefix("torch.") if value < len(DTYPES) else "another dtype"
+    if value == NOT_GIVEN:
+        return "not given"
+    if name == "flow":
+        return FLOWS[value]
+    return ALGORITHMS[value] if name == "algo" else str(value)

@@ -1,0 +1,104 @@
+"""The dictionary's step protocol: how a layer times its steps, reports
+them and asks what to run, so that every rank decides the same thing.
+
+One step of a layer with a dictionary (moe_runtime.tuning.dictionary)::
+
+    forward:  start = timer()
+              tokens pass through StepClock (identity; its backward is the
+                  layer's last, and stops the clock)
+              the call's agreement row carries the PREVIOUS step's seconds
+                  (seconds_column); agreed() takes their maximum over ranks
+                  and reports it for the trial that step ran
+              choose(capacity) -> the configuration of this step's trial
+              trial(capacity, choice): what this step runs, for the next report
+    backward: StepClock stops the clock (a call that records no graph stops it
+              at the end of forward)
+
+Reports therefore lag one step, and travel in an all-gather the layer makes
+anyway. The binding (bind) names the dictionary's table: the layer's
+signature (world, nodes, E, M, H, k, dtype, device) and search space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+import a2a
+
+from .dictionary import AdaptiveDictionary, Config
+
+__all__ = ["NOT_MEASURED", "StepClock", "StepTuning"]
+
+NOT_MEASURED = -1  # the seconds column of a step that was not timed
+
+
+class StepClock(torch.autograd.Function):
+    """Identity on the layer's tokens whose backward, the last of the layer's,
+    stops the clock of the step (forward + backward)."""
+
+    @staticmethod
+    def forward(ctx, tokens, anchor, stop):
+        ctx.stop = stop
+        return tokens.view_as(tokens)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.stop()
+        return grad, None, None
+
+
+class StepTuning:
+    """One layer's side of the protocol (see the module docstring);
+    ``dictionary`` None: steps are timed (FlexMoE reads them) and nothing is chosen."""
+
+    def __init__(self, dictionary: AdaptiveDictionary | None, timer: Callable[[], float]):
+        self.dictionary = dictionary
+        self.timer = timer
+        self.signature: dict[str, Any] | None = None  # the bound table's
+        self.step_seconds: float | None = None  # the last finished step's, this rank's
+        self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
+
+    def start(self, tokens: torch.Tensor, recording: bool) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Starts the clock: the tokens to use (with the StepClock when
+        recording) and the stop to call at the end of a forward that records nothing."""
+        begun = self.timer()
+
+        def stop() -> None:
+            self.step_seconds = self.timer() - begun
+
+        if recording:
+            # Makes the clock's backward run even if x needs no grad; on the tokens' device, so that autograd
+            # sees one device in the clock's inputs.
+            anchor = torch.zeros((), device=tokens.device, requires_grad=True)
+            return StepClock.apply(tokens, anchor, stop), lambda: None
+        return tokens, stop
+
+    def seconds_column(self) -> int:
+        """The previous step's seconds for the agreement row, in nanoseconds."""
+        return NOT_MEASURED if self.step_seconds is None else int(self.step_seconds * 1e9)
+
+    def agreed(self, column: np.ndarray) -> None:
+        """Every rank's previous step (the agreed column): the trial's time is its maximum."""
+        if self._trial is not None and self.dictionary is not None and (column >= 0).all():
+            capacity, config = self._trial
+            self.dictionary.report(capacity, config, float(column.max()) / 1e9)
+        self._trial, self.step_seconds = None, None
+
+    def bind(self, signature: dict[str, Any], valid_rs: Sequence[int], comm: a2a.Comm, flows: Sequence[str]) -> None:
+        """Binds the dictionary to the table of `signature` (again only when it changed)."""
+        if signature != self.signature:
+            two_level = comm.num_nodes > 1 and comm.local_size > 1
+            self.dictionary.bind(signature, valid_rs, two_level, writer=comm.rank == 0, flows=tuple(flows))
+            self.signature = signature
+
+    def choose(self, capacity: int) -> Config | None:
+        """The dictionary's configuration at `capacity` (None without a dictionary)."""
+        return None if self.dictionary is None else self.dictionary.choose(capacity)
+
+    def trial(self, capacity: int, config: Config, timed: bool) -> None:
+        """What this step runs: reported at the next agreement when `timed`."""
+        self._trial = (capacity, config) if timed else None
