@@ -17,8 +17,10 @@ import pytest
 
 from moe_runtime.tuning.dictionary import DATA_PARALLEL, FLOWS, AdaptiveDictionary, Config, Entry, flow_config
 
-TUNER_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                          "moe_runtime", "tuning", "dictionary.py")
+TUNING_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "moe_runtime", "tuning")
+# The dictionary and what it is made of: no torch, no a2a, nothing but the standard library.
+TUNER_FILES = [os.path.join(TUNING_DIR, name) for name in ("dictionary.py", "config.py", "search.py", "store.py")]
 SIGNATURE = {"world_size": 16, "local_size": 4, "num_nodes": 4, "E": 4, "M": 1024, "H": 4096, "k": 2,
              "dtype": "bfloat16", "device": "cuda"}
 
@@ -306,7 +308,7 @@ def test_file_round_trip(tmp_path):
     path = tmp_path / "tuner.json"
     first = train_two_keys(path)
     document = json.loads(path.read_text())
-    assert document["format"] == "moe_runtime.tuning.dictionary" and document["version"] == 2
+    assert document["format"] == "moe_runtime.tuner" and document["version"] == 2
     (name, entries), = document["tables"].items()
     assert json.loads(name)["signature"] == SIGNATURE and json.loads(name)["window"] == 128
     assert "flows" not in json.loads(name)  # a layer without other flows keeps its version 1 table name
@@ -369,21 +371,21 @@ def test_rebinding_switches_tables():
     assert dictionary.trials(0) == 1
 
 
-ENTRY = '{{"format": "moe_runtime.tuning.dictionary", "version": 1, "tables": {{"t": {{"0": {}}}}}}}'
+ENTRY = '{{"format": "moe_runtime.tuner", "version": 1, "tables": {{"t": {{"0": {}}}}}}}'
 
 
 @pytest.mark.parametrize("text,message", [
     ("{not json", "not JSON"),
     ('{"format": "something else", "version": 1, "tables": {}}', "format 'something else'"),
     ("[1, 2]", "format 'list'"),
-    ('{"format": "moe_runtime.tuning.dictionary", "version": 99, "tables": {}}', "version 99"),
+    ('{"format": "moe_runtime.tuner", "version": 99, "tables": {}}', "version 99"),
     (ENTRY.format('{"r": 0, "d": 1, "algo": "linear", "flow": "ring", "seconds": 1, "trials": 1}'), "flow 'ring'"),
     (ENTRY.format('{"r": 2, "d": 1, "algo": "linear", "flow": "dropless", "seconds": 1, "trials": 1}'),
      "no r, d or algo"),
     (ENTRY.format('{"r": 0, "d": 1, "algo": "linear", "flows": "dropless", "seconds": 1, "trials": 1}'),
      '"flow"'),
-    ('{"format": "moe_runtime.tuning.dictionary", "version": 1, "tables": {"t": {"x": {}}}}', "non-negative integer"),
-    ('{"format": "moe_runtime.tuning.dictionary", "version": 1, "tables": {"t": {"0": {"r": 1}}}}', '"seconds"'),
+    ('{"format": "moe_runtime.tuner", "version": 1, "tables": {"t": {"x": {}}}}', "non-negative integer"),
+    ('{"format": "moe_runtime.tuner", "version": 1, "tables": {"t": {"0": {"r": 1}}}}', '"seconds"'),
     (ENTRY.format('{"r": 1, "d": 1, "algo": "ring", "seconds": 1, "trials": 1}'), "'ring'"),
     (ENTRY.format('{"r": 1, "d": 0, "algo": "linear", "seconds": 1, "trials": 1}'), "d >= 1"),
     (ENTRY.format('{"r": 1, "d": 1, "algo": "linear", "seconds": -2, "trials": 1}'), "seconds must be"),
@@ -470,11 +472,12 @@ def test_median_is_the_trial_time():
     assert dictionary.entries[0] == Entry(DATA_PARALLEL, statistics.median(times), 2)
 
 
-def test_module_imports_only_the_standard_library():
-    with open(TUNER_FILE, encoding="utf-8") as file:
+@pytest.mark.parametrize("path", TUNER_FILES, ids=os.path.basename)
+def test_module_imports_only_the_standard_library(path):
+    with open(path, encoding="utf-8") as file:
         tree = ast.parse(file.read())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level}
     assert all(name.split(".")[0] in sys.stdlib_module_names or name == "__future__" for name in names), names
 
 
@@ -670,7 +673,7 @@ def test_a_version_1_file_still_loads(tmp_path):
     path = tmp_path / "tuner.json"
     table = json.dumps({"signature": SIGNATURE, "window": 128, "valid_rs": [0, 1, 2, 4], "degrees": [1, 2],
                         "algos": ["linear", "2dh"]}, sort_keys=True, separators=(",", ":"))
-    path.write_text(json.dumps({"format": "moe_runtime.tuning.dictionary", "version": 1, "tables": {table: {
+    path.write_text(json.dumps({"format": "moe_runtime.tuner", "version": 1, "tables": {table: {
         "0": {"r": 0, "d": 1, "algo": "linear", "seconds": 1.5, "trials": 7},
         "3": {"r": 2, "d": 2, "algo": "2dh", "seconds": 0.5, "trials": 9}}}}))
     dictionary = AdaptiveDictionary(degrees=(1, 2), path=path)
