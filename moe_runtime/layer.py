@@ -34,6 +34,7 @@ from .common.host_values import all_gather_values
 from .common.overlap import Overlap, check_thread_level
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
+from .experts.gradients import sync_shared_gradients
 from .experts.relocation import Moved
 from .flex.scheduler import Decision
 from .flex.vexperts import Primitive
@@ -46,7 +47,7 @@ from .registry import FLOWS, check_capacity_factor, check_dictionary_layer, dict
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
 
-__all__ = ["MoELayer", "sync_shared_gradients"]
+__all__ = ["MoELayer", "sync_shared_gradients"]  # the latter re-exported from experts.gradients
 
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 # Tutel's settings of the expert flow, with their defaults: the other flows refuse them.
@@ -195,41 +196,17 @@ class MoELayer(torch.nn.Module):
                  "flows": self.flows}
         return {name: (value, EXPERT_PARALLEL_DEFAULTS[name]) for name, value in given.items()}
 
-    # -- what the flows hold, by the names of earlier releases ----------------------
-    @property
-    def parallel(self) -> str:
-        """Hexa-MoE's flow when the experts are sharded along H, else "expert"."""
-        return self.flow.name if self.flow.name in ("data_centric", "model_centric") else "expert"
-
-    @property
-    def valid_rs(self) -> list[int]:
-        return list(getattr(self.flow, "valid_rs", []))
-
-    @property
-    def flex(self):
-        """FlexMoE's state (moe_runtime.flex.state.FlexState), None for the other flows."""
-        return getattr(self.flow, "state", None)
-
-    @property
-    def capacity_tracker(self):
-        return getattr(self.flow, "tracker", None)
-
-    @property
-    def shared_cache(self):
-        flow = self._flows.get("data_centric")
-        return None if flow is None else flow.cache
-
-    @property
-    def expert_cache(self):
-        return getattr(self.flow, "expert_cache", None)
-
-    @property
-    def assignment_cache(self):
-        return getattr(self.flow, "assignment_cache", None)
-
-    @property
-    def assignment_stats(self):
-        return getattr(self.flow, "assignment_stats", None)
+    # -- what the flows hold, by the names of earlier releases (None where the layer's flow has none) --
+    parallel = property(lambda self: self.flow.name if self.flow.name in ("data_centric", "model_centric")
+                        else "expert", doc="Hexa-MoE's flow when the experts are sharded along H, else 'expert'.")
+    valid_rs = property(lambda self: list(getattr(self.flow, "valid_rs", [])), doc="The expert flow's valid r.")
+    flex = property(lambda self: getattr(self.flow, "state", None), doc="FlexMoE's state (flex.state.FlexState).")
+    capacity_tracker = property(lambda self: getattr(self.flow, "tracker", None), doc="flow='dynamic''s state.")
+    shared_cache = property(lambda self: getattr(self._flows.get("data_centric"), "cache", None))
+    expert_cache = property(lambda self: getattr(self.flow, "expert_cache", None))
+    assignment_cache = property(lambda self: getattr(self.flow, "assignment_cache", None))
+    assignment_stats = property(lambda self: getattr(self.flow, "assignment_stats", None),
+                                doc="The last call's sample-assignment caching (None without sample_ids).")
 
     # -- parameters -------------------------------------------------------------
     def shared_parameters(self) -> list[torch.nn.Parameter]:
@@ -265,17 +242,7 @@ class MoELayer(torch.nn.Module):
         state such as Adam's step must agree across ranks). The layer's function
         is unchanged: the gate keeps logical ids, mapped to positions at dispatch.
         Returns what this rank sent."""
-        if self.parallel != "expert":
-            raise ValueError(f"MoELayer.place moves whole experts, but with flow={self.parallel!r} every rank "
-                             "holds a hidden slice of every expert: there is no placement to choose")
-        if self.flex is not None:
-            raise ValueError("MoELayer.place: a FlexMoE layer (flow='flex') places vExpert slots; use adjust() or "
-                             "rebalance()")
-        if self.experts.sharers > 1:
-            raise ValueError(f"MoELayer.place moves whole experts, but {self.experts.sharers} ranks share each of "
-                             f"the {self.num_global_experts} experts (num_experts_per_device < 0): there is no "
-                             "placement to choose")
-        return self.positions.place(assignment, self.experts, self.comm, optimizer)
+        return self.positions.place(assignment, self.experts, self.comm, optimizer, self.flow.name)
 
     def rebalance(self, optimizer: torch.optim.Optimizer | None = None) -> Decision | None:
         """Collective, after the optimizer's step: applies the scheduler's plan
@@ -408,26 +375,3 @@ class MoELayer(torch.nn.Module):
         return (f"flow={self.flow.name!r}, model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
                 f"sharded_count={self.experts.sharers}, valid_rs={self.valid_rs}, world={self.comm.size}"
                 + (f", flows={self.flows}" if self.flows else ""))
-
-
-def sync_shared_gradients(module: torch.nn.Module, comm: a2a.Comm) -> None:
-    """All-reduces (mean over ranks) the gradients of every parameter of
-    `module` that is not an expert shard, in one message per dtype, as DDP
-    would. Collective: every rank calls it after backward. A missing gradient
-    counts as zeros (and is set), so ranks stay in step."""
-    shared = [p for p in module.parameters() if not getattr(p, EXPERT_TAG, False)]
-    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-    for parameter in shared:
-        if parameter.grad is None:
-            parameter.grad = torch.zeros_like(parameter)
-        by_dtype.setdefault(parameter.grad.dtype, []).append(parameter)
-    for dtype in sorted(by_dtype, key=str):
-        parameters = by_dtype[dtype]
-        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
-        a2a.all_reduce(flat, comm=comm, out=flat)
-        flat /= comm.size
-        offset = 0
-        for parameter in parameters:
-            count = parameter.grad.numel()
-            parameter.grad.copy_(flat[offset : offset + count].view_as(parameter.grad))
-            offset += count

@@ -56,8 +56,19 @@ class ExpertPositions:
         return {name: tensor.index_select(0, positions.to(tensor.device)) for name, tensor in whole.items()}
 
     def place(self, assignment: Any, experts: torch.nn.Module, comm: a2a.Comm,
-              optimizer: torch.optim.Optimizer | None) -> Moved:
-        """Collective: rank w holds the experts of row w of `assignment` from now on (see MoELayer.place)."""
+              optimizer: torch.optim.Optimizer | None, flow: str) -> Moved:
+        """Collective: rank w holds the experts of row w of `assignment` from
+        now on (see MoELayer.place); `flow`: the layer's."""
+        if flow in ("data_centric", "model_centric"):
+            raise ValueError(f"MoELayer.place moves whole experts, but with flow={flow!r} every rank holds a hidden "
+                             "slice of every expert: there is no placement to choose")
+        if flow == "flex":
+            raise ValueError("MoELayer.place: a FlexMoE layer (flow='flex') places vExpert slots; use adjust() or "
+                             "rebalance()")
+        if experts.sharers > 1:
+            raise ValueError(f"MoELayer.place moves whole experts, but {experts.sharers} ranks share each of the "
+                             f"{experts.num_experts} experts (num_experts_per_device < 0): there is no placement "
+                             "to choose")
         num_experts = self.positions.size
         table = np.full(num_experts, -1, dtype=np.int64)
 
