@@ -1,1 +1,9 @@
-"""common"""
+"""What every package of the runtime uses, and nothing of MoE in it.
+
+- host_values.py: small host arrays agreed across ranks (all-gather,
+  all-reduce), on the device the communicator needs;
+- buffers.py: the pool of the big per-call buffers, reused step to step;
+- overlap.py: the communication thread (CPU) or side stream (CUDA) that
+  overlaps exchanges with compute, and the MPI thread-level check it needs;
+- initialization.py: the uniform initializers of Tutel's parameters.
+"""

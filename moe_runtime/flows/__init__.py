@@ -1,1 +1,10 @@
-"""flows"""
+"""The Flow interface and Tutel's flow: what runs the experts on routed tokens.
+
+- base.py: Flow, its Plan, Request, Choice, Context and Call (read first);
+- agreement.py: the per-call agreement every flow relies on (one all-gather);
+- expert.py: Tutel's capacity flow (r, d, algorithm): encode, the pipelined
+  exchange -> experts -> exchange segment, decode.
+
+The other flows live in the paper packages above (deployment, dynamic, flex,
+hexa); moe_runtime.registry names them all.
+"""
