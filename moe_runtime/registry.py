@@ -97,18 +97,16 @@ def _from_deprecated(dispatcher: str = "capacity", parallel: str = "expert", fle
         if given:
             raise ValueError(f"MoELayer(parallel={parallel!r}) shards every expert along the hidden size over "
                              f"every rank; it takes none of {given}")
-        if parallel == "model_centric":
-            if shared_cache is not None:
-                raise ValueError("shared_cache= is the setting of the data-centric flow: parallel='data_centric', "
-                                 "or flows= with 'data_centric'")
-            return ModelCentric(hidden_split)
+    if shared_cache is not None and parallel != "data_centric":
+        raise ValueError("shared_cache= is the setting of the data-centric flow: parallel='data_centric', or "
+                         "flows= with 'data_centric'")
+    if parallel == "model_centric":
+        return ModelCentric(hidden_split)
+    if parallel == "data_centric":
         return DataCentric(hidden_split, shared_cache)
     if hidden_split is not None:
         raise ValueError("hidden_split= is the setting of parallel='data_centric' or 'model_centric' (experts "
                          "sharded along the hidden size), not of parallel='expert'")
-    if shared_cache is not None:
-        raise ValueError("shared_cache= is the setting of the data-centric flow: parallel='data_centric', or "
-                         "flows= with 'data_centric'")
     if dynamic_capacity is not None and not isinstance(dynamic_capacity, DynamicCapacity):
         raise TypeError(f"dynamic_capacity must be a moe_runtime.DynamicCapacity, got {type(dynamic_capacity).__name__}")
     if dynamic_capacity is not None and dispatcher != "dynamic":

@@ -9,12 +9,9 @@ list, and every rank computes the same split of a total:
 - model-centric (Equation 2): the experts' hidden size H into per-rank
   slices H_i = H (1/l_i) / sum_j (1/l_j).
 
-The parts are rounded so that they sum to the total exactly: each rank gets
-the floor of its share (in units of ``multiple``), and the units left over
-go one each to the ranks with the largest fractional remainders, ties to the
-lower rank (largest remainder, Hamilton's method). The shares are computed
-in exact rational arithmetic from the float latencies, so every rank rounds
-the same way and equal latencies give equal parts.
+The parts sum to the total exactly, rounded the same way on every rank
+(moe_runtime.experts.split, where the arithmetic lives: the even split of
+Tutel's shared experts uses it too).
 
 A part may be 0: a total smaller than the number of ranks, or a rank far
 slower than the others, leaves a rank without work. That is the right split
