@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from a2a.bench import common
-from moe_runtime import bench, bench_dynamic
+from moe_runtime.bench import dynamic as bench_dynamic
+from moe_runtime.bench import layer as bench
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -363,7 +364,7 @@ def test_rows_line_up_with_their_headers():
 
 
 def test_the_peer_equals_the_layer(comm, torch):
-    from moe_runtime.bench_peer import check_peer
+    from moe_runtime.bench.peer import check_peer
 
     result = check_peer(comm, experts=4, top_k=2, factors=(1.0, 0.5, 2.0))
     assert result.passed, result
@@ -371,7 +372,7 @@ def test_the_peer_equals_the_layer(comm, torch):
 
 
 def test_the_check_catches_a_peer_with_another_capacity(comm, torch, monkeypatch):
-    from moe_runtime import bench_peer
+    from moe_runtime.bench import peer as bench_peer
 
     # One slot more per expert: a choice the layer drops reaches the peer's expert.
     rule = bench_peer.rule_capacity

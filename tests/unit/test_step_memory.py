@@ -1,11 +1,11 @@
-"""moe_runtime.step_memory: the peak of a step's live CPU allocations, plus the pooled buffers."""
+"""moe_runtime.bench.step_memory: the peak of a step's live CPU allocations, plus the pooled buffers."""
 
 from __future__ import annotations
 
 import torch
 
+from moe_runtime.bench.step_memory import peak_step_bytes
 from moe_runtime.common.buffers import BufferPool
-from moe_runtime.step_memory import peak_step_bytes
 
 MIB4 = 1000 * 1000 * 4  # a (1000, 1000) float32
 

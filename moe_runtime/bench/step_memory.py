@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from .common.buffers import BufferPool
+from ..common.buffers import BufferPool
 
 __all__ = ["peak_step_bytes"]
 

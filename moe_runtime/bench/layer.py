@@ -6,9 +6,9 @@ the experts' own compute and a GShard-style peer, measured in the same run.
     python -m moe_runtime.bench --quick --np 2        # seconds: small sizes
     python -m moe_runtime.bench --tokens 1024 --factors 1,4 --json out.json --plot out.png
     mpirun -np 8 python -m moe_runtime.bench --experts 4 --hidden 2048
-    python -m moe_runtime.bench --flex                # FlexMoE under skewed routing (bench_flex.py)
-    python -m moe_runtime.bench --hetero              # Hexa-MoE's heterogeneous split (bench_hetero.py)
-    python -m moe_runtime.bench --flows               # which flow wins as the workload grows (bench_flows.py)
+    python -m moe_runtime.bench --flex                # FlexMoE under skewed routing (flex.py)
+    python -m moe_runtime.bench --hetero              # Hexa-MoE's heterogeneous split (hetero.py)
+    python -m moe_runtime.bench --flows               # which flow wins as the workload grows (flows.py)
     python -m moe_runtime.bench --gpu-step --json step.json   # the issue's comparison on one GPU (below)
     python -m moe_runtime.bench --device cuda --np 4 --transport mpi   # 4 ranks sharing one GPU
 
@@ -72,7 +72,7 @@ minutes on 4 ranks sharing 2 cores). In each case:
   ``H`` for r = 0), C the buffer capacity of that plan, with the layer's
   weights: the FLOP limit of the step. Gating, encode/decode, the exchanges
   and the weight gathers are the overhead above it.
-* ``gshard``: :class:`moe_runtime.bench_peer.GShardPeer`, dense einsum
+* ``gshard``: :class:`moe_runtime.bench.peer.GShardPeer`, dense einsum
   dispatch and combine as Fairseq's MOELayer, with the same gate and
   experts (needs E >= W; ``--no-peer`` skips it). Before timing, a small
   float64 layer and its peer are run on the same tokens at every factor, and
@@ -101,7 +101,7 @@ minutes on 4 ranks sharing 2 cores). In each case:
   skewed synthetic routing whose hot expert moves, for the static factor that
   drops nothing on them, ``dispatcher="dropless"`` and ``dispatcher="dynamic"``
   (per-expert capacities): step times, drops, rows per expert and capacity
-  changes (moe_runtime.bench_dynamic).
+  changes (moe_runtime.bench.dynamic).
 
 Timing: one sample is one training step, forward and backward of ``y.sum()
 + y.l_aux`` (grads cleared before), after a barrier, its time the maximum
@@ -156,8 +156,8 @@ from typing import Any
 from a2a import launch
 from a2a.bench import common
 
-from .bench_dynamic import dynamic_header_lines, dynamic_rows, format_dynamic
-from .bench_rank import slowest
+from .dynamic import dynamic_header_lines, dynamic_rows, format_dynamic
+from .rank import slowest
 
 __all__ = ["DEFAULTS", "GPU_STEP", "QUICK", "build_parser", "default_np", "evaluate_targets", "main", "parse_args"]
 
@@ -372,21 +372,10 @@ def layout_error(args: argparse.Namespace, ranks: int) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Relaunched under mpirun when not under it already (and more than one
-    rank is asked for), else the benchmark on every rank of MPI_COMM_WORLD."""
+    """The layer's step: relaunched under mpirun when not under it already
+    (and more than one rank is asked for), else the benchmark on every rank
+    of MPI_COMM_WORLD."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--flows" in argv:  # which flow wins as the workload grows: a mode of its own (bench_flows.py)
-        from . import bench_flows
-
-        return bench_flows.main([arg for arg in argv if arg != "--flows"])
-    if "--hetero" in argv:  # Hexa-MoE's heterogeneous split: a mode of its own (bench_hetero.py)
-        from . import bench_hetero
-
-        return bench_hetero.main([arg for arg in argv if arg != "--hetero"])
-    if "--flex" in argv:  # FlexMoE under skewed routing: a mode of its own (bench_flex.py)
-        from . import bench_flex
-
-        return bench_flex.main([arg for arg in argv if arg != "--flex"])
     args = parse_args(argv)
     if args.device == "cuda":  # refused here, before mpirun starts ranks that would all fail alike
         error = common.cuda_missing()
@@ -455,8 +444,8 @@ class _Bench:
 
         import a2a
 
-        from .bench_peer import GShardPeer
-        from .common.host_values import torch_device
+        from ..common.host_values import torch_device
+        from .peer import GShardPeer
 
         self.args, self.torch, self.a2a = args, torch, a2a
         self.world = MPI.COMM_WORLD
@@ -481,7 +470,7 @@ class _Bench:
 
     def new_layer(self, **options: Any) -> Any:
         """A layer with the run's sizes and weights (seeds 1, 2), on the run's device and dtype."""
-        from .layer import MoELayer
+        from ..layer import MoELayer
 
         layer = MoELayer(*self.layer_args, comm=self.comm, seeds=(1, 2), **options)
         return layer.to(device=self.device, dtype=self.dtype)
@@ -638,7 +627,7 @@ class _Bench:
             return []
         import numpy as np
 
-        from .common.host_values import all_reduce_values
+        from ..common.host_values import all_reduce_values
         from .step_memory import peak_step_bytes
 
         dropless = self.new_layer(dispatcher="dropless")
@@ -687,13 +676,13 @@ class _Bench:
     # -- one case ----------------------------------------------------------------------------------------
     def run_case(self, case: Case) -> tuple[list[dict], dict]:
         """The rows and the summary of one (T, f)."""
-        from .tuning.dictionary import AdaptiveDictionary
+        from ..tuning.dictionary import AdaptiveDictionary
 
         args = self.args
         x = self.tokens(case.tokens)
         prior = None
         if args.prior:
-            from .tuning.prior import ExchangePrior
+            from ..tuning.prior import ExchangePrior
 
             prior = ExchangePrior(args.prior)
         dictionary = AdaptiveDictionary(window=WINDOW, degrees=tuple(args.degrees), algos=tuple(args.algos),
@@ -749,7 +738,7 @@ def trials_without_prior(rows: list[dict], tuning: dict, valid_rs: list[int], ar
     """The trials the case's search would have run without the prior: the
     search replayed, without it, on the static rows' times (pure); with no
     static rows (a comparison case), the trials plus those the prior saved."""
-    from .tuning.dictionary import AdaptiveDictionary, Config
+    from ..tuning.dictionary import AdaptiveDictionary, Config
 
     static = {Config(row["r"], row["d"], row["algo"]): row["time_ms"] for row in rows if row["kind"] == "static"}
     if not static:
@@ -1034,7 +1023,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     import a2a
 
-    from .bench_peer import check_peer
+    from .peer import check_peer
 
     torch.set_num_threads(args.threads)
     world = MPI.COMM_WORLD
@@ -1125,7 +1114,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
             f"T={args.tokens}; sent = the most any rank sends to the others per step (4 exchanges); dropped = "
             "choices the capacity dropped, all ranks; peak = the most any rank's step holds at once, its "
             "allocations at their peak (torch.profiler; on CUDA the allocator's peak) plus the layer's pooled "
-            "buffers (moe_runtime.step_memory)")
+            "buffers (moe_runtime.bench.step_memory)")
         for line in dropless_header_lines():
             say(line)
         for row in dropless:
@@ -1197,6 +1186,3 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         write_plot(args.plot, rows, summaries)
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
