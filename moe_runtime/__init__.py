@@ -19,10 +19,10 @@ layout at every step.
   the other flows it can choose, ``MoELayer(..., flows=("dropless",
   "data_centric", "model_centric"))`` on the same experts (dictionary_flows.py)
 - :class:`ExpertCache`, expert buffering (expert_cache.py; policies and
-  ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench.cache``)
+  ``simulate`` in cache_policy.py, ``python -m moe_runtime.bench_cache``)
 - expert placement: ``MoELayer.place`` (moves whole experts, relocation.py)
   and the policies and metrics of :mod:`moe_runtime.deployment.placement` (greedy,
-  anti-correlation, Max Load), ``python -m moe_runtime.bench.placement``
+  anti-correlation, Max Load), ``python -m moe_runtime.bench_placement``
 - :class:`DynamicCapacity`, the per-expert capacity policy of
   ``MoELayer(dispatcher="dynamic")`` (dynamic_capacity.py; its flow is
   ragged.py), and :class:`CapacityTracker`, its state
