@@ -30,17 +30,8 @@ from __future__ import annotations
 
 import os
 
-from . import _C
-from ._collective_api import (
-    all_gather,
-    all_gather_v,
-    all_reduce,
-    all_to_all,
-    all_to_all_flex,
-    all_to_all_v,
-    reduce_scatter,
-    reduce_scatter_v,
-)
+from . import _C, _collectives
+from ._collective_api import *  # the collectives, named in _collectives.COLLECTIVES
 from ._collectives import ALGORITHMS, REDUCE_OPS, VPlan, plan_v
 from ._comm import Comm
 from ._errors import (
@@ -72,12 +63,6 @@ __all__ = [
     "TransportError",
     "UnsupportedError",
     "VPlan",
-    "all_gather",
-    "all_gather_v",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_flex",
-    "all_to_all_v",
     "config",
     "es_index",
     "esmm",
@@ -89,11 +74,10 @@ __all__ = [
     "get_include",
     "permute",
     "plan_v",
-    "reduce_scatter",
-    "reduce_scatter_v",
     "route",
     "unpermute",
 ]
+__all__.extend(_collectives.COLLECTIVES)
 
 # The native files (module, lib/, include/) sit beside _C, which in an
 # editable install is not beside this file.

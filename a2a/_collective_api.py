@@ -18,16 +18,7 @@ from . import _collectives
 from ._arrays import records_autograd
 from ._comm import Comm
 
-__all__ = [
-    "all_gather",
-    "all_gather_v",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_flex",
-    "all_to_all_v",
-    "reduce_scatter",
-    "reduce_scatter_v",
-]
+__all__ = list(_collectives.COLLECTIVES)
 
 _RECORDING = """
     With a torch tensor that requires grad while grad mode is on, the call

@@ -31,20 +31,22 @@ from ._arrays import (
 from ._comm import Comm
 from ._errors import A2AError, InvalidArgumentError, MismatchError
 
-__all__ = [
-    "ALGORITHMS",
-    "REDUCE_OPS",
-    "VPlan",
+# The collectives by name, written once: defined here (plain), in
+# a2a._torch_collectives (autograd) and a2a._collective_api (public), and
+# exported by a2a and a2a.torch, whose lists are all built from this one.
+COLLECTIVES = (
     "all_gather",
     "all_gather_v",
     "all_reduce",
     "all_to_all",
     "all_to_all_flex",
     "all_to_all_v",
-    "plan_v",
     "reduce_scatter",
     "reduce_scatter_v",
-]
+)
+
+__all__ = ["ALGORITHMS", "COLLECTIVES", "REDUCE_OPS", "VPlan", "plan_v"]
+__all__.extend(COLLECTIVES)
 
 ALGORITHMS = {"linear": 0, "2dh": 1}
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}  # a2a_reduce_op_t

@@ -33,16 +33,7 @@ from ._arrays import records_autograd
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
-__all__ = [
-    "all_gather",
-    "all_gather_v",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_flex",
-    "all_to_all_v",
-    "reduce_scatter",
-    "reduce_scatter_v",
-]
+__all__ = list(collectives.COLLECTIVES)
 
 
 def report_invalid(comm: Any, op: str, message: str) -> None:

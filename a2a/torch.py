@@ -37,38 +37,23 @@ from typing import Any
 
 import torch
 
+from . import _collectives
 from ._errors import InvalidArgumentError
 from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape, gate_grad
 from ._routing import Routing, permutation, require_dropless, require_padded
-from ._torch_collectives import (
-    all_gather,
-    all_gather_v,
-    all_reduce,
-    all_to_all,
-    all_to_all_flex,
-    all_to_all_v,
-    reduce_scatter,
-    reduce_scatter_v,
-)
+from ._torch_collectives import *  # the collectives, named in _collectives.COLLECTIVES
 from ._torch_es_ops import esmm, ess, estmm
 
 __all__ = [
-    "all_gather",
-    "all_gather_v",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_flex",
-    "all_to_all_v",
     "esmm",
     "ess",
     "estmm",
     "fast_decode",
     "fast_encode",
     "permute",
-    "reduce_scatter",
-    "reduce_scatter_v",
     "unpermute",
 ]
+__all__.extend(_collectives.COLLECTIVES)
 
 
 class _GatedKernel(torch.autograd.Function):

@@ -12,7 +12,10 @@ Three families, one module each, chosen by the command line
   the same bytes, in one process.
 
 :mod:`a2a.bench.common` holds what they share: sizes, the clock, taking
-turns, formatting and the JSON record. :mod:`a2a.bench.nccl_format` reads
-output in nccl-tests' format (nccl-tests itself, the C programs of
-``nccl_tests_ext/``, and the collectives sweep) back into rows.
+turns, formatting and the JSON record. :mod:`a2a.nccl_format` reads output
+in nccl-tests' format (nccl-tests itself, the C programs of
+``nccl_tests_ext/``, and the collectives sweep) back into rows. The sweep
+draws the scale model's predictions (:mod:`a2a.sim`, ``--predict``); the
+model never imports the benchmarks: what both need (sizes, the uneven
+counts) is in :mod:`a2a._sweep`.
 """

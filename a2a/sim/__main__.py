@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..bench.common import parse_size
+from .._sweep import parse_size
 from . import fitting, model, presets
 
 FILE_FORMAT = "a2a.sim.topology"

@@ -129,7 +129,7 @@ def nccl_tests_rows(text: str, origin: str = "output") -> tuple[list[Measurement
     distinct host names. An output that does not name its program (nccl-tests
     before 2.13 has no "Collective test starting" line) is taken for
     alltoall_perf's. Rows of size 0 move nothing and are skipped."""
-    from ..bench import nccl_format
+    from .. import nccl_format
 
     try:
         report = nccl_format.parse(text)
@@ -249,7 +249,7 @@ def predict_measurement(topology: Topology, m: Measurement) -> Prediction:
     if m.algo in ("flex", "combine"):
         split, concat = (0, 1) if m.algo == "flex" else (1, 0)
         return predict_flex(top, m.inner_algo, flex_layout(m.shape, split, concat, m.itemsize, m.ranks))
-    from ..bench.common import v_counts  # the benchmark's uneven counts, element for element
+    from .._sweep import v_counts  # the benchmark's uneven counts, element for element
 
     counts = np.asarray(v_counts(m.ranks, m.count), dtype=np.int64) * m.itemsize
     return predict_v(top, m.inner_algo, counts, plan=m.algo == "v")

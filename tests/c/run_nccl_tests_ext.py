@@ -1,7 +1,7 @@
 """Builds nccl_tests_ext/ against the installed liba2a via find_package(a2a),
 runs its data-check test, then runs alltoall_perf, alltoallv_perf and
 alltoall_flex_perf under mpirun on 2 ranks, 3 ranks and 4 ranks as 2 emulated
-nodes of 2, with -c 1, and reads their output with a2a.bench.nccl_format:
+nodes of 2, with -c 1, and reads their output with a2a.nccl_format:
 every row checked (#wrong 0), sizes as documented, the footer OK. Also: flags
 that do not apply are rejected with their reason, -D cuda runs or fails with a
 clear message, and python -m a2a.bench reports the same sizes.
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from c_programs import cmake_build, mpirun_env
 
-from a2a.bench.nccl_format import Report, parse
 from a2a.launch import mpirun_command
+from a2a.nccl_format import Report, parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCE = os.path.join(ROOT, "nccl_tests_ext")

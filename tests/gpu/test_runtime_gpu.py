@@ -63,7 +63,7 @@ def test_a_layer_step_on_the_gpu_equals_the_host(cuda_comm, host_comm, r, d):
 
 
 def test_the_bench_peer_agrees_with_the_layer_on_the_gpu(cuda_comm):
-    from moe_runtime.bench_peer import check_peer
+    from moe_runtime.bench.peer import check_peer
 
     result = check_peer(cuda_comm, experts=4, top_k=2, factors=(1.0, 0.5, 2.0))
     assert result.passed, result

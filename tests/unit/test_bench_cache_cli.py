@@ -1,4 +1,4 @@
-"""python -m moe_runtime.bench_cache: the table's and the JSON's format, seeded traces, argument errors."""
+"""python -m moe_runtime.bench.cache: the table's and the JSON's format, seeded traces, argument errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from moe_runtime import bench_cache
+from moe_runtime.bench import cache as bench_cache
 from moe_runtime.deployment.cache_policy import POLICIES
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from a2a.bench import collectives as bench
-from a2a.bench import common
+from a2a.bench import collectives_data, common
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 K, M, G = 1 << 10, 1 << 20, 1 << 30
@@ -121,7 +121,7 @@ def test_flex_shape(nranks, count):
 
 
 def test_block_values_match_the_pure_python_reference():
-    for modulus in (127, 251, 2039, bench._BIG_PRIME):
+    for modulus in (127, 251, 2039, collectives_data.BIG_PRIME):
         for src, dst, start, n in [(0, 0, 0, 10), (3, 1, 0, 300), (5, 7, 1000, 50), (1, 2, 123456, 7)]:
             expect = [bench.expected_value(src, dst, start + i, modulus) for i in range(n)]
             assert bench.block_values(src, dst, n, modulus, start).tolist() == expect

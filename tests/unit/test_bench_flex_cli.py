@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from moe_runtime import bench, bench_flex
+from moe_runtime.bench import __main__ as bench
+from moe_runtime.bench import flex as bench_flex
 
 
 def test_one_rank_quick_run_writes_every_configuration(tmp_path, capsys):

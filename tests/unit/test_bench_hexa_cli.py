@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from moe_runtime import bench, bench_flows, bench_hetero
+from moe_runtime.bench import __main__ as bench
+from moe_runtime.bench import flows as bench_flows
+from moe_runtime.bench import hetero as bench_hetero
 
 
 def test_flows_quick_run_on_one_rank(tmp_path, capsys):

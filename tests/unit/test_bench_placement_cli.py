@@ -1,4 +1,4 @@
-"""python -m moe_runtime.bench_placement on one rank: the table's and the JSON's format, the
+"""python -m moe_runtime.bench.placement on one rank: the table's and the JSON's format, the
 synthetic traces, argument errors."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from moe_runtime import bench_placement, placement
+from moe_runtime import placement
+from moe_runtime.bench import placement as bench_placement
 
 
 def test_one_rank_run_writes_every_trace_and_policy(tmp_path, capsys):
@@ -28,7 +29,7 @@ def test_one_rank_run_writes_every_trace_and_policy(tmp_path, capsys):
     assert [row.get("trials") for row in out["rows"]] == [2, 2, None]
     layer = out["rows"][-1]
     assert layer["experts_moved"] == 0 and layer["bytes_moved"] == 0  # one rank: nothing leaves it
-    assert "moe_runtime.bench_placement" in out["command"]
+    assert "moe_runtime.bench.placement" in out["command"]
 
 
 def test_synthetic_traces_are_skewed_or_correlated():

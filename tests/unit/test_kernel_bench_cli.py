@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from a2a.bench import __main__ as bench
-from a2a.bench import common
+from a2a.bench import common, kernels_baselines
 from a2a.bench import kernels as kb
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -359,15 +359,15 @@ def test_reference_routing_matches_a2a_route():
     import a2a
 
     args = kb.parse_args(["--op", "encode", "--device", "cpu"])
-    env = kb._Env(args)
+    env = kernels_baselines.Env(args)
     for tokens, experts, k, factor in [
         (100, 8, 2, 1.0),
         (257, 5, 3, 0.7),
         (64, 4, 1, 0.0),
         (50, 16, 2, -0.5),
     ]:
-        indices = kb._random_indices(env, tokens, experts, k)
-        ref = kb._reference_routing(env, indices, experts, factor)
+        indices = kernels_baselines.random_indices(env, tokens, experts, k)
+        ref = kernels_baselines.reference_routing(env, indices, experts, factor)
         routing = a2a.route(indices, experts, capacity_setting=factor)
         assert ref.capacity == routing.capacity
         assert torch.equal(ref.row_map, torch.as_tensor(routing.row_map))

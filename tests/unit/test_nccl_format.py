@@ -1,4 +1,4 @@
-"""a2a.bench.nccl_format: reads real nccl-tests output (two samples written
+"""a2a.nccl_format: reads real nccl-tests output (two samples written
 from nccl-tests' printf formats, of 2023 and of 2.19.6), nccl_tests_ext's rows
 (no in-place group) and python -m a2a.bench's (two extra columns); the
 runs of both under mpirun are read in tests/c/run_nccl_tests_ext.py."""
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from a2a.bench import nccl_format
-from a2a.bench.nccl_format import FormatError, parse
+from a2a import nccl_format
+from a2a.nccl_format import FormatError, parse
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "nccl_tests")
 COLUMNS = """\

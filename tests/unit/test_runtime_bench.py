@@ -15,7 +15,9 @@ import sys
 import pytest
 
 from a2a.bench import common
-from moe_runtime import bench, bench_dynamic
+from moe_runtime.bench import __main__ as cli
+from moe_runtime.bench import dynamic as bench_dynamic
+from moe_runtime.bench import layer, layer_measure, layer_options, layer_summary, layer_tables
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -25,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_defaults_are_the_full_run():
-    args = bench.parse_args([])
-    for name, value in bench.DEFAULTS.items():
+    args = layer_options.parse_args([])
+    for name, value in layer_options.DEFAULTS.items():
         assert getattr(args, name) == value, name
     assert (args.threads, args.dtype, args.np, args.json, args.plot) == (1, "float32", None, None, None)
     assert args.factors == [1.0, 2.0, 4.0, 8.0] and args.degrees == [1, 2, 4, 8]
@@ -34,23 +36,23 @@ def test_defaults_are_the_full_run():
 
 
 def test_quick_preset_and_flags_that_override_it():
-    args = bench.parse_args(["--quick"])
-    for name, value in bench.QUICK.items():
+    args = layer_options.parse_args(["--quick"])
+    for name, value in layer_options.QUICK.items():
         assert getattr(args, name) == value, name
-    args = bench.parse_args(["--quick", "-T", "96", "--factors", "1,4", "--algos", "2dh", "-d", "bf16"])
+    args = layer_options.parse_args(["--quick", "-T", "96", "--factors", "1,4", "--algos", "2dh", "-d", "bf16"])
     assert (args.tokens, args.factors, args.algos, args.dtype) == (96, [1.0, 4.0], ["2dh"], "bfloat16")
-    assert args.model_dim == bench.QUICK["model_dim"]
+    assert args.model_dim == layer_options.QUICK["model_dim"]
 
 
 def test_flags():
-    args = bench.parse_args(
+    args = layer_options.parse_args(
         ["-T", "512", "-M", "64", "-H", "128", "-E", "4", "-k", "1", "--degrees", "1,4", "--peer-tokens", "2048",
          "--peer-factors", "1,2", "-w", "0", "-r", "5", "--tune-repeats", "2", "--threads", "2", "-d", "double"]
     )
     assert (args.tokens, args.model_dim, args.hidden, args.experts, args.top_k) == (512, 64, 128, 4, 1)
     assert (args.degrees, args.peer_tokens, args.peer_factors) == ([1, 4], 2048, [1.0, 2.0])
     assert (args.warmup, args.repeats, args.tune_repeats, args.threads, args.dtype) == (0, 5, 2, 2, "float64")
-    assert bench.parse_args(["--no-peer"]).peer_tokens == 0  # no peer: no comparison cases
+    assert layer_options.parse_args(["--no-peer"]).peer_tokens == 0  # no peer: no comparison cases
 
 
 @pytest.mark.parametrize(
@@ -88,7 +90,7 @@ def test_bad_flags_exit_with_usage(argv, capsys, monkeypatch):
 
     monkeypatch.setattr(launch, "under_mpirun", lambda: False)
     with pytest.raises(SystemExit) as info:
-        bench.parse_args(argv.split())
+        layer_options.parse_args(argv.split())
     assert info.value.code == 2
     assert "error" in capsys.readouterr().err
 
@@ -98,66 +100,66 @@ def test_plot_without_matplotlib_fails_before_the_run(monkeypatch, capsys):
 
     monkeypatch.setattr(plot, "matplotlib_missing", lambda flag="--plot": "--plot needs matplotlib (test)")
     with pytest.raises(SystemExit) as info:
-        bench.parse_args(["--plot", "x.png"])
+        layer_options.parse_args(["--plot", "x.png"])
     assert info.value.code == 2 and "--plot needs matplotlib (test)" in capsys.readouterr().err
 
 
 def test_experts_may_be_shared_by_ranks():
-    assert bench.parse_args(["-E", "2", "--np", "4"]).experts == 2
-    assert bench.layout_error(bench.parse_args(["-E", "16"]), 8) is None
-    assert "multiple or a divisor" in bench.layout_error(bench.parse_args(["-E", "16"]), 6)
+    assert layer_options.parse_args(["-E", "2", "--np", "4"]).experts == 2
+    assert layer_options.layout_error(layer_options.parse_args(["-E", "16"]), 8) is None
+    assert "multiple or a divisor" in layer_options.layout_error(layer_options.parse_args(["-E", "16"]), 6)
 
 
 def test_device_is_cpu_unless_asked():
-    args = bench.parse_args([])
-    assert (args.device, args.transport, bench.default_np(args)) == ("cpu", None, bench.DEFAULT_NP)
-    args = bench.parse_args(["--device", "cuda"])
-    assert (args.device, args.transport, args.np, bench.default_np(args)) == ("cuda", None, None, 1)
-    args = bench.parse_args(["--device", "cuda", "--transport", "mpi", "--np", "4", "-d", "bf16"])
+    args = layer_options.parse_args([])
+    assert (args.device, args.transport, layer_options.default_np(args)) == ("cpu", None, layer_options.DEFAULT_NP)
+    args = layer_options.parse_args(["--device", "cuda"])
+    assert (args.device, args.transport, args.np, layer_options.default_np(args)) == ("cuda", None, None, 1)
+    args = layer_options.parse_args(["--device", "cuda", "--transport", "mpi", "--np", "4", "-d", "bf16"])
     assert (args.device, args.transport, args.np, args.dtype) == ("cuda", "mpi", 4, "bfloat16")
 
 
 def test_gpu_step_preset_is_the_issues_comparison_alone():
-    args = bench.parse_args(["--gpu-step"])
+    args = layer_options.parse_args(["--gpu-step"])
     assert (args.device, args.np, args.dtype) == ("cuda", 1, "bfloat16")
-    issue = bench.ISSUE_SIZE
+    issue = layer_options.ISSUE_SIZE
     assert (args.model_dim, args.hidden, args.experts, args.top_k) == (
         issue["model_dim"], issue["hidden"], issue["experts"], issue["top_k"])
     # No sweep (nor the dropless and dynamic rows at its tokens): the T = 4096, f = 1 comparison case only.
-    assert bench._cases(args) == [bench.Case(issue["tokens"], issue["factor"], True)]
+    assert layer_options.cases(args) == [layer_options.Case(issue["tokens"], issue["factor"], True)]
     assert (args.tokens, args.switch_pairs, args.dropless_factors, args.dynamic_steps) == (0, 0, [], 0)
-    assert (args.warmup, args.repeats) == (bench.GPU_STEP["warmup"], bench.GPU_STEP["repeats"])
-    assert not args.no_peer and bench.layout_error(args, 1) is None
+    assert (args.warmup, args.repeats) == (layer_options.GPU_STEP["warmup"], layer_options.GPU_STEP["repeats"])
+    assert not args.no_peer and layer_options.layout_error(args, 1) is None
     # Flags given with it win: the same command on the CPU, smaller.
-    args = bench.parse_args(["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128"])
+    args = layer_options.parse_args(["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128"])
     assert (args.device, args.dtype, args.model_dim, args.hidden, args.peer_tokens) == ("cpu", "bfloat16", 32, 64, 128)
-    assert args.np == 1 and bench.parse_args(["--gpu-step", "--np", "2"]).np == 2
+    assert args.np == 1 and layer_options.parse_args(["--gpu-step", "--np", "2"]).np == 2
 
 
 def test_gpu_step_is_its_flags_spelled_out():
     """The module docstring's spelling of --gpu-step parses to the same run."""
     text = ("--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens 4096 --peer-factors 1 -M 1024 -H 1024 "
             "-E 8 -k 2 -w 3 -r 10 --switch-pairs 0 --dropless-factors '' --dynamic-steps 0")
-    assert text in " ".join(bench.__doc__.split())
+    assert text in " ".join(layer.__doc__.split())
     spelled = shlex.split(text)
-    preset, flags = vars(bench.parse_args(["--gpu-step"])), vars(bench.parse_args(spelled))
+    preset, flags = vars(layer_options.parse_args(["--gpu-step"])), vars(layer_options.parse_args(spelled))
     differing = {name for name in preset if preset[name] != flags[name]}
     assert differing == {"gpu_step"}, differing
 
 
 def test_gpu_step_at_the_issues_size_is_judged_by_the_targets():
-    args = bench.parse_args(["--gpu-step"])
+    args = layer_options.parse_args(["--gpu-step"])
     summary = {"tokens": args.peer_tokens, "factor": args.peer_factors[0], "comparison": True, "best": None,
                "step_vs_expert": 1.1, "gshard_vs_step": 4.5, "switch": None}
     sizes = {"model_dim": args.model_dim, "hidden": args.hidden, "experts": args.experts, "top_k": args.top_k}
-    verdicts = {t["name"]: t["verdict"] for t in bench.evaluate_targets([summary], sizes)}
+    verdicts = {t["name"]: t["verdict"] for t in layer_summary.evaluate_targets([summary], sizes)}
     assert verdicts == {"adaptive": "not measured", "expert": "met", "gshard": "met", "switch": "not measured"}
 
 
 @pytest.mark.parametrize("argv", [["--device", "cuda"], ["--device", "cuda", "--np", "4"], ["--gpu-step"]])
 def test_device_cuda_without_a_gpu_fails_at_once(argv, launched, monkeypatch, capsys, torch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert bench.main(argv) == 2
+    assert cli.main(argv) == 2
     assert "moe_runtime.bench --device cuda: torch sees no GPU" in capsys.readouterr().err
     assert launched == []  # refused before mpirun starts any rank
 
@@ -167,7 +169,7 @@ def test_device_cuda_with_an_a2a_built_without_cuda_fails_at_once(launched, monk
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(a2a, "config", lambda: {"cuda": False})
-    assert bench.main(["--device", "cuda", "--np", "2"]) == 2
+    assert cli.main(["--device", "cuda", "--np", "2"]) == 2
     assert "moe_runtime.bench --device cuda: this a2a was built without CUDA" in capsys.readouterr().err
     assert launched == []
 
@@ -184,7 +186,7 @@ def test_cuda_missing_is_the_kernel_benchs_check_too(monkeypatch, torch):
 
 
 def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
-    assert bench.main([]) == 0
+    assert cli.main([]) == 0
     [(np_, command, env)] = launched
     assert np_ == 4
     assert command == [sys.executable, "-m", "moe_runtime.bench"]
@@ -193,7 +195,7 @@ def test_no_arguments_launch_four_ranks_as_two_emulated_nodes(launched):
 
 
 def test_np_is_stripped_and_local_size_passed_on(launched):
-    assert bench.main(["--np", "8", "--local-size", "4", "--quick"]) == 0
+    assert cli.main(["--np", "8", "--local-size", "4", "--quick"]) == 0
     [(np_, command, env)] = launched
     assert np_ == 8
     assert command == [sys.executable, "-m", "moe_runtime.bench", "--local-size", "4", "--quick"]
@@ -201,7 +203,7 @@ def test_np_is_stripped_and_local_size_passed_on(launched):
 
 
 def test_explicit_np_uses_the_real_topology(launched):
-    bench.main(["--np", "2"])
+    cli.main(["--np", "2"])
     [(np_, _command, env)] = launched
     assert np_ == 2 and "A2A_LOCAL_SIZE" not in env
 
@@ -211,15 +213,15 @@ def test_explicit_np_uses_the_real_topology(launched):
 
 
 def test_static_configs_run_data_parallel_once():
-    assert bench.static_configs([0, 1], [1, 2], ["linear", "2dh"]) == [
+    assert layer_measure.static_configs([0, 1], [1, 2], ["linear", "2dh"]) == [
         (0, 1, "linear"),
         (1, 1, "linear"),
         (1, 1, "2dh"),
         (1, 2, "linear"),
         (1, 2, "2dh"),
     ]
-    assert len(bench.static_configs([0, 1, 2, 4], [1, 2, 4, 8], ["linear"])) == 1 + 3 * 4
-    assert bench.config_label(1, 4, "2dh") == "r1/d4/2dh"
+    assert len(layer_measure.static_configs([0, 1, 2, 4], [1, 2, 4, 8], ["linear"])) == 1 + 3 * 4
+    assert layer_summary.config_label(1, 4, "2dh") == "r1/d4/2dh"
 
 
 def _summary(tokens=256, factor=1.0, best=100.0, worst=150.0, adaptive=102.0, expert=95.0, gshard=None,
@@ -252,26 +254,27 @@ def test_targets_met_and_missed():
         _summary(factor=2, best=100, worst=150, adaptive=104, expert=80),  # 1.04x best: missed; 1.3x expert: missed
         _summary(tokens=4096, adaptive=1000, expert=900, gshard=4500, comparison=True),  # 4.5x GShard: met
     ]
-    adaptive, expert, gshard, switch = bench.evaluate_targets(summaries, ISSUE)
+    adaptive, expert, gshard, switch = layer_summary.evaluate_targets(summaries, ISSUE)
     assert [c["verdict"] for c in adaptive["cases"]] == ["met", "missed"]  # the comparison case has no statics
     assert adaptive["verdict"] == "missed"
     assert [c["verdict"] for c in expert["cases"]] == ["met", "missed", "met"]
     assert [c["verdict"] for c in gshard["cases"]] == ["met"] and gshard["cases"][0]["issue_size"]
     assert gshard["verdict"] == "met"
     assert switch["cases"] == [] and switch["verdict"] == "not measured"
-    lines = "\n".join(bench.target_lines([adaptive, expert, gshard]))
+    lines = "\n".join(layer_tables.target_lines([adaptive, expert, gshard]))
     assert "T=256 f=2: adaptive / best 1.040, worst / adaptive 1.44x: missed" in lines
     assert "T=4096 f=1: GShard / step 4.50x: met" in lines
 
 
 def test_worst_must_be_far_enough_and_gshard_counts_only_at_the_issue_size():
-    [adaptive, _, gshard, _] = bench.evaluate_targets(
+    [adaptive, _, gshard, _] = layer_summary.evaluate_targets(
         [_summary(best=100, worst=110, adaptive=100), _summary(tokens=128, gshard=150, comparison=True)], ISSUE
     )
     assert adaptive["verdict"] == "missed"  # within 3%, but the worst is only 1.1x
     assert gshard["cases"][0]["issue_size"] is False
     assert gshard["verdict"] == "not measured"
-    other = bench.evaluate_targets([_summary(tokens=4096, gshard=9000, comparison=True)], {**ISSUE, "hidden": 512})
+    other = layer_summary.evaluate_targets([_summary(tokens=4096, gshard=9000, comparison=True)],
+                                           {**ISSUE, "hidden": 512})
     assert other[2]["verdict"] == "not measured"
 
 
@@ -282,7 +285,7 @@ def _pairs(config, *times):
 def test_switch_cost_is_the_median_difference_of_the_pairs():
     pairs = (_pairs("r0/d1/linear", (404, 400, 400), (398, 400, 404), (401, 400, 400))
              + _pairs("r1/d2/2dh", (103, 100, 99), (99, 100, 100), (100, 100, 100)))
-    switch = bench.summarize_switch(pairs, True)
+    switch = layer_summary.summarize_switch(pairs, True)
     assert switch["pairs"] == 6 and switch["samples"] == pairs
     assert [(c["config"], c["switch_ms"], c["steady_ms"], c["cost_ms"]) for c in switch["configs"]] == [
         ("r0/d1/linear", 401, 400, 1), ("r1/d2/2dh", 100, 100, 0)]
@@ -290,38 +293,38 @@ def test_switch_cost_is_the_median_difference_of_the_pairs():
     assert switch["relative"] == pytest.approx((0.0025 + 0.0) / 2)  # median of the six relative differences
     assert switch["control"] == 0.0  # median of again - steady: 0, +1%, 0, -1%, 0, 0
     assert [c["control"] for c in switch["configs"]] == [0.0, 0.0]
-    cheap, dear = (bench.summarize_switch(_pairs("r1/d1/linear", (a, 100, 101)), True) for a in (100.5, 102))
-    allocating = bench.summarize_switch(_pairs("r1/d1/linear", (100, 100, 100)), False)
-    [*_, switch_target] = bench.evaluate_targets(
+    cheap, dear = (layer_summary.summarize_switch(_pairs("r1/d1/linear", (a, 100, 101)), True) for a in (100.5, 102))
+    allocating = layer_summary.summarize_switch(_pairs("r1/d1/linear", (100, 100, 100)), False)
+    [*_, switch_target] = layer_summary.evaluate_targets(
         [_summary(switch=cheap), _summary(factor=2, switch=dear), _summary(factor=4, switch=allocating)], ISSUE)
     assert [c["verdict"] for c in switch_target["cases"]] == ["met", "missed", "missed"]
     assert switch_target["verdict"] == "missed"
-    lines = "\n".join(bench.target_lines([switch_target]))
+    lines = "\n".join(layer_tables.target_lines([switch_target]))
     assert "T=256 f=2: switch cost +2.00 ms, +2.00% of a step (control +1.00%), buffers unchanged: missed" in lines
     assert "T=256 f=4: switch cost +0.00 ms, +0.00% of a step (control +0.00%), buffers ALLOCATED: missed" in lines
-    rows = bench.format_switch(_summary(switch=switch))
+    rows = layer_tables.format_switch(_summary(switch=switch))
     assert [row.split() for row in rows] == [
         ["256", "1", "r0/d1/linear", "401.00", "400.00", "+1.00", "+0.25%", "+0.00%"],
         ["256", "1", "r1/d2/2dh", "100.00", "100.00", "+0.00", "+0.00%", "+0.00%"],
         ["256", "1", "all", "-", "-", "+0.50", "+0.12%", "+0.00%"],
     ]
-    header = bench.switch_header_lines()[0]
+    header = layer_tables.switch_header_lines()[0]
     assert all(len(row) == len(header) and _ends(row)[-1] == _ends(header)[-1] for row in rows)
 
 
 def test_dropless_rows_line_up_with_their_header():
-    header = bench.dropless_header_lines()[0]
+    header = layer_tables.dropless_header_lines()[0]
     rows = [{"dispatcher": "capacity", "factor": 1.25, "tokens": 256, "time_ms": 120.5, "vs_dropless": 1.1,
              "rows_sent": 480, "mib_sent": 7.5, "dropped": 12, "peak_mib": 30.25, "peak_vs_dropless": 1.5},
             {"dispatcher": "dropless", "factor": None, "tokens": 256, "time_ms": 109.5, "vs_dropless": 1.0,
              "rows_sent": 384, "mib_sent": 6.0, "dropped": 0, "peak_mib": 20.17, "peak_vs_dropless": 1.0}]
     for row in rows:
-        line = bench.format_dropless(row)
+        line = layer_tables.format_dropless(row)
         assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
-    assert bench.format_dropless(rows[1]).split() == ["dropless", "-", "256", "109.50", "1.00x", "384", "6.00", "0",
-                                                     "20.17", "1.00x"]
-    assert bench.parse_args(["--dropless-factors", "1.5,3"]).dropless_factors == [1.5, 3.0]
-    assert bench.parse_args(["--dropless-factors", ""]).dropless_factors == []
+    assert layer_tables.format_dropless(rows[1]).split() == ["dropless", "-", "256", "109.50", "1.00x", "384", "6.00",
+                                                            "0", "20.17", "1.00x"]
+    assert layer_options.parse_args(["--dropless-factors", "1.5,3"]).dropless_factors == [1.5, 3.0]
+    assert layer_options.parse_args(["--dropless-factors", ""]).dropless_factors == []
 
 
 def test_dynamic_rows_line_up_with_their_header():
@@ -335,7 +338,7 @@ def test_dynamic_rows_line_up_with_their_header():
         assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
     assert bench_dynamic.format_dynamic(rows[1]).split() == ["dynamic", "-", "256", "8", "99.00", "0.82x", "0",
                                                              "71.5", "3"]
-    assert bench.parse_args(["--dynamic-steps", "0"]).dynamic_steps == 0
+    assert layer_options.parse_args(["--dynamic-steps", "0"]).dynamic_steps == 0
 
 
 def _ends(line: str) -> list[int]:
@@ -346,16 +349,17 @@ def _ends(line: str) -> list[int]:
 def test_rows_line_up_with_their_headers():
     row = {"tokens": 4096, "factor": 1.0, "capacity": 1024, "buffer_capacity": 1024, "r": 1, "d": 8,
            "algo": "linear", "time_ms": 12345.678, "vs_best": 1.5}
-    header = bench.header_lines()[0]
-    assert _ends(header) == _ends(bench.format_row(row))  # right-aligned: every value ends under its name
-    assert bench.format_row(row).split() == ["4096", "1", "1024", "1024", "1", "8", "linear", "12345.68", "1.50x"]
-    header = bench.summary_header_lines()[0]
+    header = layer_tables.header_lines()[0]
+    assert _ends(header) == _ends(layer_tables.format_row(row))  # right-aligned: every value ends under its name
+    assert layer_tables.format_row(row).split() == ["4096", "1", "1024", "1024", "1", "8", "linear", "12345.68",
+                                                    "1.50x"]
+    header = layer_tables.summary_header_lines()[0]
     for summary in (_summary(gshard=300.0), _summary(comparison=True)):
-        line = bench.format_summary(summary)
+        line = layer_tables.format_summary(summary)
         assert len(line) == len(header) and _ends(line)[-1] == _ends(header)[-1]
         fields = line.split()
         assert len(fields) == 15 and fields[0] == "256" and fields[10] == "37/9"
-    assert bench.format_summary(_summary(comparison=True)).split()[2:4] == ["-", "-"]
+    assert layer_tables.format_summary(_summary(comparison=True)).split()[2:4] == ["-", "-"]
 
 
 # ---------------------------------------------------------------------------
@@ -363,7 +367,7 @@ def test_rows_line_up_with_their_headers():
 
 
 def test_the_peer_equals_the_layer(comm, torch):
-    from moe_runtime.bench_peer import check_peer
+    from moe_runtime.bench.peer import check_peer
 
     result = check_peer(comm, experts=4, top_k=2, factors=(1.0, 0.5, 2.0))
     assert result.passed, result
@@ -371,7 +375,7 @@ def test_the_peer_equals_the_layer(comm, torch):
 
 
 def test_the_check_catches_a_peer_with_another_capacity(comm, torch, monkeypatch):
-    from moe_runtime import bench_peer
+    from moe_runtime.bench import peer as bench_peer
 
     # One slot more per expert: a choice the layer drops reaches the peer's expert.
     rule = bench_peer.rule_capacity
@@ -406,9 +410,9 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
     assert record["peer_check"]["passed"] is True
     assert "peer check" in proc.stdout and ": OK" in proc.stdout
 
-    quick = bench.QUICK
+    quick = layer_options.QUICK
     static = [row for row in record["rows"] if row["kind"] == "static"]
-    configs = bench.static_configs([0, 1], quick["degrees"], quick["algos"])
+    configs = layer_measure.static_configs([0, 1], quick["degrees"], quick["algos"])
     assert len(static) == len(quick["factors"]) * len(configs)
     assert all(row["tokens"] == quick["tokens"] and row["time_ms"] > 0 and row["vs_best"] >= 1 for row in static)
     assert all(row["capacity"] <= row["buffer_capacity"] and len(row["samples_ms"]) == quick["repeats"]

@@ -11,7 +11,7 @@ import pytest
 
 from a2a import sim
 from moe_runtime import AdaptiveDictionary, Config, ExchangePrior
-from moe_runtime.bench import trials_without_prior
+from moe_runtime.bench.layer_summary import trials_without_prior
 
 
 def signature(world=4, local_size=2, experts=8, model_dim=16, dtype="float32"):

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # The module whose parse_args(argv) reads each benchmark's command line.
-PARSERS = {"a2a.bench": "a2a.bench.__main__", "moe_runtime.bench": "moe_runtime.bench"}
+PARSERS = {"a2a.bench": "a2a.bench.__main__", "moe_runtime.bench": "moe_runtime.bench.__main__"}
 
 
 def main(argv: list[str]) -> int:

@@ -37,10 +37,10 @@ import torch.nn.functional as F
 import a2a
 import a2a.torch as a2a_torch
 
-from .common.host_values import all_reduce_values, torch_device
-from .gating.capacity import rule_capacity
-from .gating.losses import gshard_loss
-from .layer import MoELayer
+from ..common.host_values import all_reduce_values, torch_device
+from ..gating.capacity import rule_capacity
+from ..gating.losses import gshard_loss
+from ..layer import MoELayer
 
 __all__ = ["GShardPeer", "PeerCheck", "check_peer"]
 

@@ -1,9 +1,9 @@
-"""``python -m moe_runtime.bench_assignment``: sample-assignment caching
+"""``python -m moe_runtime.bench.assignment``: sample-assignment caching
 (DynaMoE Section 4.2) against the same dropless layer without it.
 
-    python -m moe_runtime.bench_assignment                 # 4 ranks (2 emulated nodes of 2), the defaults
-    python -m moe_runtime.bench_assignment --quick --np 2  # seconds
-    mpirun -np 4 python -m moe_runtime.bench_assignment --tokens 2048 --experts 32 --json out.json
+    python -m moe_runtime.bench.assignment                 # 4 ranks (2 emulated nodes of 2), the defaults
+    python -m moe_runtime.bench.assignment --quick --np 2  # seconds
+    mpirun -np 4 python -m moe_runtime.bench.assignment --tokens 2048 --experts 32 --json out.json
 
 The workload repeats assignments across steps, as training epochs do: each
 rank owns ``--batches`` fixed batches of ``--tokens`` tokens
@@ -42,7 +42,7 @@ QUICK = {"tokens": 64, "tokens_per_sample": 8, "batches": 2, "epochs": 4, "exper
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m moe_runtime.bench_assignment", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m moe_runtime.bench.assignment", description=__doc__.split("\n\n")[0])
     p.add_argument("--np", type=int, help=f"ranks to launch under mpirun when not under it (default {DEFAULT_NP})")
     p.add_argument("--local-size", type=int, help="ranks per emulated node (A2A_LOCAL_SIZE)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
@@ -79,9 +79,9 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
     import a2a
 
-    from .deployment.assignment_cache import AssignmentCache
-    from .gating.gates import decide
-    from .layer import MoELayer
+    from ..deployment.assignment_cache import AssignmentCache
+    from ..gating.gates import decide
+    from ..layer import MoELayer
 
     comm = a2a.Comm.from_mpi(MPI.COMM_WORLD)
     if args.experts % comm.size:
@@ -164,13 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
-        return common.relaunch("moe_runtime.bench_assignment", argv, args.np, args.local_size,
+        return common.relaunch("moe_runtime.bench.assignment", argv, args.np, args.local_size,
                                default_np=DEFAULT_NP, default_local_size=DEFAULT_LOCAL_SIZE)
     from mpi4py import MPI
 
     row = _bench(args)
     if MPI.COMM_WORLD.Get_rank() == 0:
-        command = os.environ.get(common.COMMAND_ENV) or common.command_line(argv, "moe_runtime.bench_assignment")
+        command = os.environ.get(common.COMMAND_ENV) or common.command_line(argv, "moe_runtime.bench.assignment")
         print(f"# {command}")
         for line in format_result(row):
             print(line)

@@ -1,6 +1,6 @@
 """Expert placement: Max Load and Avg Max Load of the placements, and what ``MoELayer.place`` costs.
 
-    python -m moe_runtime.bench_placement [--np 4] [--experts-per-rank 4] [--batches 400]
+    python -m moe_runtime.bench.placement [--np 4] [--experts-per-rank 4] [--batches 400]
                                           [--tokens 4096] [--seed 0] [--trials 1] [--json out.json]
 
 Started plainly it runs itself under mpirun on ``--np`` ranks (a2a.launch).
@@ -44,7 +44,7 @@ import numpy as np
 from a2a import launch
 from a2a.bench import common
 
-from .deployment import placement
+from ..deployment import placement
 
 DEFAULT_NP = 4
 POLICY_NAMES = tuple(placement.POLICIES)
@@ -208,13 +208,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"} | {"ranks": ranks}
         with open(args.json, "w") as out:
-            json.dump({"command": common.command_line(sys.argv[1:], "moe_runtime.bench_placement"),
+            json.dump({"command": common.command_line(sys.argv[1:], "moe_runtime.bench.placement"),
                        "config": config, "rows": rows}, out, indent=1)
     return 0
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m moe_runtime.bench_placement",
+    parser = argparse.ArgumentParser(prog="python -m moe_runtime.bench.placement",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--np", type=int, help=f"ranks to launch under mpirun when not under it (default {DEFAULT_NP})")
     parser.add_argument("--experts-per-rank", type=int, default=4)
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if not launch.under_mpirun() and (args.np if args.np is not None else DEFAULT_NP) > 1:
-        return common.relaunch("moe_runtime.bench_placement", argv, args.np, None, default_np=DEFAULT_NP,
+        return common.relaunch("moe_runtime.bench.placement", argv, args.np, None, default_np=DEFAULT_NP,
                                default_local_size=DEFAULT_NP)
     os.environ.setdefault("A2A_NUM_THREADS", "1")
     return common.on_every_rank(lambda: _bench(args))

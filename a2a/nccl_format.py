@@ -3,7 +3,7 @@ the others, nccl-tests 2.11 and later: the ``root`` column and ``#wrong``),
 of ``nccl_tests_ext/`` (the same format) and of ``python -m a2a.bench`` (its
 rows carry two more columns).
 
-    from a2a.bench.nccl_format import parse
+    from a2a.nccl_format import parse
     report = parse(open("alltoall_perf.txt").read())
     for row in report.rows:
         print(row.size, row.out_of_place.busbw, row.out_of_place.wrong)

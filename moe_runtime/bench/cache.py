@@ -1,7 +1,7 @@
 """Miss rate of the expert cache against its size, per policy, on synthetic routing traces
 or on traces recorded from the layer; the layer's time per batch against its cache size.
 
-    python -m moe_runtime.bench_cache [--experts 16] [--batches 2000] [--tokens 8]
+    python -m moe_runtime.bench.cache [--experts 16] [--batches 2000] [--tokens 8]
                                       [--zipf 1.2] [--sticky 0.8] [--seed 0] [--json]
                                       [--from-layer [--model-dim 256 --hidden 512 --timed-batches 200]]
 
@@ -37,9 +37,9 @@ import torch
 
 import a2a
 
-from .deployment.cache_policy import POLICIES, simulate
-from .deployment.expert_cache import ExpertCache
-from .layer import MoELayer
+from ..deployment.cache_policy import POLICIES, simulate
+from ..deployment.expert_cache import ExpertCache
+from ..layer import MoELayer
 
 
 def synthetic_trace(experts: int, batches: int, tokens: int, zipf: float, sticky: float, seed: int) -> list[set[int]]:
@@ -141,7 +141,7 @@ def targets(rows: list[dict[str, float]]) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_runtime.bench_cache", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m moe_runtime.bench.cache", description=__doc__.split("\n")[0])
     parser.add_argument("--experts", type=int, default=16, help="experts per rank, E (default 16)")
     parser.add_argument("--batches", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=8, help="tokens routed per batch (default 8)")

@@ -43,7 +43,7 @@ import numpy as np
 
 from a2a.bench import common
 
-from .bench_rank import RankRun
+from .rank import RankRun
 
 __all__ = ["COST_ERROR_MAX", "evaluate_targets", "main", "parse_args", "popularity"]
 

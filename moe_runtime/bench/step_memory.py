@@ -8,7 +8,8 @@ frees (its self memory) in time order make the live-bytes curve of the step,
 and its maximum is the peak above what was live when the step began. The
 layer's pooled buffers (moe_runtime.common.buffers) are reused from step to step, so
 a warm step allocates none of them: their bytes are added, since the step
-needs them as much as what it allocates.
+needs them as much as what it allocates. The profiler's own lines on
+stderr are held back (profiler_chatter.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from .common.buffers import BufferPool
+from ..common.buffers import BufferPool
+from .profiler_chatter import without_profiler_chatter
 
 __all__ = ["peak_step_bytes"]
 
@@ -37,7 +39,7 @@ def peak_step_bytes(step: Callable[[], None], pool: BufferPool | None = None,
         step()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before + pooled
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     live = itertools.accumulate((e.self_cpu_memory_usage for e in events), initial=0)

@@ -1,4 +1,4 @@
-"""What the runtime's mode benchmarks (bench_flex, bench_hetero, bench_flows) share on every rank:
+"""What the runtime's mode benchmarks (flex, hetero, flows) share on every rank:
 the world's communicator, the slowest rank's time, and a timed forward + backward step."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .common.host_values import all_reduce_values
+from ..common.host_values import all_reduce_values
 
 __all__ = ["RankRun", "slowest"]
 

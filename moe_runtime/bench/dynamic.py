@@ -25,7 +25,7 @@ import numpy as np
 
 from a2a.bench import common
 
-from .common.host_values import all_reduce_values
+from ..common.host_values import all_reduce_values
 
 __all__ = ["dynamic_header_lines", "dynamic_rows", "format_dynamic"]
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from a2a.bench import common
 
-from .bench_rank import RankRun
+from .rank import RankRun
 
 __all__ = ["PAPER", "main", "parse_args"]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from a2a.bench import common
 
-from .bench_rank import RankRun
+from .rank import RankRun
 
 __all__ = ["FLOWS", "main", "parse_args"]
 
