@@ -12,7 +12,7 @@ them for ``--epochs`` epochs; after every step the gate's weights drift by
 ``--drift`` x N(0, 1) per element (the same on every rank, as an optimizer
 step would), so a few assignments change between two visits of a sample.
 Two layers with the same weights take turns on every step (forward and
-backward): ``dispatcher="dropless"`` (uncached) and the same with an
+backward): ``flow="dropless"`` (uncached) and the same with an
 :class:`moe_runtime.AssignmentCache` (default thresholds 0.95 / 0.85). Both
 see the same drift. Printed: the hit rate (the cached layer's hits over
 its choices from the second epoch on), the steps that ran the predicted
@@ -80,6 +80,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     import a2a
 
     from ..deployment.assignment_cache import AssignmentCache
+    from ..deployment.flow import Dropless
     from ..gating.gates import decide
     from ..layer import MoELayer
 
@@ -89,9 +90,9 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     samples = args.tokens // args.tokens_per_sample
     spec = {"type": "ffn", "num_experts_per_device": args.experts // comm.size, "hidden_size_per_expert": args.hidden}
     gate = {"type": args.gate, "k": args.k}
-    plain = MoELayer(gate, args.model_dim, spec, comm=comm, seeds=(1, 2), dispatcher="dropless")
-    cached = MoELayer(gate, args.model_dim, spec, comm=comm, seeds=(1, 2), dispatcher="dropless",
-                      assignment_cache=AssignmentCache())
+    plain = MoELayer(gate, args.model_dim, spec, comm=comm, seeds=(1, 2), flow="dropless")
+    cached = MoELayer(gate, args.model_dim, spec, comm=comm, seeds=(1, 2),
+                      flow=Dropless(assignment_cache=AssignmentCache()))
     batches = []
     for b in range(args.batches):
         generator = torch.Generator().manual_seed(1000 * comm.rank + b)

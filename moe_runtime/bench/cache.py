@@ -39,6 +39,7 @@ import a2a
 
 from ..deployment.cache_policy import POLICIES, simulate
 from ..deployment.expert_cache import ExpertCache
+from ..deployment.flow import Dropless
 from ..layer import MoELayer
 
 
@@ -68,8 +69,8 @@ def _layer(experts: int, model_dim: int, hidden: int, cache: ExpertCache | None)
 
     comm = a2a.Comm.from_mpi(MPI.COMM_SELF)
     spec = {"type": "ffn", "num_experts_per_device": experts, "hidden_size_per_expert": hidden}
-    return MoELayer({"type": "top", "k": 1}, model_dim, spec, comm=comm, seeds=(1, 2), dispatcher="dropless",
-                    expert_cache=cache).eval()
+    return MoELayer({"type": "top", "k": 1}, model_dim, spec, comm=comm, seeds=(1, 2),
+                    flow=Dropless(expert_cache=cache)).eval()
 
 
 def layer_inputs(batches: int, tokens: int, model_dim: int, sticky: float, seed: int) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """The ``dynamic`` rows of ``python -m moe_runtime.bench`` (--dynamic-steps):
-per-expert dynamic capacity (``MoELayer(dispatcher="dynamic")``, DynaMoE
+per-expert dynamic capacity (``MoELayer(flow="dynamic")``, DynaMoE
 Section 4.1) against the static capacity factor that drops nothing on the
-same steps and against ``dispatcher="dropless"``.
+same steps and against ``flow="dropless"``.
 
 A skewed synthetic routing: at step s, half of every rank's tokens lean
 towards one hot expert (the gate row of expert s // 2 mod E, scaled by
@@ -69,7 +69,7 @@ def dynamic_rows(bench: Any, steps: int) -> list[dict]:
     if bench.layer.experts.sharers > 1 or steps < 1:
         return []
     layer = bench.new_layer
-    layers = {"static": layer(), "dropless": layer(dispatcher="dropless"), "dynamic": layer(dispatcher="dynamic")}
+    layers = {"static": layer(), "dropless": layer(flow="dropless"), "dynamic": layer(flow="dynamic")}
     inputs = _step_inputs(bench, layers["static"], steps)
     factor = _no_drop_factor(bench, layers["static"], inputs)
     stats = {name: {"dropped": 0, "rows": []} for name in layers}

@@ -19,7 +19,7 @@ t2, so both choices follow the popularity (the achieved shares are measured and 
 
 Configurations, each a fresh layer with the same seeds trained with Adam for ``--steps`` steps
 (forward, backward, the gate's all-reduce, Adam, and for FlexMoE ``layer.rebalance``):
-``flex`` (dispatcher="dropless", flex=FlexConfig(slots_per_rank=n + ``--extra-slots``,
+``flex`` (flow=FlexConfig(slots_per_rank=n + ``--extra-slots``,
 threshold=``--threshold``)), ``flex variance`` (the same with Section 5.3's variance trigger,
 threshold ``--variance-threshold``), ``dropless`` (the same layer without replicas) and ``capacity f``
 (Tutel's padded dispatcher at each ``--factors`` f, r = 1: tokens beyond the capacity dropped).
@@ -95,14 +95,14 @@ class Run(RankRun):
 
         args, ranks = self.args, self.comm.size
         spec = {"type": "ffn", "num_experts_per_device": experts // ranks, "hidden_size_per_expert": args.hidden}
-        options: dict[str, Any] = {"dispatcher": "dropless"}
+        options: dict[str, Any] = {"flow": "dropless"}
         if config.startswith("flex"):
             trigger = "variance" if config == "flex variance" else "balance"
             threshold = args.variance_threshold if trigger == "variance" else args.threshold
-            options["flex"] = moe_runtime.FlexConfig(slots_per_rank=experts // ranks + args.extra_slots,
+            options["flow"] = moe_runtime.FlexConfig(slots_per_rank=experts // ranks + args.extra_slots,
                                                      threshold=threshold, trigger=trigger)
         elif config.startswith("capacity"):
-            options = {"dispatcher": "capacity"}
+            options = {"flow": "expert"}
         factor = float(config.split()[1]) if config.startswith("capacity") else 1.0
         gate = {"type": "top", "k": 2, "capacity_factor": factor}
         return moe_runtime.MoELayer(gate, args.model_dim, spec, comm=self.comm, seeds=(args.seed, args.seed + 1),

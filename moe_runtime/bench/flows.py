@@ -8,9 +8,9 @@ Every flow computes the same function here (nothing is dropped: the expert-paral
 Tutel's capacity rule with factor 0, the smallest capacity that drops nothing), with the same
 seeds, so only the time differs:
 
-* ``expert``: ``dispatcher="capacity"``, r = 1 (EP: tokens to the experts' ranks and back by
+* ``expert``: ``flow="expert"``, r = 1 (EP: tokens to the experts' ranks and back by
   all-to-all, the weights stay);
-* ``dropless``: ``dispatcher="dropless"`` (permute + all_to_all_v, no padding);
+* ``dropless``: ``flow="dropless"`` (permute + all_to_all_v, no padding);
 * ``data_centric``: the experts all-gathered into the pipeline-shared cache, tokens stay;
 * ``model_centric``: the tokens all-gathered, each rank computes its hidden slice, the outputs
   reduce-scattered: the weights stay, the tokens travel;
@@ -54,12 +54,12 @@ class Run(RankRun):
         if flow == "expert":
             gate["capacity_factor"] = 0.0
         elif flow == "dropless":
-            options["dispatcher"] = "dropless"
+            options["flow"] = "dropless"
         elif flow == "dictionary":
             gate["capacity_factor"] = 0.0
             options = {"parallel_type": "adaptive:auto", "flows": tuple(f for f in FLOWS if f != "expert")}
         else:
-            options["parallel"] = flow
+            options["flow"] = flow
         return moe_runtime.MoELayer(gate, args.model_dim, spec, comm=self.comm, seeds=(args.seed, args.seed + 1),
                                     **options)
 

@@ -13,8 +13,8 @@ In each case every rank measures the proxy task (``moe_runtime.measure_latency``
 (``--proxy-size``)^2 matmuls, the median of ``--proxy-rounds`` rounds), the latencies are all-gathered (``rank_latencies``), and
 
 * data-centric (Equation 1): a global batch of ``W * T`` tokens is split uniformly, then by
-  ``split_by_latency``; each rank runs its part through ``parallel="data_centric"``;
-* model-centric (Equation 2): every rank runs ``T`` tokens through ``parallel="model_centric"``
+  ``split_by_latency``; each rank runs its part through ``flow="data_centric"``;
+* model-centric (Equation 2): every rank runs ``T`` tokens through ``flow="model_centric"``
   with the hidden size split uniformly, then by ``split_by_latency(H, latencies)``.
 
 A step is forward + backward (the slowest rank's time); medians over the steps after ``--warmup``.
@@ -64,7 +64,9 @@ class Run(RankRun):
         args, ranks = self.args, self.comm.size
         spec = {"type": "ffn", "num_experts_per_device": args.experts // ranks, "hidden_size_per_expert": args.hidden}
         return moe_runtime.MoELayer({"type": "top", "k": args.top_k}, args.model_dim, spec, comm=self.comm,
-                                    seeds=(args.seed, args.seed + 1), parallel=parallel, hidden_split=hidden_split)
+                                    seeds=(args.seed, args.seed + 1),
+                                    flow=moe_runtime.DataCentric(hidden_split) if parallel == "data_centric"
+                                    else moe_runtime.ModelCentric(hidden_split))
 
     def case(self, name: str) -> dict:
         from moe_runtime.hexa.split import measure_latency, rank_latencies, split_by_latency, uniform_split

@@ -91,13 +91,13 @@ minutes on 4 ranks sharing 2 cores). In each case:
 
 * ``dropless`` (after the cases; needs E >= W): the capacity dispatcher at
   r1/d1/linear at each factor of ``--dropless-factors`` against
-  ``dispatcher="dropless"`` (same weights, ``--tokens`` tokens), taking
+  ``flow="dropless"`` (same weights, ``--tokens`` tokens), taking
   turns: step times, the rows and MiB the busiest rank sends to the others
   per step (four exchanges), and the choices the capacity dropped.
 
 * ``dynamic`` (after those; needs E >= W): ``--dynamic-steps`` steps of a
   skewed synthetic routing whose hot expert moves, for the static factor that
-  drops nothing on them, ``dispatcher="dropless"`` and ``dispatcher="dynamic"``
+  drops nothing on them, ``flow="dropless"`` and ``flow="dynamic"``
   (per-expert capacities): step times, drops, rows per expert and capacity
   changes (moe_runtime.bench.dynamic).
 
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     dropless = bench.dropless_rows(args.dropless_factors)
     if dropless:
         say("#")
-        say(f"# dropless: the capacity dispatcher (r1/d1/linear) at each factor against dispatcher='dropless', "
+        say(f"# dropless: the capacity dispatcher (r1/d1/linear) at each factor against flow='dropless', "
             f"T={args.tokens}; sent = the most any rank sends to the others per step (4 exchanges); dropped = "
             "choices the capacity dropped, all ranks; peak = the most any rank's step holds at once, its "
             "allocations at their peak (torch.profiler; on CUDA the allocator's peak) plus the layer's pooled "
@@ -299,8 +299,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if dynamic:
         say("#")
         say(f"# dynamic: {args.dynamic_steps} steps of a skewed routing (its hot expert moves every 2 steps), "
-            f"T={args.tokens}: the static factor that drops nothing on them (r1/d1/linear), dispatcher='dropless' "
-            "and dispatcher='dynamic' (per-expert capacities);")
+            f"T={args.tokens}: the static factor that drops nothing on them (r1/d1/linear), flow='dropless' "
+            "and flow='dynamic' (per-expert capacities);")
         say("# median step times; dropped = choices dropped, all ranks and steps; rows/expert = the mean rows per "
             "expert of a rank's dispatched buffer; changes = steps that changed the capacities")
         for line in dynamic_header_lines():

@@ -240,7 +240,7 @@ class LayerBench:
         from ..common.host_values import all_reduce_values
         from .step_memory import peak_step_bytes
 
-        dropless = self.new_layer(dispatcher="dropless")
+        dropless = self.new_layer(flow="dropless")
         x = self.tokens(self.args.tokens)
         steps = [self.layer_step(self.layer, x, capacity_factor=f, adaptive_r=1, a2a_ffn_overlap_degree=1,
                                  algo="linear") for f in factors]

@@ -113,7 +113,7 @@ class LayerRun:
         torch.set_num_threads(1)
         experts = {"type": "ffn", "num_experts_per_device": args.experts_per_rank, "hidden_size_per_expert": args.dim}
         self.layer = MoELayer({"type": "top", "k": 2}, args.dim, experts, comm=self.comm, seeds=(args.seed, 1),
-                              dispatcher="dropless")
+                              flow="dropless")
         self.optimizer = torch.optim.Adam(self.layer.parameters(), lr=1e-3)
         generator = torch.Generator().manual_seed(args.seed)  # the same clusters on every rank
         self.centres = torch.randn(args.topics, args.dim, generator=generator) * 3.0

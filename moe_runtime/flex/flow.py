@@ -35,8 +35,8 @@ class FlexFlow(Flow):
     takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo"})
     why_refused = "nothing is dropped, so there is no capacity"
 
-    def __init__(self, context, settings: FlexConfig):
-        super().__init__(context, settings)
+    def __init__(self, context, settings: FlexConfig | None = None):
+        super().__init__(context, settings or FlexConfig())
         self.state: FlexState = context.experts.flex_state
         self.state.timer = context.timer  # the layer's clock, which the layout had not yet
 
@@ -44,6 +44,7 @@ class FlexFlow(Flow):
     def layout(cls, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int,
                settings: FlexConfig) -> FFNExperts:
         """This rank's vExpert slots, with the FlexMoE state that places them."""
+        settings = FlexConfig() if settings is None else settings  # flow="flex": the defaults
         if not isinstance(settings, FlexConfig):
             raise TypeError(f"flex must be a moe_runtime.FlexConfig, got {type(settings).__name__}")
         plain = FFNExperts(spec, model_dim, comm, expert_seed)

@@ -61,7 +61,8 @@ class _HexaFlow(Flow):
     @classmethod
     def layout(cls, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int,
                settings: Any) -> HiddenShardedExperts:
-        return HiddenShardedExperts(spec, model_dim, comm, expert_seed, settings.hidden_split)
+        split = None if settings is None else settings.hidden_split  # a name alone: the uniform split
+        return HiddenShardedExperts(spec, model_dim, comm, expert_seed, split)
 
     @classmethod
     def check_layer(cls, layer: Any) -> None:
