@@ -41,6 +41,7 @@ from .dynamic.capacity import CapacityTracker, DynamicCapacity
 from .dynamic.ragged import ragged_moe
 from .experts.ffn import EXPERT_TAG, FFNExperts
 from .experts.relocation import Moved, agree_on_move, move_experts
+from .experts.replicas import copy_replicas_from_rank0  # ONE-MODEL
 from .flex.config import FlexConfig
 from .flex.dispatch import flex_moe
 from .flex.scheduler import Decision
@@ -114,7 +115,9 @@ class MoELayer(torch.nn.Module):
     "ffn", "num_experts_per_device": n, "hidden_size_per_expert": H,
     "activation_fn": fn, "has_fc1_bias": True, "has_fc2_bias": True}``; n =
     -s < 0 makes s ranks share one expert. ``comm``: an ``a2a.Comm``.
-    ``seeds=(gate_seed, expert_seed)``; None draws them on rank 0.
+    ``seeds=(gate_seed, expert_seed)``; None draws them on rank 0. What
+    more than one rank holds whole (the gates, Hexa-MoE's fc2 bias) takes
+    rank 0's values whatever each rank's seeds (moe_runtime.experts.replicas).
 
     ``parallel_type``: ``"adaptive:r"`` (default r = 1), ``"data"`` (r = 0),
     ``"model"`` (r = s), ``"adaptive:auto"`` / ``"auto"`` (the dictionary,
@@ -324,6 +327,9 @@ class MoELayer(torch.nn.Module):
         if parallel == "data_centric" or "data_centric" in flows:
             self.shared_cache = SHARED_CACHE if shared_cache is None else shared_cache
             self._cache_token = self.shared_cache.register(self.experts)
+        # ONE-MODEL: what more than one rank holds whole (the gates, Hexa-MoE's fc2 bias) takes rank 0's
+        # values, whatever each rank's seeds (moe_runtime/experts/replicas.py).
+        copy_replicas_from_rank0(self, comm)
 
     # -- construction helpers --------------------------------------------------
     def _make_flex(self, config: FlexConfig, spec: dict[str, Any], expert_seed: int) -> FlexState:
