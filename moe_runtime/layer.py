@@ -28,6 +28,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
+from .common.agreement import agree_construction  # ONE-MODEL
 from .common.buffers import BufferPool
 from .common.host_values import all_gather_values, all_reduce_values
 from .common.overlap import Overlap, check_thread_level
@@ -53,6 +54,7 @@ from .gating.gates import decide, make_gate
 from .hexa.cache import SHARED_CACHE, PipelineSharedCache
 from .hexa.experts import HiddenShardedExperts
 from .hexa.flows import data_centric_moe, model_centric_moe
+from .layer_fields import layer_fields  # ONE-MODEL
 from .tuning.dictionary import FLOWS, AdaptiveDictionary, Config, flow_config
 
 __all__ = ["DISPATCHERS", "PARALLELS", "MoELayer", "sync_shared_gradients"]
@@ -236,6 +238,15 @@ class MoELayer(torch.nn.Module):
                              "flows= with 'data_centric'")
         if shared_cache is not None and not isinstance(shared_cache, PipelineSharedCache):
             raise TypeError(f"shared_cache must be a moe_runtime.PipelineSharedCache, got {type(shared_cache).__name__}")
+        # ONE-MODEL: every rank constructed the layer alike (MismatchError on every rank naming the field),
+        # before any other collective of the construction (moe_runtime/common/agreement.py, layer_fields.py).
+        agree_construction(comm, "MoELayer", layer_fields(
+            gate_type, model_dim, experts, parallel=parallel, dispatcher=dispatcher, flows=flows, flex=flex,
+            parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
+            capacity_rule=capacity_rule, expert_gradient=expert_gradient, is_postscore=is_postscore,
+            batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
+            is_gshard_loss=is_gshard_loss, hidden_split=hidden_split, dynamic_capacity=dynamic_capacity,
+            adaptive=adaptive, assignment_cache=assignment_cache))
         self.parallel = parallel
         self.dispatcher = dispatcher
         self.comm, self.model_dim = comm, model_dim
