@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from .common.agreement import agree_construction  # ONE-MODEL
+from .common.agreement import CallFields, agree_construction  # ONE-MODEL
 from .common.buffers import BufferPool
 from .common.host_values import all_gather_values, all_reduce_values
 from .common.overlap import Overlap, check_thread_level
@@ -463,9 +463,9 @@ class MoELayer(torch.nn.Module):
                 top_k: int | None = None, a2a_ffn_overlap_degree: int | None = None, adaptive_r: int | None = None,
                 algo: str | None = None, flow: str | None = None, sample_ids: Any = None) -> torch.Tensor:
         start = self.timer()
-        if x.shape[-1] != self.model_dim:
-            raise ValueError(f"MoELayer on rank {self.comm.rank}: input {tuple(x.shape)} must end with model_dim "
-                             f"{self.model_dim}")
+        # ONE-MODEL: the tokens' model dim and dtype ride in the call's first all-gather; a rank whose tokens
+        # cannot be routed (call.error) joins it too, and every rank raises there (common/agreement.py).
+        call = CallFields(x, self.model_dim, f"MoELayer on rank {self.comm.rank}")
         if not 0 <= gate_index < len(self.gates):
             raise ValueError(f"gate_index {gate_index} is out of range: the layer has {len(self.gates)} gate(s)")
         gate = self.gates[gate_index]
@@ -482,7 +482,8 @@ class MoELayer(torch.nn.Module):
                              if self.flows else f"flow={flow!r} picks one of the flows of a layer constructed with "
                              "flows=(...) (and the dictionary)")
 
-        tokens = x.reshape(-1, self.model_dim).contiguous()
+        request = (adaptive_r, a2a_ffn_overlap_degree, algo, flow)
+        tokens = call.tokens(x).contiguous()  # ONE-MODEL: was x.reshape(-1, self.model_dim)
         recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if recording and self.comm.device == "cuda":
             check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
@@ -492,25 +493,27 @@ class MoELayer(torch.nn.Module):
             # sees one device in the clock's inputs
             anchor = torch.zeros((), device=tokens.device, requires_grad=True)
             tokens = _StepClock.apply(tokens, anchor, lambda: self._stop_clock(start))
-        caching = self._begin_caching(tokens, k, sample_ids, algo)
+        caching = self._begin_caching(tokens, k, sample_ids, algo, call)
         try:
-            decision = decide(gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
-                              is_gshard_loss=self.is_gshard_loss)
+            decision = None if call.error else call.attempt(  # ONE-MODEL: was decide(...)
+                decide, gate, tokens, k, training=self.training, normalize_gate=self.normalize_gate,
+                is_gshard_loss=self.is_gshard_loss)
         finally:
             if caching is not None:
                 caching.join()  # the predicted dispatch overlapped the gate; it ends before any other collective
+        if decision is None:  # ONE-MODEL
+            self._raise_in_agreement(call, k, gate_index, request)
         if self.routing_trace is not None:
             counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
             self.routing_trace.append(counts.cpu().numpy())
         if self._position_table is not None:  # logical experts -> their positions after place()
             table = self._position_table.to(decision.indices.device)
             decision = dataclasses.replace(decision, indices=table[decision.indices])
-        request = (adaptive_r, a2a_ffn_overlap_degree, algo, flow)
         if self.parallel != "expert":
-            y = self._hexa(tokens, decision, k, gate_index, request, capacity_factor)
+            y = self._hexa(tokens, decision, k, gate_index, request, capacity_factor, call)
         elif self.dispatcher in _WHOLE_EXPERT_DISPATCHERS:
             step_seconds = self._step_seconds  # the previous call's; _agree clears it
-            self._agree(0, k, gate_index, request, tokens.shape[0])
+            self._agree(0, k, gate_index, request, tokens.shape[0], call)
             if self.flex is not None:
                 y = self._flex_call(tokens, decision, request, step_seconds)
             elif self.dispatcher == "dropless":
@@ -522,7 +525,7 @@ class MoELayer(torch.nn.Module):
             factor = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
             check_capacity_factor(self.flows, factor)
             mine = local_capacity(self.capacity_rule, factor, decision.indices, self.num_global_experts)
-            capacity, token_counts = self._agree(mine, k, gate_index, request, tokens.shape[0])
+            capacity, token_counts = self._agree(mine, k, gate_index, request, tokens.shape[0], call)
             config, plan_algo = self._configure(capacity, request, tokens.dtype, k)
             if config.flow == "expert":
                 y = self._moe(tokens, decision, capacity, config.r, config.d, plan_algo)
@@ -610,7 +613,7 @@ class MoELayer(torch.nn.Module):
         self.shared_cache.prefetch(self._cache_token, self.experts, self._exchange_comm, self._overlap)
 
     def _hexa(self, tokens, decision, k: int, gate_index: int, request: tuple,
-              capacity_factor: float | None) -> torch.Tensor:
+              capacity_factor: float | None, call: CallFields) -> torch.Tensor:
         """Hexa-MoE's data- or model-centric call (moe_runtime.hexa.flows)."""
         if self.shared_cache is not None:
             # A prefetch runs on the communication thread: done before this thread's next MPI call.
@@ -618,7 +621,7 @@ class MoELayer(torch.nn.Module):
         r, d, algo, _ = request  # flow= was refused: a layer with parallel= has no flows=
         given = [name for name, value in (("adaptive_r", r), ("a2a_ffn_overlap_degree", d), ("algo", algo),
                                           ("capacity_factor", capacity_factor)) if value is not None]
-        counts = self._agree_hexa(tokens.shape[0], k, gate_index, given)
+        counts = self._agree_hexa(tokens.shape[0], k, gate_index, given, call)
         scale = 1.0 / self.comm.size if self.expert_gradient == "mean" else 1.0
         indices, gates = decision.indices, decision.gates
         if self.parallel == "data_centric":
@@ -633,12 +636,13 @@ class MoELayer(torch.nn.Module):
         self.last_plan = Plan(r, 1, "linear", most, most, 0, sent, parallel=self.parallel, flow=self.parallel)
         return y
 
-    def _agree_hexa(self, num_tokens: int, k: int, gate_index: int, given: list[str]) -> list[int]:
+    def _agree_hexa(self, num_tokens: int, k: int, gate_index: int, given: list[str], call: CallFields) -> list[int]:
         """One all-gather: every rank's token count (the uneven collectives'
         counts), a check that every rank asked for the same k and gate, and
         that no rank passed an argument of the expert-parallel flows."""
-        row = np.array([num_tokens, k, gate_index, len(given)], dtype=np.int64)
+        row = np.array([num_tokens, k, gate_index, len(given), *call.columns()], dtype=np.int64)  # ONE-MODEL
         table = all_gather_values(row, self.comm).reshape(self.comm.size, len(row))
+        call.check(table[:, -CallFields.WIDTH:])  # ONE-MODEL: first, so a mismatch is named before anything else
         self._trial, self._step_seconds = None, None  # no dictionary here
         for column, name in ((1, "top_k"), (2, "gate_index")):
             values = table[:, column]
@@ -654,7 +658,20 @@ class MoELayer(torch.nn.Module):
                              f"(nothing is dropped or pipelined here), but rank(s) {passing} passed some{mine}")
         return table[:, 0].tolist()
 
-    def _begin_caching(self, tokens, k: int, sample_ids: Any, algo: str | None) -> CachedDispatch | None:
+    def _raise_in_agreement(self, call: CallFields, k: int, gate_index: int, request: tuple) -> NoReturn:
+        """ONE-MODEL: this rank's tokens cannot be routed (call.error): it joins
+        the agreement the other ranks reach with theirs, which raises on every
+        rank (common/agreement.py, CallFields.check)."""
+        if self.parallel != "expert":
+            if self.shared_cache is not None:
+                self.shared_cache.wait()  # a prefetch ends before this thread's next MPI call
+            self._agree_hexa(0, k, gate_index, [], call)
+        else:
+            self._agree(0, k, gate_index, request, 0, call)
+        raise call.error  # not reached: the agreement raised it
+
+    def _begin_caching(self, tokens, k: int, sample_ids: Any, algo: str | None,
+                       call: CallFields) -> CachedDispatch | None:
         """Sample-assignment caching, before the gate (collective when the layer has a cache)."""
         self.assignment_stats = None
         if self.assignment_cache is None:
@@ -664,7 +681,7 @@ class MoELayer(torch.nn.Module):
             return None
         return CachedDispatch.begin(self.assignment_cache, sample_ids, tokens, k, self.num_global_experts,
                                     agree_comm=self.comm, comm=self._exchange_comm, overlap=self._overlap,
-                                    algo=self.default_algo if algo is None else algo)
+                                    algo=self.default_algo if algo is None else algo, call=call)  # ONE-MODEL
 
     def _dropless(self, tokens, decision, request: tuple, caching: CachedDispatch | None, cached: bool) -> torch.Tensor:
         """The dropless dispatcher (moe_runtime.deployment.dropless): r = 1, d = 1;
@@ -743,7 +760,7 @@ class MoELayer(torch.nn.Module):
 
     # -- agreement and the dictionary ------------------------------------------
     def _agree(self, capacity: int, top_k: int, gate_index: int, request: tuple,
-               num_tokens: int) -> tuple[int, list[int]]:
+               num_tokens: int, call: CallFields) -> tuple[int, list[int]]:
         """One all-gather: the capacity (max over ranks), a check that every rank
         asked for the same things, the previous step's time (max), and every
         rank's token count (the model-centric flow's all_gather_v counts)."""
@@ -751,8 +768,10 @@ class MoELayer(torch.nn.Module):
         seconds = self._step_seconds
         row = np.array([capacity, top_k, gate_index, _NONE if r is None else int(r), _NONE if d is None else d,
                         _NONE if algo is None else ALGORITHMS.index(algo), _NONE if flow is None else FLOWS.index(flow),
-                        num_tokens, _NONE if seconds is None else int(seconds * 1e9)], dtype=np.int64)
+                        num_tokens, _NONE if seconds is None else int(seconds * 1e9),
+                        *call.columns()], dtype=np.int64)  # ONE-MODEL: + the tokens' model dim, dtype, failed
         table = all_gather_values(row, self.comm).reshape(self.comm.size, len(row))
+        call.check(table[:, -CallFields.WIDTH:])  # ONE-MODEL: first, so a mismatch is named before anything else
         for column, name in _AGREED_NAMES.items():
             values = table[:, column]
             if (values != values[0]).any():
