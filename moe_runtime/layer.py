@@ -245,8 +245,8 @@ class MoELayer(torch.nn.Module):
             parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
             capacity_rule=capacity_rule, expert_gradient=expert_gradient, is_postscore=is_postscore,
             batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
-            is_gshard_loss=is_gshard_loss, hidden_split=hidden_split, dynamic_capacity=dynamic_capacity,
-            adaptive=adaptive, assignment_cache=assignment_cache))
+            is_gshard_loss=is_gshard_loss, dynamic_capacity=dynamic_capacity, adaptive=adaptive,
+            assignment_cache=assignment_cache))  # hidden_split: agreed by HiddenShardedExperts itself
         self.parallel = parallel
         self.dispatcher = dispatcher
         self.comm, self.model_dim = comm, model_dim

@@ -144,7 +144,8 @@ def test_every_rank_holds_one_model_whatever_the_seeds(comm, layout, seeds):
 
 DICTIONARY = {"parallel_type": "adaptive:auto", "flows": ("dropless",)}
 # (field named, layout, options of every rank, options of rank 1 instead; "experts" / "gate_type" /
-# "model_dim" / "default_dtype" replace the layout's)
+# "model_dim" / "default_dtype" replace the layout's). hidden_split is agreed by Hexa-MoE's layout itself
+# ("different hidden splits", tests/mpi_runtime/test_runtime_hexa.py).
 CONSTRUCTION_CASES = [
     ("model_dim", "capacity", {}, {"model_dim": MODEL_DIM + 4}),
     ("num_experts_per_device", "capacity", {}, {"experts": spec(1)}),
@@ -169,7 +170,6 @@ CONSTRUCTION_CASES = [
     ("expert_gradient", "dynamic", {}, {"expert_gradient": "sum"}),
     ("is_postscore", "capacity", {}, {"is_postscore": False}),
     ("batch_prioritized_routing", "capacity", {}, {"batch_prioritized_routing": True}),
-    ("hidden_split", "model_centric", {}, {"hidden_split": "uneven"}),
     ("dynamic_capacity", "dynamic", {}, {"dynamic_capacity": moe_runtime.DynamicCapacity(margin=1.5)}),
     ("adaptive", "capacity", {}, {"adaptive": moe_runtime.AdaptiveDictionary()}),
     ("assignment_cache", "dropless", {}, {"assignment_cache": moe_runtime.AssignmentCache()}),
@@ -182,8 +182,6 @@ def construct(comm, layout, options):
     gate_type = options.pop("gate_type", gate_type)
     experts = options.pop("experts", experts)
     model_dim = options.pop("model_dim", MODEL_DIM)
-    if options.get("hidden_split") == "uneven":  # H_0 = H - (W - 1), one unit on each other rank
-        options["hidden_split"] = [HIDDEN - comm.size + 1] + [1] * (comm.size - 1)
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(options.pop("default_dtype", default_dtype))
     try:
