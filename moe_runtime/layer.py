@@ -29,6 +29,7 @@ import torch
 
 import a2a
 
+from .common.agreement import CallFields, agree_construction
 from .common.buffers import BufferPool
 from .common.host_values import all_gather_values
 from .common.overlap import Overlap, check_thread_level
@@ -36,6 +37,7 @@ from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
 from .experts.gradients import sync_shared_gradients
 from .experts.relocation import Moved
+from .experts.replicas import copy_replicas_from_rank0
 from .flex.scheduler import Decision
 from .flex.vexperts import Primitive
 from .flows.agreement import CallRow, agree_call
@@ -43,6 +45,7 @@ from .flows.base import Call, Context, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.capacity import RULES
 from .gating.gates import decide, make_gate
+from .layer_fields import layer_fields
 from .registry import FLOWS, check_capacity_factor, check_dictionary_layer, dictionary_flows_of, flow_of
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
@@ -65,7 +68,10 @@ class MoELayer(torch.nn.Module):
     "ffn", "num_experts_per_device": n, "hidden_size_per_expert": H,
     "activation_fn": fn, "has_fc1_bias": True, "has_fc2_bias": True}``; n =
     -s < 0 makes s ranks share one expert. ``comm``: an ``a2a.Comm``.
-    ``seeds=(gate_seed, expert_seed)``; None draws them on rank 0.
+    ``seeds=(gate_seed, expert_seed)``; None draws them on rank 0. What more
+    than one rank holds whole (the gates, Hexa-MoE's fc2 bias) takes rank 0's
+    values whatever each rank's seeds; the ranks must construct the layer
+    alike (``a2a.MismatchError`` on every rank names a field that differs).
 
     ``flow``: what runs the experts on the routed tokens, a name or a settings
     object (moe_runtime.registry has the table): ``"expert"`` (default,
@@ -140,6 +146,14 @@ class MoELayer(torch.nn.Module):
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
         self.expert_gradient, self.timer = expert_gradient, timer
 
+        # Every rank constructed the layer alike (MismatchError on every rank naming the field), checked
+        # before any other collective of the construction.
+        agree_construction(comm, "MoELayer", layer_fields(
+            gate_type, model_dim, experts, flow=flow_class.name, flow_settings=settings,
+            flows=tuple(others.items()), parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree,
+            use_2dh=use_2dh, adaptive=adaptive, capacity_rule=capacity_rule, is_postscore=is_postscore,
+            batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
+            is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient))
         gate_seed, expert_seed = self._seeds(seeds)
         self.experts = flow_class.layout(experts, model_dim, comm, expert_seed, settings)
         self.num_global_experts = self.experts.num_experts
@@ -178,6 +192,9 @@ class MoELayer(torch.nn.Module):
         self.routing_trace: list[np.ndarray] | None = None  # each call appends this rank's (E,) routed counts
         self.l_aux: torch.Tensor | None = None
         self.last_plan: Plan | None = None
+        # What more than one rank holds whole (the gates, Hexa-MoE's fc2 bias) takes rank 0's values,
+        # whatever each rank's seeds: one model on every rank.
+        copy_replicas_from_rank0(self, comm)
 
     def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
         if seeds is None:
@@ -282,27 +299,25 @@ class MoELayer(torch.nn.Module):
                 algo: str | None = None, flow: str | None = None, sample_ids: Any = None) -> torch.Tensor:
         request = Request(adaptive_r, a2a_ffn_overlap_degree, algo, flow, capacity_factor)
         named = self.flow if flow is None else self._flows.get(flow, self.flow)
-        k, error = 0, None
-        try:
-            k = self._checked_call(x, gate_index, top_k, request)
-        except ValueError as caught:
-            error = caught  # raised in the agreement, so that the other ranks raise too
-        tokens = x.reshape(-1, x.shape[-1]).contiguous()
+        # The tokens' model dim and dtype, and this rank's own error, ride in the call's first all-gather:
+        # a rank that fails before it still joins it, and every rank raises there (common/agreement.py).
+        call = CallFields(x, self.model_dim, f"MoELayer on rank {self.comm.rank}")
+        k = 0 if call.error else call.attempt(self._checked_call, gate_index, top_k, request) or 0
+        tokens = call.tokens(x).contiguous()
         recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
-        decision, prepared, capacity, stop = None, None, 0, None
-        if error is None:
-            if recording and self.comm.device == "cuda":
-                check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with "
-                                              "the layer's collectives)")
-            tokens, stop = self.tuning.start(tokens, recording)
-            decision, prepared = self._gate(tokens, gate_index, k, request, sample_ids)
+        if recording and self.comm.device == "cuda" and not call.error:
+            check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
+                                          "layer's collectives)")
+        tokens, stop = self.tuning.start(tokens, recording and not call.error)
+        decision, prepared, capacity = self._gate(tokens, gate_index, k, request, sample_ids, call)
+        if decision is not None and named.uses_capacity:
             factor = self.gates[gate_index].capacity_factor if capacity_factor is None else float(capacity_factor)
-            if named.uses_capacity:
-                check_capacity_factor(self.flows, factor)
-                capacity = named.local_capacity(decision, factor, self.capacity_rule)
+            check_capacity_factor(self.flows, factor)
+            capacity = named.local_capacity(decision, factor, self.capacity_rule)
+        self.flow.settle()  # the flow's own communication in flight (a prefetch) ends before the agreement
         step_seconds = self.tuning.step_seconds  # the previous step's, for FlexMoE; the agreement clears it
-        row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(), x.shape[-1],
-                      x.dtype, [] if self.adaptive is not None else self.flow.refused(request), error)
+        row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(),
+                      [] if self.adaptive is not None else self.flow.refused(request), call)
         agreed = agree_call(row, self.comm, "MoELayer", self.flow)
         self.tuning.agreed(agreed.seconds)
         chosen = self._choose(agreed.capacity, x.dtype, k)
@@ -319,11 +334,8 @@ class MoELayer(torch.nn.Module):
         y.l_aux = self.l_aux = decision.l_aux
         return y
 
-    def _checked_call(self, x: torch.Tensor, gate_index: int, top_k: int | None, request: Request) -> int:
+    def _checked_call(self, gate_index: int, top_k: int | None, request: Request) -> int:
         """This rank's own checks of a call's arguments; the call's k."""
-        if x.shape[-1] != self.model_dim:
-            raise ValueError(f"MoELayer on rank {self.comm.rank}: input {tuple(x.shape)} must end with model_dim "
-                             f"{self.model_dim}")
         if not 0 <= gate_index < len(self.gates):
             raise ValueError(f"gate_index {gate_index} is out of range: the layer has {len(self.gates)} gate(s)")
         k = self.gates[gate_index].top_k if top_k is None else top_k
@@ -339,22 +351,29 @@ class MoELayer(torch.nn.Module):
                              "constructed with flows=(...) (and the dictionary)")
         return min(k, self.num_global_experts)  # as Tutel: k above E means E
 
-    def _gate(self, tokens: torch.Tensor, gate_index: int, k: int, request: Request, sample_ids: Any):
-        """The gate's decision, its choices mapped to the experts' positions;
-        and what the flow began before it (the predicted dispatch)."""
-        prepared = self.flow.begin(tokens, k, sample_ids, request.algo)
+    def _gate(self, tokens: torch.Tensor, gate_index: int, k: int, request: Request, sample_ids: Any,
+              call: CallFields):
+        """The gate's decision (None when this rank failed: ``call.error``), its
+        choices mapped to the experts' positions; what the flow began before it
+        (the predicted dispatch, whose agreement a failed rank joins too); 0, the
+        capacity until the flow asks for one."""
+        prepared = self.flow.begin(tokens, k, sample_ids, request.algo, call)
+        decision = None
         try:
-            decision = decide(self.gates[gate_index], tokens, k, training=self.training,
-                              normalize_gate=self.normalize_gate, is_gshard_loss=self.is_gshard_loss)
+            if call.error is None:
+                decision = call.attempt(decide, self.gates[gate_index], tokens, k, training=self.training,
+                                        normalize_gate=self.normalize_gate, is_gshard_loss=self.is_gshard_loss)
         finally:
             if prepared is not None:
                 prepared.join()  # the predicted dispatch overlapped the gate; it ends before any other collective
+        if decision is None:
+            return None, prepared, 0
         if self.routing_trace is not None:
             counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
             self.routing_trace.append(counts.cpu().numpy())
         if self.positions.moved:
             decision.indices = self.positions.physical(decision.indices)
-        return decision, prepared
+        return decision, prepared, 0
 
     def _choose(self, capacity: int, dtype: torch.dtype, top_k: int):
         """The dictionary's configuration at the agreed capacity (None without one)."""

@@ -42,6 +42,8 @@ FLEXMOE_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_flex.py")  # FlexMoE a
 HEXA_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_hexa.py")  # Hexa-MoE's layers also on 2 ranks (np 2, 4, 8)
 # The dictionary's flows (expert, dropless, data- and model-centric) on one layout, also on 2 ranks.
 FLOW_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_dictionary_flows.py")
+# One model on every rank and the ranks' agreement on the configuration, also on 3 ranks (an odd world).
+ONE_MODEL_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_one_model.py")
 
 # Variables of the library that a developer's shell must not leak into a run.
 A2A_VARIABLES = (
@@ -134,6 +136,8 @@ CONFIGS = [
            note="FlexMoE on 2 ranks, and an adjustment's timeout", timeout=300),
     Config("hexa-np2", 2, paths=[HEXA_TESTS, FLOW_TESTS],
            note="Hexa-MoE's data- and model-centric layers, and the dictionary's flows, on 2 ranks", timeout=300),
+    Config("one-model-np3", 3, paths=[ONE_MODEL_TESTS],
+           note="one model on every rank, the configuration agreed, on 3 ranks", timeout=300),
     # moe_runtime on CUDA tensors (A2A_TEST_DEVICE=cuda, tests/mpi_runtime/runtime_util.py): the whole
     # runtime suite, every rank on GPU 0 through the staged MPI transport (NCCL refuses several ranks
     # on one GPU), on one node and on two emulated ones (2dh). They need a GPU, so they are not in the

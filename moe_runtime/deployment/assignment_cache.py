@@ -39,6 +39,7 @@ import torch
 
 import a2a
 
+from ..common.agreement import CallFields
 from ..common.host_values import all_gather_values
 
 __all__ = ["AssignmentCache", "AssignmentStats", "check_sample_ids", "predicted_choices"]
@@ -150,16 +151,21 @@ class AssignmentCache:
             self._average = self.decay * self._average + (1.0 - self.decay) * hits / choices
             self._weight = self.decay * self._weight + (1.0 - self.decay)
 
-    def agree(self, comm: a2a.Comm, ids_given: bool, error: Exception | None = None) -> bool:
+    def agree(self, comm: a2a.Comm, ids_given: bool, error: Exception | None = None,
+              call: CallFields | None = None) -> bool:
         """Collective (one all-gather on `comm`): checks that every rank did or
         did not pass sample ids, and, when they did, updates and returns the
         on/off decision from the lowest score (ranks without a score yet do
         not count; with none at all, caching stays off). `error`: this rank's
-        ids were bad; it is raised here, and a RemoteError on the other ranks."""
+        ids were bad; it is raised here, and a RemoteError on the other ranks.
+        `call`: the call's tokens (model dim, dtype), checked first."""
         score = self.score
         state = _BAD_IDS if error is not None else int(ids_given)
-        row = np.array([state, _NO_SCORE if score is None else round(score * _SCORE_UNIT)], dtype=np.int64)
-        table = all_gather_values(row, comm).reshape(comm.size, 2)
+        extra = [] if call is None else call.columns()
+        row = np.array([state, _NO_SCORE if score is None else round(score * _SCORE_UNIT), *extra], dtype=np.int64)
+        table = all_gather_values(row, comm).reshape(comm.size, len(row))
+        if call is not None:
+            call.check(table[:, 2:])
         states = table[:, 0]
         if error is not None:
             raise error

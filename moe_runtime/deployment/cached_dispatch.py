@@ -35,6 +35,7 @@ import torch
 
 import a2a
 
+from ..common.agreement import CallFields
 from ..common.overlap import Overlap
 from .assignment_cache import AssignmentCache, AssignmentStats, check_sample_ids, predicted_choices
 from .dropless import Dispatched, rows_per_rank
@@ -79,17 +80,19 @@ class CachedDispatch:
 
     @classmethod
     def begin(cls, cache: AssignmentCache, sample_ids: Any, tokens: torch.Tensor, top_k: int, num_experts: int, *,
-              agree_comm: a2a.Comm, comm: a2a.Comm, overlap: Overlap, algo: str) -> CachedDispatch | None:
+              agree_comm: a2a.Comm, comm: a2a.Comm, overlap: Overlap, algo: str,
+              call: CallFields | None = None) -> CachedDispatch | None:
         """Collective (on `agree_comm`): checks the ids, agrees on caching
         and, when it is on, starts the predicted dispatch on `overlap`'s
-        thread over `comm`. None when no rank passed sample ids."""
+        thread over `comm`. None when no rank passed sample ids. `call`: the
+        tokens' fields, agreed first (their model dim sizes the dispatch)."""
         ids, error = None, None
         if sample_ids is not None:
             try:
                 ids = check_sample_ids(sample_ids, tokens.shape[0], agree_comm.rank)
             except (TypeError, ValueError) as bad:
                 error = bad  # raised in the agreement, so that the other ranks raise too
-        cached = cache.agree(agree_comm, ids is not None, error)
+        cached = cache.agree(agree_comm, ids is not None, error, call)
         if ids is None:
             return None
         sample_ids, tokens_per_sample = ids

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..common.agreement import CallFields
 from ..common.overlap import check_thread_level
 from ..flows.base import Call, Choice, Flow, Plan, Request, require_r1_d1, whole_expert_layer
 from ..tuning.dictionary import Config
@@ -71,14 +72,17 @@ class DroplessFlow(Flow):
             raise ValueError("MoELayer(flow='dropless') drops nothing, so batch_prioritized_routing (which orders "
                              "who is dropped) has no meaning there")
 
-    def begin(self, tokens: torch.Tensor, top_k: int, sample_ids: Any, algo: str | None) -> CachedDispatch | None:
-        """Sample-assignment caching, before the gate (collective when the flow has a cache)."""
+    def begin(self, tokens: torch.Tensor, top_k: int, sample_ids: Any, algo: str | None,
+              call: CallFields) -> CachedDispatch | None:
+        """Sample-assignment caching, before the gate (collective when the flow
+        has a cache: its agreement checks `call` first, since the tokens' model
+        dim sizes the predicted dispatch)."""
         if self.assignment_cache is None:
-            return super().begin(tokens, top_k, sample_ids, algo)
+            return super().begin(tokens, top_k, sample_ids, algo, call)
         context = self.context
         return CachedDispatch.begin(self.assignment_cache, sample_ids, tokens, top_k, context.num_experts,
                                     agree_comm=context.comm, comm=context.exchange_comm, overlap=context.overlap,
-                                    algo=context.default_algo if algo is None else algo)
+                                    algo=context.default_algo if algo is None else algo, call=call)
 
     def configure(self, request: Request, chosen: Config | None) -> Choice:
         self.refuse(request)

@@ -109,7 +109,8 @@ class FlexState:
         if self._last is None:
             return np.zeros(_MEASURED, dtype=np.float64)
         call, _, table, _, _ = self._last
-        complete = step_seconds is not None
+        # A call without backward (inference) timed no replica all-reduce: no sample when the table has replicas.
+        complete = step_seconds is not None and (call.backward_done or not table.replica_groups())
         row = [float(complete), call.rows, call.compute.seconds, call.exchange_s,
                step_seconds if complete else math.nan]
         row += [call.sync_s.get(expert, math.nan) for expert, _ in table.replica_groups()]

@@ -9,12 +9,14 @@ others in a collective of another size::
     capacity   max over ranks          the routing's rows per expert
     tokens     every rank's            the uneven collectives' counts
     seconds    max over ranks          the previous step's time (the tuner)
-    top_k, gate_index, adaptive_r, a2a_ffn_overlap_degree, algo, flow,
-    model_dim, dtype                   equal on every rank, else MismatchError
+    top_k, gate_index, adaptive_r, a2a_ffn_overlap_degree, algo, flow
+                                       equal on every rank, else MismatchError
     refused    zero on every rank      per-call arguments the layer's flow
                                        does not take
-    invalid    zero on every rank      a rank whose own checks failed: it
-                                       raises its error, the others name it
+    model dim, dtype, failed           the tokens' (common.agreement.CallFields):
+                                       equal, else MismatchError; a rank whose
+                                       own checks or gate failed raises its
+                                       error, the others a RemoteError
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 import a2a
 
+from ..common.agreement import CallFields
 from ..common.host_values import all_gather_values
 from ..tuning.dictionary import FLOWS
 from .base import CALL_ARGUMENTS, Flow, Request
@@ -34,10 +36,9 @@ __all__ = ["Agreed", "CallRow", "agree_call"]
 
 NOT_GIVEN = -1
 ALGORITHMS = tuple(a2a.ALGORITHMS)
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _COLUMNS = ("capacity", "top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow", "tokens",
-            "seconds", "model_dim", "dtype", "refused", "invalid")
-_EQUAL = ("top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow", "model_dim", "dtype")
+            "seconds", "refused")  # then CallFields' columns
+_EQUAL = ("top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow")
 
 
 @dataclass
@@ -50,19 +51,16 @@ class CallRow:
     request: Request
     tokens: int
     seconds: int
-    model_dim: int
-    dtype: torch.dtype
     refused: list[str]
-    error: Exception | None = None
+    call: CallFields  # the tokens' model dim and dtype, and this rank's own error
 
     def values(self) -> np.ndarray:
         r, d, algo, flow = self.request.r, self.request.d, self.request.algo, self.request.flow
         return np.array([
             self.capacity, self.top_k, self.gate_index, _code(r), _code(d),
             ALGORITHMS.index(algo) if algo in ALGORITHMS else NOT_GIVEN,
-            FLOWS.index(flow) if flow in FLOWS else NOT_GIVEN, self.tokens, self.seconds, self.model_dim,
-            DTYPES.index(self.dtype) if self.dtype in DTYPES else len(DTYPES), len(self.refused),
-            int(self.error is not None)], dtype=np.int64)
+            FLOWS.index(flow) if flow in FLOWS else NOT_GIVEN, self.tokens, self.seconds, len(self.refused),
+            *self.call.columns()], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -74,17 +72,13 @@ class Agreed:
 
 def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
     """The all-gather, then the checks in the order that names the cause:
-    a rank's own error, then refused arguments, then the fields that differ."""
+    the tokens and a rank's own error, then refused arguments, then the
+    fields that differ."""
     values = row.values()
     table = all_gather_values(values, comm).reshape(comm.size, len(values))
     column = {name: table[:, i] for i, name in enumerate(_COLUMNS)}
     where = f"{owner} on rank {comm.rank}"
-    if row.error is not None:
-        raise row.error
-    invalid = np.flatnonzero(column["invalid"]).tolist()
-    if invalid:
-        raise ValueError(f"{where}: rank(s) {invalid} called the layer with invalid arguments (their error names "
-                         "them)")
+    row.call.check(table[:, len(_COLUMNS):])
     refusing = np.flatnonzero(column["refused"]).tolist()
     if refusing:
         mine = f"; this rank passed {row.refused}" if row.refused else ""
@@ -96,7 +90,7 @@ def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
         if (values != values[0]).any():
             shown = ", ".join(f"rank {i}: {_shown(name, v)}" for i, v in enumerate(values))
             raise a2a.MismatchError(f"{where}: the ranks passed different {name} ({shown}); every rank must call "
-                                    "the layer with the same arguments and tokens of the same model dim and dtype")
+                                    "the layer with the same arguments")
     return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"])
 
 
@@ -105,8 +99,6 @@ def _code(value: int | None) -> int:
 
 
 def _shown(name: str, value: int) -> str:
-    if name == "dtype":
-        return str(DTYPES[value]).removeprefix("torch.") if value < len(DTYPES) else "another dtype"
     if value == NOT_GIVEN:
         return "not given"
     if name == "flow":

@@ -38,6 +38,7 @@ import torch
 
 import a2a
 
+from ..common.agreement import CallFields
 from ..common.buffers import BufferPool
 from ..common.overlap import Overlap
 from ..gating.gates import GateDecision
@@ -165,12 +166,16 @@ class Flow:
         """What this flow needs of the layer's settings, checked at construction."""
 
     # -- a call ------------------------------------------------------------------
-    def begin(self, tokens: torch.Tensor, top_k: int, sample_ids: Any, algo: str | None) -> Any:
-        """Work started before the gate (collective when it does anything); None by default."""
-        if sample_ids is not None:
-            raise ValueError("MoELayer: sample_ids are for sample-assignment caching; construct the layer with "
-                             "flow=moe_runtime.Dropless(assignment_cache=moe_runtime.AssignmentCache())")
+    def begin(self, tokens: torch.Tensor, top_k: int, sample_ids: Any, algo: str | None, call: CallFields) -> Any:
+        """Work started before the gate (collective when it does anything: then
+        it checks `call`, the tokens' fields, first); None by default."""
+        if sample_ids is not None and call.error is None:  # raised in the agreement, with every rank
+            call.error = ValueError("MoELayer: sample_ids are for sample-assignment caching; construct the layer "
+                                    "with flow=moe_runtime.Dropless(assignment_cache=moe_runtime.AssignmentCache())")
         return None
+
+    def settle(self) -> None:
+        """Ends the flow's own communication in flight (a prefetch) before the call's agreement."""
 
     def local_capacity(self, decision: GateDecision, factor: float, rule: str) -> int:
         """This rank's capacity (rows per expert) before the agreement; 0 without one."""

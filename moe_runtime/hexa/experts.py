@@ -12,7 +12,9 @@ latencies, Equation 2)::
     batched_fc2_bias  (E, M)          if has_fc2_bias: whole on every rank
 
 The fc2 bias is not split: it acts on the output, which the hidden units sum
-into. Every rank holds it whole (the same values, replicated) and the layer
+into. Every rank holds it whole (the same values, replicated: tagged
+``REPLICATED_TAG``, the layer gives it rank 0's values at construction,
+moe_runtime.experts.replicas, whatever each rank's expert seed) and the layer
 all-reduces its gradient in the backward, so that every rank's copy gets the
 same, complete gradient and stays equal under any optimizer; it carries the
 expert tag all the same (moe_runtime.sync_shared_gradients leaves it alone).
@@ -46,6 +48,7 @@ import a2a
 
 from ..common.host_values import all_gather_values
 from ..experts.ffn import EXPERT_TAG, check_ffn_spec, draw_expert, expert_layout
+from ..experts.replicas import REPLICATED_TAG
 from .split import offsets, uniform_split
 
 __all__ = ["HiddenShardedExperts", "agreed_hidden_split", "check_hidden_split", "gather_along_hidden",
@@ -134,6 +137,8 @@ class HiddenShardedExperts(torch.nn.Module):
         )
         for parameter in self.parameters():
             setattr(parameter, EXPERT_TAG, True)
+        if self.batched_fc2_bias is not None:  # whole on every rank: the layer makes it rank 0's (experts.replicas)
+            setattr(self.batched_fc2_bias, REPLICATED_TAG, True)
         self.reset_parameters(expert_seed)
 
     @property

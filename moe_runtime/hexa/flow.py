@@ -96,6 +96,9 @@ class DataCentricFlow(_HexaFlow):
         self.cache = SHARED_CACHE if self.settings.shared_cache is None else self.settings.shared_cache
         self.cache_token = self.cache.register(context.experts)
 
+    def settle(self) -> None:
+        self.cache.wait()  # a prefetch runs on the communication thread: done before this thread's next MPI call
+
     def prefetch(self) -> None:
         """Starts gathering the experts into the cache on the communication thread."""
         context = self.context
@@ -103,8 +106,7 @@ class DataCentricFlow(_HexaFlow):
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         context = self.context
-        # A prefetch runs on the communication thread: done before this thread's next MPI call.
-        self.cache.wait()
+        self.cache.wait()  # settled already when this is the layer's flow; not when the dictionary's
         y = data_centric_moe(call.tokens, call.decision.indices, call.decision.gates, experts=context.experts,
                              cache=self.cache, token=self.cache_token, comm=context.exchange_comm,
                              weight_grad_scale=context.weight_grad_scale)

@@ -184,6 +184,22 @@ def test_primitives_move_parameters_and_optimizer_state_bitwise(comm):
         assert moved.experts_sent == sent
 
 
+def test_a_call_without_backward_between_training_steps_is_no_sample(comm):
+    """An inference call times no replica all-reduce: the next call must not
+    hand its NaN replica seconds to the cost model (it raised there)."""
+    layer = make_layer(comm, comm.size, slots=2)
+    free = np.flatnonzero(layer.flex.table.slots.reshape(-1) == FREE)
+    layer.adjust([Expand(int(slot // 2 + 1) % comm.size, int(slot)) for slot in free])
+    assert layer.flex.table.replica_groups()
+    x = tokens_of(comm.rank, torch.float64)
+    with torch.no_grad():
+        layer(x)
+    for _ in range(2):  # the first takes no sample of the inference call; the second observes the first
+        layer.zero_grad()
+        (layer(x).square().sum()).backward()
+    assert layer.flex.history[-1]["measured_s"] is None and layer.flex.history[-2]["measured_s"] is not None
+
+
 def test_replicas_stay_bitwise_identical_through_training(comm):
     num_experts, slots = comm.size, 3  # every expert on 3 slots: several ranks, and twice on some
     layer = make_layer(comm, num_experts, slots=slots)
