@@ -25,9 +25,9 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.registry import DICTIONARY_FLOWS as OTHER_FLOWS
-from moe_runtime.hexa.cache import PipelineSharedCache
 from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.hexa.cache import PipelineSharedCache
+from moe_runtime.registry import DICTIONARY_FLOWS as OTHER_FLOWS
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 ALL_FLOWS = ("expert", *OTHER_FLOWS)

@@ -33,8 +33,8 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.flex.routing import route
 from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.flex.routing import route
 from moe_runtime.flex.vexperts import FREE, Expand, Migrate, Shrink
 
 

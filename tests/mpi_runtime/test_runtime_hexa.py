@@ -28,8 +28,8 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.hexa.cache import PipelineSharedCache, full_elements
 from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.hexa.cache import PipelineSharedCache, full_elements
 
 HEXA_FLOWS = ["data_centric", "model_centric"]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
