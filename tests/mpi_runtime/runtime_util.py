@@ -146,16 +146,16 @@ def assert_matches(got, want, tolerance: float, what: str) -> None:
         assert error <= tolerance * scale, f"{what}: {name} differs from the reference by {error:.3g}"
 
 
-def whole_expert_runs(comm, dispatcher, dtype, tolerance, k):
+def whole_expert_runs(comm, flow, dtype, tolerance, k):
     """For each whole-expert E and algorithm (2dh too on two levels): a layer
-    of `dispatcher` run once and checked against the float64 reference that
+    of `flow` run once and checked against the float64 reference that
     drops nothing; yields (layer, what) for the caller's checks of its plan."""
     algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
     for num_experts in whole_expert_cases(comm):
-        layer = make_layer(comm, num_experts, dtype, k=k, dispatcher=dispatcher)
+        layer = make_layer(comm, num_experts, dtype, k=k, flow=flow)
         want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
         for algo in algos:
-            what = f"{dispatcher} E={num_experts} k={k} {algo} {dtype}"
+            what = f"{flow} E={num_experts} k={k} {algo} {dtype}"
             assert_matches(run_layer(layer, comm, dtype, algo=algo), want, tolerance, what)
             yield layer, what
 

@@ -1,5 +1,5 @@
-"""Sample-assignment caching (MoELayer(dispatcher="dropless",
-assignment_cache=...), forward(sample_ids=)): bit for bit the uncached
+"""Sample-assignment caching (MoELayer(flow=Dropless(assignment_cache=...)),
+forward(sample_ids=)): bit for bit the uncached
 dropless layer (output, input, gate and expert gradients) whatever the
 prediction: 0%, 50%, 100% correct, unseen samples; experts that get no rows;
 every rank takes the same on/off decision; the errors of bad ids."""
@@ -22,8 +22,8 @@ ALWAYS = {"on_threshold": 0.0, "off_threshold": 0.0}  # on as soon as every rank
 def layers(comm, num_experts, dtype, k=2, **cache_options):
     """(uncached dropless layer, cached dropless layer, its cache), same weights."""
     cache = moe_runtime.AssignmentCache(**(cache_options or ALWAYS))
-    plain = make_layer(comm, num_experts, dtype, k=k, dispatcher="dropless")
-    cached = make_layer(comm, num_experts, dtype, k=k, dispatcher="dropless", assignment_cache=cache)
+    plain = make_layer(comm, num_experts, dtype, k=k, flow="dropless")
+    cached = make_layer(comm, num_experts, dtype, k=k, flow=moe_runtime.Dropless(assignment_cache=cache))
     return plain, cached, cache
 
 
@@ -180,7 +180,6 @@ def test_sample_id_errors_are_raised_on_every_rank(comm):
             cached(x, sample_ids=ids if comm.rank == 0 else None)
     y = cached(x, sample_ids=ids)  # the layer still works after the errors
     assert y.shape == x.shape
-    with pytest.raises(ValueError, match="dispatcher='dropless'"):
-        make_layer(comm, num_experts, assignment_cache=moe_runtime.AssignmentCache())
+    # assignment_cache= without dispatcher="dropless" (deprecated keywords): tests/unit/test_runtime_settings.py
     with pytest.raises(ValueError, match="another layer"):
-        make_layer(comm, num_experts, dispatcher="dropless", assignment_cache=cached.assignment_cache)
+        make_layer(comm, num_experts, flow=moe_runtime.Dropless(assignment_cache=cached.assignment_cache))

@@ -25,9 +25,9 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.registry import DICTIONARY_FLOWS as OTHER_FLOWS
-from moe_runtime.hexa.cache import PipelineSharedCache
 from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.hexa.cache import PipelineSharedCache
+from moe_runtime.registry import DICTIONARY_FLOWS as OTHER_FLOWS
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 ALL_FLOWS = ("expert", *OTHER_FLOWS)
@@ -35,11 +35,12 @@ ALL_FLOWS = ("expert", *OTHER_FLOWS)
 
 def flows_layer(comm, num_experts, dtype=torch.float64, *, k=2, hidden=HIDDEN, extra=None, **options):
     """An adaptive layer with every other flow, the capacity that drops nothing, its own cache."""
-    options.setdefault("shared_cache", PipelineSharedCache())
     options.setdefault("adaptive", moe_runtime.AdaptiveDictionary(degrees=(1, 2), warmup=0, repeats=1))
     spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden, **(extra or {})}
+    flows = [moe_runtime.DataCentric(shared_cache=PipelineSharedCache()) if flow == "data_centric" else flow
+             for flow in OTHER_FLOWS]
     layer = moe_runtime.MoELayer({"type": "top", "k": k, "capacity_factor": 0.0}, MODEL_DIM, spec, comm=comm,
-                                 seeds=(21, 22), flows=OTHER_FLOWS, **options)
+                                 seeds=(21, 22), flows=flows, **options)
     return on_device(layer, dtype)
 
 
@@ -169,9 +170,9 @@ def test_construction_errors(comm):
         ({"batch_prioritized_routing": True}, "batch_prioritized_routing"),
         ({"flows": ("dropless", "ring")}, "unknown flow 'ring'"),
         ({"flows": ("dropless", "dropless")}, "duplicates"),
-        ({"flows": ("data_centric",), "dispatcher": "dropless"}, "flow='expert'"),
-        ({"flows": ("dropless",), "shared_cache": PipelineSharedCache()}, "shared_cache= is the setting"),
-        ({"flows": ("dropless",), "parallel": "data_centric", "parallel_type": "adaptive:1"}, "'flows'"),
+        ({"flows": ("data_centric",), "flow": "dropless"}, "flow='expert'"),
+        ({"flows": ("dropless",), "flow": moe_runtime.DataCentric(), "parallel_type": "adaptive:1"}, "'flows'"),
+        # shared_cache= beside flows= without "data_centric" (deprecated keywords): tests/unit/test_runtime_settings.py
     ]
     if comm.size > 1:
         cases.append(({"experts": experts_spec(1, comm.size)}, "whole experts on every rank"))

@@ -1,7 +1,7 @@
-"""The dropless dispatcher (MoELayer(dispatcher="dropless")): every routed
-choice reaches its expert. Against the float64 reference with a capacity
-large enough that nothing drops, and against the capacity dispatcher at such
-a capacity; its errors."""
+"""The dropless flow (MoELayer(flow="dropless")): every routed choice
+reaches its expert. Against the float64 reference with a capacity large
+enough that nothing drops, and against the expert flow (Tutel's capacity
+flow) at such a capacity; its errors."""
 
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ def test_dropless_equals_the_reference_that_drops_nothing(comm, dtype, tolerance
         assert layer.last_plan.dropped == 0 and (layer.last_plan.r, layer.last_plan.d) == (1, 1), what
 
 
-def test_dropless_equals_the_capacity_dispatcher_when_nothing_drops(comm):
+def test_dropless_equals_the_expert_flow_when_nothing_drops(comm):
     num_experts = whole_expert_cases(comm)[0]
     padded = make_layer(comm, num_experts, capacity_factor=NOTHING_DROPS)
-    dropless = make_layer(comm, num_experts, dispatcher="dropless")
+    dropless = make_layer(comm, num_experts, flow="dropless")
     a, b = (run_layer(layer, comm, torch.float64) for layer in (padded, dropless))
     assert padded.last_plan.dropped == 0
     assert_matches(b, (*a, None), 1e-12, "dropless against capacity")
@@ -42,11 +42,11 @@ def test_dropless_equals_the_capacity_dispatcher_when_nothing_drops(comm):
 
 
 def test_a_capacity_that_drops_is_not_what_dropless_computes(comm):
-    """At f = 0.25 the capacity dispatcher drops choices; dropless serves them
+    """At f = 0.25 the expert flow drops choices; dropless serves them
     all: it equals the reference without drops, not the one with."""
     num_experts = whole_expert_cases(comm)[0]
     padded = make_layer(comm, num_experts, capacity_factor=0.25)
-    dropless = make_layer(comm, num_experts, dispatcher="dropless")
+    dropless = make_layer(comm, num_experts, flow="dropless")
     run_layer(padded, comm, torch.float64)
     dropped = all_reduce_values([padded.last_plan.dropped], comm)
     assert int(dropped[0]) > 0
@@ -61,7 +61,7 @@ def test_every_rank_may_hold_a_different_number_of_tokens_and_experts_may_get_no
     """All tokens of every rank routed to expert 0 (a gate that only sees it):
     the other experts receive no rows, and nothing is lost."""
     num_experts = whole_expert_cases(comm)[0]
-    layer = make_layer(comm, num_experts, k=1, dispatcher="dropless")
+    layer = make_layer(comm, num_experts, k=1, flow="dropless")
     with torch.no_grad():
         layer.gates[0].wg.weight.zero_()
         layer.gates[0].wg.weight[0].fill_(1.0)  # with positive inputs, expert 0 always wins
@@ -78,7 +78,7 @@ def test_every_rank_may_hold_a_different_number_of_tokens_and_experts_may_get_no
 
 def test_dropless_errors(comm):
     num_experts = whole_expert_cases(comm)[0]
-    layer = make_layer(comm, num_experts, dispatcher="dropless")
+    layer = make_layer(comm, num_experts, flow="dropless")
     x = tokens_of(comm.rank, torch.float64)
     with pytest.raises(ValueError, match="r = 1 only"):
         layer(x, adaptive_r=0)
@@ -88,13 +88,13 @@ def test_dropless_errors(comm):
                            ({"parallel_type": "adaptive:auto"}, "nothing for the dictionary"),
                            ({"is_postscore": False}, "is_postscore"),
                            ({"batch_prioritized_routing": True}, "batch_prioritized_routing"),
-                           ({"dispatcher": "sorted"}, "dispatcher must be one of")]:
-        options = {"dispatcher": "dropless", **options}
+                           ({"flow": "sorted"}, "flow must be one of")]:
+        options = {"flow": "dropless", **options}
         with pytest.raises(ValueError, match=match):
             make_layer(comm, num_experts, **options)
     if comm.size > 1:  # E = W / 2: two ranks share each expert
         with pytest.raises(ValueError, match="whole experts on each rank"):
-            make_layer(comm, comm.size // 2, dispatcher="dropless")
+            make_layer(comm, comm.size // 2, flow="dropless")
 
 
 @pytest.mark.parametrize("slots", [1, 2, 64], ids=["one-slot", "two-slots", "all-fit"])
@@ -107,8 +107,8 @@ def test_the_expert_cache_serves_inference_bitwise_equal_to_the_uncached_layer(c
     num_experts = whole_expert_cases(comm)[0]
     local = num_experts // comm.size
     cache = moe_runtime.ExpertCache(min(slots, local), "lifo", record=True)
-    cached = make_layer(comm, num_experts, dispatcher="dropless", expert_cache=cache)
-    plain = make_layer(comm, num_experts, dispatcher="dropless")
+    cached = make_layer(comm, num_experts, flow=moe_runtime.Dropless(expert_cache=cache))
+    plain = make_layer(comm, num_experts, flow="dropless")
     x = tokens_of(comm.rank, torch.float64)
     for step in range(3):
         with torch.no_grad():
@@ -138,9 +138,8 @@ def test_the_expert_cache_serves_inference_bitwise_equal_to_the_uncached_layer(c
         assert torch.equal(cached(x), plain(x))  # the cache holds the stepped weights
 
 
-def test_the_expert_cache_needs_the_dropless_dispatcher(comm):
+def test_the_expert_cache_must_be_an_expert_cache(comm):
+    # expert_cache= without dispatcher="dropless" (deprecated keywords): tests/unit/test_runtime_settings.py
     num_experts = whole_expert_cases(comm)[0]
-    with pytest.raises(ValueError, match="expert_cache needs dispatcher='dropless'"):
-        make_layer(comm, num_experts, expert_cache=moe_runtime.ExpertCache(1))
     with pytest.raises(TypeError, match="expert_cache must be a moe_runtime.ExpertCache"):
-        make_layer(comm, num_experts, dispatcher="dropless", expert_cache=2)
+        make_layer(comm, num_experts, flow=moe_runtime.Dropless(expert_cache=2))

@@ -1,4 +1,4 @@
-"""The per-expert capacity dispatcher (MoELayer(dispatcher="dynamic")):
+"""The per-expert capacity flow (MoELayer(flow="dynamic")):
 against the float64 reference when nothing drops (outputs and gradients),
 capacities the same on every rank and following the policy over calls,
 drops counted right when the capacity is bounded, and its errors."""
@@ -51,7 +51,7 @@ def test_dynamic_equals_the_reference_that_drops_nothing(comm, dtype, tolerance,
 def test_dynamic_with_gates_at_the_dispatch(comm):
     """is_postscore=False: the gates weigh the expert inputs."""
     num_experts = whole_expert_cases(comm)[0]
-    layer = make_layer(comm, num_experts, dispatcher="dynamic", is_postscore=False)
+    layer = make_layer(comm, num_experts, flow="dynamic", is_postscore=False)
     want = reference(layer, comm, torch.float64, capacity_factor=NOTHING_DROPS, is_postscore=False)
     assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, "dynamic, prescore")
 
@@ -62,7 +62,7 @@ def test_capacities_follow_the_policy_and_agree(comm):
     a multiple of the granularity, and the tracker's state is the same."""
     num_experts = whole_expert_cases(comm)[-1]
     settings = moe_runtime.DynamicCapacity(margin=1.5, granularity=4, shrink_patience=2, shrink_band=0.9)
-    layer = make_layer(comm, num_experts, dispatcher="dynamic", dynamic_capacity=settings)
+    layer = make_layer(comm, num_experts, flow=settings)
     k = layer.gates[0].top_k
     for step in range(5):
         x = tokens_of(comm.rank, torch.float64) * (1 + step) + step
@@ -86,8 +86,7 @@ def test_drops_are_counted_when_the_capacity_is_bounded(comm, batch_prioritized)
     most tokens on any rank): each rank drops sum_e max(0, demand_e - C_e)."""
     num_experts = whole_expert_cases(comm)[0]
     settings = moe_runtime.DynamicCapacity(max_factor=0.25, granularity=1)
-    layer = make_layer(comm, num_experts, dispatcher="dynamic", dynamic_capacity=settings,
-                       batch_prioritized_routing=batch_prioritized)
+    layer = make_layer(comm, num_experts, flow=settings, batch_prioritized_routing=batch_prioritized)
     k = layer.gates[0].top_k
     x = tokens_of(comm.rank, torch.float64)
     with torch.no_grad():
@@ -104,7 +103,7 @@ def test_drops_are_counted_when_the_capacity_is_bounded(comm, batch_prioritized)
 
 def test_dynamic_errors(comm):
     num_experts = whole_expert_cases(comm)[0]
-    layer = make_layer(comm, num_experts, dispatcher="dynamic")
+    layer = make_layer(comm, num_experts, flow="dynamic")
     x = tokens_of(comm.rank, torch.float64)
     with pytest.raises(ValueError, match=r"flow='dynamic'\) runs r = 1 only"):
         layer(x, adaptive_r=0)
@@ -113,13 +112,11 @@ def test_dynamic_errors(comm):
     for options, error, match in [
         ({"parallel_type": "data"}, ValueError, "r = 1"),
         ({"parallel_type": "adaptive:auto"}, ValueError, "nothing for the dictionary"),
-        ({"dynamic_capacity": {"margin": 2}}, TypeError, "must be a moe_runtime.DynamicCapacity"),
-        ({"dispatcher": "dropless", "dynamic_capacity": moe_runtime.DynamicCapacity()}, ValueError,
-         "dynamic_capacity= is the setting of dispatcher='dynamic'"),
-    ]:
-        options = {"dispatcher": "dynamic", **options}
+        ({"flow": {"margin": 2}}, TypeError, "flow must be a name of .* or one of .*DynamicCapacity"),
+    ]:  # the deprecated dynamic_capacity= and its refusals: tests/unit/test_runtime_settings.py
+        options = {"flow": "dynamic", **options}
         with pytest.raises(error, match=match):
             make_layer(comm, num_experts, **options)
     if comm.size > 1:  # E = W / 2: two ranks share each expert
         with pytest.raises(ValueError, match=r"flow='dynamic'\) needs whole experts"):
-            make_layer(comm, comm.size // 2, dispatcher="dynamic")
+            make_layer(comm, comm.size // 2, flow="dynamic")

@@ -1,4 +1,4 @@
-"""FlexMoE (MoELayer(flex=FlexConfig(...))): with any vExpert table the
+"""FlexMoE (MoELayer(flow=FlexConfig(...))): with any vExpert table the
 layer equals the float64 reference (outputs and gradients) and, trained
 with Adam through Expand / Shrink / Migrate, the plain dropless layer;
 the primitives move parameters and optimizer state bitwise; replicas stay
@@ -33,8 +33,8 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.flex.routing import route
 from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.flex.routing import route
 from moe_runtime.flex.vexperts import FREE, Expand, Migrate, Shrink
 
 
@@ -42,7 +42,7 @@ def make_layer(comm, num_experts, slots=None, flex=True, **options):
     gate = {"type": "top", "k": options.pop("k", 2)}
     config = moe_runtime.FlexConfig(slots_per_rank=slots, **options.pop("config", {})) if flex else None
     layer = moe_runtime.MoELayer(gate, MODEL_DIM, experts_spec(num_experts, comm.size), comm=comm, seeds=(41, 42),
-                                 dispatcher="dropless", flex=config, **options)
+                                 flow=config if flex else "dropless", **options)
     return on_device(layer, torch.float64)
 
 
@@ -246,7 +246,7 @@ def test_the_scheduler_decides_the_same_on_every_rank_under_timing_noise(comm):
     config = moe_runtime.FlexConfig(slots_per_rank=3, threshold=1.05, calibration_steps=2, horizon_steps=1000)
     spec = {"type": "ffn", "num_experts_per_device": 2, "hidden_size_per_expert": SCHEDULED_HIDDEN}
     layer = on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, SCHEDULED_DIM, spec, comm=comm, seeds=(41, 42),
-                                           dispatcher="dropless", flex=config, timer=noisy_clock), torch.float64)
+                                           flow=config, timer=noisy_clock), torch.float64)
     with torch.no_grad():
         layer.gates[0].wg.weight[0].add_(3.0)  # expert 0 scores higher on positive inputs
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.001)
@@ -269,9 +269,7 @@ def test_the_scheduler_decides_the_same_on_every_rank_under_timing_noise(comm):
 
 def test_errors_name_what_is_wrong_on_every_rank(comm):
     num_experts = comm.size
-    with pytest.raises(ValueError, match="flex= needs dispatcher='dropless'"):
-        moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, experts_spec(num_experts, comm.size), comm=comm,
-                             seeds=(1, 2), flex=moe_runtime.FlexConfig())
+    # flex= without dispatcher="dropless" (deprecated keywords): tests/unit/test_runtime_settings.py
     layer = make_layer(comm, num_experts, slots=2)
     with pytest.raises(ValueError, match="use adjust"):
         layer.place(np.arange(num_experts).reshape(comm.size, -1))

@@ -1,4 +1,4 @@
-"""Hexa-MoE's layers, MoELayer(parallel="data_centric" | "model_centric"):
+"""Hexa-MoE's layers, MoELayer(flow="data_centric" | "model_centric"):
 against the float64 reference (which drops nothing) and against the
 expert-parallel flows, with uneven hidden splits and uneven token counts;
 the pipeline-shared cache (one buffer, weights gathered again for the
@@ -28,10 +28,10 @@ from runtime_util import (
 
 import a2a
 import moe_runtime
-from moe_runtime.hexa.cache import PipelineSharedCache, full_elements
 from moe_runtime.common.host_values import all_gather_values
+from moe_runtime.hexa.cache import PipelineSharedCache, full_elements
 
-PARALLELS = ["data_centric", "model_centric"]
+HEXA_FLOWS = ["data_centric", "model_centric"]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 
@@ -40,42 +40,47 @@ def uneven_split(world: int) -> list[int]:
     return moe_runtime.split_by_latency(HIDDEN, [1.0 + rank % 3 for rank in range(world)])
 
 
-def hexa_layer(comm, num_experts, parallel, dtype=torch.float64, **options):
-    if parallel == "data_centric":
-        options.setdefault("shared_cache", PipelineSharedCache())
-    return make_layer(comm, num_experts, dtype, parallel=parallel, **options)
+def hexa_settings(flow, hidden_split=None, shared_cache=None):
+    """The flow= of a Hexa-MoE layer: a data-centric one gets its own cache unless given one."""
+    if flow == "data_centric":
+        return moe_runtime.DataCentric(hidden_split, shared_cache or PipelineSharedCache())
+    return moe_runtime.ModelCentric(hidden_split)
+
+
+def hexa_layer(comm, num_experts, flow, dtype=torch.float64, *, hidden_split=None, shared_cache=None, **options):
+    return make_layer(comm, num_experts, dtype, flow=hexa_settings(flow, hidden_split, shared_cache), **options)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("k", [1, 2])
-@pytest.mark.parametrize("parallel", PARALLELS)
-def test_equals_the_reference(comm, parallel, k, dtype):
+@pytest.mark.parametrize("flow", HEXA_FLOWS)
+def test_equals_the_reference(comm, flow, k, dtype):
     for num_experts in experts_cases(comm.size):
-        layer = hexa_layer(comm, num_experts, parallel, dtype, k=k)
+        layer = hexa_layer(comm, num_experts, flow, dtype, k=k)
         want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
-        what = f"{parallel} E={num_experts} k={k} {dtype}"
+        what = f"{flow} E={num_experts} k={k} {dtype}"
         assert_matches(run_layer(layer, comm, dtype), want, TOLERANCE[dtype], what)
         plan = layer.last_plan
-        assert plan.parallel == parallel and plan.dropped == 0, what
-        assert plan.r == (0 if parallel == "data_centric" else comm.size), what
+        assert plan.parallel == flow and plan.dropped == 0, what
+        assert plan.r == (0 if flow == "data_centric" else comm.size), what
 
 
-@pytest.mark.parametrize("parallel", PARALLELS)
-def test_uneven_hidden_splits(comm, parallel):
+@pytest.mark.parametrize("flow", HEXA_FLOWS)
+def test_uneven_hidden_splits(comm, flow):
     world = comm.size
     splits = [uneven_split(world), [HIDDEN - (world - 1), *([1] * (world - 1))]]
     for split in splits:
         assert sum(split) == HIDDEN and min(split) >= 1
         for num_experts in experts_cases(world)[:2]:
-            layer = hexa_layer(comm, num_experts, parallel, hidden_split=split)
+            layer = hexa_layer(comm, num_experts, flow, hidden_split=split)
             assert layer.experts.batched_fc1_w.shape == (num_experts, split[comm.rank], MODEL_DIM)
             want = reference(layer, comm, torch.float64, capacity_factor=NOTHING_DROPS)
-            assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{parallel} split={split}")
+            assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{flow} split={split}")
 
 
 @pytest.mark.parametrize("case", ["by-latency", "a-rank-without-tokens"])
-@pytest.mark.parametrize("parallel", PARALLELS)
-def test_a_global_batch_split_by_latency(comm, parallel, case):
+@pytest.mark.parametrize("flow", HEXA_FLOWS)
+def test_a_global_batch_split_by_latency(comm, flow, case):
     """Equation 1: every rank takes its rows of one global batch by the
     ranks' latencies (uneven T per rank), with an uneven hidden split; or
     W - 1 rows over W equal ranks, which leaves the last rank none."""
@@ -89,7 +94,7 @@ def test_a_global_batch_split_by_latency(comm, parallel, case):
     upstream = torch.randn(batch.shape, generator=generator, dtype=torch.float64)
     pieces = [moe_runtime.local_batch(batch, latencies, rank) for rank in range(world)]
     assert len({p.shape[0] for p in pieces}) > 1 or world == 1
-    layer = hexa_layer(comm, experts_cases(world)[0], parallel, hidden_split=uneven_split(world))
+    layer = hexa_layer(comm, experts_cases(world)[0], flow, hidden_split=uneven_split(world))
 
     x = on_device(pieces[comm.rank].clone()).requires_grad_(True)
     y = layer(x)
@@ -106,41 +111,39 @@ def test_a_global_batch_split_by_latency(comm, parallel, case):
     got = (y.detach(), x.grad, layer.gates[0].wg.weight.grad * world, got_experts, y.l_aux.detach())
     want = (ys[comm.rank].detach(), xs[comm.rank].grad, gate_weight.grad, {n: t.grad for n, t in experts.items()},
             l_auxes[comm.rank].detach())
-    assert_matches(got, want, 1e-12, f"{parallel} batch split {case}")
+    assert_matches(got, want, 1e-12, f"{flow} batch split {case}")
 
 
-@pytest.mark.parametrize("parallel", PARALLELS)
-def test_equals_the_expert_parallel_flows(comm, parallel):
+@pytest.mark.parametrize("flow", HEXA_FLOWS)
+def test_equals_the_expert_parallel_flows(comm, flow):
     """The same experts dictionary and seeds make the same model: the
     Hexa-MoE layer computes what the capacity flow (r = 1, nothing dropped)
     and the dropless flow compute."""
     num_experts = max(experts_cases(comm.size))
-    hexa = hexa_layer(comm, num_experts, parallel)
+    hexa = hexa_layer(comm, num_experts, flow)
     got = run_layer(hexa, comm, torch.float64)
     padded = make_layer(comm, num_experts, capacity_factor=NOTHING_DROPS)
-    assert_matches(got, (*run_layer(padded, comm, torch.float64), None), 1e-12, f"{parallel} against r=1")
+    assert_matches(got, (*run_layer(padded, comm, torch.float64), None), 1e-12, f"{flow} against r=1")
     if num_experts >= comm.size:
-        dropless = make_layer(comm, num_experts, dispatcher="dropless")
-        assert_matches(got, (*run_layer(dropless, comm, torch.float64), None), 1e-12, f"{parallel} against dropless")
+        dropless = make_layer(comm, num_experts, flow="dropless")
+        assert_matches(got, (*run_layer(dropless, comm, torch.float64), None), 1e-12, f"{flow} against dropless")
 
 
-@pytest.mark.parametrize("parallel", PARALLELS)
-def test_another_activation_summed_gradients_and_no_biases(comm, parallel):
+@pytest.mark.parametrize("flow", HEXA_FLOWS)
+def test_another_activation_summed_gradients_and_no_biases(comm, flow):
     num_experts = experts_cases(comm.size)[0]
     gelu = torch.nn.functional.gelu
     for extra, options in [({"activation_fn": gelu}, {"expert_gradient": "sum"}),
                            ({"has_fc1_bias": False, "has_fc2_bias": False}, {})]:
-        if parallel == "data_centric":
-            options = {**options, "shared_cache": PipelineSharedCache()}
         layer = moe_runtime.MoELayer(
             {"type": "top", "k": 2}, MODEL_DIM, experts_spec(num_experts, comm.size, **extra), comm=comm,
-            seeds=(3, 4), parallel=parallel, **options,
+            seeds=(3, 4), flow=hexa_settings(flow), **options,
         )
         layer = on_device(layer, torch.float64)
         want = reference(layer, comm, torch.float64, capacity_factor=NOTHING_DROPS,
                          activation=extra.get("activation_fn", torch.relu))
         assert set(want[3]) == set(layer.gather_experts())
-        assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{parallel} {extra} {options}")
+        assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{flow} {extra} {options}")
 
 
 def stacked(layers, comm, steps=1, prefetch=False, lr=0.0):
@@ -210,8 +213,8 @@ def data_centric_stack(comm, hiddens, num_experts, cache):
     for i, hidden in enumerate(hiddens):
         spec = {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden}
         layers.append(on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, spec, comm=comm,
-                                                     seeds=(30 + i, 40 + i), parallel="data_centric",
-                                                     shared_cache=cache), torch.float64))
+                                                     seeds=(30 + i, 40 + i),
+                                                     flow=moe_runtime.DataCentric(shared_cache=cache)), torch.float64))
     return layers
 
 
@@ -301,7 +304,8 @@ def test_the_process_cache_is_shared_by_default(comm):
     num_experts = max(experts_cases(comm.size))
     layers = [on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM,
                                              {**experts_spec(num_experts, comm.size), "hidden_size_per_expert": hidden},
-                                             comm=comm, seeds=(1, 2), parallel="data_centric"), torch.float64)
+                                             comm=comm, seeds=(1, 2), flow=moe_runtime.DataCentric()),
+                        torch.float64)
               for hidden in (HIDDEN, 4 * HIDDEN)]
     assert all(layer.shared_cache is SHARED_CACHE for layer in layers)
     with torch.no_grad():
@@ -325,8 +329,8 @@ def test_rank_latencies_are_the_same_list_on_every_rank(comm):
             moe_runtime.rank_latencies(comm, -1.0 if comm.rank == 1 else 1.0)
 
 
-@pytest.mark.parametrize("parallel", PARALLELS)
-def test_errors(comm, parallel):
+@pytest.mark.parametrize("flow", HEXA_FLOWS)
+def test_errors(comm, flow):
     num_experts = experts_cases(comm.size)[0]
     world = comm.size
     bad_splits = [([HIDDEN], "one integer per rank") if world > 1 else ([HIDDEN + 1], "sums to"),
@@ -335,36 +339,34 @@ def test_errors(comm, parallel):
     bad_splits.append(([float(part) for part in uneven_split(world)], "one integer per rank"))
     for split, match in bad_splits:
         with pytest.raises(ValueError, match=match):
-            hexa_layer(comm, num_experts, parallel, hidden_split=split)
+            hexa_layer(comm, num_experts, flow, hidden_split=split)
     if world > 1:
         # Valid on each rank, different between ranks: every rank raises.
         split = [HIDDEN - world + 1, *([1] * (world - 1))] if comm.rank == 0 else uneven_split(world)
         with pytest.raises(a2a.MismatchError, match="different hidden splits"):
-            hexa_layer(comm, num_experts, parallel, hidden_split=split)
+            hexa_layer(comm, num_experts, flow, hidden_split=split)
         # Invalid on one rank only: the others raise too.
         with pytest.raises(ValueError, match="hidden"):
-            hexa_layer(comm, num_experts, parallel, hidden_split=None if comm.rank else [1] * world)
-    for options, match in [({"dispatcher": "dropless"}, "dispatcher"), ({"a2a_ffn_overlap_degree": 2}, "overlap"),
+            hexa_layer(comm, num_experts, flow, hidden_split=None if comm.rank else [1] * world)
+    # The deprecated keywords' refusals (dispatcher= with parallel=, hidden_split= or shared_cache= without
+    # it, parallel="tensor"): tests/unit/test_runtime_settings.py
+    for options, match in [({"a2a_ffn_overlap_degree": 2}, "overlap"),
                            ({"is_postscore": False}, "is_postscore"), ({"parallel_type": "data"}, "parallel_type"),
                            ({"batch_prioritized_routing": True}, "batch_prioritized_routing")]:
         with pytest.raises(ValueError, match=match):
-            make_layer(comm, num_experts, parallel=parallel, **options)
-    with pytest.raises(ValueError, match="parallel must be one of"):
-        make_layer(comm, num_experts, parallel="tensor")
-    with pytest.raises(ValueError, match="hidden_split= is the setting"):
-        make_layer(comm, num_experts, hidden_split=[HIDDEN])
-    with pytest.raises(ValueError, match="shared_cache= is the setting of the data-centric flow"):
-        make_layer(comm, num_experts, shared_cache=PipelineSharedCache())
+            make_layer(comm, num_experts, flow=hexa_settings(flow), **options)
+    with pytest.raises(ValueError, match="flow must be one of"):
+        make_layer(comm, num_experts, flow="tensor")
     with pytest.raises(TypeError, match="shared_cache must be"):
-        make_layer(comm, num_experts, parallel=parallel, shared_cache={})
+        make_layer(comm, num_experts, flow=moe_runtime.DataCentric(shared_cache={}))
     if world > 1:  # H < W: some rank would hold no hidden unit
         with pytest.raises(ValueError, match="at least one hidden unit"):
             moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM,
                                  {"type": "ffn", "num_experts_per_device": 1, "hidden_size_per_expert": world - 1},
-                                 comm=comm, parallel=parallel)
+                                 comm=comm, flow=hexa_settings(flow))
 
-    layer = hexa_layer(comm, num_experts, parallel)
-    assert f"parallel={parallel!r}" in repr(layer) and "hidden_split=" in repr(layer)
+    layer = hexa_layer(comm, num_experts, flow)
+    assert f"parallel={flow!r}" in repr(layer) and "hidden_split=" in repr(layer)
     x = tokens_of(comm.rank, torch.float64)
     for argument, value in [("adaptive_r", 1), ("a2a_ffn_overlap_degree", 1), ("algo", "linear"),
                             ("capacity_factor", 1.0)]:
@@ -378,6 +380,6 @@ def test_errors(comm, parallel):
     assert layer(x).shape == x.shape  # still works
     with pytest.raises(ValueError, match="no placement to choose"):
         layer.place(np.arange(num_experts).reshape(world, -1) if num_experts % world == 0 else [[0]])
-    if parallel == "model_centric":
+    if flow == "model_centric":
         with pytest.raises(ValueError, match="prefetch gathers the experts of parallel='data_centric'"):
             layer.prefetch()

@@ -41,20 +41,20 @@ def total(comm, value):
 
 
 def configurations(comm):
-    """(dispatcher, call arguments) of every path place must keep."""
+    """(flow, call arguments) of every path place must keep."""
     algos = ["linear", "2dh"] if two_level(comm) else ["linear"]
-    cases = [("capacity", {"adaptive_r": 0})]
-    cases += [("capacity", {"adaptive_r": 1, "algo": a}) for a in algos]
+    cases = [("expert", {"adaptive_r": 0})]
+    cases += [("expert", {"adaptive_r": 1, "algo": a}) for a in algos]
     cases += [("dropless", {"algo": a}) for a in algos]
     return cases
 
 
-@pytest.mark.parametrize("dispatcher", ["capacity", "dropless"])
-def test_the_layer_computes_the_same_function_after_place(comm, dispatcher):
+@pytest.mark.parametrize("flow", ["expert", "dropless"])
+def test_the_layer_computes_the_same_function_after_place(comm, flow):
     for num_experts in expert_counts(comm):
         # f = 1.0 drops some choices: the same ones must drop after the placement
-        layer = make_layer(comm, num_experts, dispatcher=dispatcher)
-        calls = [call for d, call in configurations(comm) if d == dispatcher]
+        layer = make_layer(comm, num_experts, flow=flow)
+        calls = [call for name, call in configurations(comm) if name == flow]
         before = [run_layer(layer, comm, torch.float64, **call) for call in calls]
         assignment = shuffled(num_experts, comm.size, seed=num_experts)
         moved = layer.place(assignment)
@@ -63,10 +63,10 @@ def test_the_layer_computes_the_same_function_after_place(comm, dispatcher):
                        np.arange(num_experts) // (num_experts // comm.size)).sum())
         assert total(comm, moved.experts_sent) == changed > 0
         for call, want in zip(calls, before):
-            what = f"{dispatcher} E={num_experts} {call} after place"
+            what = f"{flow} E={num_experts} {call} after place"
             assert_matches(run_layer(layer, comm, torch.float64, **call), want, 1e-12, what)
-        want = reference(layer, comm, torch.float64, capacity_factor=1000.0 if dispatcher == "dropless" else 1.0)
-        assert_matches(run_layer(layer, comm, torch.float64, **calls[-1]), want, 1e-12, f"{dispatcher} reference")
+        want = reference(layer, comm, torch.float64, capacity_factor=1000.0 if flow == "dropless" else 1.0)
+        assert_matches(run_layer(layer, comm, torch.float64, **calls[-1]), want, 1e-12, f"{flow} reference")
 
 
 def _whole_state(layer, optimizer, comm):

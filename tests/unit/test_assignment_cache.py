@@ -92,8 +92,8 @@ def test_bad_settings_are_refused(options, match):
 
 def layer_for(comm, cache=None):
     experts = {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": H}
-    return moe_runtime.MoELayer({"type": "top", "k": 2}, M, experts, comm=comm, seeds=(5, 6), dispatcher="dropless",
-                                assignment_cache=cache).double()
+    return moe_runtime.MoELayer({"type": "top", "k": 2}, M, experts, comm=comm, seeds=(5, 6),
+                                flow=moe_runtime.Dropless(assignment_cache=cache)).double()
 
 
 def step(layer, x, **call):

@@ -1,6 +1,6 @@
 """FlexMoE's vExpert table (moe_runtime.flex.vexperts), Algorithm 3's routing
 (moe_runtime.flex.routing) and FlexConfig, against hand-worked cases; the
-layer with flex= on one rank."""
+layer with flow=FlexConfig(...) on one rank."""
 
 from __future__ import annotations
 
@@ -134,10 +134,10 @@ def test_the_layer_on_one_rank_with_two_slots_of_an_expert(comm):
     the gradient of both is the expert's, so an optimizer step keeps them equal."""
     layer = moe_runtime.MoELayer({"type": "top", "k": 2}, 6, {"type": "ffn", "num_experts_per_device": 3,
                                                               "hidden_size_per_expert": 5}, comm=comm, seeds=(1, 2),
-                                 dispatcher="dropless", flex=moe_runtime.FlexConfig(slots_per_rank=4)).double()
+                                 flow=moe_runtime.FlexConfig(slots_per_rank=4)).double()
     plain = moe_runtime.MoELayer({"type": "top", "k": 2}, 6, {"type": "ffn", "num_experts_per_device": 3,
                                                               "hidden_size_per_expert": 5}, comm=comm, seeds=(1, 2),
-                                 dispatcher="dropless").double()
+                                 flow="dropless").double()
     assert layer.flex.table.slots.tolist() == [[0, 1, 2, FREE]]
     layer.adjust([Expand(0, 3)])
     assert layer.flex.table.slots.tolist() == [[0, 1, 2, 0]]

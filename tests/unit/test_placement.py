@@ -123,14 +123,14 @@ def _step(layer, x, **call):
     return y.detach(), x.grad, layer.gates[0].wg.weight.grad.clone()
 
 
-@pytest.mark.parametrize("dispatcher", ["capacity", "dropless"])
-def test_place_on_one_rank_keeps_the_function_and_moves_the_adam_state(comm, dispatcher):
-    layer = _layer(comm, dispatcher=dispatcher, capacity_factor=0.5)  # f = 0.5 drops: the same choices must drop
+@pytest.mark.parametrize("flow", ["expert", "dropless"])
+def test_place_on_one_rank_keeps_the_function_and_moves_the_adam_state(comm, flow):
+    layer = _layer(comm, flow=flow, capacity_factor=0.5)  # f = 0.5 drops: the same choices must drop
     x = torch.randn(13, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     optimizer = torch.optim.Adam(layer.parameters(), lr=0.01)
     _step(layer, x)
     optimizer.step()
-    rs = [0, 1] if dispatcher == "capacity" else [None]
+    rs = [0, 1] if flow == "expert" else [None]
     before = [_step(layer, x, adaptive_r=r) for r in rs]
     experts, grads = layer.gather_experts(), layer.gather_experts(grad=True)
     state = {name: {k: v.clone() for k, v in optimizer.state[p].items()} for name, p in

@@ -44,7 +44,7 @@ def test_every_r_and_d_equals_the_reference(comm, options):
 
 
 def test_dropless_equals_the_reference_without_drops(comm):
-    layer = layer_for(comm, dispatcher="dropless", capacity_factor=0.5)  # the factor is not used
+    layer = layer_for(comm, flow="dropless", capacity_factor=0.5)  # the factor is not used
     x = torch.randn(11, M, dtype=torch.float64, requires_grad=True)
     experts = {name: t.requires_grad_(True) for name, t in layer.gather_experts().items()}
     wg = layer.gates[0].wg.weight.detach().clone().requires_grad_(True)

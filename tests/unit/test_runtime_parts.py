@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import a2a
-from moe_runtime.gating import capacity, gates, losses
 from moe_runtime.common.buffers import BufferPool
-from moe_runtime.flows.expert import chunk_major
 from moe_runtime.common.host_values import all_gather_values, all_reduce_values, torch_device
+from moe_runtime.flows.expert import chunk_major
+from moe_runtime.gating import capacity, gates, losses
 
 
 @pytest.mark.parametrize("rule, factor, tokens, experts, k, want", [
