@@ -111,7 +111,7 @@ class MoELayer(torch.nn.Module):
         *,
         comm: a2a.Comm,
         seeds: tuple[int, int] | None = None,
-        flow: Any = "expert",
+        flow: Any = None,
         flows: Sequence[str] = (),
         parallel_type: str = "adaptive:1",
         a2a_ffn_overlap_degree: int = 1,
@@ -289,7 +289,7 @@ class MoELayer(torch.nn.Module):
         own unless MPI granted MPI_THREAD_MULTIPLE. A parameter changed since
         (an optimizer step) makes the forward gather again."""
         if self.parallel != "data_centric":
-            raise ValueError(f"MoELayer.prefetch gathers the experts of parallel='data_centric' into the "
+            raise ValueError(f"MoELayer.prefetch gathers the experts of flow='data_centric' into the "
                              f"pipeline-shared cache; this layer has flow={self.flow.name!r}")
         self.flow.prefetch()
 
@@ -389,7 +389,7 @@ class MoELayer(torch.nn.Module):
 
     def extra_repr(self) -> str:
         if self.parallel != "expert":
-            return (f"parallel={self.parallel!r}, model_dim={self.model_dim}, "
+            return (f"flow={self.parallel!r}, model_dim={self.model_dim}, "
                     f"num_global_experts={self.num_global_experts}, world={self.comm.size}")
         return (f"flow={self.flow.name!r}, model_dim={self.model_dim}, num_global_experts={self.num_global_experts}, "
                 f"sharded_count={self.experts.sharers}, valid_rs={self.valid_rs}, world={self.comm.size}"

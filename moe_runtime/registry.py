@@ -58,16 +58,19 @@ DEPRECATED = ("dispatcher", "parallel", "flex", "expert_cache", "dynamic_capacit
 
 
 def flow_of(flow: Any, deprecated: dict[str, Any]) -> tuple[type[Flow], Any]:
-    """The flow class and its settings of ``MoELayer(flow=..., **deprecated)``."""
+    """The flow class and its settings of ``MoELayer(flow=..., **deprecated)``
+    (flow None: "expert", unless the deprecated keywords say otherwise)."""
     unknown = sorted(set(deprecated) - set(DEPRECATED))
     if unknown:
         raise TypeError(f"MoELayer got unexpected keyword argument(s) {unknown}")
     if deprecated:
-        if flow != "expert":
+        if flow is not None:
             raise ValueError(f"MoELayer: give flow= or the deprecated {sorted(deprecated)}, not both")
         flow = _from_deprecated(**deprecated)
+        named = flow if isinstance(flow, str) else f"{type(flow).__name__}(...)"
         warnings.warn(f"MoELayer({', '.join(f'{k}=' for k in sorted(deprecated))}) is deprecated: say what runs "
-                      f"with flow={flow!r}", DeprecationWarning, stacklevel=3)
+                      f"with flow={named!r} (moe_runtime.registry)", DeprecationWarning, stacklevel=3)
+    flow = "expert" if flow is None else flow
     if isinstance(flow, str):
         if flow not in FLOWS:
             raise ValueError(f"flow must be one of {tuple(FLOWS)} or a settings object "
@@ -91,9 +94,10 @@ def _from_deprecated(dispatcher: str = "capacity", parallel: str = "expert", fle
     if shared_cache is not None and not isinstance(shared_cache, PipelineSharedCache):
         raise TypeError(f"shared_cache must be a moe_runtime.PipelineSharedCache, got {type(shared_cache).__name__}")
     if parallel != "expert":
-        given = [name for name, value in (("dispatcher", dispatcher != "capacity"), ("flex", flex),
-                                          ("expert_cache", expert_cache), ("dynamic_capacity", dynamic_capacity),
-                                          ("assignment_cache", assignment_cache)) if value]
+        given = [name for name, value in (("dispatcher", None if dispatcher == "capacity" else dispatcher),
+                                          ("flex", flex), ("expert_cache", expert_cache),
+                                          ("dynamic_capacity", dynamic_capacity),
+                                          ("assignment_cache", assignment_cache)) if value is not None]
         if given:
             raise ValueError(f"MoELayer(parallel={parallel!r}) shards every expert along the hidden size over "
                              f"every rank; it takes none of {given}")

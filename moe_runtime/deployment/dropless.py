@@ -1,4 +1,4 @@
-"""The dropless dispatcher (the Deployment paper's dynamic gating, Fig. 8b):
+"""The dropless flow's exchange (the Deployment paper's dynamic gating, Fig. 8b):
 every routed choice reaches its expert, nothing is padded, nothing dropped.
 
 One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::

@@ -1,4 +1,4 @@
-"""The per-expert capacity dispatcher (DynaMoE's dynamic capacity factors):
+"""The per-expert capacity flow's exchange (DynaMoE's dynamic capacity factors):
 each expert has its own capacity C_e (moe_runtime.dynamic.capacity picks
 them), the same on every rank, and the buffers hold sum_e C_e rows instead
 of E times the largest.
@@ -18,11 +18,11 @@ One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::
     all_to_all_v back      -> (sum C, M) in dispatched's order
     fast_decode with the gates -> y (T, M)
 
-Unlike the dropless dispatcher no count exchange is needed (the layout is
+Unlike the dropless flow no count exchange is needed (the layout is
 known from C alone) and the shapes stay the same while C does; unlike the
-capacity dispatcher no expert is padded to the busiest one. Every step is a
+expert flow no expert is padded to the busiest one. Every step is a
 differentiable a2a.torch function or torch op, so autograd runs the reverse
-flow. r = 1 with whole experts and d = 1, for the dropless dispatcher's
+flow. r = 1 with whole experts and d = 1, for the dropless flow's
 reasons (moe_runtime.deployment.dropless).
 """
 

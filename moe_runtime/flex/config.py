@@ -1,4 +1,4 @@
-"""FlexConfig: the settings of FlexMoE in the layer (``MoELayer(flex=...)``).
+"""FlexConfig: the settings of FlexMoE in the layer (``MoELayer(flow=FlexConfig(...))``).
 
 FlexMoE (Nie et al., 2023) gives hot experts more vExpert slots (replicas)
 and routes tokens to them; the scheduler watches the balance ratio every

@@ -46,7 +46,7 @@ class FlexFlow(Flow):
         """This rank's vExpert slots, with the FlexMoE state that places them."""
         settings = FlexConfig() if settings is None else settings  # flow="flex": the defaults
         if not isinstance(settings, FlexConfig):
-            raise TypeError(f"flex must be a moe_runtime.FlexConfig, got {type(settings).__name__}")
+            raise TypeError(f"FlexMoE's settings must be a moe_runtime.FlexConfig, got {type(settings).__name__}")
         plain = FFNExperts(spec, model_dim, comm, expert_seed)
         if plain.sharers > 1:
             raise ValueError(f"MoELayer(flow='flex') needs whole experts on each rank (E >= W), but {plain.sharers} "

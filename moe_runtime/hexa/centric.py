@@ -1,7 +1,7 @@
 """Hexa-MoE's two flows (Section 3.3) over the expert-specific operators.
 
 The experts are sharded along the hidden size (moe_runtime.hexa.experts,
-``MoELayer(parallel=...)``), or held whole n per rank in Tutel's layout
+``MoELayer(flow="data_centric" | "model_centric")``), or held whole n per rank in Tutel's layout
 (moe_runtime.experts.ffn, when the dictionary of an expert-parallel layer picks
 one of these flows: the layer's ``flows=``); each flow asks the layout for
 what it needs (:class:`HexaLayout`). Tokens stay in their order and the ES operators (a2a.es_index, a2a.esmm,

@@ -366,7 +366,7 @@ def test_errors(comm, flow):
                                  comm=comm, flow=hexa_settings(flow))
 
     layer = hexa_layer(comm, num_experts, flow)
-    assert f"parallel={flow!r}" in repr(layer) and "hidden_split=" in repr(layer)
+    assert f"flow={flow!r}" in repr(layer) and "hidden_split=" in repr(layer)
     x = tokens_of(comm.rank, torch.float64)
     for argument, value in [("adaptive_r", 1), ("a2a_ffn_overlap_degree", 1), ("algo", "linear"),
                             ("capacity_factor", 1.0)]:
@@ -381,5 +381,5 @@ def test_errors(comm, flow):
     with pytest.raises(ValueError, match="no placement to choose"):
         layer.place(np.arange(num_experts).reshape(world, -1) if num_experts % world == 0 else [[0]])
     if flow == "model_centric":
-        with pytest.raises(ValueError, match="prefetch gathers the experts of parallel='data_centric'"):
+        with pytest.raises(ValueError, match="prefetch gathers the experts of flow='data_centric'"):
             layer.prefetch()

@@ -215,17 +215,7 @@ def test_flow_refuses_an_unknown_name_or_a_wrong_settings_type(comm, flow, error
         build(comm, flow=flow)
 
 
-# moe_runtime.registry: "A name gives the flow its default settings". These three names reach the flow's
-# layout() with settings None, which it does not take (FlexFlow.layout: "flex must be a FlexConfig, got
-# NoneType"; _HexaFlow.layout: None.hidden_split): until the registry gives them their defaults.
-NAME_WITHOUT_DEFAULTS = pytest.mark.xfail(raises=(TypeError, AttributeError), strict=True,
-                                          reason="flow= by name passes settings None to the flow's layout()")
-
-
-@pytest.mark.parametrize("flow", ["expert", "dropless", "dynamic",
-                                  pytest.param("flex", marks=NAME_WITHOUT_DEFAULTS),
-                                  pytest.param("data_centric", marks=NAME_WITHOUT_DEFAULTS),
-                                  pytest.param("model_centric", marks=NAME_WITHOUT_DEFAULTS),
+@pytest.mark.parametrize("flow", ["expert", "dropless", "dynamic", "flex", "data_centric", "model_centric",
                                   Dropless(), DynamicCapacity(), FlexConfig(), DataCentric(), ModelCentric()],
                          ids=lambda flow: flow if isinstance(flow, str) else type(flow).__name__)
 def test_every_flow_by_name_or_settings_runs_and_says_so(comm, flow):
