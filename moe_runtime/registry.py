@@ -67,9 +67,9 @@ def flow_of(flow: Any, deprecated: dict[str, Any]) -> tuple[type[Flow], Any]:
         if flow is not None:
             raise ValueError(f"MoELayer: give flow= or the deprecated {sorted(deprecated)}, not both")
         flow = _from_deprecated(**deprecated)
-        named = flow if isinstance(flow, str) else f"{type(flow).__name__}(...)"
+        named = repr(flow) if isinstance(flow, str) else f"{type(flow).__name__}(...)"
         warnings.warn(f"MoELayer({', '.join(f'{k}=' for k in sorted(deprecated))}) is deprecated: say what runs "
-                      f"with flow={named!r} (moe_runtime.registry)", DeprecationWarning, stacklevel=3)
+                      f"with flow={named} (moe_runtime.registry)", DeprecationWarning, stacklevel=3)
     flow = "expert" if flow is None else flow
     if isinstance(flow, str):
         if flow not in FLOWS:

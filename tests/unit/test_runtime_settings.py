@@ -203,7 +203,6 @@ def test_a_deprecated_flow_beside_flows_warns_then_is_refused(comm, options, mat
                             r"DataCentric, ModelCentric\), got 'tensor'")),
     ("capacity", ValueError, "flow must be one of"),
     ("Dropless", ValueError, "flow must be one of"),
-    (None, TypeError, "flow must be a name of .* or one of .*, got NoneType"),
     ({"margin": 2}, TypeError, (r"flow must be a name of .* or one of \['Dropless', 'DynamicCapacity', "
                                 r"'FlexConfig', 'DataCentric', 'ModelCentric'\], got dict")),
     (ExpertCache(1), TypeError, "got ExpertCache"),
@@ -275,3 +274,8 @@ def test_the_suite_makes_a_deprecated_keyword_an_error_and_only_that(comm):
         warnings.warn_explicit("numpy.foo is deprecated", DeprecationWarning, "numpy/foo.py", 1, module="numpy.foo")
         warnings.warn_explicit("torch.bar is deprecated", DeprecationWarning, "torch/bar.py", 1, module="torch.bar")
     assert [str(w.message) for w in caught] == ["numpy.foo is deprecated", "torch.bar is deprecated"]
+
+
+def test_flow_none_is_the_expert_flow(comm):
+    layer = new_spelling(comm, flow=None)
+    assert layer.flow.name == "expert"
