@@ -29,10 +29,11 @@ import torch
 
 import a2a
 
-from .common.agreement import CallFields, agree_construction
+from .common.agreement import CallFields
 from .common.buffers import BufferPool
 from .common.host_values import all_gather_values
 from .common.overlap import Overlap, check_thread_level
+from .construction import agreed_construction
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
 from .experts.gradients import sync_shared_gradients
@@ -43,10 +44,8 @@ from .flex.vexperts import Primitive
 from .flows.agreement import CallRow, agree_call
 from .flows.base import Call, Context, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
-from .gating.capacity import RULES
 from .gating.gates import decide, make_gate
-from .layer_fields import layer_fields
-from .registry import FLOWS, check_capacity_factor, check_dictionary_layer, dictionary_flows_of, flow_of
+from .registry import FLOWS, check_capacity_factor, check_dictionary_layer
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
 
@@ -127,33 +126,20 @@ class MoELayer(torch.nn.Module):
         **deprecated: Any,
     ):
         super().__init__()
-        others = dictionary_flows_of(flows, deprecated)
-        flow_class, settings = flow_of(flow, deprecated)
-        if not isinstance(comm, a2a.Comm):
-            raise TypeError(f"comm must be an a2a.Comm, got {type(comm).__name__}")
-        if not isinstance(model_dim, int) or isinstance(model_dim, bool) or model_dim <= 0:
-            raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
-        if capacity_rule not in RULES:
-            raise ValueError(f"capacity_rule must be one of {RULES}, got {capacity_rule!r}")
-        if expert_gradient not in ("mean", "sum"):
-            raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {expert_gradient!r}")
-        if adaptive is not None and not isinstance(adaptive, AdaptiveDictionary):
-            raise TypeError(f"adaptive must be a moe_runtime.AdaptiveDictionary, got {type(adaptive).__name__}")
+        # Checked and agreed across ranks before any other collective (MismatchError on every rank naming
+        # the field that differs).
+        flow_class, settings, others = agreed_construction(
+            comm, gate_type, model_dim, experts, flow=flow, flows=flows, deprecated=deprecated,
+            parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
+            adaptive=adaptive, capacity_rule=capacity_rule, is_postscore=is_postscore,
+            batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
+            is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient)
         self.comm, self.model_dim, self.flows = comm, model_dim, tuple(others)
         self.parallel_type, self.use_2dh, self.capacity_rule = parallel_type, use_2dh, capacity_rule
         self.a2a_ffn_overlap_degree = positive_degree(a2a_ffn_overlap_degree)
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
         self.expert_gradient, self.timer = expert_gradient, timer
-
-        # Every rank constructed the layer alike (MismatchError on every rank naming the field), checked
-        # before any other collective of the construction.
-        agree_construction(comm, "MoELayer", layer_fields(
-            gate_type, model_dim, experts, flow=flow_class.name, flow_settings=settings,
-            flows=tuple(others.items()), parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree,
-            use_2dh=use_2dh, adaptive=adaptive, capacity_rule=capacity_rule, is_postscore=is_postscore,
-            batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
-            is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient))
         gate_seed, expert_seed = self._seeds(seeds)
         self.experts = flow_class.layout(experts, model_dim, comm, expert_seed, settings)
         self.num_global_experts = self.experts.num_experts

@@ -69,7 +69,7 @@ def flow_of(flow: Any, deprecated: dict[str, Any]) -> tuple[type[Flow], Any]:
         flow = _from_deprecated(**deprecated)
         named = repr(flow) if isinstance(flow, str) else f"{type(flow).__name__}(...)"
         warnings.warn(f"MoELayer({', '.join(f'{k}=' for k in sorted(deprecated))}) is deprecated: say what runs "
-                      f"with flow={named} (moe_runtime.registry)", DeprecationWarning, stacklevel=3)
+                      f"with flow={named} (moe_runtime.registry)", DeprecationWarning, stacklevel=4)  # the caller of MoELayer(), through construction.agreed_construction
     flow = "expert" if flow is None else flow
     if isinstance(flow, str):
         if flow not in FLOWS:
@@ -160,7 +160,7 @@ def dictionary_flows_of(flows: Any, deprecated: dict[str, Any]) -> dict[str, Any
     if "data_centric" in named and "shared_cache" in deprecated and deprecated.get("parallel", "expert") == "expert":
         named["data_centric"] = DataCentric(shared_cache=deprecated.pop("shared_cache"))
         warnings.warn("MoELayer(shared_cache=) is deprecated: give flows=(..., DataCentric(shared_cache=...))",
-                      DeprecationWarning, stacklevel=3)
+                      DeprecationWarning, stacklevel=4)  # the caller of MoELayer(), through construction.agreed_construction
     return {name: named[name] for name in DICTIONARY_FLOWS if name in named}
 
 

@@ -147,6 +147,9 @@ DICTIONARY = {"parallel_type": "adaptive:auto", "flows": ("dropless",)}
 # ("different hidden splits", tests/mpi_runtime/test_runtime_hexa.py).
 CONSTRUCTION_CASES = [
     ("model_dim", "capacity", {}, {"model_dim": MODEL_DIM + 4}),
+    # A rank whose own checks fail: every rank raises, the mismatch shows that rank's error.
+    ("arguments", "capacity", {}, {"capacity_rule": "bogus"}),
+    ("arguments", "dropless", {}, {"flow": "sorted"}),
     ("num_experts_per_device", "capacity", {}, {"experts": spec(1)}),
     ("hidden_size_per_expert", "capacity", {}, {"experts": spec(2, hidden_size_per_expert=HIDDEN // 2)}),
     ("has_fc1_bias", "capacity", {}, {"experts": spec(2, has_fc1_bias=False)}),

@@ -1,5 +1,5 @@
 """The ranks' agreement on a layer's construction and call (moe_runtime.common.
-agreement, moe_runtime.layer_fields) on one rank: values as texts, the
+agreement, moe_runtime.construction) on one rank: values as texts, the
 messages of a mismatch (the other ranks stood in for by the all-gather),
 and the normalization of the layer's fields. tests/mpi_runtime/
 test_runtime_one_model.py runs them over real ranks."""
@@ -19,7 +19,7 @@ import a2a
 import moe_runtime
 from moe_runtime.common import agreement
 from moe_runtime.common.agreement import CallFields, agree_construction, callable_name, describe
-from moe_runtime.layer_fields import layer_fields
+from moe_runtime.construction import layer_fields
 
 
 class _Plain:

@@ -1,12 +1,15 @@
-"""The configuration of an MoELayer that every rank must construct alike, as
-the fields of moe_runtime.common.agreement.agree_construction.
+"""An MoELayer's construction: its arguments checked, resolved into the flow
+that runs (moe_runtime.registry), and agreed across ranks before any other
+collective of the layer (:func:`agreed_construction`).
 
-Read from the constructor's arguments before any of the layer's
-collectives, normalized so that two spellings of one setting agree (a gate
+The fields every rank must construct alike (:func:`layer_fields`, agreed by
+moe_runtime.common.agreement.agree_construction) are read from the
+arguments, normalized so that two spellings of one setting agree (a gate
 dict without ``capacity_factor`` and one with its default; ``count_per_node``
 for ``num_experts_per_device``; no ``activation_fn`` and relu) and tolerant
-of invalid values (a rank with a wrong value shows it in the mismatch; the
-layer's own checks, after the agreement, reject a value wrong on every rank).
+of invalid values: a rank whose own checks failed joins the agreement with
+its error as the field ``arguments``, so that every rank raises (the
+mismatch names it), and an error every rank shares is raised by each.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .common.agreement import callable_name
-from .gating.gates import CosineTopKGate, LinearTopKGate
+import a2a
 
-__all__ = ["BY_PRESENCE", "layer_fields"]
+from .common.agreement import agree_construction, callable_name
+from .flows.base import Flow
+from .gating.capacity import RULES
+from .gating.gates import CosineTopKGate, LinearTopKGate
+from .registry import dictionary_flows_of, flow_of
+from .tuning.dictionary import AdaptiveDictionary
+
+__all__ = ["BY_PRESENCE", "agreed_construction", "layer_fields"]
 
 _GATES = {"top": LinearTopKGate, "cosine_top": CosineTopKGate}
 # Settings that are objects with state (the dictionary): they count by whether they were given (that
@@ -97,7 +106,46 @@ def layer_fields(gate_type: Any, model_dim: Any, experts: Any, **settings: Any) 
                               "dtype": torch.get_default_dtype()}
     for name, value in settings.items():
         fields[name] = (value is not None) if name in BY_PRESENCE else value
-    if dataclasses.is_dataclass(fields.get("flow_settings")) and hasattr(fields["flow_settings"], "hidden_split"):
-        # The hidden split is agreed by Hexa-MoE's layout itself, with its own message.
-        fields["flow_settings"] = dataclasses.replace(fields["flow_settings"], hidden_split=None)
+    flow_settings = fields.get("flow_settings")
+    if dataclasses.is_dataclass(flow_settings) and not isinstance(flow_settings, type):
+        if hasattr(flow_settings, "hidden_split"):  # agreed by Hexa-MoE's layout itself, with its own message
+            flow_settings = dataclasses.replace(flow_settings, hidden_split=None)
+        if flow_settings == type(flow_settings)():  # the defaults: as the flow's name alone gives them
+            flow_settings = None
+        fields["flow_settings"] = flow_settings
     return fields
+
+
+def agreed_construction(comm: a2a.Comm, gate_type: Any, model_dim: Any, experts: Any, *, flow: Any, flows: Any,
+                        deprecated: dict[str, Any], **settings: Any) -> tuple[type[Flow], Any, dict[str, Any]]:
+    """Collective: the flow class and its settings, and the dictionary's other
+    flows (name -> settings), after checking the arguments on this rank and
+    agreeing on them across ranks (see the module docstring)."""
+    if not isinstance(comm, a2a.Comm):
+        raise TypeError(f"comm must be an a2a.Comm, got {type(comm).__name__}")
+    error, flow_class, flow_settings, others = None, None, flow, {}
+    try:
+        others = dictionary_flows_of(flows, deprecated)
+        flow_class, flow_settings = flow_of(flow, deprecated)
+        _check(model_dim, settings)
+    except (TypeError, ValueError) as caught:
+        error = caught  # raised after the agreement, which tells the other ranks
+    name = flow_class.name if flow_class is not None else flow
+    agree_construction(comm, "MoELayer", layer_fields(
+        gate_type, model_dim, experts, arguments="valid" if error is None else f"invalid: {error}", flow=name,
+        flow_settings=flow_settings, flows=tuple(others.items()), **settings))
+    if error is not None:
+        raise error
+    return flow_class, flow_settings, others
+
+
+def _check(model_dim: Any, settings: dict[str, Any]) -> None:
+    if not isinstance(model_dim, int) or isinstance(model_dim, bool) or model_dim <= 0:
+        raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
+    if settings["capacity_rule"] not in RULES:
+        raise ValueError(f"capacity_rule must be one of {RULES}, got {settings['capacity_rule']!r}")
+    if settings["expert_gradient"] not in ("mean", "sum"):
+        raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {settings['expert_gradient']!r}")
+    adaptive = settings["adaptive"]
+    if adaptive is not None and not isinstance(adaptive, AdaptiveDictionary):
+        raise TypeError(f"adaptive must be a moe_runtime.AdaptiveDictionary, got {type(adaptive).__name__}")
