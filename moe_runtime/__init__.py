@@ -24,7 +24,8 @@ The house, bottom to top (a package imports only those below it):
 - deployment/ dynamic/ flex/ hexa/
                one package per paper: dropless and its caches, placement; per-expert capacity;
                FlexMoE's vExpert replicas; Hexa-MoE's data- and model-centric flows
-- registry.py  every flow by name and settings; layer.py the MoELayer; reference.py the oracle
+- registry.py  every flow by name and settings; construction.py the layer's arguments checked and
+               agreed across ranks; layer.py the MoELayer; reference.py the oracle
 - bench/       python -m moe_runtime.bench (beside the library: nothing imports it)
 """
 

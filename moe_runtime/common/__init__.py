@@ -5,5 +5,7 @@
 - buffers.py: the pool of the big per-call buffers, reused step to step;
 - overlap.py: the communication thread (CPU) or side stream (CUDA) that
   overlaps exchanges with compute, and the MPI thread-level check it needs;
-- initialization.py: the uniform initializers of Tutel's parameters.
+- initialization.py: the uniform initializers of Tutel's parameters;
+- agreement.py: what every rank must construct and call alike, checked in one
+  small all-gather (the construction's fields; a call's tokens).
 """

@@ -19,8 +19,7 @@ import torch
 
 from ..common.agreement import CallFields
 from ..common.overlap import check_thread_level
-from ..flows.base import Call, Choice, Flow, Plan, Request, require_r1_d1, whole_expert_layer
-from ..tuning.dictionary import Config
+from ..flows.base import Call, Plan, WholeExpertFlow, whole_expert_layer
 from .assignment_cache import AssignmentCache
 from .cached_dispatch import CachedDispatch
 from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
@@ -47,12 +46,10 @@ class Dropless:
             raise TypeError(f"assignment_cache must be a moe_runtime.AssignmentCache, got {type(cache).__name__}")
 
 
-class DroplessFlow(Flow):
+class DroplessFlow(WholeExpertFlow):
     """Nothing dropped or padded; r = 1, d = 1, whole experts on every rank."""
 
     name = "dropless"
-    takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo"})
-    why_refused = "nothing is dropped, so there is no capacity"
 
     def __init__(self, context, settings: Dropless | None = None):
         super().__init__(context, settings or Dropless())
@@ -83,11 +80,6 @@ class DroplessFlow(Flow):
         return CachedDispatch.begin(self.assignment_cache, sample_ids, tokens, top_k, context.num_experts,
                                     agree_comm=context.comm, comm=context.exchange_comm, overlap=context.overlap,
                                     algo=context.default_algo if algo is None else algo, call=call)
-
-    def configure(self, request: Request, chosen: Config | None) -> Choice:
-        self.refuse(request)
-        require_r1_d1(self.name, request.r, request.d, "adaptive_r")
-        return super().configure(Request(algo=request.algo), chosen)
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         context = self.context

@@ -10,34 +10,21 @@ ragged flow with them: r = 1, d = 1, whole experts on every rank.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from ..common.host_values import all_reduce_values
-from ..flows.base import (
-    Call,
-    Choice,
-    Flow,
-    Plan,
-    Request,
-    per_expert_counts,
-    require_r1_d1,
-    whole_expert_layer,
-)
-from ..tuning.dictionary import Config
+from ..flows.base import Call, Plan, WholeExpertFlow, per_expert_counts
 from .capacity import CapacityTracker, DynamicCapacity
 from .ragged import ragged_moe
 
 __all__ = ["DynamicFlow"]
 
 
-class DynamicFlow(Flow):
+class DynamicFlow(WholeExpertFlow):
     """One capacity per expert, picked each call by the policy."""
 
     name = "dynamic"
-    takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo"})
     why_refused = "its capacities come from its policy"
 
     def __init__(self, context, settings: DynamicCapacity | None = None):
@@ -46,15 +33,6 @@ class DynamicFlow(Flow):
             raise TypeError(f"dynamic capacity settings must be a moe_runtime.DynamicCapacity, got "
                             f"{type(self.settings).__name__}")
         self.tracker = CapacityTracker(self.settings, context.num_experts)
-
-    @classmethod
-    def check_layer(cls, layer: Any) -> None:
-        whole_expert_layer(cls.name, layer)
-
-    def configure(self, request: Request, chosen: Config | None) -> Choice:
-        self.refuse(request)
-        require_r1_d1(self.name, request.r, request.d, "adaptive_r")
-        return super().configure(Request(algo=request.algo), chosen)
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         context, decision = self.context, call.decision

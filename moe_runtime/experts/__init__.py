@@ -4,6 +4,7 @@
   shared by s ranks along H; the gathered weights of every r);
 - activation.py, ragged_ffn.py: the FFN on ragged rows (the dropless flows);
 - gradients.py: sync_shared_gradients, the all-reduce of what every rank holds;
+- replicas.py: what more than one rank holds whole, made rank 0's at construction;
 - relocation.py: moving experts (with gradients and optimizer state) between
   ranks, for placement and FlexMoE;
 - split.py: parts of a total that sum to it exactly (even, or by speed).

@@ -19,8 +19,7 @@ import torch
 import a2a
 
 from ..experts.ffn import FFNExperts
-from ..flows.base import Call, Choice, Flow, Plan, Request, require_r1_d1, whole_expert_layer
-from ..tuning.dictionary import Config
+from ..flows.base import Call, Plan, WholeExpertFlow, whole_expert_layer
 from .config import FlexConfig
 from .dispatch import flex_moe
 from .state import FlexState
@@ -28,12 +27,10 @@ from .state import FlexState
 __all__ = ["FlexFlow"]
 
 
-class FlexFlow(Flow):
+class FlexFlow(WholeExpertFlow):
     """Dropless over vExpert replicas of hot experts; r = 1, d = 1."""
 
     name = "flex"
-    takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo"})
-    why_refused = "nothing is dropped, so there is no capacity"
 
     def __init__(self, context, settings: FlexConfig | None = None):
         super().__init__(context, settings or FlexConfig())
@@ -65,11 +62,6 @@ class FlexFlow(Flow):
         if not layer.is_postscore or layer.batch_prioritized_routing:
             raise ValueError("MoELayer(flow='flex') drops nothing and applies the gates at the combine: "
                              "is_postscore must be True and batch_prioritized_routing False")
-
-    def configure(self, request: Request, chosen: Config | None) -> Choice:
-        self.refuse(request)
-        require_r1_d1(self.name, request.r, request.d, "adaptive_r")
-        return super().configure(Request(algo=request.algo), chosen)
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         """The plan of Algorithm 3 over the vExpert slots, then the dropless flow to it."""

@@ -1,6 +1,7 @@
 """The Flow interface and Tutel's flow: what runs the experts on routed tokens.
 
-- base.py: Flow, its Plan, Request, Choice, Context and Call (read first);
+- base.py: Flow, its Plan, Request, Choice, Context and Call (read first), and
+  WholeExpertFlow, what the r = 1, d = 1 flows share;
 - agreement.py: the per-call agreement every flow relies on (one all-gather);
 - expert.py: Tutel's capacity flow (r, d, algorithm): encode, the pipelined
   exchange -> experts -> exchange segment, decode.

@@ -44,7 +44,7 @@ from ..common.overlap import Overlap
 from ..gating.gates import GateDecision
 from ..tuning.dictionary import Config, flow_config
 
-__all__ = ["Call", "Choice", "Context", "Flow", "Plan", "Request"]
+__all__ = ["Call", "Choice", "Context", "Flow", "Plan", "Request", "WholeExpertFlow"]
 
 # The per-call arguments a flow may take (Flow.takes).
 CALL_ARGUMENTS = ("adaptive_r", "a2a_ffn_overlap_degree", "algo", "capacity_factor")
@@ -212,6 +212,23 @@ class Flow:
     def whole_expert_weights(self) -> tuple:
         """This rank's (fc1, fc1_bias, fc2, fc2_bias) of whole experts."""
         return self.context.experts.local_weights()
+
+
+class WholeExpertFlow(Flow):
+    """The flows that move rows to whole experts at r = 1, d = 1 (dropless,
+    dynamic, FlexMoE): they take the call's algorithm, and r and d only as 1."""
+
+    takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo"})
+    why_refused = "nothing is dropped, so there is no capacity"
+
+    @classmethod
+    def check_layer(cls, layer: Any) -> None:
+        whole_expert_layer(cls.name, layer)
+
+    def configure(self, request: Request, chosen: Config | None) -> Choice:
+        self.refuse(request)
+        require_r1_d1(self.name, request.r, request.d, "adaptive_r")
+        return super().configure(Request(algo=request.algo), chosen)
 
 
 def per_expert_counts(indices: torch.Tensor, num_experts: int) -> np.ndarray:
