@@ -31,6 +31,7 @@ The house, bottom to top (a package imports only those below it):
 
 from __future__ import annotations
 
+from . import _moved
 from .deployment import placement
 from .deployment.assignment_cache import AssignmentCache, AssignmentStats
 from .deployment.expert_cache import ExpertCache
@@ -49,6 +50,8 @@ from .layer import MoELayer, sync_shared_gradients
 from .reference import moe_reference
 from .tuning.dictionary import AdaptiveDictionary, Config
 from .tuning.prior import ExchangePrior
+
+_moved.install()  # the module paths of earlier releases, with a DeprecationWarning
 
 __all__ = [
     "AdaptiveDictionary",

@@ -12,6 +12,8 @@ catch it with pytest.warns."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
 import warnings
 
 import pytest
@@ -29,6 +31,7 @@ from moe_runtime import (
     ModelCentric,
     PipelineSharedCache,
 )
+from moe_runtime._moved import MOVED, PACKAGES
 from moe_runtime.registry import FLOWS, SETTINGS
 
 M, H = 6, 8
@@ -279,3 +282,11 @@ def test_the_suite_makes_a_deprecated_keyword_an_error_and_only_that(comm):
 def test_flow_none_is_the_expert_flow(comm):
     layer = new_spelling(comm, flow=None)
     assert layer.flow.name == "expert"
+
+
+@pytest.mark.parametrize("old", sorted(set(MOVED) - set(PACKAGES)))
+def test_a_module_path_of_earlier_releases_imports_its_new_home_and_warns(old):
+    sys.modules.pop(f"moe_runtime.{old}", None)
+    with pytest.warns(DeprecationWarning, match=f"moe_runtime.{old} moved to moe_runtime.{MOVED[old]}"):
+        module = importlib.import_module(f"moe_runtime.{old}")
+    assert module is importlib.import_module(f"moe_runtime.{MOVED[old]}")
