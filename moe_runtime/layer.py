@@ -295,11 +295,11 @@ class MoELayer(torch.nn.Module):
             check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
                                           "layer's collectives)")
         tokens, stop = self.tuning.start(tokens, recording and not call.error)
-        decision, prepared, capacity = self._gate(tokens, gate_index, k, request, sample_ids, call)
+        decision, prepared = self._gate(tokens, gate_index, k, request, sample_ids, call)
+        capacity = 0
         if decision is not None and named.uses_capacity:
             factor = self.gates[gate_index].capacity_factor if capacity_factor is None else float(capacity_factor)
-            check_capacity_factor(self.flows, factor)
-            capacity = named.local_capacity(decision, factor, self.capacity_rule)
+            capacity = call.attempt(self._local_capacity, named, decision, factor) or 0
         self.flow.settle()  # the flow's own communication in flight (a prefetch) ends before the agreement
         step_seconds = self.tuning.step_seconds  # the previous step's, for FlexMoE; the agreement clears it
         row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(),
@@ -341,8 +341,7 @@ class MoELayer(torch.nn.Module):
               call: CallFields):
         """The gate's decision (None when this rank failed: ``call.error``), its
         choices mapped to the experts' positions; what the flow began before it
-        (the predicted dispatch, whose agreement a failed rank joins too); 0, the
-        capacity until the flow asks for one."""
+        (the predicted dispatch, whose agreement a failed rank joins too)."""
         prepared = self.flow.begin(tokens, k, sample_ids, request.algo, call)
         decision = None
         try:
@@ -353,13 +352,18 @@ class MoELayer(torch.nn.Module):
             if prepared is not None:
                 prepared.join()  # the predicted dispatch overlapped the gate; it ends before any other collective
         if decision is None:
-            return None, prepared, 0
+            return None, prepared
         if self.routing_trace is not None:
             counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
             self.routing_trace.append(counts.cpu().numpy())
         if self.positions.moved:
             decision.indices = self.positions.physical(decision.indices)
-        return decision, prepared, 0
+        return decision, prepared
+
+    def _local_capacity(self, flow: Flow, decision, factor: float) -> int:
+        """This rank's capacity for `flow`; with flows=, a factor that may drop is refused."""
+        check_capacity_factor(self.flows, factor)
+        return flow.local_capacity(decision, factor, self.capacity_rule)
 
     def _choose(self, capacity: int, dtype: torch.dtype, top_k: int):
         """The dictionary's configuration at the agreed capacity (None without one)."""

@@ -132,12 +132,10 @@ def _from_deprecated(dispatcher: str = "capacity", parallel: str = "expert", fle
         if expert_cache is not None or assignment_cache is not None:
             raise ValueError("flex= does not combine with expert_cache= or assignment_cache= (they assume each "
                              "expert on one rank)")
-        return flex if isinstance(flex, FlexConfig) else _not_flex(flex)
+        if not isinstance(flex, FlexConfig):
+            raise TypeError(f"flex must be a moe_runtime.FlexConfig, got {type(flex).__name__}")
+        return flex
     return Dropless(expert_cache, assignment_cache)
-
-
-def _not_flex(flex: Any) -> Any:
-    raise TypeError(f"flex must be a moe_runtime.FlexConfig, got {type(flex).__name__}")
 
 
 def dictionary_flows_of(flows: Any, deprecated: dict[str, Any]) -> dict[str, Any]:

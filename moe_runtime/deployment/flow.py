@@ -56,6 +56,7 @@ class DroplessFlow(WholeExpertFlow):
         self.expert_cache = self.settings.expert_cache
         self.assignment_cache = self.settings.assignment_cache
         self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
+        self.assignment_stats = None  # the last call's sample-assignment caching (None without sample_ids)
         if self.assignment_cache is not None:
             self.assignment_cache.bind(self)  # one layer per cache
             check_thread_level(context.exchange_comm, "sample-assignment caching runs the predicted dispatch")
@@ -97,8 +98,6 @@ class DroplessFlow(WholeExpertFlow):
         # As the dictionary's choice the plan keeps the agreed capacity (its key); alone, the most rows.
         capacity = call.capacity or (int(rows.max()) if rows.size else 0)
         return y, Plan(1, 1, call.choice.algo, capacity, capacity, 0, sent, flow=self.name)
-
-    assignment_stats = None
 
     def _bound_cache(self, device: torch.device) -> ExpertCache:
         """The expert cache holding the current expert weights: (re)bound when

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..common.host_values import all_reduce_values
-from ..flows.base import Call, Plan, WholeExpertFlow, per_expert_counts
+from ..flows.base import Call, Plan, WholeExpertFlow
 from .capacity import CapacityTracker, DynamicCapacity
 from .ragged import ragged_moe
 
@@ -39,7 +39,8 @@ class DynamicFlow(WholeExpertFlow):
         indices = decision.indices.contiguous()
         num_experts = context.num_experts
         # Each expert's count and the token count, the maximum over ranks: the policy's input.
-        mine = np.append(per_expert_counts(indices, num_experts), indices.shape[0]).astype(np.int64)
+        counts = torch.bincount(indices[indices >= 0].reshape(-1), minlength=num_experts).cpu().numpy()
+        mine = np.append(counts, indices.shape[0]).astype(np.int64)
         agreed = all_reduce_values(mine, context.comm, op="max")
         capacities = self.tracker.update(agreed[:num_experts], int(agreed[num_experts]), indices.shape[1])
         prioritized = context.batch_prioritized_routing

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 import a2a
@@ -41,6 +40,7 @@ import a2a
 from ..common.agreement import CallFields
 from ..common.buffers import BufferPool
 from ..common.overlap import Overlap
+from ..experts.ffn import FFNExperts
 from ..gating.gates import GateDecision
 from ..tuning.dictionary import Config, flow_config
 
@@ -157,8 +157,6 @@ class Flow:
     def layout(cls, spec: dict[str, Any], model_dim: int, comm: a2a.Comm, expert_seed: int,
                settings: Any) -> torch.nn.Module:
         """The expert layout this flow runs on, built from Tutel's experts dict."""
-        from ..experts.ffn import FFNExperts
-
         return FFNExperts(spec, model_dim, comm, expert_seed)
 
     @classmethod
@@ -231,11 +229,6 @@ class WholeExpertFlow(Flow):
         return super().configure(Request(algo=request.algo), chosen)
 
 
-def per_expert_counts(indices: torch.Tensor, num_experts: int) -> np.ndarray:
-    """(E,) routed choices per expert of a (T, k) indices tensor (-1: none)."""
-    return torch.bincount(indices[indices >= 0].reshape(-1), minlength=num_experts).cpu().numpy()
-
-
 def require_r1_d1(name: str, r: int | None, d: int | None, r_name: str) -> None:
     """The whole-expert flows' r and d (None: not given), at construction and per call."""
     if r is not None and r != 1:
@@ -245,17 +238,13 @@ def require_r1_d1(name: str, r: int | None, d: int | None, r_name: str) -> None:
                          f"to pipeline), got a2a_ffn_overlap_degree={d}")
 
 
-def whole_experts_needed(name: str, layer: Any, other: str = "use flow='expert' for shared experts") -> None:
-    """The flows that move whole experts' rows need E >= W."""
+def whole_expert_layer(name: str, layer: Any) -> None:
+    """What the flows that move whole experts' rows at r = 1, d = 1 need of the layer: E >= W, no
+    dictionary, r = d = 1."""
     if layer.experts.sharers > 1:
         raise ValueError(f"MoELayer(flow={name!r}) needs whole experts on each rank (E >= W), but "
                          f"{layer.experts.sharers} ranks share each of the {layer.num_global_experts} experts; "
-                         f"{other}")
-
-
-def whole_expert_layer(name: str, layer: Any) -> None:
-    """What the flows that move whole experts' rows at r = 1, d = 1 need of the layer."""
-    whole_experts_needed(name, layer)
+                         "use flow='expert' for shared experts")
     if layer.adaptive is not None:
         raise ValueError(f"MoELayer(flow={name!r}) runs r = 1, d = 1: there is nothing for the dictionary "
                          "(adaptive=, parallel_type='adaptive:auto') to choose")

@@ -106,7 +106,6 @@ class DataCentricFlow(_HexaFlow):
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         context = self.context
-        self.cache.wait()  # settled already when this is the layer's flow; not when the dictionary's
         y = data_centric_moe(call.tokens, call.decision.indices, call.decision.gates, experts=context.experts,
                              cache=self.cache, token=self.cache_token, comm=context.exchange_comm,
                              weight_grad_scale=context.weight_grad_scale)
