@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -45,6 +46,26 @@ def test_nccl_is_built_wherever_ci_asks_for_it():
     if os.environ.get("A2A_WITH_NCCL", "").upper() not in ("1", "ON"):
         pytest.skip("A2A_WITH_NCCL is not set to 1")
     assert a2a.config()["nccl"] is True, a2a.config()
+
+
+def _exported_symbols(path: str) -> list[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) on PATH")
+    out = subprocess.run([nm, "-D", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    return [line.split()[-1] for line in out.splitlines() if line.strip()]
+
+
+def test_the_native_files_export_their_interface_alone():
+    # An exported copy of a C++ runtime symbol (std::locale from a static libstdc++, seen on the
+    # first GPU machine) replaces the process's own for every library loaded later: torch's
+    # import after a2a's died in free(). cmake/liba2a.map and cmake/module.map hold them back.
+    library = os.path.join(a2a.config()["library"], "liba2a.so")
+    leaked = [name for name in _exported_symbols(library) if not name.startswith("a2a_")]
+    assert not leaked, f"{library} exports more than the C ABI: {leaked[:10]}"
+    module = a2a._C.__file__
+    leaked = [name for name in _exported_symbols(module) if name != "PyInit__C"]
+    assert not leaked, f"{module} exports more than PyInit__C: {leaked[:10]}"
 
 
 def test_config_returns_a_fresh_dict():
