@@ -24,6 +24,8 @@ def device(request):
             pytest.skip("torch sees no CUDA device")
         if not a2a.config().get("cuda"):
             pytest.skip("a2a was built without CUDA")
+        # With its index: a tensor's device is cuda:0, and torch.device("cuda") compares unequal to it.
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(request.param)
 
 

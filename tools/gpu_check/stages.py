@@ -138,9 +138,9 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 
 STAGES = (
     Stage("tests", "tests/gpu and the unit tests' CUDA cases, one process", "1-tests.log", (
-        Step("tests/gpu (kernels, collectives on NCCL, from_torch, staged 1 rank, graphs)", 75, GPU_TESTS,
+        Step("tests/gpu (kernels, collectives on NCCL, from_torch, staged 1 rank, graphs)", 55, GPU_TESTS,
              collect(GPU_TESTS)),
-        Step("tests/unit CUDA cases", 20, UNIT_CUDA, collect(UNIT_CUDA)),
+        Step("tests/unit CUDA cases", 40, UNIT_CUDA, collect(UNIT_CUDA)),
     )),
     Stage("mpirun", "mpirun on the one GPU: staged MPI with 2, 3 and 4 ranks, NCCL from a torch NCCL group",
           "2-mpirun.log", (
