@@ -171,6 +171,46 @@ class Comm:
         native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device))
         return cls(native)
 
+    @classmethod
+    def from_job(
+        cls,
+        group: Any = None,
+        *,
+        device: str = "cpu",
+        cuda_device: int | None = None,
+        local_size: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Comm:
+        """The running job's communicator over `group`'s ranks: a
+        ``torch.distributed`` group, or None (torch.distributed's default
+        group when it is initialized, else the MPI world). Collective over
+        the group.
+
+        ``device="cpu"`` gives MPI: the world, or under mpirun the MPI
+        sub-communicator of the group's ranks in group order (so a gloo
+        group of an mpirun job runs a2a's collectives over MPI); a group
+        started by another launcher (torchrun) is refused with what to
+        launch instead. ``device="cuda"`` gives NCCL: over the group
+        (``from_torch``) when torch.distributed is initialized, else over
+        the MPI world (``from_mpi``). a2a/_job.py has the whole table.
+        """
+        from . import _job
+
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+        options = {"local_size": local_size, "timeout_s": timeout_s}
+        group = _job.torch_group(group)
+        if device == "cuda":
+            if group is not None:
+                return cls.from_torch(group, cuda_device=cuda_device, **options)
+            return cls.from_mpi(device="cuda", cuda_device=cuda_device, **options)
+        if group is None:
+            return cls.from_mpi(**options)
+        refusal = _job.cpu_refusal(group)
+        if refusal:
+            raise RuntimeError(f"Comm.from_job: {refusal}")
+        return cls.from_mpi(_job.mpi_comm_of(group), **options)
+
     def split(self, color: int | None, key: int | None = None) -> Comm | None:
         """Splits this communicator, like ``MPI_Comm_split``. Collective: every
         rank calls it. The ranks that pass the same ``color`` (an int >= 0)

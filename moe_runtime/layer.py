@@ -29,10 +29,12 @@ import torch
 
 import a2a
 
+from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
 from .common.host_values import all_gather_values
-from .common.overlap import Overlap, check_thread_level
+from .common.overlap import check_thread_level
+from .common.precision import compute_dtype, routing_precision
 from .construction import agreed_construction
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
@@ -42,10 +44,10 @@ from .experts.replicas import copy_replicas_from_rank0
 from .flex.scheduler import Decision
 from .flex.vexperts import Primitive
 from .flows.agreement import CallRow, agree_call
-from .flows.base import Call, Context, Flow, Plan, Request
+from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.gates import decide, make_gate
-from .registry import FLOWS, check_capacity_factor, check_dictionary_layer
+from .registry import check_capacity_factor, check_dictionary_layer
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
 
@@ -160,19 +162,10 @@ class MoELayer(torch.nn.Module):
             check_dictionary_layer(self, flow_class)
         flow_class.check_layer(self)
 
-        # The exchanges' own communicator (Comm.split is collective), so that a communication thread
-        # never shares one with the caller.
-        exchange_comm = comm.split(0, comm.rank)
         self._pool = BufferPool()
-        context = Context(comm, exchange_comm, Overlap(comm.device, comm.cuda_device), self._pool, self.experts,
-                          self.num_global_experts, model_dim, "2dh" if use_2dh else "linear",
-                          1.0 / comm.size if expert_gradient == "mean" else 1.0, self.is_postscore,
-                          self.batch_prioritized_routing, timer)
-        self.flow: Flow = flow_class(context, (parallel_type, a2a_ffn_overlap_degree)
-                                     if flow_class.name == "expert" else settings)
-        # Every flow this layer may run, by name: its own, and the dictionary's others over the same experts.
-        self._flows: dict[str, Flow] = {self.flow.name: self.flow}
-        self._flows.update((name, FLOWS[name](context, others[name])) for name in self.flows)
+        self._construction = (flow_class, (parallel_type, a2a_ffn_overlap_degree) if flow_class.name == "expert"
+                              else settings, {name: others[name] for name in self.flows})
+        self.flow, self._flows = bind_flows(self, comm, *self._construction)
         self.tuning = StepTuning(self.adaptive, timer)
         self.positions = ExpertPositions(self.num_global_experts, comm.size)
         self.routing_trace: list[np.ndarray] | None = None  # each call appends this rank's (E,) routed counts
@@ -198,6 +191,16 @@ class MoELayer(torch.nn.Module):
                  "is_postscore": self.is_postscore, "batch_prioritized_routing": self.batch_prioritized_routing,
                  "flows": self.flows}
         return {name: (value, EXPERT_PARALLEL_DEFAULTS[name]) for name, value in given.items()}
+
+    def use_comm(self, comm: a2a.Comm) -> None:
+        """Collective: the layer's collectives run on `comm` from now on, a
+        communicator of the same ranks in the same order (the CUDA one after
+        ``layer.cuda()``, say). The flows are made anew on it; flows that keep
+        state between calls (moe_runtime.binding.REBINDABLE says which do not)
+        refuse."""
+        check_rebind(self, comm)
+        self.comm = comm
+        self.flow, self._flows = bind_flows(self, comm, *self._construction)
 
     # -- what the flows hold, by the names of earlier releases (None where the layer's flow has none) --
     parallel = property(lambda self: self.flow.name if self.flow.name in ("data_centric", "model_centric")
@@ -289,7 +292,7 @@ class MoELayer(torch.nn.Module):
         # a rank that fails before it still joins it, and every rank raises there (common/agreement.py).
         call = CallFields(x, self.model_dim, f"MoELayer on rank {self.comm.rank}")
         k = 0 if call.error else call.attempt(self._checked_call, gate_index, top_k, request) or 0
-        tokens = call.tokens(x).contiguous()
+        tokens = call.tokens(x).contiguous().to(compute_dtype(x, self.experts.batched_fc1_w.dtype))
         recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if recording and self.comm.device == "cuda" and not call.error:
             check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
@@ -315,7 +318,7 @@ class MoELayer(torch.nn.Module):
         self.tuning.trial(agreed.capacity, choice.config, choice.timed)
         y, self.last_plan = runner.run(Call(tokens, decision, choice, agreed.capacity, agreed.token_counts,
                                             recording, step_seconds, prepared))
-        y = y.view(x.shape)
+        y = y.view(x.shape).to(x.dtype)
         stop()
         y.l_aux = self.l_aux = decision.l_aux
         return y
@@ -346,8 +349,9 @@ class MoELayer(torch.nn.Module):
         decision = None
         try:
             if call.error is None:
-                decision = call.attempt(decide, self.gates[gate_index], tokens, k, training=self.training,
-                                        normalize_gate=self.normalize_gate, is_gshard_loss=self.is_gshard_loss)
+                with routing_precision(tokens.device.type):  # the gate in its own dtype (common/precision.py)
+                    decision = call.attempt(decide, self.gates[gate_index], tokens, k, training=self.training,
+                                            normalize_gate=self.normalize_gate, is_gshard_loss=self.is_gshard_loss)
         finally:
             if prepared is not None:
                 prepared.join()  # the predicted dispatch overlapped the gate; it ends before any other collective

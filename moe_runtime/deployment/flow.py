@@ -90,7 +90,8 @@ class DroplessFlow(WholeExpertFlow):
             dispatched = call.prepared.finish(call.tokens, indices)
             stats = call.prepared.stats
         cache = self._bound_cache(call.tokens.device) if self.expert_cache is not None and not call.recording else None
-        y, rows, sent = dropless_moe(call.tokens, indices, call.decision.gates, weights=self.whole_expert_weights(),
+        weights = self.whole_expert_weights(call.tokens.dtype)
+        y, rows, sent = dropless_moe(call.tokens, indices, call.decision.gates, weights=weights,
                                      activation=context.experts.activation_fn, comm=context.exchange_comm,
                                      algo=call.choice.algo, weight_grad_scale=context.weight_grad_scale,
                                      dispatched=dispatched, expert_cache=cache)
@@ -103,7 +104,7 @@ class DroplessFlow(WholeExpertFlow):
         """The expert cache holding the current expert weights: (re)bound when
         a parameter changed since (an optimizer step, a load) or the tokens
         moved to another device."""
-        named = zip(CACHED_WEIGHT_NAMES, self.whole_expert_weights(), strict=True)
+        named = zip(CACHED_WEIGHT_NAMES, self.context.experts.local_weights(), strict=True)
         weights = {name: p for name, p in named if p is not None}
         versions = (device, *((p.data_ptr(), p._version) for p in weights.values()))
         if versions != self._cached_versions:

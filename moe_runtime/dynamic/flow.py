@@ -46,8 +46,9 @@ class DynamicFlow(WholeExpertFlow):
         prioritized = context.batch_prioritized_routing
         scores = decision.scores.detach().contiguous() if prioritized else None
         algo = call.choice.algo
+        weights = self.whole_expert_weights(call.tokens.dtype)
         y, routing, sent = ragged_moe(call.tokens, indices, decision.gates, capacities=capacities,
-                                      weights=self.whole_expert_weights(), activation=context.experts.activation_fn,
+                                      weights=weights, activation=context.experts.activation_fn,
                                       comm=context.exchange_comm, algo=algo, is_postscore=context.is_postscore,
                                       scores=scores, weight_grad_scale=context.weight_grad_scale)
         most = int(capacities.max())

@@ -66,7 +66,7 @@ class FlexFlow(WholeExpertFlow):
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         """The plan of Algorithm 3 over the vExpert slots, then the dropless flow to it."""
         context, algo = self.context, call.choice.algo
-        weights = self.whole_expert_weights()
+        weights = self.whole_expert_weights(call.tokens.dtype)
         indices = call.decision.indices.contiguous()
         # A slot's states when it moves: parameters, gradients and (Adam's) two moments.
         state_bytes = 4 * self.state.expert_elements * weights[0].element_size()

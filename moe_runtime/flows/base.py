@@ -207,9 +207,11 @@ class Flow:
         raise NotImplementedError
 
     # -- helpers for the implementations --------------------------------------------
-    def whole_expert_weights(self) -> tuple:
-        """This rank's (fc1, fc1_bias, fc2, fc2_bias) of whole experts."""
-        return self.context.experts.local_weights()
+    def whole_expert_weights(self, dtype: torch.dtype) -> tuple:
+        """This rank's (fc1, fc1_bias, fc2, fc2_bias) of whole experts, in the
+        tokens' `dtype` (under autocast the weights stay in theirs: cast as
+        autocast casts a matmul's operands; no copy when the dtypes agree)."""
+        return tuple(None if w is None else w.to(dtype) for w in self.context.experts.local_weights())
 
 
 class WholeExpertFlow(Flow):

@@ -266,7 +266,11 @@ class _SegmentFunction(torch.autograd.Function):
 
 def run_segment(segment: Segment, dispatched: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
                 fc2: torch.Tensor, fc2_bias: torch.Tensor | None) -> torch.Tensor:
-    """The combine buffer of `dispatched` (autograd when anything requires grad)."""
+    """The combine buffer of `dispatched` (autograd when anything requires grad).
+    Under autocast the rows come in its dtype and the weights stay in theirs:
+    they are cast to the rows' dtype, as autocast casts a matmul's operands."""
+    fc1, fc1_bias, fc2, fc2_bias = (None if w is None else w.to(dispatched.dtype)
+                                    for w in (fc1, fc1_bias, fc2, fc2_bias))
     return _SegmentFunction.apply(dispatched, fc1, fc1_bias, fc2, fc2_bias, segment)
 
 

@@ -49,7 +49,7 @@ class LinearTopKGate(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp32_gate:
             return F.linear(x.float(), self.wg.weight.float())
-        return self.wg(x)
+        return self.wg(x.to(self.wg.weight.dtype))
 
 
 class CosineTopKGate(torch.nn.Module):
@@ -84,7 +84,7 @@ class CosineTopKGate(torch.nn.Module):
             projected = F.linear(x, proj.weight.float(), proj.bias.float())
             sim, temperature = sim.float(), temperature.float()
         else:
-            projected = proj(x)
+            projected = proj(x.to(proj.weight.dtype))
         logits = F.normalize(projected, dim=1) @ F.normalize(sim, dim=0)
         return logits * temperature.clamp(max=self.clamp_max).exp()
 

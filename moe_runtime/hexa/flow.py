@@ -79,6 +79,15 @@ class _HexaFlow(Flow):
         """Whether the layout is Hexa-MoE's (else Tutel's whole experts, for the dictionary)."""
         return isinstance(self.context.experts, HiddenShardedExperts)
 
+    def require_one_dtype(self, call: Call) -> None:
+        """The expert-specific operators take the tokens and weights in one dtype."""
+        weights = self.context.experts.batched_fc1_w.dtype
+        if call.tokens.dtype != weights:
+            raise ValueError(f"MoELayer(flow={self.name!r}) computes with a2a's expert-specific operators, which take "
+                             f"the tokens and the weights in one dtype; the tokens are {call.tokens.dtype} (autocast) "
+                             f"and the weights {weights}: convert the layer (layer.to({call.tokens.dtype})) instead "
+                             "of autocasting it")
+
     def plan(self, call: Call, r: int, sent: int) -> Plan:
         if self.sharded:
             most = int(max(call.token_counts))
@@ -106,6 +115,7 @@ class DataCentricFlow(_HexaFlow):
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         context = self.context
+        self.require_one_dtype(call)
         y = data_centric_moe(call.tokens, call.decision.indices, call.decision.gates, experts=context.experts,
                              cache=self.cache, token=self.cache_token, comm=context.exchange_comm,
                              weight_grad_scale=context.weight_grad_scale)
@@ -123,6 +133,7 @@ class ModelCentricFlow(_HexaFlow):
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         context = self.context
         world = context.comm.size
+        self.require_one_dtype(call)
         y = model_centric_moe(call.tokens, call.decision.indices, call.decision.gates, experts=context.experts,
                               token_counts=call.token_counts, comm=context.exchange_comm,
                               weight_grad_scale=context.weight_grad_scale)
