@@ -44,6 +44,7 @@ HEXA_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_hexa.py")  # Hexa-MoE's l
 FLOW_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_dictionary_flows.py")
 # One model on every rank and the ranks' agreement on the configuration, also on 3 ranks (an odd world).
 ONE_MODEL_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_one_model.py")
+TUTEL_TESTS = os.path.join("tests", "mpi_tutel")  # moe_runtime.moe, Tutel's surface: checkpoints and groups
 
 # Variables of the library that a developer's shell must not leak into a run.
 A2A_VARIABLES = (
@@ -138,6 +139,8 @@ CONFIGS = [
            note="Hexa-MoE's data- and model-centric layers, and the dictionary's flows, on 2 ranks", timeout=300),
     Config("one-model-np3", 3, paths=[ONE_MODEL_TESTS],
            note="one model on every rank, the configuration agreed, on 3 ranks", timeout=300),
+    Config("tutel-2x2", 4, 2, paths=[TUTEL_TESTS],
+           note="Tutel's moe_layer: checkpoints both ways, groups under mpirun, 2 nodes x 2 ranks", timeout=300),
     # moe_runtime on CUDA tensors (A2A_TEST_DEVICE=cuda, tests/mpi_runtime/runtime_util.py): the whole
     # runtime suite, every rank on GPU 0 through the staged MPI transport (NCCL refuses several ranks
     # on one GPU), on one node and on two emulated ones (2dh). They need a GPU, so they are not in the

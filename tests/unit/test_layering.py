@@ -4,7 +4,8 @@ imports included: tests/import_graph.py).
 moe_runtime: the base (common, gating, experts, flows, tuning) at the
 bottom; one package per paper system above it (deployment, dynamic, flex,
 hexa), each on the base alone; the top-level modules (the package itself,
-the layer, the reference) over both; the benchmarks (moe_runtime.bench)
+the layer, the reference) over both; Tutel's surface (moe_runtime.moe) over them;
+the benchmarks (moe_runtime.bench)
 apart, imported by nothing of the library. No import cycle anywhere.
 a2a: the benchmarks draw the scale model's predictions, so a2a.bench and
 a2a.sim never import each other both ways. And no module of either package
@@ -22,6 +23,8 @@ BASE = ("moe_runtime.common", "moe_runtime.gating", "moe_runtime.experts", "moe_
         "moe_runtime.tuning")
 SYSTEMS = ("moe_runtime.deployment", "moe_runtime.dynamic", "moe_runtime.flex", "moe_runtime.hexa")
 BENCH = "moe_runtime.bench"
+# Other libraries' surfaces over the layer (moe_runtime.moe: Tutel's), imported by nothing of the library.
+INTERFACES = ("moe_runtime.moe",)
 MAX_LINES = 600
 THIN_LAYER_LINES = 400  # MoELayer is gate -> agree -> flow -> output; the flows hold the rest
 
@@ -32,7 +35,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(module: str) -> str:
-    """base, system, bench or top (a module of moe_runtime outside the packages
+    """base, system, bench, interface or top (a module of moe_runtime outside the packages
     above: the package itself, layer.py, reference.py); other for a2a's."""
     if not inside(module, "moe_runtime"):
         return "other"
@@ -42,6 +45,8 @@ def layer_of(module: str) -> str:
         return "system"
     if inside(module, BENCH):
         return "bench"
+    if any(inside(module, package) for package in INTERFACES):
+        return "interface"
     return "top"
 
 
@@ -66,7 +71,7 @@ def test_every_package_of_moe_runtime_has_a_layer():
     else the checks below would not see it."""
     packages = {name for name, path in module_files("moe_runtime").items()
                 if path.endswith("__init__.py") and name.count(".") == 1}
-    placed = {*BASE, *SYSTEMS, BENCH}
+    placed = {*BASE, *SYSTEMS, BENCH, *INTERFACES}
     assert packages <= placed, f"packages in no layer (add them to BASE or SYSTEMS): {sorted(packages - placed)}"
     assert placed <= packages, f"layers name packages that are gone: {sorted(placed - packages)}"
 
@@ -74,7 +79,7 @@ def test_every_package_of_moe_runtime_has_a_layer():
 @pytest.mark.parametrize("package", BASE)
 def test_the_base_imports_no_system_no_benchmark_and_no_top_module(graph, package):
     wrong = [(module, target) for module, target in imports(graph)
-             if inside(module, package) and layer_of(target) in ("system", "bench", "top")]
+             if inside(module, package) and layer_of(target) in ("system", "bench", "top", "interface")]
     assert not wrong, f"the base ({package}) imports above itself: {listed(wrong)}"
 
 
@@ -90,6 +95,12 @@ def test_no_library_module_imports_the_benchmarks(graph):
     wrong = [(module, target) for module, target in imports(graph)
              if inside(target, BENCH) and not inside(module, BENCH)]
     assert not wrong, f"the library imports the benchmarks: {listed(wrong)}"
+
+
+def test_no_library_module_imports_another_librarys_surface(graph):
+    wrong = [(module, target) for module, target in imports(graph)
+             if layer_of(target) == "interface" and layer_of(module) not in ("interface", "bench")]
+    assert not wrong, f"the library imports an interface package: {listed(wrong)}"
 
 
 def test_a2a_bench_and_a2a_sim_do_not_import_each_other(graph):
