@@ -85,10 +85,12 @@ def test_nccl_programs_are_judged_by_their_footer():
     wrong = stages.Result("bench", "nccl_tests_ext alltoall_perf -G 1", "failed (exit 1)", 1.0,
                           output=sample.replace("Out of bounds values : 0 OK", "Out of bounds values : 3 FAILED"))
     cut = stages.Result("bench", "nccl_tests_ext alltoallv_perf", "not run: out of time (the 8-minute deadline)")
-    found = targets.nccl_programs([good, wrong, cut])
+    left_out = stages.Result("bench", "nccl_tests_ext alltoall_flex_perf", "not run: not in --only")
+    found = targets.nccl_programs([good, wrong, cut, left_out])
     assert [(t.measured, t.verdict) for t in found[:1]] == [("#wrong 0", "met")]
     assert found[1].verdict == "missed" and "3 FAILED" in found[1].measured
     assert found[2].verdict == "missed"
+    assert found[3].verdict == "not run", "a step that --only left out is not a miss"
 
 
 def environment(tmp_path: Path) -> Environment:
