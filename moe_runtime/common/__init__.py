@@ -7,5 +7,7 @@
   overlaps exchanges with compute, and the MPI thread-level check it needs;
 - initialization.py: the uniform initializers of Tutel's parameters;
 - agreement.py: what every rank must construct and call alike, checked in one
-  small all-gather (the construction's fields; a call's tokens).
+  small all-gather (the construction's fields; a call's tokens);
+- precision.py: the dtypes of a call (autocast's for the tokens, the gate's
+  own for the routing, the input's for the output), as Tutel's layer has them.
 """
