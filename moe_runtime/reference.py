@@ -48,11 +48,14 @@ def moe_reference(
     batch_prioritized_routing: bool = False,
     activation: Callable[[torch.Tensor], torch.Tensor] = F.relu,
     logits_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    capacity_alignment: int = 1,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """(ys, l_auxes, capacity): every rank's output (T_i, M) and GShard loss.
 
     ``xs``: rank i's tokens (T_i, M). ``gate_weight`` (E, M): logits = x @ w^T
     (``logits_fn`` replaces that, e.g. a float64 copy of a cosine gate).
+    ``capacity_alignment``: the capacity rounded up to a multiple of it
+    (Tutel's layer rounds to s d before routing: moe_runtime.moe).
     ``experts``: batched_fc1_w (E, H, M), batched_fc2_w (E, H, M) and the
     optional batched_fc1_bias (E, H), batched_fc2_bias (E, M)."""
     fc1, fc2 = experts["batched_fc1_w"], experts["batched_fc2_w"]
@@ -72,6 +75,7 @@ def moe_reference(
         l_aux = (scores.mean(0) * first.mean(0)).sum() * num_experts if len(x) else scores.sum() * 0.0
         decisions.append((scores, chosen, gates, l_aux))
     capacity = max(_capacity(capacity_rule, capacity_factor, chosen, num_experts) for _, chosen, _, _ in decisions)
+    capacity = -(-capacity // capacity_alignment) * capacity_alignment
 
     ys, l_auxes = [], []
     for x, (scores, chosen, gates, l_aux) in zip(xs, decisions):

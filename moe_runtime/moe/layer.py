@@ -30,6 +30,7 @@ import torch
 
 import a2a
 
+from ..flows.expert import positive_degree
 from ..layer import MoELayer
 from .communicator import communicator, group_size
 
@@ -77,6 +78,8 @@ def _gate_specs(gate_type: Any) -> list[dict[str, Any]]:
             raise ValueError("gate_type {'type': 'custom', 'module': ...}: a user's gate module is not supported; "
                              "the gates are 'top' and 'cosine_top' (Tutel's built-in ones)")
         defaults = {"k": 1, "capacity_factor": float(os.environ.get("CAP_FACTOR", "1.0")), "gate_noise": 0.0}
+        if spec.get("type") == "cosine_top":
+            defaults["proj_dim"] = 256  # Tutel's (ours otherwise scales it with model_dim)
         filled.append({**defaults, **spec})
     return filled
 
@@ -98,6 +101,8 @@ def _expert_spec(experts: Any, model_dim: int) -> tuple[dict[str, Any], Callable
     with_self = experts.get("activation_fn_with_self")
     if with_self is not None and experts.get("activation_fn") is not None:
         raise ValueError("experts: give activation_fn or activation_fn_with_self, not both (as Tutel)")
+    if "count_per_node" in experts and "num_experts_per_device" in experts:
+        raise ValueError("experts: give num_experts_per_device or its old name count_per_node, not both")
     spec = {key: value for key, value in experts.items() if key not in ("output_dim", "activation_fn_with_self")}
     if spec.get("num_experts_per_device", spec.get("count_per_node")) == -1:
         spec.pop("count_per_node", None)
@@ -107,7 +112,7 @@ def _expert_spec(experts: Any, model_dim: int) -> tuple[dict[str, Any], Callable
 
 def _tutel_r(parallel_type: str, sharers: int) -> str:
     """Tutel's parallel_type as MoELayer's: 'adaptive:r' clamped to [0, s]
-    (as Tutel does), 'data' / 'model' as r = 0 / s when experts are shared,
+    (as Tutel does), 'data' / 'model' as r = 1 / s (Tutel's),
     'auto' as r = 1 (Tutel's auto-parallel switch is off); 'adaptive:auto'
     (ours) keeps the dictionary."""
     if parallel_type == "adaptive:auto":
@@ -119,8 +124,8 @@ def _tutel_r(parallel_type: str, sharers: int) -> str:
             raise ValueError(f"parallel_type {parallel_type!r}: 'adaptive:r' takes an integer r (or ours, "
                              "'adaptive:auto': the dictionary)") from None
         return f"adaptive:{min(max(r, 0), sharers)}"
-    if parallel_type in ("data", "model"):
-        return "adaptive:1" if sharers == 1 else parallel_type
+    if parallel_type in ("data", "model"):  # Tutel's: r = 1 and r = s (its r = 0 is 'adaptive:0')
+        return "adaptive:1" if parallel_type == "data" else f"adaptive:{sharers}"
     if parallel_type == "auto":
         return "adaptive:1"
     raise ValueError(f"parallel_type {parallel_type!r}: Tutel's are 'adaptive:r', 'data', 'model' and 'auto'")
@@ -145,6 +150,10 @@ class TutelMoELayer(MoELayer):
         if not isinstance(model_dim, int) or model_dim % 2:
             raise ValueError(f"model_dim must be an even integer (as Tutel), got {model_dim!r}")
         spec, with_self = _expert_spec(experts, model_dim)
+        if int(os.environ.get("BATCH_PRIO", "0")) != 0:
+            batch_prioritized_routing = True  # Tutel's switch
+        if int(os.environ.get("SKIP_EXPERT", "0")) != 0:
+            raise ValueError("SKIP_EXPERT (Tutel's debugging switch: experts return their input) is not supported")
         seeds = tuple(seeds) if seeds is not None else None
         if seeds is not None and not 2 <= len(seeds) <= 3:
             raise ValueError(f"seeds must be (gate_seed, expert_seed[, seed_after]), got {seeds!r}")
@@ -195,7 +204,10 @@ class TutelMoELayer(MoELayer):
                              f"{self.num_global_experts} ({count})")
         for name, parameter in self.experts.named_parameters():
             key = prefix + "experts." + name
-            if key in state_dict and state_dict[key].numel() == parameter.numel():
+            if key not in state_dict:
+                LOG.warning("the checkpoint has no %s: zeros are loaded into it (as Tutel does)", key)
+                state_dict[key] = torch.zeros_like(parameter)
+            if state_dict[key].numel() == parameter.numel():
                 state_dict[key] = state_dict[key].view(parameter.shape)
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -215,21 +227,38 @@ class TutelMoELayer(MoELayer):
             input.l_aux = None
             return self.result_func(input) if self.result_func is not None else input
         if a2a_ffn_overlap_degree is not None:
-            self.a2a_ffn_overlap_degree = a2a_ffn_overlap_degree
+            self.a2a_ffn_overlap_degree = positive_degree(a2a_ffn_overlap_degree)
         if adaptive_r is not None:
+            if adaptive_r not in self.valid_rs:
+                raise ValueError(f"adaptive_r={adaptive_r!r}: this layer's valid r are {self.valid_rs}")
             self.adaptive_degree = adaptive_r
         self._follow(input)
         shape = input.shape
         if not 1 <= reserve_dims < len(shape):
             raise ValueError(f"reserve_dims={reserve_dims} must leave a token dimension of the input's {tuple(shape)}")
         tokens = input.reshape(-1, shape[-reserve_dims:].numel())
-        pinned = {"adaptive_r": self.adaptive_degree} if self.adaptive is None else {}
+        # Tutel's r and d stay set call to call; a layer with the dictionary takes them from this call alone.
+        pinned = {"adaptive_r": self.adaptive_degree, "a2a_ffn_overlap_degree": self.a2a_ffn_overlap_degree} \
+            if self.adaptive is None else {"adaptive_r": adaptive_r, "a2a_ffn_overlap_degree": a2a_ffn_overlap_degree}
         y = super().forward(tokens, gate_index=gate_index, capacity_factor=capacity_factor, top_k=top_k,
-                            a2a_ffn_overlap_degree=self.a2a_ffn_overlap_degree, **pinned, **ours)
+                            **pinned, **ours)
         l_aux = y.l_aux
         y = y.view(shape)
         y.l_aux = l_aux
         return self.result_func(y) if self.result_func is not None else y
+
+    def _local_capacity(self, flow, decision, factor: float) -> int:
+        """Tutel's capacity: the rule's, rounded up to a multiple of s d (of
+        128 once past 256) before routing, so that every shard of every
+        pipeline chunk gets whole rows; choices within it are kept."""
+        capacity = super()._local_capacity(flow, decision, factor)
+        return -(-capacity // self.capacity_alignment) * self.capacity_alignment
+
+    @property
+    def capacity_alignment(self) -> int:
+        """Tutel's rounding of the capacity: s d, to a multiple of 128 past 256."""
+        alignment = self.sharded_count * self.a2a_ffn_overlap_degree
+        return -(-alignment // 128) * 128 if alignment > 256 else alignment
 
     def _follow(self, x: torch.Tensor) -> None:
         """Moves the layer to the communicator of its tokens' device (collective, once per move)."""

@@ -58,10 +58,12 @@ def test_a_tutel_checkpoint_loads_and_gives_the_reference_outputs_and_gradients(
     for share in ([n] if n > 0 else layouts(size)[1:]):
         num_experts = expert_count(share, size)
         model = global_model(num_experts, MODEL_DIM, HIDDEN, seed=7)
-        cases = [(parallel_type, False) for parallel_type in parallel_types(share, size)] + [("adaptive:1", True)]
-        for parallel_type, use_2dh in cases:
-            what = f"n={share} parallel_type={parallel_type!r} use_2dh={use_2dh} on {size} ranks"
-            layer = make_layer(share, parallel_type, rank, use_2dh=use_2dh)
+        # Tutel's capacity is rounded up to a multiple of s d: d = 3 makes that bite for every s.
+        cases = [(parallel_type, False, 1) for parallel_type in parallel_types(share, size)] + \
+                [("adaptive:1", True, 1), ("adaptive:1", False, 3)]
+        for parallel_type, use_2dh, degree in cases:
+            what = f"n={share} parallel_type={parallel_type!r} use_2dh={use_2dh} d={degree} on {size} ranks"
+            layer = make_layer(share, parallel_type, rank, use_2dh=use_2dh, a2a_ffn_overlap_degree=degree)
             layer.load_state_dict(tutel_state_dict(model, share, rank, size), strict=True)
             x = tokens(rank, 100).requires_grad_()
             upstream = tokens(rank, 200)
@@ -72,7 +74,7 @@ def test_a_tutel_checkpoint_loads_and_gives_the_reference_outputs_and_gradients(
             whole = {name: value.clone().requires_grad_() for name, value in model.items()}
             xs = [tokens(i, 100).reshape(-1, MODEL_DIM).requires_grad_() for i in range(size)]
             ys, l_auxes, _ = moe_reference(xs, whole["wg"], {k: v for k, v in whole.items() if k != "wg"},
-                                           top_k=2, capacity_factor=1.0)
+                                           top_k=2, capacity_factor=1.0, capacity_alignment=max(1, -share) * degree)
             sum((yi * tokens(i, 200).reshape(-1, MODEL_DIM)).sum() for i, yi in enumerate(ys)).backward()
             torch.testing.assert_close(y.reshape(-1, MODEL_DIM), ys[rank].detach(), rtol=0, atol=TOLERANCE,
                                        msg=f"output, {what}")

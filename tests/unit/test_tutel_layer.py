@@ -208,3 +208,38 @@ def test_a_gloo_group_under_torchrun_is_refused_with_what_to_launch(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.count("REFUSED:") == 2, done.stdout[-2000:]
     assert "started by torchrun" in done.stdout and "launch the same program with mpirun" in done.stdout
+
+
+def test_a_refused_r_or_d_does_not_stick():
+    layer = make()
+    x = tokens(6, M)
+    with pytest.raises(ValueError, match="valid r"):
+        layer(x, adaptive_r=3)
+    with pytest.raises(ValueError):
+        layer(x, a2a_ffn_overlap_degree=0)
+    layer(x)
+    assert (layer.last_plan.r, layer.last_plan.d) == (1, 1)
+
+
+def test_tutel_environment_switches(monkeypatch):
+    monkeypatch.setenv("BATCH_PRIO", "1")
+    assert make().batch_prioritized_routing
+    monkeypatch.delenv("BATCH_PRIO")
+    monkeypatch.setenv("SKIP_EXPERT", "1")
+    with pytest.raises(ValueError, match="SKIP_EXPERT"):
+        make()
+
+
+def test_tutel_shapes_of_the_cosine_gate_and_the_expert_counts():
+    layer = make(gate={"type": "cosine_top", "k": 1})
+    assert layer.gates[0].cosine_projector.weight.shape == (256, M)  # Tutel's proj_dim
+    with pytest.raises(ValueError, match="not both"):
+        make(experts={"type": "ffn", "count_per_node": 1, "num_experts_per_device": 2, "hidden_size_per_expert": H})
+
+
+def test_a_checkpoint_without_an_expert_tensor_loads_zeros(caplog):
+    layer = make()
+    state = {k: v for k, v in layer.state_dict().items() if k != "experts.batched_fc2_bias"}
+    with caplog.at_level(logging.WARNING):
+        layer.load_state_dict(state, strict=True)
+    assert "batched_fc2_bias" in caplog.text and not layer.experts.batched_fc2_bias.any()
