@@ -224,12 +224,13 @@ def test_replicas_stay_bitwise_identical_through_training(comm):
                 assert torch.equal(tensor[slot], tensor[slots_of[0]]), f"expert {expert} {name} slot {slot}"
 
 
-SCHEDULED_DIM, SCHEDULED_HIDDEN = 32, 512  # enough compute per row that a replica pays for its sync
+SCHEDULED_DIM, SCHEDULED_HIDDEN = 32, 512  # with 640 rows per rank, enough compute that a replica pays for its
+# sync even on a loaded host (160 rows left the scheduler idle at a load average of 10)
 
 
 def skewed_tokens(comm, step):
     """Tokens most of which the layer's gate sends to expert 0 (a hot expert)."""
-    return random_rows(160 + 3 * comm.rank, 300 + 7 * step + comm.rank, columns=SCHEDULED_DIM)
+    return random_rows(640 + 3 * comm.rank, 300 + 7 * step + comm.rank, columns=SCHEDULED_DIM)
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="needs the skew to make the scheduler act, which rests on the "
