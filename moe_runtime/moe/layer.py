@@ -157,8 +157,7 @@ class TutelMoELayer(MoELayer):
         seeds = tuple(seeds) if seeds is not None else None
         if seeds is not None and not 2 <= len(seeds) <= 3:
             raise ValueError(f"seeds must be (gate_seed, expert_seed[, seed_after]), got {seeds!r}")
-        comm = communicator(group, "cpu" if not isinstance(group, a2a.Comm) else group.device) \
-            if not _is_nccl(group) else communicator(group, "cuda")
+        comm = _construction_comm(group)
         sharers = max(1, -int(spec.get("num_experts_per_device", spec.get("count_per_node", 1))))
         gate_seed, expert_seed = _drawn_seeds(seeds)
         super().__init__(_gate_specs(gate_type), model_dim, spec, comm=comm,
@@ -176,6 +175,10 @@ class TutelMoELayer(MoELayer):
                 scan_expert_func(name, parameter)
             parameter._tutel_expert = True
         self.adaptive_degree = self.default_r
+        # Tutel's names for what its experts and layer hold (its experts' hidden_size is H / s; ours is H).
+        self.experts.local_experts, self.experts.sharded_count = self.experts.num_local, self.experts.sharers
+        self.experts.hidden_size_per_expert, self.experts.output_dim = self.experts.hidden_size, model_dim
+        self.auto_parallel, self.use_model_parallel, self.megablocks_size = False, True, 0
         if seeds is not None and len(seeds) > 2 and seeds[2] is not None:
             torch.manual_seed(seeds[2])
 
@@ -223,6 +226,7 @@ class TutelMoELayer(MoELayer):
         block-sparse inference gives (the same rows, the padding skipped)."""
         if not isinstance(megablocks_size, int) or megablocks_size < 0:
             raise ValueError(f"megablocks_size must be an integer >= 0, got {megablocks_size!r}")
+        self.megablocks_size = megablocks_size
         if self.skip_moe:
             input.l_aux = None
             return self.result_func(input) if self.result_func is not None else input
@@ -244,6 +248,7 @@ class TutelMoELayer(MoELayer):
                             **pinned, **ours)
         l_aux = y.l_aux
         y = y.view(shape)
+        self.protected_shape = y.shape
         y.l_aux = l_aux
         return self.result_func(y) if self.result_func is not None else y
 
@@ -273,6 +278,23 @@ class TutelMoELayer(MoELayer):
         return (f"Top-K(s) = {[f'k={gate.top_k}, noise={gate.gate_noise}' for gate in self.gates]}, "
                 f"Total-Experts = {self.num_global_experts} [managed by {self.world_size} device(s)], "
                 + super().extra_repr())
+
+
+def _construction_comm(group: Any) -> a2a.Comm:
+    """The communicator the layer is built on (collective): the given
+    a2a.Comm; NCCL's for a NCCL group; else MPI's, or NCCL's over the group
+    when no MPI is beneath it (a gloo group under torchrun) and a GPU is
+    there. The layer moves to its tokens' device at the first call."""
+    if isinstance(group, a2a.Comm):
+        return group
+    if _is_nccl(group):
+        return communicator(group, "cuda")
+    try:
+        return communicator(group, "cpu")
+    except RuntimeError:
+        if not torch.cuda.is_available():
+            raise
+        return communicator(group, "cuda")  # every rank was refused alike (the launcher's variables)
 
 
 def _is_nccl(group: Any) -> bool:
