@@ -85,8 +85,8 @@ def _bench(args: argparse.Namespace) -> list[str]:
                 times[name].append(seconds)
     same = bool(torch.equal(outputs["tutel"], outputs["native"]))
     tutel_ms, native_ms = (1e3 * statistics.median(times[name]) for name in ("tutel", "native"))
-    lines = [f"# W={world.Get_size()} T={args.tokens}/rank E={tutel.num_global_experts} M={args.model_dim} "
-             f"H={args.hidden} k={args.k}; median of {args.steps} steps (forward + backward), slowest rank",
+    lines = [(f"# W={world.Get_size()} T={args.tokens}/rank E={tutel.num_global_experts} M={args.model_dim} "
+              f"H={args.hidden} k={args.k}; median of {args.steps} steps (forward + backward), slowest rank"),
              "#  layer                        step ms",
              f"   moe_runtime.moe.moe_layer  {tutel_ms:9.3f}",
              f"   moe_runtime.MoELayer       {native_ms:9.3f}",
@@ -125,8 +125,8 @@ def _bench(args: argparse.Namespace) -> list[str]:
     lines += ["#  rank 0's ops, forward              ms",
               f"   extract_critical+encode+decode  {tutel_ops:8.3f}   (moe_runtime.moe)",
               f"   route+fast_encode+fast_decode   {a2a_ops:8.3f}   (a2a, directly)",
-              f"#  Tutel ops / a2a: {tutel_ops / a2a_ops:.3f}x (both take the top-k of the same scores; "
-              "extract_critical also counts each expert's choices and keeps Tutel's per-choice lists)"]
+              (f"#  Tutel ops / a2a: {tutel_ops / a2a_ops:.3f}x (both take the top-k of the same scores; "
+               "extract_critical also counts each expert's choices and keeps Tutel's per-choice lists)")]
     return lines
 
 
