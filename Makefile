@@ -20,7 +20,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
+NATIVE_SOURCES := $(shell find csrc cmake tools/build_backend -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 # The editable install maps every module of a2a/ to its file: a module added,
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
@@ -37,7 +37,8 @@ $(VENV)/.ready: tools/bootstrap.sh
 # Editable install: Python edits are live; a native change, or a Python
 # module added or removed, reinstalls here.
 $(VENV)/.built: $(VENV)/.ready $(NATIVE_SOURCES) $(VENV)/.modules
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
+		--config-settings=build-dir=build/{wheel_tag} -e .
 	touch $@
 
 # Rewritten only when the list of modules changes.
