@@ -4,8 +4,8 @@
 # make nccl-tests-ext  build, then build nccl_tests_ext/ (alltoall_perf,
 #              alltoallv_perf, alltoall_flex_perf) into build/nccl-tests-ext
 # make test    build, then run the whole suite (unit + mpirun + C programs + the
-#              CUDA kernels on the CPU emulation + the GPU check's dry run; the
-#              GPU tests skip themselves without a GPU)
+#              CUDA kernels on the CPU emulation + the GPU check's dry run + the
+#              wheel in a bare venv; the GPU tests skip themselves without a GPU)
 # make test-cuda-emulation  every kernel of csrc/cuda run on the CPU (no build
 #              needed; tools/cuda_emulation/run.py, about 1.5 min)
 # make test-gpu  the tests in tests/gpu alone (need CUDA and a GPU)
@@ -14,19 +14,22 @@
 # make gpu-check  on a GPU machine: tools/gpu_check.sh, the whole GPU proof
 #              (build, tests, mpirun, runtime, benchmarks) into $OUT or build/gpu-check
 # make test-gpu-check  the same with --dry-run: everything up to the first GPU call
+# make test-install  build the wheel as a user would (pip wheel .), install it into a
+#              bare venv, run one collective and one MoELayer step on 2 ranks
+#              (tests/install/run.py, about 1.5 min)
 # Both set up .venv from PyPI on first use (tools/bootstrap.sh).
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-NATIVE_SOURCES := $(shell find csrc cmake -type f) CMakeLists.txt pyproject.toml
+NATIVE_SOURCES := $(shell find csrc cmake tools/build_backend -type f -not -name "*.pyc") CMakeLists.txt pyproject.toml
 # The editable install maps every module of a2a/ to its file: a module added,
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
 .PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
-	test-cuda-emulation gpu-kit gpu-check test-gpu-check lint clean FORCE
+	test-cuda-emulation test-install gpu-kit gpu-check test-gpu-check lint clean FORCE
 
 all: build
 
@@ -37,7 +40,8 @@ $(VENV)/.ready: tools/bootstrap.sh
 # Editable install: Python edits are live; a native change, or a Python
 # module added or removed, reinstalls here.
 $(VENV)/.built: $(VENV)/.ready $(NATIVE_SOURCES) $(VENV)/.modules
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
+		--config-settings=build-dir=build/{wheel_tag} -e .
 	touch $@
 
 # Rewritten only when the list of modules changes.
@@ -57,7 +61,7 @@ bench-moe: build
 nccl-tests-ext: build
 	$(PY) tests/c/run_nccl_tests_ext.py --build-only
 
-test: test-unit test-gpu test-gpu-check test-mpi test-c test-nccl-tests-ext test-cuda-emulation
+test: test-unit test-gpu test-gpu-check test-mpi test-c test-nccl-tests-ext test-cuda-emulation test-install
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit
@@ -88,6 +92,11 @@ test-gpu-check: build gpu-kit
 # ASan/UBSan and TSan), with the standard library alone.
 test-cuda-emulation: $(VENV)/.ready
 	$(PY) tools/cuda_emulation/run.py $(CUDA_EMULATION_ARGS)
+
+# Needs no build of the library: it builds its own wheel, isolated, as
+# `pip install .` does (tests/install/run.py).
+test-install: $(VENV)/.ready
+	$(PY) tests/install/run.py
 
 lint: build
 	$(VENV)/bin/ruff check .

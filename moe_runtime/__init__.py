@@ -31,6 +31,16 @@ The house, bottom to top (a package imports only those below it):
 
 from __future__ import annotations
 
+try:
+    import torch  # noqa: F401  (the layer, the gates and the experts are torch modules)
+except ModuleNotFoundError as _error:
+    if _error.name != "torch":
+        raise
+    raise ImportError(
+        "moe_runtime needs PyTorch, which is not installed here: pip install \"a2a[torch]\" (from a "
+        "source tree: pip install \".[torch]\"; torch==2.13.0), or a torch of your own. a2a works without it."
+    ) from _error
+
 from . import _moved
 from .deployment import placement
 from .deployment.assignment_cache import AssignmentCache, AssignmentStats

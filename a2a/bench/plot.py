@@ -10,7 +10,7 @@ One figure, one PNG:
   baseline's at the same size, from the same run, on a log scale (1.0
   drawn as a line).
 
-matplotlib is an optional extra (``pip install 'a2a[plot]'``); this module
+matplotlib is an optional extra (``pip install 'a2a[plots]'``); this module
 imports it only inside :func:`plot_sweep`, through its object API (no pyplot,
 no global backend), so a2a never needs a display. :func:`matplotlib_missing`
 says, without importing it, whether a ``--plot`` can be honoured, so that the
@@ -26,7 +26,7 @@ from . import common
 
 __all__ = ["INSTALL_HINT", "Prediction", "matplotlib_missing", "plot_sweep"]
 
-INSTALL_HINT = "pip install 'a2a[plot]' (or pip install matplotlib)"
+INSTALL_HINT = "pip install 'a2a[plots]' (or pip install matplotlib)"
 
 # (algo, size in bytes per rank, busbw in GB/s): one point of a predicted curve.
 Prediction = tuple[str, int, float]

@@ -20,7 +20,9 @@ def write_plot(path: str, records: Sequence[dict], *, x: str = "ranks", y: str =
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib, which is not installed (pip install matplotlib)") from None
+        raise RuntimeError(
+            "--plot needs matplotlib, which is not installed (pip install 'a2a[plots]' or pip install matplotlib)"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

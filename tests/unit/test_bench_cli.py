@@ -316,7 +316,7 @@ def test_plot_without_matplotlib_fails_before_the_sweep(monkeypatch, launched, c
         bench.main(["--plot", "sweep.png"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "--plot needs matplotlib" in err and "pip install 'a2a[plot]'" in err
+    assert "--plot needs matplotlib" in err and "pip install 'a2a[plots]'" in err
     assert launched == []
     assert bench.parse_args([]).plot is None  # no --plot, no matplotlib needed
 
@@ -389,7 +389,7 @@ def test_plot_sweep_says_how_to_install_matplotlib(monkeypatch, tmp_path):
     from a2a.bench import plot
 
     _hide_module(monkeypatch, "matplotlib")
-    with pytest.raises(RuntimeError, match=r"pip install 'a2a\[plot\]'"):
+    with pytest.raises(RuntimeError, match=r"pip install 'a2a\[plots\]'"):
         plot.plot_sweep(_sweep_rows(), str(tmp_path / "x.png"))
 
 
