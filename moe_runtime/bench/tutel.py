@@ -8,7 +8,7 @@ Two layers with the same weights take turns, step by step (forward and
 backward of the same tokens): ``moe_runtime.moe.moe_layer`` (Tutel's
 surface, a subclass of MoELayer) and ``moe_runtime.MoELayer`` built with the
 settings the surface resolves to (expert_gradient="sum", the gate's k and
-capacity factor). Printed: each layer's median step time (the slowest
+capacity factor); which goes first alternates. Printed: each layer's median step time (the slowest
 rank's), their ratio, and whether the two outputs are bitwise equal. Then,
 on one rank's tokens, Tutel's ``extract_critical`` + ``fast_encode`` +
 ``fast_decode`` (moe/ops.py) against ``a2a.route`` + ``a2a.fast_encode`` +
@@ -78,8 +78,9 @@ def _bench(args: argparse.Namespace) -> list[str]:
 
     times: dict[str, list[float]] = {"tutel": [], "native": []}
     outputs = {}
-    for round_ in range(args.steps + 2):  # two untimed rounds first
-        for name, layer in (("tutel", tutel), ("native", native)):
+    pair = (("tutel", tutel), ("native", native))
+    for round_ in range(args.steps + 2):  # two untimed rounds first; who goes first alternates
+        for name, layer in pair if round_ % 2 else pair[::-1]:
             seconds, outputs[name] = step(layer)
             if round_ >= 2:
                 times[name].append(seconds)
