@@ -157,7 +157,7 @@ def test_activation_fn_with_self():
     assert seen and seen[0] is layer.experts
 
 
-def test_float64_bfloat16_and_autocast_with_an_fp32_gate():
+def test_float64_bfloat16_and_autocast_in_bfloat16_and_float16_with_an_fp32_gate():
     x = tokens(6, 5, M)
     want = make().double()(x.double())
     assert want.dtype == torch.float64
@@ -167,6 +167,10 @@ def test_float64_bfloat16_and_autocast_with_an_fp32_gate():
         mixed = layer(x)
     assert mixed.dtype == torch.float32
     torch.testing.assert_close(mixed, full, rtol=0.05, atol=0.05)
+    with torch.autocast("cpu", dtype=torch.float16):
+        mixed16 = layer(x)
+    assert mixed16.dtype == torch.float32
+    torch.testing.assert_close(mixed16, full, rtol=0.01, atol=0.01)
     halved = make().to(torch.bfloat16)
     y = halved(x.bfloat16())
     assert y.dtype == torch.bfloat16
