@@ -14,6 +14,9 @@
 # make gpu-check  on a GPU machine: tools/gpu_check.sh, the whole GPU proof
 #              (build, tests, mpirun, runtime, benchmarks) into $OUT or build/gpu-check
 # make test-gpu-check  the same with --dry-run: everything up to the first GPU call
+# make test-cluster  the mpirun suite's 2x2, 4x2, 3x1 and moe-2x2 configurations on a cluster of
+#              network namespaces (tools/cluster.py; root): TCP between nodes, shared memory within
+#              (about 4.5 min; CI runs it after make test)
 # make test-install  build the wheel as a user would (pip wheel .), install it into a
 #              bare venv, run one collective and one MoELayer step on 2 ranks
 #              (tests/install/run.py, about 1.5 min)
@@ -29,7 +32,7 @@ NATIVE_SOURCES := $(shell find csrc cmake tools/build_backend -type f -not -name
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
 .PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
-	test-cuda-emulation test-install gpu-kit gpu-check test-gpu-check lint clean FORCE
+	test-cuda-emulation test-install test-cluster gpu-kit gpu-check test-gpu-check lint clean FORCE
 
 all: build
 
@@ -92,6 +95,9 @@ test-gpu-check: build gpu-kit
 # ASan/UBSan and TSan), with the standard library alone.
 test-cuda-emulation: $(VENV)/.ready
 	$(PY) tools/cuda_emulation/run.py $(CUDA_EMULATION_ARGS)
+
+test-cluster: build
+	$(PY) tests/run_mpi.py --cluster
 
 # Needs no build of the library: it builds its own wheel, isolated, as
 # `pip install .` does (tests/install/run.py).

@@ -225,6 +225,10 @@ class Comm:
         """MPI_Query_thread's level (MPI_THREAD_SINGLE 0 ... MULTIPLE 3), or -1 without MPI."""
 
     @property
+    def irregular_reason(self) -> str:
+        """"" when the nodes are equal blocks of consecutive ranks; else why 2DH refuses (a2a_comm_irregular_reason)."""
+
+    @property
     def topology(self) -> tuple[int, int, int, int, int, int]:
         """(rank, size, local_rank, local_size, node, num_nodes)."""
 

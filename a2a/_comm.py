@@ -22,7 +22,8 @@ class Comm:
     """A communicator for the a2a collectives.
 
     Attributes: ``rank``, ``size``, ``local_rank``, ``local_size``, ``node``,
-    ``num_nodes``; ``device`` (``"cpu"`` or ``"cuda"``), ``cuda_device`` (the
+    ``num_nodes``, ``irregular_reason`` ("" when the nodes are equal blocks of consecutive ranks, else why
+    ``algo="2dh"`` refuses the communicator); ``device`` (``"cpu"`` or ``"cuda"``), ``cuda_device`` (the
     CUDA ordinal, None on the CPU) and ``transport`` (``"mpi"`` or ``"nccl"``);
     ``mpi_thread_level``, the thread support MPI granted the process
     (``"single"``, ``"funneled"``, ``"serialized"`` or ``"multiple"``; None for
@@ -52,6 +53,8 @@ class Comm:
         self._native = native
         self.mpi_comm = mpi_comm
         (self.rank, self.size, self.local_rank, self.local_size, self.node, self.num_nodes) = native.topology
+        # "" when the nodes are equal blocks of consecutive ranks; else why algo="2dh" refuses this communicator.
+        self.irregular_reason: str = native.irregular_reason
         device_type, transport, cuda_device = native.device
         self.device = DEVICES[device_type]
         self.transport = TRANSPORTS[transport]

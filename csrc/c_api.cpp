@@ -236,6 +236,13 @@ a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local
   });
 }
 
+a2a_status_t a2a_comm_irregular_reason(a2a_comm_t comm, const char** reason) {
+  return guarded([&] {
+    if (reason == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "reason must not be NULL");
+    *reason = require_handle(comm, "comm")->impl->topology().irregular_reason.c_str();
+  });
+}
+
 a2a_status_t a2a_all_to_all_workspace_size(a2a_comm_t comm, size_t count, a2a_dtype_t dtype, a2a_algo_t algo,
                                            size_t* bytes) {
   return guarded([&] {

@@ -33,6 +33,10 @@ from dataclasses import dataclass, field, replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
+CLUSTER_TOOL = os.path.join(ROOT, "tools", "cluster.py")
+# --cluster: these configurations with their nodes as network namespaces (tools/cluster.py): TCP
+# between nodes, shared memory within, the topology detected rather than emulated.
+CLUSTER_CONFIGS = ("2x2", "4x2", "3x1", "moe-2x2")
 MPI_TESTS = os.path.join("tests", "mpi")
 TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
 THREAD_TESTS = os.path.join("tests", "mpi", "test_mpi_threads.py")
@@ -81,10 +85,20 @@ class Config:
     note: str = ""
     timeout: int | None = None  # wall-clock limit of the mpirun; None: --timeout
     gpu: bool = False  # needs a GPU: not in the default matrix (--gpu, --only NAME)
+    cluster: bool = False  # its nodes as network namespaces (--cluster)
 
     def describe(self) -> str:
+        if self.cluster:
+            nodes, local = self.cluster_shape()
+            return f"np={self.np}, {nodes} namespace node(s) x {local}, TCP between them" + \
+                (f", {self.note}" if self.note else "")
         topo = f"A2A_LOCAL_SIZE={self.local_size}" if self.local_size else "detected topology"
         return f"np={self.np}, {topo}" + (f", {self.note}" if self.note else "")
+
+    def cluster_shape(self) -> tuple[int, int]:
+        """(nodes, ranks per node) on the namespace cluster."""
+        local = self.local_size or self.np
+        return self.np // local, local
 
 
 CONFIGS = [
@@ -248,8 +262,16 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
         pytest_args += ["-k", args.k]
     if args.collect_only:
         pytest_args.append("--collect-only")
-    command = mpirun_command(config.np, [sys.executable, WRAPPER, "--log-dir", log_dir, "--", *pytest_args])
+    rank_command = [sys.executable, WRAPPER, "--log-dir", log_dir, "--", *pytest_args]
+    if config.cluster:
+        nodes, local = config.cluster_shape()
+        command = [sys.executable, CLUSTER_TOOL, "run", "--nodes", str(nodes), "--ranks-per-node", str(local),
+                   "--", *rank_command]
+    else:
+        command = mpirun_command(config.np, rank_command)
     env = run_env(config, args.rank_timeout)
+    if config.cluster:
+        env.pop("A2A_LOCAL_SIZE", None)  # the nodes are real: the topology is detected
 
     limit = min(config.timeout or args.timeout, args.timeout)
     start = time.monotonic()
@@ -303,6 +325,8 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        if config.cluster:  # a killed run leaves its namespaces (and the daemons in them) behind
+            subprocess.run([sys.executable, CLUSTER_TOOL, "down"], capture_output=True, check=False)
     output = "".join(output_lines) + rest
     seconds = time.monotonic() - start
     with open(os.path.join(log_dir, "rank0.log"), "w") as f:
@@ -359,6 +383,10 @@ def select(args: argparse.Namespace) -> list[Config]:
             sys.exit(f"run_mpi.py: unknown configuration(s) {unknown}; see --list (and --list --gpu)")
         named = [by_name[name] for name in wanted]
         chosen = named + [c for c in gpu if c not in named]
+    if args.cluster:
+        if not args.only:
+            chosen = [c for c in CONFIGS if c.name in CLUSTER_CONFIGS]
+        chosen = [replace(c, name=c.name + "-cluster", cluster=True) for c in chosen]
     if args.test_device:
         return [on_test_device(c, args.test_device) for c in chosen]
     return chosen
@@ -389,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("cpu", "cuda"),
         help="force the runtime suite's device (A2A_TEST_DEVICE) in the selected configurations: "
         "--gpu --test-device cpu runs the GPU configurations on the host",
+    )
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help=f"run on a cluster of network namespaces (tools/cluster.py, root): {', '.join(CLUSTER_CONFIGS)} "
+        "by default, or the --only ones that have nodes",
     )
     parser.add_argument("--np", type=int, help="run one custom configuration with this many ranks")
     parser.add_argument("--local-size", type=int, help="with --np: emulated ranks per node")

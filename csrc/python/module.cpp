@@ -447,6 +447,7 @@ PYBIND11_MODULE(_C, m) {
                                return py::make_tuple(d.device_type, d.transport, d.cuda_device);
                              })
       .def_property_readonly("mpi_thread_level", &a2a::Communicator::mpi_thread_level)
+      .def_property_readonly("irregular_reason", &a2a::Communicator::irregular_reason)
       .def_property_readonly("topology",
                              [](const a2a::Communicator& c) {
                                a2a::Topology t = c.topology();

@@ -191,7 +191,17 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
     proposal.explicit_size = true;
     proposal.irregular_reason.clear();
   }
-  const Topology topo = agree_topology(*mpi, proposal, config, settings);
+  // The agreement is the first MPI collective on the duplicate: an MPI that refuses the communicator
+  // (an intercommunicator whose node detection passed) fails here; name the step and the rank.
+  const Topology topo = [&] {
+    try {
+      return agree_topology(*mpi, proposal, config, settings);
+    } catch (const Failure& e) {
+      int rank = -1;
+      MPI_Comm_rank(dup, &rank);
+      throw Failure(e.status(), cat("rank ", rank, ": communicator creation (the topology agreement): ", e.what()));
+    }
+  }();
 
   std::unique_ptr<Transport> nccl;
   if (config.transport == A2A_TRANSPORT_NCCL) {

@@ -142,3 +142,10 @@ def test_workspace_is_cached_and_grows(comm):
     assert (a2, n2) == (a1, n1)
     _, n3 = comm.workspace(1000)
     assert n3 >= 1000
+
+
+def test_a_regular_communicator_has_no_irregular_reason():
+    from mpi4py import MPI
+
+    comm = a2a.Comm.from_mpi(MPI.COMM_WORLD)
+    assert comm.irregular_reason == ""

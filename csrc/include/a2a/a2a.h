@@ -128,6 +128,11 @@ A2A_API a2a_status_t a2a_comm_device(a2a_comm_t comm, int* device_type, int* tra
 /* Topology: rank, size, local_rank, local_size, node, num_nodes (any may be NULL). */
 A2A_API a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, int* local_rank,
                                        int* local_size, int* node, int* num_nodes);
+/* Why algo A2A_ALGO_2DH refuses this communicator: its nodes are not equal
+ * blocks of consecutive ranks (detected so, as on a cluster whose nodes hold
+ * different numbers of its ranks). *reason is "" when they are; the string
+ * lives as long as the communicator. The same on every rank. */
+A2A_API a2a_status_t a2a_comm_irregular_reason(a2a_comm_t comm, const char** reason);
 
 /* The color of a rank that joins no new communicator in a2a_comm_split (the
  * value of MPI_UNDEFINED in Open MPI and MPICH). */

@@ -66,6 +66,13 @@ class Communicator {
     return t;
   }
 
+  // See a2a_comm_irregular_reason: "" when 2DH can run.
+  std::string irregular_reason() const {
+    const char* reason = nullptr;
+    check(a2a_comm_irregular_reason(handle_, &reason));
+    return reason;
+  }
+
   // See a2a_comm_split: collective; std::nullopt for color A2A_UNDEFINED.
   std::optional<Communicator> split(int color, int key) {
     a2a_comm_t child = nullptr;
