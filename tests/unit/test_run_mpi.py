@@ -66,8 +66,9 @@ def test_excerpt_starts_at_the_failures():
     assert run_mpi.excerpt("a\nb", 20) == "a\nb"
 
 
-def selection(*, only=(), gpu=False, test_device=None) -> argparse.Namespace:
-    return argparse.Namespace(np=None, local_size=None, only=list(only), gpu=gpu, test_device=test_device)
+def selection(*, only=(), gpu=False, test_device=None, cluster=False) -> argparse.Namespace:
+    return argparse.Namespace(np=None, local_size=None, only=list(only), gpu=gpu, test_device=test_device,
+                              cluster=cluster)
 
 
 def test_select_by_name():
@@ -161,3 +162,12 @@ def test_runner_collects_the_gpu_configuration_without_a_gpu(tmp_path):
     first = done.stdout.strip().splitlines()[0]
     assert first.startswith("PASS  gpu-moe-np2") and " tests collected in " in first, first
     assert (tmp_path / "gpu-moe-np2" / "rank1.rc").read_text().strip() == "0"
+
+
+def test_the_cluster_runs_the_node_configurations_with_the_topology_detected():
+    chosen = run_mpi.select(selection(cluster=True))
+    assert [c.name for c in chosen] == [name + "-cluster" for name in run_mpi.CLUSTER_CONFIGS]
+    assert all(c.cluster for c in chosen)
+    assert [c.cluster_shape() for c in chosen] == [(2, 2), (4, 2), (3, 1), (2, 2)]
+    assert "TCP between them" in chosen[0].describe()
+    assert [c.name for c in run_mpi.select(selection(only=["np2"], cluster=True))] == ["np2-cluster"]
