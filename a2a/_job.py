@@ -22,13 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# Environment variables that MPI launchers set in every rank (Open MPI / PRRTE, MPICH / Hydra, Intel MPI, Slurm's PMI).
-MPI_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS")
-
-
-def launched_by_mpi() -> bool:
-    """Whether an MPI launcher started this process (its variables are set)."""
-    return any(name in os.environ for name in MPI_LAUNCHER_VARIABLES)
+from .launch import under_mpirun
 
 
 def torch_group(group: Any) -> Any:
@@ -87,7 +81,7 @@ def backend_of(group: Any) -> str:
 
 def cpu_refusal(group: Any) -> str:
     """Why a CPU communicator cannot serve `group` (None when it can)."""
-    if launched_by_mpi():
+    if under_mpirun():
         return ""
     import torch.distributed as dist
 
