@@ -110,11 +110,11 @@ def _expert_spec(experts: Any, model_dim: int) -> tuple[dict[str, Any], Callable
     return spec, with_self
 
 
-def _tutel_r(parallel_type: str, sharers: int) -> str:
-    """Tutel's parallel_type as MoELayer's: 'adaptive:r' clamped to [0, s]
-    (as Tutel does), 'data' / 'model' as r = 1 / s (Tutel's),
-    'auto' as r = 1 (Tutel's auto-parallel switch is off); 'adaptive:auto'
-    (ours) keeps the dictionary."""
+def _tutel_r(parallel_type: str) -> str:
+    """Tutel's parallel_type as MoELayer's: 'adaptive:r' with r < 0 as 0
+    (Tutel clamps r to [0, s]; r above s is MoELayer's s already), 'data' as
+    r = 1 (Tutel's), 'model' as r = s, 'auto' as r = 1 (Tutel's
+    auto-parallel switch is off); 'adaptive:auto' (ours) keeps the dictionary."""
     if parallel_type == "adaptive:auto":
         return parallel_type
     if parallel_type.startswith("adaptive:"):
@@ -123,10 +123,10 @@ def _tutel_r(parallel_type: str, sharers: int) -> str:
         except ValueError:
             raise ValueError(f"parallel_type {parallel_type!r}: 'adaptive:r' takes an integer r (or ours, "
                              "'adaptive:auto': the dictionary)") from None
-        return f"adaptive:{min(max(r, 0), sharers)}"
-    if parallel_type in ("data", "model"):  # Tutel's: r = 1 and r = s (its r = 0 is 'adaptive:0')
-        return "adaptive:1" if parallel_type == "data" else f"adaptive:{sharers}"
-    if parallel_type == "auto":
+        return f"adaptive:{max(r, 0)}"
+    if parallel_type == "model":
+        return parallel_type
+    if parallel_type in ("data", "auto"):  # Tutel's code sets r = 1 for both (its r = 0 is 'adaptive:0')
         return "adaptive:1"
     raise ValueError(f"parallel_type {parallel_type!r}: Tutel's are 'adaptive:r', 'data', 'model' and 'auto'")
 
@@ -158,11 +158,10 @@ class TutelMoELayer(MoELayer):
         if seeds is not None and not 2 <= len(seeds) <= 3:
             raise ValueError(f"seeds must be (gate_seed, expert_seed[, seed_after]), got {seeds!r}")
         comm = _construction_comm(group)
-        sharers = max(1, -int(spec.get("num_experts_per_device", spec.get("count_per_node", 1))))
         gate_seed, expert_seed = _drawn_seeds(seeds)
         super().__init__(_gate_specs(gate_type), model_dim, spec, comm=comm,
                          seeds=None if gate_seed is None else (gate_seed, expert_seed),
-                         parallel_type=_tutel_r(parallel_type, sharers), a2a_ffn_overlap_degree=a2a_ffn_overlap_degree,
+                         parallel_type=_tutel_r(parallel_type), a2a_ffn_overlap_degree=a2a_ffn_overlap_degree,
                          use_2dh=use_2dh, is_postscore=is_postscore, batch_prioritized_routing=batch_prioritized_routing,
                          normalize_gate=normalize_gate, is_gshard_loss=is_gshard_loss, **kwargs)
         self.group, self.result_func = group, result_func
@@ -174,7 +173,8 @@ class TutelMoELayer(MoELayer):
             if scan_expert_func is not None:
                 scan_expert_func(name, parameter)
             parameter._tutel_expert = True
-        self.adaptive_degree = self.default_r
+        # Tutel's r: its parallel_type's, clamped to s as the expert flow clamps it (None: the dictionary's).
+        self.adaptive_degree = None if self.default_r is None else min(self.default_r, self.sharded_count)
         # Tutel's names for what its experts and layer hold (its experts' hidden_size is H / s; ours is H).
         self.experts.local_experts, self.experts.sharded_count = self.experts.num_local, self.experts.sharers
         self.experts.hidden_size_per_expert, self.experts.output_dim = self.experts.hidden_size, model_dim
