@@ -47,13 +47,6 @@ def pytest_configure(config):
         _C.Comm = _StagedNativeComm
 
 
-@pytest.fixture(scope="session")
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
 @pytest.fixture(scope="module")
 def comm(world):
     """COMM_WORLD, topology from A2A_LOCAL_SIZE or detected. One per module, so

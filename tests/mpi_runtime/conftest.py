@@ -14,13 +14,6 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 
-@pytest.fixture(scope="session")
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
 @pytest.fixture(scope="module")
 def comm(world):
     from runtime_util import suite_comm  # on the device A2A_TEST_DEVICE names (runtime_util)

@@ -13,13 +13,6 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 
-@pytest.fixture(scope="session")
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
 @pytest.fixture(scope="module")
 def comm(world):
     import a2a
