@@ -402,6 +402,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.predict = "none" if args.device == "cuda" else "local"
     if args.predict not in ("none", *PREDICT_PRESETS):
         parser.error(f"--predict: unknown preset {args.predict!r}; expected {', '.join(PREDICT_PRESETS)} or none")
+    if args.cluster is not None:
+        clash = [flag for flag, given in (("--np", args.np is not None), ("--local-size", args.local_size is not None),
+                                          ("--device cuda", args.device == "cuda")) if given]
+        if clash:
+            parser.error(f"--cluster {args.cluster[0]}x{args.cluster[1]} chooses the ranks and their nodes: "
+                         f"drop {', '.join(clash)}")
+        if args.rate is not None:
+            from a2a.cluster import parse_rate
+
+            try:
+                parse_rate(args.rate)
+            except ValueError as error:
+                parser.error(str(error))
+    elif args.rate is not None:
+        parser.error("--rate shapes the namespace cluster's links: it needs --cluster NxL")
     if args.local_size is not None:
         if args.local_size < 1:
             parser.error(f"--local-size must be positive, got {args.local_size}")
@@ -416,6 +431,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # One GPU is the CUDA default: a 1-rank run needs no mpirun.
     default_np = 1 if args.device == "cuda" else DEFAULT_NP
+    if args.cluster is not None and not launch.under_mpirun():
+        return common.relaunch_on_cluster("a2a.bench", argv, *args.cluster, args.rate)
     if not launch.under_mpirun() and (args.np if args.np is not None else default_np) > 1:
         return common.relaunch("a2a.bench", argv, args.np, args.local_size, default_np=DEFAULT_NP,
                                default_local_size=DEFAULT_LOCAL_SIZE, progress=_progress(args))
@@ -484,12 +501,20 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
         if (args.local_size or os.environ.get("A2A_LOCAL_SIZE"))
         else ""
     )
+    link = os.environ.get(common.LINK_ENV) if args.cluster is not None else None
+    if link is not None:
+        emulated = f" (namespace cluster: TCP between nodes, links {link})"
+        if (comm.num_nodes, comm.local_size) != args.cluster:
+            say(f"# note: --cluster {args.cluster[0]}x{args.cluster[1]} asked, but the ranks see "
+                f"{comm.num_nodes} node(s) x {comm.local_size}")
     say(
         f"# a2a {a2a.__version__}: {nranks} ranks = {comm.num_nodes} node(s) x {comm.local_size} ranks{emulated}"
     )
     if "2dh" in args.algos and (comm.num_nodes == 1 or comm.local_size == 1):
         say("# note: with one node or one rank per node, 2dh runs the linear exchange")
     say(f"# algorithms: {' '.join(args.algos)}; flex and v over {args.inner_algo}")
+    if not comm.cross_check:
+        say("# cross-rank check off (A2A_CROSS_CHECK=0): no call checks that every rank called it alike")
     if args.datatype.strip().lower() == "all" and "bfloat16" not in [d.name for d in args.dtypes]:
         say("# note: -d all skips bfloat16: torch is not installed")
     if "flex" in args.algos:
@@ -515,6 +540,8 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
     run = {"ranks": nranks, "local_size": comm.local_size, "num_nodes": comm.num_nodes, "inner_algo": None}
     run.update(device=args.device, transport=comm.transport, iters=args.iters, repeats=args.repeats)
     run.update(warmup_iters=args.warmup_iters, command=command, timestamp=common.utc_timestamp())
+    run.update(link=link)  # the namespace cluster's link rate ("unshaped"), None off it
+    run.update(cross_check=comm.cross_check)
     for line in header_lines(args.ratio_columns):
         say(line)
     algos = args.baselines + args.algos

