@@ -190,6 +190,7 @@ def testing_comm_create_mpi(
     device_type: int,
     transport: int,
     cuda_device: int,
+    cross_check: int,
     /,
 ) -> Comm:
     """Tests only: a host communicator whose data ("staged") or control ("control")
@@ -211,10 +212,12 @@ class Comm:
         device_type: int = 0,
         transport: int = 0,
         cuda_device: int = -1,
+        cross_check: int = -1,
     ) -> None: ...
     @staticmethod
     def from_nccl_id(
-        id: bytes, size: int, rank: int, local_size: int = 0, timeout_s: float = 0.0, cuda_device: int = -1
+        id: bytes, size: int, rank: int, local_size: int = 0, timeout_s: float = 0.0, cuda_device: int = -1,
+        cross_check: int = -1
     ) -> Comm: ...
     @property
     def device(self) -> tuple[int, int, int]:
@@ -227,6 +230,10 @@ class Comm:
     @property
     def irregular_reason(self) -> str:
         """"" when the nodes are equal blocks of consecutive ranks; else why 2DH refuses (a2a_comm_irregular_reason)."""
+
+    @property
+    def cross_check(self) -> bool:
+        """Whether collectives check that every rank called them alike (a2a_comm_cross_check)."""
 
     @property
     def topology(self) -> tuple[int, int, int, int, int, int]:

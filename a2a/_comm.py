@@ -55,6 +55,8 @@ class Comm:
         (self.rank, self.size, self.local_rank, self.local_size, self.node, self.num_nodes) = native.topology
         # "" when the nodes are equal blocks of consecutive ranks; else why algo="2dh" refuses this communicator.
         self.irregular_reason: str = native.irregular_reason
+        # False: collectives do not check that every rank called them alike (cross_check=False).
+        self.cross_check: bool = native.cross_check
         device_type, transport, cuda_device = native.device
         self.device = DEVICES[device_type]
         self.transport = TRANSPORTS[transport]
@@ -76,6 +78,7 @@ class Comm:
         local_size: int | None = None,
         timeout_s: float | None = None,
         use_mpi_datatypes: bool | None = None,
+        cross_check: bool | None = None,
     ) -> Comm:
         """Wraps an mpi4py communicator (default ``MPI.COMM_WORLD``). Collective.
 
@@ -91,7 +94,11 @@ class Comm:
         machine. ``timeout_s`` bounds every wait (default: ``A2A_TIMEOUT_S``,
         else 300 s). ``use_mpi_datatypes=False`` packs strided layouts with
         copies instead of MPI derived datatypes (default: ``A2A_MPI_DATATYPES``,
-        else True; host communicators only).
+        else True; host communicators only). ``cross_check=False`` drops the
+        check that every rank called each collective alike (default:
+        ``A2A_CROSS_CHECK``, else True): a round of every algorithm but linear,
+        whose exchange carries it. Without it, as in MPI and NCCL, ranks that
+        disagree time out or exchange garbage. It must be equal on every rank.
         """
         from mpi4py import MPI
 
@@ -120,6 +127,7 @@ class Comm:
             DEVICES.index(device),
             TRANSPORTS.index(transport),
             -1 if cuda_device is None else int(cuda_device),
+            _cross_check(cross_check),
         )
         return cls(native, comm)
 
@@ -131,6 +139,7 @@ class Comm:
         cuda_device: int | None = None,
         local_size: int | None = None,
         timeout_s: float | None = None,
+        cross_check: bool | None = None,
     ) -> Comm:
         """A NCCL communicator over the ranks of a ``torch.distributed`` group
         (default: the whole world). Collective over the group; works under
@@ -140,7 +149,8 @@ class Comm:
         over the group. ``cuda_device`` defaults to torch's current device.
         ``local_size``: given, else ``A2A_LOCAL_SIZE``, else for the world
         group ``LOCAL_WORLD_SIZE`` (torchrun) or ``OMPI_COMM_WORLD_LOCAL_SIZE``,
-        else counted from the hosts of the group's ranks.
+        else counted from the hosts of the group's ranks. ``cross_check``: as
+        in :meth:`from_mpi`.
         """
         import torch
         import torch.distributed as dist
@@ -171,7 +181,8 @@ class Comm:
         unique_id, problem = box[0]
         if problem is not None:
             raise RuntimeError(f"Comm.from_torch: the group's first rank could not create a NCCL unique id: {problem}")
-        native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device))
+        native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device),
+                                      _cross_check(cross_check))
         return cls(native)
 
     @classmethod
@@ -183,6 +194,7 @@ class Comm:
         cuda_device: int | None = None,
         local_size: int | None = None,
         timeout_s: float | None = None,
+        cross_check: bool | None = None,
     ) -> Comm:
         """The running job's communicator over `group`'s ranks: a
         ``torch.distributed`` group, or None (torch.distributed's default
@@ -196,12 +208,13 @@ class Comm:
         launch instead. ``device="cuda"`` gives NCCL: over the group
         (``from_torch``) when torch.distributed is initialized, else over
         the MPI world (``from_mpi``). a2a/_job.py has the whole table.
+        ``cross_check``: as in :meth:`from_mpi`.
         """
         from . import _job
 
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-        options = {"local_size": local_size, "timeout_s": timeout_s}
+        options = {"local_size": local_size, "timeout_s": timeout_s, "cross_check": cross_check}
         group = _job.torch_group(group)
         if device == "cuda":
             if group is not None:
@@ -334,3 +347,12 @@ def _torch_local_size(group: Any, size: int, given: int | None) -> int:
     blocks = [hosts[i : i + per_host] for i in range(0, size, per_host)]
     regular = size % per_host == 0 and all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == len(blocks)
     return per_host if regular else 1
+
+
+def _cross_check(value: bool | None) -> int:
+    """The core's cross_check setting: -1 (A2A_CROSS_CHECK, else on), 1 or 0."""
+    if value is None:
+        return -1
+    if not isinstance(value, bool):
+        raise TypeError(f"cross_check must be True, False or None, got {value!r}")
+    return int(value)

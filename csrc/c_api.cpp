@@ -161,7 +161,7 @@ a2a_comm_config_t read_config(const a2a_comm_config_t* config) {
     // padding of the older 32-byte struct) keeps its default.
     size_t bytes = config->struct_size;
     for (size_t field : {offsetof(a2a_comm_config_t, device_type), offsetof(a2a_comm_config_t, transport),
-                         offsetof(a2a_comm_config_t, cuda_device)})
+                         offsetof(a2a_comm_config_t, cuda_device), offsetof(a2a_comm_config_t, cross_check)})
       if (bytes < field + sizeof(int)) bytes = std::min(bytes, field);
     std::memcpy(&options, config, bytes);
   }
@@ -240,6 +240,13 @@ a2a_status_t a2a_comm_irregular_reason(a2a_comm_t comm, const char** reason) {
   return guarded([&] {
     if (reason == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "reason must not be NULL");
     *reason = require_handle(comm, "comm")->impl->topology().irregular_reason.c_str();
+  });
+}
+
+a2a_status_t a2a_comm_cross_check(a2a_comm_t comm, int* on) {
+  return guarded([&] {
+    if (on == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "on must not be NULL");
+    *on = require_handle(comm, "comm")->impl->cross_checks() ? 1 : 0;
   });
 }
 

@@ -41,6 +41,7 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       topology_(std::move(topology)),
       use_strided_spans_(use_strided_spans && data_->supports_strided()),
       in_band_(data_ == control_ && data_->supports_signed_exchange()),
+      cross_check_(parts.cross_check),
       splitter_(std::move(parts.splitter)) {}
 
 Comm::~Comm() {
@@ -196,7 +197,7 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   if (fields.size() > kMaxFields) fail(A2A_ERROR_INTERNAL, op, ": too many fields to agree on");
   // Nobody to disagree with; or the check would wait for a stream that is
   // being captured into a CUDA graph (then only local checks run).
-  if (size() == 1 || (control_waits_for_stream_ && capturing)) {
+  if (size() == 1 || !cross_check_ || (control_waits_for_stream_ && capturing)) {
     if (!local_error.empty()) disagree(local_status, local_error);
     return;
   }
@@ -256,7 +257,7 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
                              Transport& transport, const std::function<Span(int)>& send_span,
                              const std::function<Span(int)>& recv_span) {
   const PeerGroup world = world_group(topology_);
-  if (!in_band_ || !local_error.empty() || size() == 1) {
+  if (!in_band_ || !cross_check_ || !local_error.empty() || size() == 1) {
     agree(op, fields, local_error);
     run(op, [&] { exchange(transport, world, send_span, recv_span); });
     return;

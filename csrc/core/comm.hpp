@@ -61,6 +61,8 @@ struct CommParts {
   // How to make sub-communicators of this kind; none: Comm::split fails
   // with A2A_ERROR_UNSUPPORTED.
   std::unique_ptr<Splitter> splitter;
+  // Every collective checks that all ranks called it alike (a2a_comm_config_t.cross_check).
+  bool cross_check = true;
 };
 
 // The argument check's verdict (Comm::agree): every rank throws one, nothing
@@ -120,6 +122,8 @@ class Comm {
   // True where agree_in_exchange carries the check in band: one transport
   // for data and control, which can label messages (MPI).
   bool checks_in_band() const { return in_band_; }
+  // False: collectives skip the cross-rank check (agree() checks this rank's input alone).
+  bool cross_checks() const { return cross_check_; }
 
   // Collective (MPI_Comm_split semantics): the ranks that pass the same
   // color form a new communicator of this one's kind, ranked by (key, rank);
@@ -183,6 +187,7 @@ class Comm {
   Topology topology_;
   bool use_strided_spans_;
   bool in_band_;
+  bool cross_check_;
   std::vector<char> in_band_scratch_;  // agree_in_exchange's small messages
   std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);
   std::string broken_reason_;

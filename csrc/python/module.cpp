@@ -232,8 +232,9 @@ py::tuple dlpack_view(const py::capsule& capsule) {
 }
 
 a2a_comm_config_t make_config(int local_size, double timeout_s, int use_mpi_datatypes, int device_type, int transport,
-                              int cuda_device) {
+                              int cuda_device, int cross_check = -1) {
   a2a_comm_config_t config = A2A_COMM_CONFIG_INIT;
+  config.cross_check = cross_check;
   config.local_size = local_size;
   config.timeout_s = timeout_s;
   config.use_mpi_datatypes = use_mpi_datatypes;
@@ -407,27 +408,28 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<a2a::Communicator>(m, "Comm")
       .def(py::init([](uintptr_t mpi_comm_address, int local_size, double timeout_s, int use_mpi_datatypes,
-                       int device_type, int transport, int cuda_device) {
+                       int device_type, int transport, int cuda_device, int cross_check) {
              return new a2a::Communicator(as_pointer(mpi_comm_address),
                                           make_config(local_size, timeout_s, use_mpi_datatypes, device_type,
-                                                      transport, cuda_device));
+                                                      transport, cuda_device, cross_check));
            }),
            py::arg("mpi_comm_address"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
            py::arg("use_mpi_datatypes") = -1, py::arg("device_type") = 0, py::arg("transport") = 0,
-           py::arg("cuda_device") = -1, py::call_guard<py::gil_scoped_release>())
+           py::arg("cuda_device") = -1, py::arg("cross_check") = -1, py::call_guard<py::gil_scoped_release>())
       .def_static(
           "from_nccl_id",
-          [](const std::string& id, int size, int rank, int local_size, double timeout_s, int cuda_device) {
+          [](const std::string& id, int size, int rank, int local_size, double timeout_s, int cuda_device,
+             int cross_check) {
             if (id.size() != A2A_NCCL_UNIQUE_ID_BYTES)
               throw py::value_error("a NCCL unique id has " + std::to_string(A2A_NCCL_UNIQUE_ID_BYTES) + " bytes, got " +
                                     std::to_string(id.size()));
             a2a_comm_config_t config =
-                make_config(local_size, timeout_s, -1, A2A_DEVICE_CUDA, A2A_TRANSPORT_NCCL, cuda_device);
+                make_config(local_size, timeout_s, -1, A2A_DEVICE_CUDA, A2A_TRANSPORT_NCCL, cuda_device, cross_check);
             py::gil_scoped_release release;
             return new a2a::Communicator(id.data(), size, rank, config);
           },
           py::arg("id"), py::arg("size"), py::arg("rank"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
-          py::arg("cuda_device") = -1)
+          py::arg("cuda_device") = -1, py::arg("cross_check") = -1)
       .def(
           "split",
           [](a2a::Communicator& c, int color, int key) -> py::object {
@@ -448,6 +450,7 @@ PYBIND11_MODULE(_C, m) {
                              })
       .def_property_readonly("mpi_thread_level", &a2a::Communicator::mpi_thread_level)
       .def_property_readonly("irregular_reason", &a2a::Communicator::irregular_reason)
+      .def_property_readonly("cross_check", &a2a::Communicator::cross_check)
       .def_property_readonly("topology",
                              [](const a2a::Communicator& c) {
                                a2a::Topology t = c.topology();
@@ -527,9 +530,9 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "testing_comm_create_mpi",
       [](const std::string& staging, uintptr_t mpi_comm_address, int local_size, double timeout_s,
-         int use_mpi_datatypes, int device_type, int transport, int cuda_device) {
+         int use_mpi_datatypes, int device_type, int transport, int cuda_device, int cross_check) {
         const a2a_comm_config_t config =
-            make_config(local_size, timeout_s, use_mpi_datatypes, device_type, transport, cuda_device);
+            make_config(local_size, timeout_s, use_mpi_datatypes, device_type, transport, cuda_device, cross_check);
         a2a_comm_t handle = nullptr;
         a2a::check(a2a_testing_comm_create_mpi(as_pointer(mpi_comm_address), &config, staging.c_str(), &handle));
         return a2a::Communicator::adopt(handle);

@@ -17,7 +17,7 @@ Topology agree_topology(Transport& control, const LocalSizeProposal& proposal, c
   const int rank = control.rank(), size = control.size();
   int local_size = proposal.local_size;
   const int64_t given = proposal.explicit_size ? 1 : 0;
-  const int64_t kind = config.device_type * 16 + config.transport;
+  const int64_t kind = (config.cross_check == 0 ? 256 : 0) + config.device_type * 16 + config.transport;
   // Maxima of (x, -x) give max and min in one allreduce.
   int64_t bounds[7] = {setting_error.empty() ? 0 : 1, local_size, -static_cast<int64_t>(local_size), given, -given,
                        kind, -kind};
@@ -27,8 +27,9 @@ Topology agree_topology(Transport& control, const LocalSizeProposal& proposal, c
     fail(A2A_ERROR_REMOTE, "rank ", rank, ": another rank rejected its settings while creating the communicator "
          "(see the error on that rank)");
   if (bounds[5] != -bounds[6])
-    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": ranks asked for different devices or transports; this rank asked for "
-         "device=", device_name(config.device_type), ", transport=", transport_name(config.transport));
+    fail(A2A_ERROR_MISMATCH, "rank ", rank, ": ranks asked for different devices, transports or cross-checks; this "
+         "rank asked for device=", device_name(config.device_type), ", transport=", transport_name(config.transport),
+         ", cross_check=", config.cross_check == 0 ? 0 : 1);
   if (bounds[3] != -bounds[4])
     fail(A2A_ERROR_MISMATCH, "rank ", rank, ": local_size is given (", proposal.source, ") on some ranks but "
          "not on others; this rank ", proposal.explicit_size ? "has " : "does not have ", "one");

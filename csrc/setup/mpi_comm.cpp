@@ -69,6 +69,7 @@ struct MpiRecipe {
   bool use_datatypes;
   int thread_level;     // a2a_mpi_thread_level_t
   HostArrangement arrange;
+  bool cross_check;     // a2a_comm_config_t.cross_check, resolved
 };
 
 std::unique_ptr<Comm> assemble(std::unique_ptr<MpiTransport> mpi, std::unique_ptr<Device> device,
@@ -138,6 +139,7 @@ std::unique_ptr<Comm> assemble(std::unique_ptr<MpiTransport> mpi, std::unique_pt
     recipe.arrange(parts, recipe.timeout_s);
   }
   parts.splitter = std::make_unique<MpiSplitter>(recipe, host, nccl_transport);
+  parts.cross_check = recipe.cross_check;
   auto comm = std::make_unique<Comm>(std::move(parts), topo, recipe.use_datatypes && !cuda);
   comm->call_gate().set_mpi_thread_level(recipe.thread_level);
   return comm;
@@ -165,6 +167,8 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   int use_datatypes = config.use_mpi_datatypes;
   if (use_datatypes < 0) use_datatypes = settings.read([] { return env_int("A2A_MPI_DATATYPES"); }, -1L) == 0 ? 0 : 1;
   settings.read([&] { check_choice(config); return 0; }, 0);
+  a2a_comm_config_t agreed = config;  // the settings every rank must share, resolved
+  agreed.cross_check = settings.read([&] { return cross_check_from(config); }, true) ? 1 : 0;
   const bool cuda = config.device_type == A2A_DEVICE_CUDA;
   // The device comes first: a bad ordinal or a build without CUDA is a
   // setting error, shared before any rank waits in NCCL's creation.
@@ -195,7 +199,7 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
   // (an intercommunicator whose node detection passed) fails here; name the step and the rank.
   const Topology topo = [&] {
     try {
-      return agree_topology(*mpi, proposal, config, settings);
+      return agree_topology(*mpi, proposal, agreed, settings);
     } catch (const Failure& e) {
       int rank = -1;
       MPI_Comm_rank(dup, &rank);
@@ -226,7 +230,8 @@ std::unique_ptr<Comm> create_mpi_comm(MPI_Comm parent, const a2a_comm_config_t& 
     nccl = make_nccl_transport(ids.data(), topo.size, topo.rank, cuda_device_of(*device), timeout_s);
   }
   const MpiRecipe recipe{config.device_type, config.transport, cuda ? cuda_device_of(*device) : -1, cpu_threads,
-                         timeout_s, max_count, use_datatypes != 0, query_thread_level(), arrange};
+                         timeout_s, max_count, use_datatypes != 0, query_thread_level(), arrange,
+                         agreed.cross_check == 1};
   auto comm = assemble(std::move(mpi), std::move(device), std::move(nccl), topo, recipe);
   report_created(*comm, "MPI",
                  !proposal.explicit_size ? "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)"

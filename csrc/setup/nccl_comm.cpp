@@ -40,13 +40,14 @@ LocalSizeProposal local_size_from(const a2a_comm_config_t& config, int size, Set
 // The parts of a communicator whose data and control both go over `nccl`
 // (control through a device buffer), with the splitter that makes its
 // sub-communicators alike.
-CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> nccl, double timeout_s);
+CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> nccl, double timeout_s,
+                     bool cross_check);
 
 class NcclSplitter final : public Splitter {
  public:
   // nccl belongs to the communicator that owns this splitter.
-  NcclSplitter(Transport& nccl, int cuda_device, double timeout_s)
-      : nccl_(nccl), cuda_device_(cuda_device), timeout_s_(timeout_s) {}
+  NcclSplitter(Transport& nccl, int cuda_device, double timeout_s, bool cross_check)
+      : nccl_(nccl), cuda_device_(cuda_device), timeout_s_(timeout_s), cross_check_(cross_check) {}
 
   std::unique_ptr<Comm> split(Comm& parent, int color, const Topology& topology) override {
     std::unique_ptr<Transport> nccl = split_nccl_transport(nccl_, color, topology.rank);
@@ -54,8 +55,8 @@ class NcclSplitter final : public Splitter {
     if (nccl == nullptr || nccl->rank() != topology.rank || nccl->size() != topology.size)
       fail(A2A_ERROR_INTERNAL, "rank ", parent.rank(), ": ncclCommSplit made rank ", nccl ? nccl->rank() : -1, " of ",
            nccl ? nccl->size() : 0, " where rank ", topology.rank, " of ", topology.size, " was expected");
-    auto comm = std::make_unique<Comm>(nccl_parts(make_cuda_device(cuda_device_), std::move(nccl), timeout_s_),
-                                       topology, false);
+    auto comm = std::make_unique<Comm>(
+        nccl_parts(make_cuda_device(cuda_device_), std::move(nccl), timeout_s_, cross_check_), topology, false);
     report_created(*comm, "a split", "the nodes of the communicator split", timeout_s_);
     return comm;
   }
@@ -64,10 +65,13 @@ class NcclSplitter final : public Splitter {
   Transport& nccl_;
   int cuda_device_;
   double timeout_s_;
+  bool cross_check_;
 };
 
-CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> nccl, double timeout_s) {
+CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> nccl, double timeout_s,
+                     bool cross_check) {
   CommParts parts;
+  parts.cross_check = cross_check;
   parts.device = std::move(device);
   parts.device_type = A2A_DEVICE_CUDA;
   parts.transport = A2A_TRANSPORT_NCCL;
@@ -76,7 +80,7 @@ CommParts nccl_parts(std::unique_ptr<Device> device, std::unique_ptr<Transport> 
       parts.transports.emplace_back(std::make_unique<DeviceControlTransport>(*parts.data, *parts.device, timeout_s))
           .get();
   parts.control_waits_for_stream = true;
-  parts.splitter = std::make_unique<NcclSplitter>(*parts.data, cuda_device_of(*parts.device), timeout_s);
+  parts.splitter = std::make_unique<NcclSplitter>(*parts.data, cuda_device_of(*parts.device), timeout_s, cross_check);
   return parts;
 }
 
@@ -92,15 +96,17 @@ std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const
   SettingReader settings;
   debug::set_level(settings.read([] { return debug::level_from_env(); }, debug::Level::kOff));
   const LocalSizeProposal proposal = local_size_from(config, size, settings);
+  const bool cross_check = settings.read([&] { return cross_check_from(config); }, true);
   if (!settings.error().empty()) fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, ": ", settings.error());
   debug::set_rank(rank);
 
   a2a_comm_config_t kind = config;
   kind.device_type = A2A_DEVICE_CUDA;
   kind.transport = A2A_TRANSPORT_NCCL;
+  kind.cross_check = cross_check ? 1 : 0;
   std::unique_ptr<Device> device = make_cuda_device(config.cuda_device);
   std::unique_ptr<Transport> nccl = make_nccl_transport(id, size, rank, cuda_device_of(*device), timeout_s);
-  CommParts parts = nccl_parts(std::move(device), std::move(nccl), timeout_s);
+  CommParts parts = nccl_parts(std::move(device), std::move(nccl), timeout_s, cross_check);
   const Topology topo = agree_topology(*parts.control, proposal, kind, SettingReader());
   auto comm = std::make_unique<Comm>(std::move(parts), topo, false);
   report_created(*comm, "a NCCL unique id", proposal.explicit_size ? proposal.source : "the default: one node",

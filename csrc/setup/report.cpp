@@ -12,7 +12,8 @@ void report_created(Comm& comm, const char* origin, const std::string& local_siz
               " nodes x ", topo.local_size, " ranks (local_size from ", local_size_source, ")",
               topo.regular() ? std::string() : cat(", irregular: ", topo.irregular_reason, "; 2dh unavailable"),
               "; data transport ", comm.transport().name(), ", control transport ", comm.control().name(),
-              ", device ", comm.device().name(), ", timeout ", timeout_s, " s", extra);
+              ", device ", comm.device().name(), ", timeout ", timeout_s, " s",
+              comm.cross_checks() ? "" : ", cross-rank check off", extra);
 }
 
 }  // namespace a2a

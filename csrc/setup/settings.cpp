@@ -27,4 +27,14 @@ double timeout_from(const a2a_comm_config_t& config) {
   return value;
 }
 
+bool cross_check_from(const a2a_comm_config_t& config) {
+  if (config.cross_check == 0 || config.cross_check == 1) return config.cross_check == 1;
+  if (config.cross_check != -1)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "config.cross_check=", config.cross_check, " is not 1 (check), 0 (no check) or -1 "
+         "(A2A_CROSS_CHECK)");
+  const long value = env_int("A2A_CROSS_CHECK");
+  if (value > 1) fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_CROSS_CHECK=", value, " is not 1 (check) or 0 (no check)");
+  return value != 0;
+}
+
 }  // namespace a2a

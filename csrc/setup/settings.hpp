@@ -47,6 +47,8 @@ class SettingReader {
 long env_int(const char* name);
 // config.timeout_s, else A2A_TIMEOUT_S, else 300.
 double timeout_from(const a2a_comm_config_t& config);
+// config.cross_check (1 or 0), else A2A_CROSS_CHECK, else on.
+bool cross_check_from(const a2a_comm_config_t& config);
 constexpr double kDefaultTimeoutS = 300.0;
 
 }  // namespace a2a

@@ -148,7 +148,7 @@ def test_a_child_keeps_its_parents_transports(mpi, capfd, debug_info, staging, t
     """The test-only arrangements of the CUDA communicators' transports over
     host memory (setup/testing_comm.hpp) carry over to children and their
     children, as transport="mpi" with device="cuda" and NCCL-only ones do."""
-    native = _C.testing_comm_create_mpi(staging, mpi._addressof(mpi.COMM_SELF), 0, 9.0, -1, 0, 0, -1)
+    native = _C.testing_comm_create_mpi(staging, mpi._addressof(mpi.COMM_SELF), 0, 9.0, -1, 0, 0, -1, -1)
     parent = a2a.Comm(native)
     capfd.readouterr()
     child = parent.split(0)

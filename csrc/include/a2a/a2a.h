@@ -88,9 +88,13 @@ typedef struct {
   int device_type;       /* a2a_device_type_t of the collectives' buffers (default CPU) */
   int transport;         /* a2a_transport_t (default MPI; NCCL needs device_type CUDA) */
   int cuda_device;       /* CUDA device ordinal; -1 = the calling thread's current device */
+  int cross_check;       /* 1: every collective checks that all ranks called it alike (the linear exchange carries
+                            the check; other algorithms add a round); 0: no cross-rank check, as in MPI and NCCL
+                            (a rank's bad input fails on that rank alone and its peers time out); -1: env
+                            A2A_CROSS_CHECK (default 1). Equal on every rank (checked at creation). */
 } a2a_comm_config_t;
 
-#define A2A_COMM_CONFIG_INIT {sizeof(a2a_comm_config_t), 0, 0.0, -1, A2A_DEVICE_CPU, A2A_TRANSPORT_MPI, -1}
+#define A2A_COMM_CONFIG_INIT {sizeof(a2a_comm_config_t), 0, 0.0, -1, A2A_DEVICE_CPU, A2A_TRANSPORT_MPI, -1, -1}
 
 A2A_API const char* a2a_get_last_error(void);
 A2A_API const char* a2a_status_string(a2a_status_t status);
@@ -133,6 +137,9 @@ A2A_API a2a_status_t a2a_comm_topology(a2a_comm_t comm, int* rank, int* size, in
  * different numbers of its ranks). *reason is "" when they are; the string
  * lives as long as the communicator. The same on every rank. */
 A2A_API a2a_status_t a2a_comm_irregular_reason(a2a_comm_t comm, const char** reason);
+/* *on = 1 when the communicator's collectives check that all ranks called
+ * them alike (a2a_comm_config_t.cross_check), else 0. */
+A2A_API a2a_status_t a2a_comm_cross_check(a2a_comm_t comm, int* on);
 
 /* The color of a rank that joins no new communicator in a2a_comm_split (the
  * value of MPI_UNDEFINED in Open MPI and MPICH). */

@@ -73,6 +73,13 @@ class Communicator {
     return reason;
   }
 
+  // See a2a_comm_cross_check.
+  bool cross_check() const {
+    int on = 1;
+    check(a2a_comm_cross_check(handle_, &on));
+    return on != 0;
+  }
+
   // See a2a_comm_split: collective; std::nullopt for color A2A_UNDEFINED.
   std::optional<Communicator> split(int color, int key) {
     a2a_comm_t child = nullptr;
