@@ -2,12 +2,12 @@
 """The 2DH-against-linear sweep on the namespace cluster (issue 25): runs
 ``python -m a2a.bench --cluster NxL --rate R`` over node counts, ranks per
 node, link rates and sizes, with the cross-rank check on and off, and keeps
-every run's JSON rows; ``report`` prints, per rate and shape, each size's
-times and where 2DH beats linear. Root (a2a.cluster).
+every run's JSON rows; ``report`` prints where 2DH beats linear per rate
+and shape, then each shape's times per size (markdown). Root (a2a.cluster).
 
     python tools/cluster_sweep.py run [--out build/cluster-sweep] [--rates unshaped,10gbit,1gbit]
                                       [--shapes 2x2,2x4,4x2,4x4,8x2,8x4]
-    python tools/cluster_sweep.py report [--out build/cluster-sweep] [--markdown]
+    python tools/cluster_sweep.py report [--out build/cluster-sweep]
 
 Each shape runs two passes (the bench takes one iteration count for a run):
 sizes 1K-256K with 20 calls x 5 repetitions, then 1M up to the shape's
@@ -92,14 +92,41 @@ def table(rows: list[dict]) -> dict:
     return out
 
 
+ORDER = {"unshaped": 0, "10gbit": 1, "1gbit": 2}
+WIN = 0.95  # a win: at least 5% faster (one run on a shared host: ties are noise)
+
+
+def keys(data: dict) -> list:
+    return sorted(data, key=lambda k: (ORDER.get(k[0], 9), k[1] * k[2], k[1]))
+
+
+def summary(data: dict) -> None:
+    """Per rate and shape: the sizes at which 2DH beats linear, checked and unchecked."""
+    print("| link | nodes x ranks | 2DH >= 5% faster than linear at | 2DH unchecked >= 5% faster at | "
+          "2DH unchecked / linear at 1K |")
+    print("|---|---|---|---|---|")
+    for key in keys(data):
+        link, nodes, local = key
+        cells = data[key]
+
+        def wins(column: str) -> str:
+            won = [human(size) for size in sorted(cells) if column in cells[size] and "linear" in cells[size]
+                   and cells[size][column] < WIN * cells[size]["linear"]]
+            return ", ".join(won) or "nowhere"
+
+        first = cells.get(1024, {})
+        ratio = f"{first['2dh-unchecked'] / first['linear']:.2f}" if "2dh-unchecked" in first else "-"
+        print(f"| {link} | {nodes} x {local} | {wins('2dh')} | {wins('2dh-unchecked')} | {ratio} |")
+
+
 def report(args: argparse.Namespace) -> int:
     data = table(load(args.out))
     if not data:
         print(f"no rows in {args.out}", file=sys.stderr)
         return 1
+    summary(data)
     columns = ["linear", "2dh", "2dh-unchecked", "mpi"]
-    order = {"unshaped": 0, "10gbit": 1, "1gbit": 2}
-    for key in sorted(data, key=lambda k: (order.get(k[0], 9), k[1] * k[2], k[1])):
+    for key in keys(data):
         link, nodes, local = key
         print(f"\n{link}, {nodes} nodes x {local} ranks (time in us; 2dh/linear < 1: 2DH wins)\n")
         print("| size | " + " | ".join(columns) + " | 2dh / linear | 2dh unchecked / linear |")
@@ -127,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--rates", default="unshaped,10gbit,1gbit")
     p_run.add_argument("--shapes", default="2x2,2x4,4x2,4x4,8x2,8x4")
     p_run.add_argument("--again", action="store_true")
-    p_rep = sub.add_parser("report", help="the tables, as markdown")
+    p_rep = sub.add_parser("report", help="where 2DH wins, then every shape's table, as markdown")
     for q in (p_run, p_rep):
         q.add_argument("--out", default=os.path.join(ROOT, "build", "cluster-sweep"))
     args = p.parse_args(argv)
