@@ -108,15 +108,16 @@ def summary(data: dict) -> None:
     for key in keys(data):
         link, nodes, local = key
         cells = data[key]
-
-        def wins(column: str) -> str:
-            won = [human(size) for size in sorted(cells) if column in cells[size] and "linear" in cells[size]
-                   and cells[size][column] < WIN * cells[size]["linear"]]
-            return ", ".join(won) or "nowhere"
-
         first = cells.get(1024, {})
         ratio = f"{first['2dh-unchecked'] / first['linear']:.2f}" if "2dh-unchecked" in first else "-"
-        print(f"| {link} | {nodes} x {local} | {wins('2dh')} | {wins('2dh-unchecked')} | {ratio} |")
+        print(f"| {link} | {nodes} x {local} | {wins(cells, '2dh')} | {wins(cells, '2dh-unchecked')} | {ratio} |")
+
+
+def wins(cells: dict, column: str) -> str:
+    """The sizes at which `column` beats linear by WIN."""
+    won = [human(size) for size in sorted(cells) if column in cells[size] and "linear" in cells[size]
+           and cells[size][column] < WIN * cells[size]["linear"]]
+    return ", ".join(won) or "nowhere"
 
 
 def report(args: argparse.Namespace) -> int:
