@@ -101,8 +101,15 @@ from .collectives_data import (
     resolve_dtypes,
     sweep_sizes,
 )
-from .collectives_options import ALGOS, DEFAULT_LOCAL_SIZE, DEFAULT_NP, PREDICT_PRESETS, build_parser
-from .collectives_table import footer_lines, format_row, header_lines
+from .collectives_options import (
+    ALGOS,
+    DEFAULT_LOCAL_SIZE,
+    DEFAULT_NP,
+    PREDICT_PRESETS,
+    build_parser,
+    check_cluster,
+)
+from .collectives_table import footer_lines, format_row, header_lines, nodes_lines
 
 __all__ = [
     "DTYPES",
@@ -402,21 +409,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.predict = "none" if args.device == "cuda" else "local"
     if args.predict not in ("none", *PREDICT_PRESETS):
         parser.error(f"--predict: unknown preset {args.predict!r}; expected {', '.join(PREDICT_PRESETS)} or none")
-    if args.cluster is not None:
-        clash = [flag for flag, given in (("--np", args.np is not None), ("--local-size", args.local_size is not None),
-                                          ("--device cuda", args.device == "cuda")) if given]
-        if clash:
-            parser.error(f"--cluster {args.cluster[0]}x{args.cluster[1]} chooses the ranks and their nodes: "
-                         f"drop {', '.join(clash)}")
-        if args.rate is not None:
-            from a2a.cluster import parse_rate
-
-            try:
-                parse_rate(args.rate)
-            except ValueError as error:
-                parser.error(str(error))
-    elif args.rate is not None:
-        parser.error("--rate shapes the namespace cluster's links: it needs --cluster NxL")
+    check_cluster(parser, args)
     if args.local_size is not None:
         if args.local_size < 1:
             parser.error(f"--local-size must be positive, got {args.local_size}")
@@ -468,7 +461,6 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, device_text: str) -> int:
-    import a2a
 
     rank, nranks = comm.rank, comm.size
     lead = rank == 0
@@ -496,20 +488,9 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
                 f"local_rank {local_rank}"
             )
     say("#")
-    emulated = (
-        " (emulated with A2A_LOCAL_SIZE / --local-size)"
-        if (args.local_size or os.environ.get("A2A_LOCAL_SIZE"))
-        else ""
-    )
     link = os.environ.get(common.LINK_ENV) if args.cluster is not None else None
-    if link is not None:
-        emulated = f" (namespace cluster: TCP between nodes, links {link})"
-        if (comm.num_nodes, comm.local_size) != args.cluster:
-            say(f"# note: --cluster {args.cluster[0]}x{args.cluster[1]} asked, but the ranks see "
-                f"{comm.num_nodes} node(s) x {comm.local_size}")
-    say(
-        f"# a2a {a2a.__version__}: {nranks} ranks = {comm.num_nodes} node(s) x {comm.local_size} ranks{emulated}"
-    )
+    for line in nodes_lines(args, comm, link):
+        say(line)
     if "2dh" in args.algos and (comm.num_nodes == 1 or comm.local_size == 1):
         say("# note: with one node or one rank per node, 2dh runs the linear exchange")
     say(f"# algorithms: {' '.join(args.algos)}; flex and v over {args.inner_algo}")

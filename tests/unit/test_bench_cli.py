@@ -785,16 +785,25 @@ def test_bad_cluster_arguments_exit_with_usage(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_cluster_runs_the_same_command_on_its_nodes_without_local_size(monkeypatch):
+def test_cluster_runs_the_same_command_on_its_nodes(monkeypatch):
     from a2a import cluster, launch
 
     calls = []
     monkeypatch.setattr(launch, "under_mpirun", lambda: False)
-    monkeypatch.setattr(cluster, "run", lambda *a: calls.append((a, dict(os.environ))) or 0)
-    monkeypatch.setenv("A2A_LOCAL_SIZE", "2")
-    monkeypatch.delenv(common.LINK_ENV, raising=False)
+    monkeypatch.setattr(cluster, "run", lambda *a, env: calls.append((a, env)) or 0)
+    monkeypatch.delenv("A2A_LOCAL_SIZE", raising=False)
     assert bench.main(["--cluster", "4x2", "--rate", "1gbit", "-b", "1K"]) == 0
     [((nodes, local, command, rate), env)] = calls
     assert (nodes, local, rate) == (4, 2, "1gbit")
     assert command == [sys.executable, "-m", "a2a.bench", "--cluster", "4x2", "--rate", "1gbit", "-b", "1K"]
-    assert "A2A_LOCAL_SIZE" not in env and env[common.LINK_ENV] == "1gbit"
+    assert env[common.LINK_ENV] == "1gbit" and "--cluster 4x2" in env[common.COMMAND_ENV]
+    assert common.COMMAND_ENV not in os.environ  # passed to the ranks alone
+
+
+def test_cluster_refuses_emulated_nodes(monkeypatch):
+    from a2a import launch
+
+    monkeypatch.setattr(launch, "under_mpirun", lambda: False)
+    monkeypatch.setenv("A2A_LOCAL_SIZE", "2")
+    with pytest.raises(SystemExit, match="unset A2A_LOCAL_SIZE"):
+        bench.main(["--cluster", "2x2"])
