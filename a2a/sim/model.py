@@ -88,12 +88,24 @@ class Topology:
     all ranks share the host's ``cores``: every phase takes ``max(1, W / cores) **
     sharing_exponent`` times as long (busy-polling ranks time-sliced on too few
     cores lose more than their share: the exponent is fitted).
+    ``one_host``: real nodes that all run on one host (the namespace cluster,
+    ``a2a.cluster``): the ranks share ``cores`` and the cache as emulated ones
+    do, but a message to another node takes the inter-node link (TCP), whose
+    cost is the sending and receiving ranks' CPU time: ``nic_bandwidth`` per
+    rank (not a NIC shared by the node's ranks), shared like the rest.
+    ``link_rate`` > 0 (bytes per second; 0: not shaped): each node's link is
+    shaped to this rate each way (``tc tbf`` on both ends of its veth), of
+    which TCP's payload gets ``link_efficiency`` (headers, the other way's
+    acknowledgements, TCP through a token bucket). That is time on the wire,
+    not on the cores: an exchange takes the longer of its CPU time (shared)
+    and its busiest node's bytes in or out over the payload's rate.
     ``cache_bytes`` > 0 (CPU hosts): a copy whose bytes, read and written by
     every rank of the host, do not fit in this much cache runs partly at
     ``copy_memory_bandwidth``: the fraction ``cache / (cache + working set)``
     of its bytes at ``copy_bandwidth``, the rest at ``copy_memory_bandwidth``.
     ``check``: how the argument check runs: ``"in_band"`` (MPI communicators:
-    on the data's first round, or a round of empty messages), ``"round"``
+    on the data's first round, costing ``in_band_cost`` times the exchange it
+    rides on, or a round of empty messages), ``"round"``
     (NCCL: an allgather of the signatures over the host, ``ceil(log2 W)``
     latencies), ``"none"`` (not this library: nccl-tests' own all-to-all, as
     in Tutel's figures). ``transport``: ``"mpi"`` or ``"nccl"`` (whether the
@@ -120,6 +132,10 @@ class Topology:
     sharing_exponent: float = 1.0
     cache_bytes: float = 0.0
     copy_memory_bandwidth: float = 0.0
+    one_host: bool = False
+    link_rate: float = 0.0
+    link_efficiency: float = 1.0
+    in_band_cost: float = 1.0
     check: str = "round"
     transport: str = "nccl"
 
@@ -132,7 +148,10 @@ class Topology:
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"Topology {self.name}: {field} must be a finite number >= 0, got {value!r}")
-        for field in ("intra_bandwidth", "nic_bandwidth", "copy_bandwidth", "cross_rail_factor"):
+        if not (isinstance(self.link_rate, (int, float)) and math.isfinite(self.link_rate) and self.link_rate >= 0):
+            raise ValueError(f"Topology {self.name}: link_rate must be a finite number >= 0 (0: not shaped), got "
+                             f"{self.link_rate!r}")
+        for field in ("intra_bandwidth", "nic_bandwidth", "copy_bandwidth", "cross_rail_factor", "link_efficiency"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"Topology {self.name}: {field} must be > 0, got {getattr(self, field)!r}")
         if self.check not in CHECKS:
@@ -141,6 +160,9 @@ class Topology:
             raise ValueError(f"Topology {self.name}: transport must be 'mpi' or 'nccl', got {self.transport!r}")
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 0:
             raise ValueError(f"Topology {self.name}: cores must be an int >= 0 (0: not shared), got {self.cores!r}")
+        if self.emulated and self.one_host:
+            raise ValueError(f"Topology {self.name}: emulated nodes (one link for every message) and one_host "
+                             "(an inter-node link between nodes of one host) exclude each other")
 
     @property
     def ranks(self) -> int:
@@ -171,6 +193,7 @@ FITTABLE = (
     "nic_bandwidth", "inter_latency", "inter_half_message",
     "copy_bandwidth", "copy_latency", "copy_half_chunk",
     "cross_rail_factor", "sharing_exponent", "cache_bytes", "copy_memory_bandwidth",
+    "link_efficiency", "in_band_cost",
 )
 """The numeric parameters, the ones :func:`a2a.sim.fit` can fit."""
 
@@ -232,7 +255,8 @@ def _kind_time(top: Topology, kind: str, messages: Any, nbytes: Any) -> Any:
         return (nbytes + messages * top.copy_half_chunk) / top.copy_bandwidth
     if kind == "intra" or top.emulated:
         return (nbytes + messages * top.intra_half_message) / top.intra_bandwidth
-    per_rank = top.nic_bandwidth * top.nics_per_node / top.local_size
+    # On one host a rank's sockets cost its own (shared) core's time: no NIC divided among the node's ranks.
+    per_rank = top.nic_bandwidth if top.one_host else top.nic_bandwidth * top.nics_per_node / top.local_size
     if kind == "cross":
         per_rank *= top.cross_rail_factor
     return (nbytes + messages * top.inter_half_message) / per_rank
@@ -280,7 +304,20 @@ def _exchange_phase(top: Topology, name: str, traffic: _Traffic) -> Phase:
     parts = list(links.values())
     combined = np.maximum.reduce(parts) if top.concurrent else np.add.reduce(parts)
     seconds = (latency + float(np.max(combined))) * _sharing(top)
+    if top.link_rate > 0:  # the wire runs while the cores work: the longer of the two, not their sum
+        seconds = max(seconds, _wire_time(top, traffic))
     return Phase(name, seconds, int(np.max(total_bytes)), int(np.max(total_messages)))
+
+
+def _wire_time(top: Topology, traffic: _Traffic) -> float:
+    """Seconds a shaped node link needs for the phase: the busiest node's bytes to
+    other nodes, or from them (each end of the link is shaped), over the payload's rate."""
+    busiest = 0.0
+    for side in (traffic.sends, traffic.recvs):
+        per_rank = sum((np.asarray(side[kind][1], dtype=float) for kind in ("rail", "cross") if kind in side),
+                       np.zeros(top.ranks))  # ranks are numbered node by node
+        busiest = max(busiest, float(per_rank.reshape(top.nodes, top.local_size).sum(axis=1).max()))
+    return busiest / (top.link_rate * top.link_efficiency)
 
 
 def _copy_phase(top: Topology, name: str, nbytes: Any, chunks: Any) -> Phase:
@@ -294,15 +331,20 @@ def _seconds_per_copied_byte(top: Topology, nbytes: Any) -> Any:
     """1 / copy_bandwidth; with a cache, the share of the bytes that miss it at memory speed."""
     if not (top.cache_bytes > 0 and top.copy_memory_bandwidth > 0):
         return 1.0 / top.copy_bandwidth
-    ranks_on_host = top.ranks if top.emulated else top.local_size
+    ranks_on_host = top.ranks if _one_host(top) else top.local_size
     working_set = 2.0 * nbytes * ranks_on_host  # read and written, by every rank of the host
     hit = top.cache_bytes / (top.cache_bytes + working_set)
     return hit / top.copy_bandwidth + (1 - hit) / top.copy_memory_bandwidth
 
 
+def _one_host(top: Topology) -> bool:
+    """Whether every rank of the job runs on one host (emulated nodes, or the namespace cluster)."""
+    return top.emulated or top.one_host
+
+
 def _sharing(top: Topology) -> float:
     """How much longer everything takes when the ranks share the host's cores."""
-    if top.emulated and top.cores:
+    if _one_host(top) and top.cores:
         return max(1.0, top.ranks / top.cores) ** top.sharing_exponent
     return 1.0
 
@@ -333,9 +375,9 @@ def _empty_round(top: Topology) -> _Traffic:
 def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Phase]:
     """The argument check of one call. `in_band`: the call's first round can carry it
     (linear on an MPI communicator); then messages of at most 64 KiB / W bytes carry
-    it into a scratch buffer and are copied out, a path that measured (docs/scaling.md)
-    about as much again as the exchange, so it costs the exchange once more; larger
-    ones follow a round of empty messages."""
+    it into a scratch buffer and are copied out, a path that costs ``in_band_cost``
+    times the exchange (measured: once more on shared memory, 15% more over
+    TCP, docs/scaling.md); larger ones follow a round of empty messages."""
     if top.check == "none":
         return []
     if top.check == "round":
@@ -343,7 +385,8 @@ def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Ph
         latency = top.inter_latency if top.nodes > 1 and not top.emulated else top.intra_latency
         return [Phase("check", rounds * latency * _sharing(top), 0, rounds)]
     if in_band and largest_message <= IN_BAND_BYTES // top.ranks:
-        return [_exchange_phase(top, "check", _uniform_traffic(top, "world", largest_message))]
+        carried = _exchange_phase(top, "check", _uniform_traffic(top, "world", largest_message))
+        return [dataclasses.replace(carried, time_s=carried.time_s * top.in_band_cost)]
     return [_exchange_phase(top, "check", _empty_round(top))]
 
 
