@@ -33,7 +33,6 @@ from .fitting import (
 )
 from .model import (
     ALGOS,
-    FITTABLE,
     FORMS,
     FlexLayout,
     Phase,
@@ -48,6 +47,7 @@ from .model import (
     predict_v,
 )
 from .presets import FIT_OUTLIER_SCALE, FIT_PARAMETERS, PRESETS, preset
+from .topology import FITTABLE
 
 __all__ = [
     "ALGOS",

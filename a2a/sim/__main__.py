@@ -38,6 +38,7 @@ from typing import Any
 
 from .._sweep import parse_size
 from . import fitting, model, presets
+from .topology import FITTABLE
 
 FILE_FORMAT = "a2a.sim.topology"
 
@@ -244,7 +245,7 @@ def _fit(args: argparse.Namespace) -> int:
         start = start.replace(check=args.check)
     measurements, skipped = _load(args.files)
     names = [n.strip() for n in args.fit.split(",") if n.strip()] if args.fit else list(
-        presets.FIT_PARAMETERS.get(start.name, model.FITTABLE))
+        presets.FIT_PARAMETERS.get(start.name, FITTABLE))
     scale = presets.FIT_OUTLIER_SCALE.get(start.name, 0.0) if args.outlier_scale is None else args.outlier_scale
     result = fitting.fit(start, measurements, names, ratio_weight=args.ratio_weight, outlier_scale=scale)
     for line in report_lines(result, skipped):

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from .model import ALGOS, FITTABLE, FORMS, Prediction, Topology, flex_layout, predict, predict_flex, predict_v
+from .model import ALGOS, FORMS, Prediction, flex_layout, predict, predict_flex, predict_v
+from .topology import FITTABLE, Topology
 
 __all__ = ["FitResult", "FitRow", "Measurement", "fit", "link_rate", "load_measurements", "median_rows",
            "predict_measurement", "ratio_rows", "size_crossovers"]
