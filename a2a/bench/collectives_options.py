@@ -11,7 +11,8 @@ from .collectives_data import DTYPES
 __all__ = ["ALGOS", "DEFAULT_LOCAL_SIZE", "DEFAULT_NP", "PREDICT_PRESETS", "build_parser", "check_cluster",
            "parse_cluster"]
 
-PREDICT_PRESETS = ("local", "a100", "h100")  # a2a.sim's presets (tests check they stay the same)
+# a2a.sim's presets (tests check they stay the same)
+PREDICT_PRESETS = ("local", "a100", "h100", "cluster", "cluster-10g", "cluster-1g")
 DEFAULT_NP = 4
 DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
 ALGOS = ("linear", "2dh", "flex", "combine", "v", "v-plan")

@@ -21,10 +21,18 @@ reproduction of Tutel's Figure 18.
 
 from __future__ import annotations
 
-from .fitting import FitResult, FitRow, Measurement, fit, load_measurements, predict_measurement, ratio_rows
+from .fitting import (
+    FitResult,
+    FitRow,
+    Measurement,
+    fit,
+    load_measurements,
+    predict_measurement,
+    ratio_rows,
+    size_crossovers,
+)
 from .model import (
     ALGOS,
-    FITTABLE,
     FORMS,
     FlexLayout,
     Phase,
@@ -38,11 +46,13 @@ from .model import (
     predict_flex,
     predict_v,
 )
-from .presets import FIT_PARAMETERS, PRESETS, preset
+from .presets import FIT_OUTLIER_SCALE, FIT_PARAMETERS, PRESETS, preset
+from .topology import FITTABLE
 
 __all__ = [
     "ALGOS",
     "FITTABLE",
+    "FIT_OUTLIER_SCALE",
     "FIT_PARAMETERS",
     "FORMS",
     "PRESETS",
@@ -65,4 +75,5 @@ __all__ = [
     "predict_v",
     "preset",
     "ratio_rows",
+    "size_crossovers",
 ]

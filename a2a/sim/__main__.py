@@ -3,6 +3,7 @@
     python -m a2a.sim predict --preset a100 --ranks 64,256,2048,4096 --sizes 1M,32M,256M
     python -m a2a.sim predict --preset a100 --check none --json pred.json --plot fig18.png
     python -m a2a.sim fit bench.json [more.json ...] --preset local [--out local.json]
+    python -m a2a.sim predict --preset cluster --measured held_out.json [...]
     python -m a2a.sim presets
 
 ``predict`` prints, per (ranks, size), linear's and 2DH's predicted time
@@ -11,26 +12,33 @@ crossover: the GPU count from which 2DH is faster, scanned over 2, 4, 8 ...
 nodes up to the largest ``--ranks``. ``--json FILE`` writes one record per
 (preset, ranks, size, algorithm): ``time_s``, ``busbw`` (bytes/s) and
 ``phases`` (name -> seconds). ``--params FILE`` predicts with a fitted
-topology (``fit --out``) instead of a preset.
+topology (``fit --out``) instead of a preset. ``--measured FILE ...``
+predicts measured rows instead (runs the preset was not fitted on): each
+row's error, the ratios linear / 2dh and, per shape, the size from which the
+other algorithm is faster, measured and predicted.
 
 ``fit`` reads ``python -m a2a.bench --json`` rows (or any rows with the same
 fields: docs/scaling.md), fits the preset's parameters (``--fit`` names
 others) by least squares on the relative error, and prints the parameters,
 every row's measured and predicted time with its error, and, where linear
 and 2dh were both measured, the ratio of their times measured and
-predicted.
+predicted, and where the faster of the two changes. A row of the namespace
+cluster is predicted on its own link rate (``link``) and with the argument
+check it ran (``cross_check``), so one fit can take every rate's rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from .._sweep import parse_size
 from . import fitting, model, presets
+from .topology import FITTABLE
 
 FILE_FORMAT = "a2a.sim.topology"
 
@@ -68,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bytes per rank, comma list with K/M/G (default 1M,32M,256M)")
     pr.add_argument("--check", choices=model.CHECKS, help="how the argument check runs (default: the preset's; "
                     "none: nccl-tests' all-to-all, as in Tutel's figures)")
-    pr.add_argument("--json", metavar="FILE", help="write one record per (preset, ranks, size, algorithm)")
+    pr.add_argument("--measured", nargs="+", metavar="FILE", help="predict these measured rows (a2a.bench --json) "
+                    "instead of --ranks x --sizes, with each row's error (runs the preset was not fitted on)")
+    pr.add_argument("--json", metavar="FILE", help="write one record per (preset, ranks, size, algorithm); with "
+                    "--measured, the rows' report")
     pr.add_argument("--plot", metavar="FILE.png", help="draw the predictions (needs matplotlib)")
     pr.add_argument("--plot-x", choices=("ranks", "size"), default="ranks",
                     help="x axis of --plot: GPU count (a panel per size) or size (a panel per GPU count)")
@@ -85,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "none for NVIDIA nccl-tests' output: NCCL checks nothing across ranks)")
     ft.add_argument("--ratio-weight", type=float, default=2.0, help="weight of the ratios linear / 2dh against "
                     "the rows in the least squares (default 2: ratios within a run are steadier than times)")
+    ft.add_argument("--outlier-scale", type=float, help="soft-L1 loss: residuals (log of predicted / measured) "
+                    "beyond this count linearly, not squared (default: the preset's: "
+                    + ", ".join(f"{k}: {v:g}" for k, v in presets.FIT_OUTLIER_SCALE.items()) + "; others 0, least "
+                    "squares)")
     ft.add_argument("--out", metavar="FILE", help="write the fitted topology (for predict --params)")
     ft.add_argument("--json", metavar="FILE", help="write the fit's report: parameters, rows, errors, ratios")
 
@@ -149,6 +164,8 @@ def _phases_text(record: dict) -> str:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    if args.measured:
+        return _predict_measured(args)
     if not args.ranks or not args.sizes:
         raise ValueError("--ranks and --sizes must not be empty")
     all_records = []
@@ -189,6 +206,35 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict_measured(args: argparse.Namespace) -> int:
+    tops = _topologies(args)
+    if len(tops) != 1:
+        raise ValueError("--measured predicts with one topology: one --preset, or --params")
+    top = tops[0]
+    measurements, skipped = _load(args.measured)
+    if not measurements:
+        raise ValueError(f"no rows the model predicts in {', '.join(args.measured)}")
+    rows = [fitting.FitRow(m, fitting.predict_measurement(top, m)) for m in measurements]
+    print(f"# a2a.sim predict: {top.name}, check {top.check}, {len(rows)} measured rows (medians over the files)")
+    for line in [f"#   skipped {line}" for line in skipped] + rows_lines(rows):
+        print(line)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"topology": top.parameters(), "skipped": skipped, **rows_record(rows)}, fh, indent=1)
+            fh.write("\n")
+    return 0
+
+
+def _load(files: list[str]) -> tuple[list[fitting.Measurement], list[str]]:
+    """The rows of `files`, one per call (the median of its runs), and the lines of the rows skipped."""
+    measurements, skipped = [], []
+    for path in files:
+        found, why = fitting.load_measurements(path)
+        measurements += found
+        skipped += why
+    return fitting.median_rows(measurements), skipped
+
+
 # ---------------------------------------------------------------------------
 # fit
 
@@ -197,15 +243,11 @@ def _fit(args: argparse.Namespace) -> int:
     start = presets.preset(args.preset)
     if args.check:
         start = start.replace(check=args.check)
-    measurements, skipped = [], []
-    for path in args.files:
-        found, why = fitting.load_measurements(path)
-        measurements += found
-        skipped += why
-    measurements = fitting.median_rows(measurements)  # several runs of a sweep: the median of each row
+    measurements, skipped = _load(args.files)
     names = [n.strip() for n in args.fit.split(",") if n.strip()] if args.fit else list(
-        presets.FIT_PARAMETERS.get(start.name, model.FITTABLE))
-    result = fitting.fit(start, measurements, names, ratio_weight=args.ratio_weight)
+        presets.FIT_PARAMETERS.get(start.name, FITTABLE))
+    scale = presets.FIT_OUTLIER_SCALE.get(start.name, 0.0) if args.outlier_scale is None else args.outlier_scale
+    result = fitting.fit(start, measurements, names, ratio_weight=args.ratio_weight, outlier_scale=scale)
     for line in report_lines(result, skipped):
         print(line)
     if args.out:
@@ -229,28 +271,49 @@ def report_lines(result: fitting.FitResult, skipped: list[str]) -> list[str]:
     lines.append("# fitted: " + ", ".join(f"{name}={getattr(top, name):.4g}" for name in result.fitted))
     if result.kept:
         lines.append("# kept (the rows do not depend on them): " + ", ".join(result.kept))
-    lines.append(f"# {'row':<28} {'measured(us)':>12} {'predicted(us)':>13} {'error':>7}  predicted phases (us)")
-    for row in result.rows:
+    return lines + rows_lines(result.rows)
+
+
+def rows_lines(rows: list[fitting.FitRow]) -> list[str]:
+    """Each row measured and predicted, the error, the ratios linear / 2dh and where the faster changes."""
+    lines = [f"# {'row':<38} {'measured(us)':>12} {'predicted(us)':>13} {'error':>7}  predicted phases (us)"]
+    for row in rows:
         phases = " ".join(f"{p.name} {p.time_s * 1e6:.4g}" for p in row.predicted.phases)
-        lines.append(f"  {row.measurement.label:<28} {row.measurement.time_s * 1e6:>12.1f} "
+        lines.append(f"  {row.measurement.label:<38} {row.measurement.time_s * 1e6:>12.1f} "
                      f"{row.predicted.time_s * 1e6:>13.1f} {row.error:>+7.1%}  {phases}")
-    lines.append(f"# error: rms {result.rms_error:.1%}, max {result.max_error:.1%}")
-    ratios = fitting.ratio_rows(result.rows)
+    errors = [abs(row.error) for row in rows]
+    lines.append(f"# error: rms {math.sqrt(sum(e * e for e in errors) / len(errors)):.1%}, max {max(errors):.1%}")
+    ratios = fitting.ratio_rows(rows)
     if ratios:
-        lines.append(f"# linear / 2dh: {'shape':<8} {'size':>6} {'measured':>9} {'predicted':>9} {'error':>7}")
+        lines.append(f"# linear / 2dh: {'shape':<24} {'size':>6} {'measured':>9} {'predicted':>9} {'error':>7}")
         for r in ratios:
-            lines.append(f"#               {r['nodes']}x{r['local_size']:<6} {fitting._bytes(r['size']):>6} "
+            lines.append(f"#               {_shape(r):<24} {fitting._bytes(r['size']):>6} "
                          f"{r['measured']:>9.3f} {r['predicted']:>9.3f} {r['error']:>+7.1%}")
+    crossovers = fitting.size_crossovers(rows)
+    if crossovers:
+        lines.append(f"# the faster changes from: {'shape':<24} {'measured':>9} {'predicted':>9} {'sizes apart':>11}")
+        for c in crossovers:
+            measured, predicted = (fitting._bytes(c[k]) if c[k] else "never" for k in ("measured", "predicted"))
+            lines.append(f"#                          {_shape(c):<24} {measured:>9} {predicted:>9} {c['steps']:>11}")
     return lines
+
+
+def _shape(record: dict[str, Any]) -> str:
+    link = f" {record['link']}" if record["link"] else ""
+    return f"{record['nodes']}x{record['local_size']}{link}" + (" unchecked" if record["check"] == "none" else "")
+
+
+def rows_record(rows: list[fitting.FitRow]) -> dict[str, Any]:
+    return {"rows": [{"row": r.measurement.label, "measured_s": r.measurement.time_s,
+                      "predicted_s": r.predicted.time_s, "error": r.error,
+                      "phases": r.predicted.phase_times()} for r in rows],
+            "ratios": fitting.ratio_rows(rows), "crossovers": fitting.size_crossovers(rows)}
 
 
 def report_record(result: fitting.FitResult, skipped: list[str]) -> dict[str, Any]:
     return {"topology": result.topology.parameters(), "fitted": list(result.fitted), "kept": list(result.kept),
             "rms_error": result.rms_error, "max_error": result.max_error, "skipped": skipped,
-            "rows": [{"row": r.measurement.label, "measured_s": r.measurement.time_s,
-                      "predicted_s": r.predicted.time_s, "error": r.error,
-                      "phases": r.predicted.phase_times()} for r in result.rows],
-            "ratios": fitting.ratio_rows(result.rows)}
+            **rows_record(result.rows)}
 
 
 if __name__ == "__main__":

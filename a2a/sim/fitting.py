@@ -7,8 +7,10 @@ has the fields the model needs, whatever wrote it: ``algo`` (one of
 (``time_us``, ``time_s``, or ``time`` in microseconds as nccl-tests prints
 it), ``ranks`` and ``local_size`` (or ``num_nodes``); flex and combine rows
 also ``shape`` and ``type``, and ``inner_algo``; v rows ``count`` and
-``type``. Baseline rows (``baseline``: true, or algo ``mpi`` / ``d2d``) are
-skipped, and so are rows of other algorithms, with the reason.
+``type``; rows of the namespace cluster ``link`` (the link's rate, predicted
+as such) and ``cross_check`` (false: the argument check was off). Baseline
+rows (``baseline``: true, or algo ``mpi`` / ``d2d``) are skipped, and so are
+rows of other algorithms, with the reason.
 
 :func:`fit` fits a topology's parameters by least squares on the relative
 error, ``log(predicted / measured)`` per row, so that a 10 us row counts as
@@ -16,7 +18,8 @@ much as a 10 ms one: Levenberg-Marquardt over the logarithms of the
 parameters (which keeps them positive), the Jacobian by finite differences.
 Parameters the rows cannot tell apart from nothing (a column of zeros in the
 Jacobian: the inter-node link of an emulated run, for one) keep the
-preset's value and are reported as not fitted.
+preset's value and are reported as not fitted. On a host whose runs jump
+(``outlier_scale``) the squares become a soft-L1 loss.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from .model import ALGOS, FITTABLE, FORMS, Prediction, Topology, flex_layout, predict, predict_flex, predict_v
+from .model import ALGOS, FORMS, Prediction, flex_layout, predict, predict_flex, predict_v
+from .topology import FITTABLE, Topology
 
-__all__ = ["FitResult", "FitRow", "Measurement", "fit", "load_measurements", "median_rows", "predict_measurement",
-           "ratio_rows"]
+__all__ = ["FitResult", "FitRow", "Measurement", "fit", "link_rate", "load_measurements", "median_rows",
+           "predict_measurement", "ratio_rows", "size_crossovers"]
 
 ITEMSIZES = {"int8": 1, "uint8": 1, "int32": 4, "int64": 8, "half": 2, "float": 4, "double": 8, "bfloat16": 2}
 BASELINE_ALGOS = ("mpi", "d2d")
@@ -54,12 +58,16 @@ class Measurement:
     shape: tuple[int, ...] = ()  # flex, combine: the input's shape
     itemsize: int = 0
     count: int = 0  # v: elements per peer (the mean)
+    check: str = ""  # how the argument check ran (a CHECKS name); "": the topology's
+    link: str = ""  # the namespace cluster's link rate ("unshaped", "1gbit", ...); "": not said
     source: str = ""
 
     @property
     def label(self) -> str:
         algo = self.algo if self.algo in ALGOS else f"{self.algo}/{self.inner_algo}"
-        return f"{algo} {self.ranks // self.local_size}x{self.local_size} {_bytes(self.size)}"
+        unchecked = " unchecked" if self.check == "none" else ""
+        link = f" {self.link}" if self.link else ""
+        return f"{algo} {self.ranks // self.local_size}x{self.local_size} {_bytes(self.size)}{link}{unchecked}"
 
 
 @dataclass(frozen=True)
@@ -217,6 +225,14 @@ def _measurement(row: dict, algo: str, where: str) -> Measurement:
         extra["shape"] = tuple(int(n) for n in need("shape"))
     if algo in ("v", "v-plan"):
         extra["count"] = int(need("count"))
+    if row.get("cross_check") is False:  # A2A_CROSS_CHECK=0: the ranks' arguments are not compared
+        extra["check"] = "none"
+    if row.get("link"):
+        extra["link"] = str(row["link"])
+        try:
+            link_rate(extra["link"])
+        except ValueError as error:
+            raise ValueError(f"{where} ({algo}): {error}") from None
     return Measurement(algo, int(need("size")), ranks, local, seconds, source=where, **extra)
 
 
@@ -225,7 +241,7 @@ def median_rows(measurements: Iterable[Measurement]) -> list[Measurement]:
     the rows of it (several runs of the same sweep), in the order first seen."""
     groups: dict[tuple, list[Measurement]] = {}
     for m in measurements:
-        key = (m.algo, m.size, m.ranks, m.local_size, m.inner_algo, m.shape, m.itemsize, m.count)
+        key = (m.algo, m.size, m.ranks, m.local_size, m.inner_algo, m.shape, m.itemsize, m.count, m.check, m.link)
         groups.setdefault(key, []).append(m)
     merged = []
     for rows in groups.values():
@@ -244,6 +260,10 @@ def median_rows(measurements: Iterable[Measurement]) -> list[Measurement]:
 def predict_measurement(topology: Topology, m: Measurement) -> Prediction:
     """The model's prediction for the call `m` measured, on `topology` at its shape."""
     top = topology.with_ranks(m.ranks, m.local_size)
+    if m.check:
+        top = top.replace(check=m.check)
+    if m.link:
+        top = top.replace(link_rate=link_rate(m.link))
     if m.algo in ALGOS:
         return predict(top, m.algo, m.size)
     if m.algo in ("flex", "combine"):
@@ -255,22 +275,64 @@ def predict_measurement(topology: Topology, m: Measurement) -> Prediction:
     return predict_v(top, m.inner_algo, counts, plan=m.algo == "v")
 
 
+def _pair_key(m: Measurement) -> tuple:
+    """What a linear row and a 2dh row must share to be compared: the shape, the size, the check, the link."""
+    return (m.ranks, m.local_size, m.size, m.check, m.link)
+
+
+_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def link_rate(link: str) -> float:
+    """Bytes per second of a namespace cluster's link as a row names it: ``"unshaped"``
+    is 0 (no shaping), ``"10gbit"``, ``"500mbit"`` are tc's rates."""
+    if link == "unshaped":
+        return 0.0
+    for unit, bits in _RATE_UNITS.items():
+        number = link[: -len(unit)]
+        if link.endswith(unit) and number.replace(".", "", 1).isdigit() and float(number) > 0:
+            return float(number) * bits / 8
+    raise ValueError(f"link {link!r}: expected 'unshaped' or a tc rate such as 10gbit or 500mbit")
+
+
 def ratio_rows(rows: Sequence[FitRow]) -> list[dict[str, Any]]:
-    """For every (shape, size) measured with both linear and 2dh: the measured and
-    predicted ratio of linear's time to 2DH's, and the error of the predicted one."""
-    by_key: dict[tuple[int, int, int], dict[str, FitRow]] = {}
+    """For every (shape, size, check, link) measured with both linear and 2dh: the
+    measured and predicted ratio of linear's time to 2DH's, and the error of the
+    predicted one."""
+    by_key: dict[tuple, dict[str, FitRow]] = {}
     for row in rows:
         m = row.measurement
         if m.algo in ALGOS:
-            by_key.setdefault((m.ranks, m.local_size, m.size), {})[m.algo] = row
+            by_key.setdefault(_pair_key(m), {})[m.algo] = row
     out = []
-    for (ranks, local, size), pair in sorted(by_key.items()):
+    for (ranks, local, size, check, link), pair in sorted(by_key.items()):
         if len(pair) != 2:
             continue
         measured = pair["linear"].measurement.time_s / pair["2dh"].measurement.time_s
         predicted = pair["linear"].predicted.time_s / pair["2dh"].predicted.time_s
-        out.append({"ranks": ranks, "local_size": local, "nodes": ranks // local, "size": size,
-                    "measured": measured, "predicted": predicted, "error": predicted / measured - 1})
+        out.append({"ranks": ranks, "local_size": local, "nodes": ranks // local, "size": size, "check": check,
+                    "link": link, "measured": measured, "predicted": predicted, "error": predicted / measured - 1})
+    return out
+
+
+def size_crossovers(rows: Sequence[FitRow], tie: float = 0.05) -> list[dict[str, Any]]:
+    """Per (shape, check, link) measured with both linear and 2dh: the smallest size
+    from which the other algorithm than at the smallest sizes is the faster one,
+    measured and predicted (None: never), and ``steps``, how many sizes of the sweep
+    apart the two are (never counts as one size past the largest). Times within
+    `tie` of each other are a tie, which changes nothing: on a wire-bound link both
+    move the same bytes at the same rate, and which one a run finds faster is noise."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for ratio in ratio_rows(rows):
+        groups.setdefault((ratio["ranks"], ratio["local_size"], ratio["check"], ratio["link"]), []).append(ratio)
+    out = []
+    for (ranks, local, check, link), ratios in groups.items():
+        sizes = [r["size"] for r in ratios]  # ratio_rows sorts them
+        measured, predicted = (_first_change([r[column] for r in ratios], tie) for column in ("measured", "predicted"))
+        out.append({"ranks": ranks, "local_size": local, "nodes": ranks // local, "check": check, "link": link,
+                    "sizes": sizes, "measured": sizes[measured] if measured < len(sizes) else None,
+                    "predicted": sizes[predicted] if predicted < len(sizes) else None,
+                    "steps": abs(measured - predicted)})
     return out
 
 
@@ -279,11 +341,12 @@ def ratio_rows(rows: Sequence[FitRow]) -> list[dict[str, Any]]:
 
 
 def fit(topology: Topology, measurements: Sequence[Measurement], parameters: Sequence[str] | None = None,
-        *, ratio_weight: float = 2.0, max_iterations: int = 200) -> FitResult:
+        *, ratio_weight: float = 2.0, max_iterations: int = 200, outlier_scale: float = 0.0) -> FitResult:
     """`topology` with `parameters` (default: every numeric one) fitted to
     `measurements` by least squares on log(predicted / measured) of each row
     and, weighted by `ratio_weight`, of each ratio linear / 2dh (the rows of
-    both at one shape and size)."""
+    both at one shape and size). `outlier_scale` > 0: the soft-L1 loss, for
+    rows of a host whose runs jump (see _robust)."""
     if not measurements:
         raise ValueError("fit: no measurements to fit")
     if not ratio_weight >= 0:
@@ -300,9 +363,9 @@ def fit(topology: Topology, measurements: Sequence[Measurement], parameters: Seq
     def residuals(top: Topology) -> np.ndarray:
         rows = np.log([predict_measurement(top, m).time_s for m in measurements]) - measured
         if not pairs or ratio_weight == 0:
-            return rows
+            return _robust(rows, outlier_scale)
         ratios = [rows[i] - rows[j] for i, j in pairs]  # log of predicted ratio / measured ratio
-        return np.concatenate([rows, ratio_weight * np.asarray(ratios)])
+        return _robust(np.concatenate([rows, ratio_weight * np.asarray(ratios)]), outlier_scale)
 
     def at(x: np.ndarray, which: list[str]) -> Topology:
         return topology.replace(**{name: float(math.exp(v)) for name, v in zip(which, x)})
@@ -351,9 +414,26 @@ def fit(topology: Topology, measurements: Sequence[Measurement], parameters: Seq
     return FitResult(top, rows, tuple(fitted), kept, iterations)
 
 
+def _robust(residuals: np.ndarray, scale: float) -> np.ndarray:
+    """The residuals whose squares sum to the soft-L1 cost ``2 s^2 (sqrt(1 + (r/s)^2) - 1)``:
+    quadratic below `scale`, linear beyond, so that a row the shared host slowed by 3x
+    pulls no harder than one off by a little over `scale`; 0: plain least squares."""
+    if not scale:
+        return residuals
+    return np.sign(residuals) * np.sqrt(2 * scale**2 * (np.sqrt(1 + (residuals / scale) ** 2) - 1))
+
+
+def _first_change(ratios: Sequence[float], tie: float) -> int:
+    """The index of the first ratio linear / 2dh on the other side of 1 than the first
+    that is not a tie; len(ratios) when there is none."""
+    faster = [(r > 1 + tie) - (r < 1 / (1 + tie)) for r in ratios]  # +1: 2dh faster, -1: linear, 0: a tie
+    first = next((f for f in faster if f), 0)
+    return next((i for i, f in enumerate(faster) if f == -first != 0), len(ratios))
+
+
 def _pairs(measurements: Sequence[Measurement]) -> list[tuple[int, int]]:
     """Indices (linear, 2dh) of the rows measured with both at one shape and size."""
-    index = {(m.algo, m.ranks, m.local_size, m.size): i for i, m in enumerate(measurements) if m.algo in ALGOS}
+    index = {(m.algo, *_pair_key(m)): i for i, m in enumerate(measurements) if m.algo in ALGOS}
     return [(i, index[("2dh", *key[1:])]) for key, i in index.items()
             if key[0] == "linear" and ("2dh", *key[1:]) in index]
 

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from .topology import CHECKS, Topology
+
 __all__ = [
     "ALGOS",
     "CHECKS",
@@ -51,7 +53,6 @@ __all__ = [
 
 ALGOS = ("linear", "2dh")
 FORMS = ("linear", "2dh", "flex", "combine", "v", "v-plan")  # the rows a2a.bench writes (and the model predicts)
-CHECKS = ("none", "in_band", "round")
 
 # Constants of the implementation (csrc/core/comm.cpp, csrc/core/algorithms.cpp).
 IN_BAND_BYTES = 64 << 10  # messages of at most this / W bytes carry the argument check
@@ -61,118 +62,6 @@ MIN_DATATYPE_CHUNK_BYTES = 64 << 10  # flex datatypes path from this many bytes 
 COUNT_BYTES = 8  # all-to-all-v: one int64 count per peer
 
 
-@dataclass(frozen=True)
-class Topology:
-    """A machine and the shape of the job on it. Units: seconds, bytes, bytes per second.
-
-    Links (each direction, what one rank gets):
-
-    * intra-node: ``intra_bandwidth`` per rank (NVLink / NVSwitch), latency
-      ``intra_latency`` per phase, ``intra_half_message``: the message size
-      that moves at half the bandwidth.
-    * inter-node: ``nics_per_node`` NICs of ``nic_bandwidth`` shared by the
-      node's ``local_size`` ranks, ``inter_latency``, ``inter_half_message``.
-      ``cross_rail_factor``: the bandwidth of a message between different
-      local ranks of two nodes (another rail) relative to one on the same rail;
-      1 on a non-blocking fat tree, less where rails meet only at an
-      oversubscribed spine.
-    * local copies: ``copy_bandwidth`` (bytes copied per second),
-      ``copy_latency`` per call (a kernel launch, the thread pool's dispatch),
-      ``copy_half_chunk``: the chunk size that copies at half the bandwidth.
-
-    How a phase adds up: ``concurrent`` links (GPUs: NVLink, the NICs and the
-    copy engine work at once) take the longest of the phase's parts; otherwise
-    (one CPU per rank drives every message and copy) their sum.
-    ``emulated``: the nodes are emulated on one host (``A2A_LOCAL_SIZE``), so
-    every message, across an emulated node too, uses the intra-node link, and
-    all ranks share the host's ``cores``: every phase takes ``max(1, W / cores) **
-    sharing_exponent`` times as long (busy-polling ranks time-sliced on too few
-    cores lose more than their share: the exponent is fitted).
-    ``cache_bytes`` > 0 (CPU hosts): a copy whose bytes, read and written by
-    every rank of the host, do not fit in this much cache runs partly at
-    ``copy_memory_bandwidth``: the fraction ``cache / (cache + working set)``
-    of its bytes at ``copy_bandwidth``, the rest at ``copy_memory_bandwidth``.
-    ``check``: how the argument check runs: ``"in_band"`` (MPI communicators:
-    on the data's first round, or a round of empty messages), ``"round"``
-    (NCCL: an allgather of the signatures over the host, ``ceil(log2 W)``
-    latencies), ``"none"`` (not this library: nccl-tests' own all-to-all, as
-    in Tutel's figures). ``transport``: ``"mpi"`` or ``"nccl"`` (whether the
-    flex datatypes path exists).
-    """
-
-    name: str
-    nodes: int
-    local_size: int
-    intra_bandwidth: float
-    intra_latency: float
-    intra_half_message: float
-    nic_bandwidth: float
-    nics_per_node: int
-    inter_latency: float
-    inter_half_message: float
-    copy_bandwidth: float
-    copy_latency: float
-    copy_half_chunk: float
-    cross_rail_factor: float = 1.0
-    concurrent: bool = True
-    emulated: bool = False
-    cores: int = 0
-    sharing_exponent: float = 1.0
-    cache_bytes: float = 0.0
-    copy_memory_bandwidth: float = 0.0
-    check: str = "round"
-    transport: str = "nccl"
-
-    def __post_init__(self) -> None:
-        for field in ("nodes", "local_size", "nics_per_node"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Topology {self.name}: {field} must be an int >= 1, got {value!r}")
-        for field in FITTABLE:
-            value = getattr(self, field)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"Topology {self.name}: {field} must be a finite number >= 0, got {value!r}")
-        for field in ("intra_bandwidth", "nic_bandwidth", "copy_bandwidth", "cross_rail_factor"):
-            if not getattr(self, field) > 0:
-                raise ValueError(f"Topology {self.name}: {field} must be > 0, got {getattr(self, field)!r}")
-        if self.check not in CHECKS:
-            raise ValueError(f"Topology {self.name}: check must be one of {CHECKS}, got {self.check!r}")
-        if self.transport not in ("mpi", "nccl"):
-            raise ValueError(f"Topology {self.name}: transport must be 'mpi' or 'nccl', got {self.transport!r}")
-        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 0:
-            raise ValueError(f"Topology {self.name}: cores must be an int >= 0 (0: not shared), got {self.cores!r}")
-
-    @property
-    def ranks(self) -> int:
-        return self.nodes * self.local_size
-
-    @property
-    def two_level(self) -> bool:
-        """Whether 2DH differs from linear (more than one node and more than one rank per node)."""
-        return self.nodes > 1 and self.local_size > 1
-
-    def with_ranks(self, ranks: int, local_size: int | None = None) -> Topology:
-        """The same machine with `ranks` ranks, `local_size` (default: this one's) per node."""
-        local = self.local_size if local_size is None else local_size
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1 or ranks % local:
-            raise ValueError(f"ranks must be a positive multiple of the {local} ranks per node, got {ranks!r}")
-        return dataclasses.replace(self, nodes=ranks // local, local_size=local)
-
-    def replace(self, **changes: Any) -> Topology:
-        return dataclasses.replace(self, **changes)
-
-    def parameters(self) -> dict[str, Any]:
-        """Every field, JSON-able (what ``fit --out`` writes and ``--params`` reads)."""
-        return dataclasses.asdict(self)
-
-
-FITTABLE = (
-    "intra_bandwidth", "intra_latency", "intra_half_message",
-    "nic_bandwidth", "inter_latency", "inter_half_message",
-    "copy_bandwidth", "copy_latency", "copy_half_chunk",
-    "cross_rail_factor", "sharing_exponent", "cache_bytes", "copy_memory_bandwidth",
-)
-"""The numeric parameters, the ones :func:`a2a.sim.fit` can fit."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +121,8 @@ def _kind_time(top: Topology, kind: str, messages: Any, nbytes: Any) -> Any:
         return (nbytes + messages * top.copy_half_chunk) / top.copy_bandwidth
     if kind == "intra" or top.emulated:
         return (nbytes + messages * top.intra_half_message) / top.intra_bandwidth
-    per_rank = top.nic_bandwidth * top.nics_per_node / top.local_size
+    # On one host a rank's sockets cost its own (shared) core's time: no NIC divided among the node's ranks.
+    per_rank = top.nic_bandwidth if top.one_host else top.nic_bandwidth * top.nics_per_node / top.local_size
     if kind == "cross":
         per_rank *= top.cross_rail_factor
     return (nbytes + messages * top.inter_half_message) / per_rank
@@ -280,7 +170,20 @@ def _exchange_phase(top: Topology, name: str, traffic: _Traffic) -> Phase:
     parts = list(links.values())
     combined = np.maximum.reduce(parts) if top.concurrent else np.add.reduce(parts)
     seconds = (latency + float(np.max(combined))) * _sharing(top)
+    if top.link_rate > 0:  # the wire runs while the cores work: the longer of the two, not their sum
+        seconds = max(seconds, _wire_time(top, traffic))
     return Phase(name, seconds, int(np.max(total_bytes)), int(np.max(total_messages)))
+
+
+def _wire_time(top: Topology, traffic: _Traffic) -> float:
+    """Seconds a shaped node link needs for the phase: the busiest node's bytes to
+    other nodes, or from them (each end of the link is shaped), over the payload's rate."""
+    busiest = 0.0
+    for side in (traffic.sends, traffic.recvs):
+        per_rank = sum((np.asarray(side[kind][1], dtype=float) for kind in ("rail", "cross") if kind in side),
+                       np.zeros(top.ranks))  # ranks are numbered node by node
+        busiest = max(busiest, float(per_rank.reshape(top.nodes, top.local_size).sum(axis=1).max()))
+    return busiest / (top.link_rate * top.link_efficiency)
 
 
 def _copy_phase(top: Topology, name: str, nbytes: Any, chunks: Any) -> Phase:
@@ -294,15 +197,20 @@ def _seconds_per_copied_byte(top: Topology, nbytes: Any) -> Any:
     """1 / copy_bandwidth; with a cache, the share of the bytes that miss it at memory speed."""
     if not (top.cache_bytes > 0 and top.copy_memory_bandwidth > 0):
         return 1.0 / top.copy_bandwidth
-    ranks_on_host = top.ranks if top.emulated else top.local_size
+    ranks_on_host = top.ranks if _one_host(top) else top.local_size
     working_set = 2.0 * nbytes * ranks_on_host  # read and written, by every rank of the host
     hit = top.cache_bytes / (top.cache_bytes + working_set)
     return hit / top.copy_bandwidth + (1 - hit) / top.copy_memory_bandwidth
 
 
+def _one_host(top: Topology) -> bool:
+    """Whether every rank of the job runs on one host (emulated nodes, or the namespace cluster)."""
+    return top.emulated or top.one_host
+
+
 def _sharing(top: Topology) -> float:
     """How much longer everything takes when the ranks share the host's cores."""
-    if top.emulated and top.cores:
+    if _one_host(top) and top.cores:
         return max(1.0, top.ranks / top.cores) ** top.sharing_exponent
     return 1.0
 
@@ -333,9 +241,9 @@ def _empty_round(top: Topology) -> _Traffic:
 def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Phase]:
     """The argument check of one call. `in_band`: the call's first round can carry it
     (linear on an MPI communicator); then messages of at most 64 KiB / W bytes carry
-    it into a scratch buffer and are copied out, a path that measured (docs/scaling.md)
-    about as much again as the exchange, so it costs the exchange once more; larger
-    ones follow a round of empty messages."""
+    it into a scratch buffer and are copied out, a path that costs ``in_band_cost``
+    times the exchange (measured: once more on shared memory, 15% more over
+    TCP, docs/scaling.md); larger ones follow a round of empty messages."""
     if top.check == "none":
         return []
     if top.check == "round":
@@ -343,7 +251,10 @@ def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Ph
         latency = top.inter_latency if top.nodes > 1 and not top.emulated else top.intra_latency
         return [Phase("check", rounds * latency * _sharing(top), 0, rounds)]
     if in_band and largest_message <= IN_BAND_BYTES // top.ranks:
-        return [_exchange_phase(top, "check", _uniform_traffic(top, "world", largest_message))]
+        # What the path adds is CPU work (the signatures, the copy out of scratch), no more bytes on a wire.
+        cpu = top.replace(link_rate=0.0)
+        carried = _exchange_phase(cpu, "check", _uniform_traffic(cpu, "world", largest_message))
+        return [dataclasses.replace(carried, time_s=carried.time_s * top.in_band_cost)]
     return [_exchange_phase(top, "check", _empty_round(top))]
 
 

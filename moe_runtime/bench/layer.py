@@ -121,7 +121,7 @@ compute; at least 4x faster than GShard at T = 4096, M = 1024, H = 1024,
 E = 8, k = 2, f = 1 (checked in the ``--peer-tokens`` cases at f = 1);
 switching r costs less than 1% of a step and allocates no buffer.
 
-``--prior PRESET`` (``local``, ``a100``, ``h100``; default none) gives the
+``--prior PRESET`` (an a2a.sim preset: ``local``, ``cluster``, ``a100`` ...; default none) gives the
 adaptive layer's dictionary the scale model's prior
 (:class:`moe_runtime.tuning.prior.ExchangePrior`, ``--prior-factor``, default 4):
 the (d, algorithm) it predicts far slower are not tried. Each case then

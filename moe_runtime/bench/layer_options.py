@@ -9,7 +9,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from a2a import launch
+from a2a import launch, sim
 from a2a.bench import common
 
 __all__ = ["DEFAULTS", "GPU_STEP", "ISSUE_SIZE", "QUICK", "Case", "build_parser", "cases", "default_np", "layout_error",
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed rounds; rows show the median (default {d['repeats']})")
     p.add_argument("--tune-repeats", type=int, help="the dictionary's steps per trial after its one warm-up "
                    f"step (AdaptiveDictionary repeats; default {d['tune_repeats']})")
-    p.add_argument("--prior", choices=("local", "a100", "h100"), help="give the dictionary the scale model's prior "
+    p.add_argument("--prior", choices=tuple(sim.PRESETS), help="give the dictionary the scale model's prior "
                    "(a2a.sim preset; default: none) and report the trials it saved")
     p.add_argument("--prior-factor", type=float, default=4.0, help="the prior leaves out (d, algo) predicted more "
                    "than this many times slower than the best of their r (default 4)")

@@ -41,8 +41,8 @@ class ExchangePrior:
 
     Args:
         topology: an :class:`a2a.sim.Topology` or a preset name (``"local"``,
-            ``"a100"``, ``"h100"``); it is reshaped to the signature's world
-            size and ranks per node.
+            ``"cluster"``, ``"cluster-1g"``, ``"a100"`` ...: ``a2a.sim.PRESETS``);
+            it is reshaped to the signature's world size and ranks per node.
 
     The signature is the layer's (``MoELayer`` binds the dictionary with
     world, local_size, num_nodes, experts, model_dim, dtype, ...).

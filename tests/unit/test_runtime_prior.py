@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
+import numpy as np
 import pytest
 
 from a2a import sim
+from a2a.sim import fitting
 from moe_runtime import AdaptiveDictionary, Config, ExchangePrior
 from moe_runtime.bench.layer_summary import trials_without_prior
 
@@ -86,3 +89,57 @@ def test_bench_replays_the_search_without_the_prior():
                                      (config.r, config.d, config.algo)))
     assert trials_without_prior(rows, {"trials": 3, "skipped": 2}, valid_rs, args, True) == plain.trials(0) == 13
     assert trials_without_prior(rows[:0], {"trials": 3, "skipped": 2}, valid_rs, args, True) == 5
+
+
+CLUSTER_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "sim_cluster")
+
+
+def measured_exchange(rate, shape):
+    """seconds(algo, bytes per rank) of the cluster's all-to-all as the sweep measured
+    it (the library's check on), interpolated in log-log between the measured sizes."""
+    rows = fitting.median_rows(sim.load_measurements(os.path.join(CLUSTER_DATA, f"{rate}_{shape}.json"))[0])
+    curves = {algo: sorted((m.size, m.time_s) for m in rows if m.algo == algo and m.check == "")
+              for algo in ("linear", "2dh")}
+
+    def seconds(algo, size):
+        sizes, times = zip(*curves[algo])
+        return math.exp(np.interp(math.log(size), np.log(sizes), np.log(times)))
+    return seconds
+
+
+@pytest.mark.parametrize("preset,rate", [("cluster", "unshaped"), ("cluster-1g", "1gbit")])
+def test_cluster_prior_saves_trials_without_changing_the_choice(preset, rate):
+    """A layer on the namespace cluster, 4 nodes x 2 ranks: its step times are the
+    measured all-to-all times of the flows' exchanges (the sweep's rows, not the
+    model) plus expert work that depends on r. The dictionary with the cluster
+    prior runs fewer trials and ends on the configuration it ends on without it.
+    (A small model dimension: at 1 Gbit/s larger exchanges are all wire-bound,
+    every configuration moves the same bytes, and the prior leaves nothing out.)"""
+    model_dim = 64
+    sig = signature(world=8, local_size=2, experts=2, model_dim=model_dim)  # s = 4: r in 1, 2, 4
+    capacity, valid_rs, exchange = 256, [0, 1, 2, 4], measured_exchange(rate, "4x2")
+    prior = ExchangePrior(preset)
+
+    def step_seconds(config):
+        if config.r == 0:
+            return 0.5  # the weights all-gathered every step: slower than any r > 0 here
+        world, sharers = 8, 4
+        group = sharers // config.r
+        rows = math.ceil(capacity / (config.d * group)) * config.d * group
+        size = 2 * config.r * group * (rows // config.d // group) * model_dim * 4  # flex_layout's bytes per rank
+        assert size % world == 0
+        experts = 0.004 * (1 + abs(math.log2(config.r) - 1))  # best at r = 2
+        return experts + config.d * 2 * 2 * exchange(config.algo, size)
+
+    def search(dictionary):
+        dictionary.bind(sig, valid_rs, two_level=True)
+        while dictionary.tuning(capacity) or not dictionary.entries:
+            config = dictionary.choose(capacity)
+            dictionary.report(capacity, config, step_seconds(config))
+        return dictionary.entries[capacity // 128].config
+
+    plain = AdaptiveDictionary(warmup=0, repeats=1)
+    guided = AdaptiveDictionary(warmup=0, repeats=1, prior=prior, prior_factor=1.5)
+    assert search(guided) == search(plain)
+    assert guided.skipped(capacity) > 0
+    assert guided.trials(capacity) + guided.skipped(capacity) == plain.trials(capacity)
