@@ -16,7 +16,8 @@
 # make test-gpu-check  the same with --dry-run: everything up to the first GPU call
 # make test-cluster  the mpirun suite's 2x2, 4x2, 3x1 and moe-2x2 configurations on a cluster of
 #              network namespaces (tools/cluster.py; root): TCP between nodes, shared memory within
-#              (about 4.5 min; CI runs it after make test)
+#              (about 4.5 min), then network faults on it (tests/cluster, about 2 min); CI runs it
+#              after make test
 # make test-install  build the wheel as a user would (pip wheel .), install it into a
 #              bare venv, run one collective and one MoELayer step on 2 ranks
 #              (tests/install/run.py, about 1.5 min)
@@ -98,6 +99,7 @@ test-cuda-emulation: $(VENV)/.ready
 
 test-cluster: build
 	$(PY) tests/run_mpi.py --cluster
+	A2A_TEST_CLUSTER=1 $(PY) -m pytest -q -rs tests/cluster
 
 # Needs no build of the library: it builds its own wheel, isolated, as
 # `pip install .` does (tests/install/run.py).

@@ -6,6 +6,7 @@ TCP between nodes and shared memory within each, as on a real cluster.
     python -m a2a.cluster up 4 [--rate 10gbit]      # nodes a2a-n0 .. a2a-n3
     python -m a2a.cluster run --nodes 2 --ranks-per-node 2 -- python -m pytest tests/mpi
     python -m a2a.cluster link 1 down               # a fault: node 1's link down (up, rate R, kill)
+    python -m a2a.cluster run --ft --nodes 2 ...    # with Open MPI's fault tolerance (ULFM)
     python -m a2a.cluster status
     python -m a2a.cluster down                      # idempotent
 

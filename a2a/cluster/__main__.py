@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--nodes", type=int, required=True)
     p_run.add_argument("--ranks-per-node", type=int, default=1)
     p_run.add_argument("--rate", help="the links' rate, when run brings the cluster up itself")
+    p_run.add_argument("--ft", action="store_true",
+                       help="Open MPI's fault tolerance (--with-ft ulfm): a rank whose peer's process failed gets "
+                       "an error instead of being aborted")
     p_link = sub.add_parser("link", help="a fault: take NODE's link down, or bring it up")
     p_link.add_argument("node", help="index, name or address")
     p_link.add_argument("state", choices=("up", "down"))
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not command:
                 p.error("run needs a command after --")
-            return launch.run(args.nodes, args.ranks_per_node, command, args.rate)
+            return launch.run(args.nodes, args.ranks_per_node, command, args.rate, ft=args.ft)
     except ValueError as error:
         print(str(error), file=sys.stderr)
         return 2

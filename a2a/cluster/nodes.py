@@ -40,6 +40,11 @@ class Cluster:
     def agent(self) -> str:
         return os.path.join(self.state_dir, "agent.sh")
 
+    @property
+    def daemons_log(self) -> str:
+        """Where the agent writes ``NODE STATUS`` as each node's MPI daemon ends."""
+        return os.path.join(self.state_dir, "daemons.log")
+
     def node(self, index: int) -> str:
         return f"{self.name}-n{index}"
 
@@ -107,13 +112,20 @@ def write_state(cluster: Cluster, nodes: int, rate: str | None) -> None:
     os.makedirs(cluster.state_dir, exist_ok=True)
     with open(os.path.join(cluster.state_dir, "state.json"), "w") as out:
         json.dump({"nodes": nodes, "rate": rate, "subnet": SUBNET + ".0/24"}, out)
-    # Open MPI's ssh launcher calls: agent HOST COMMAND... ; HOST is a node's address.
+    write_agent(cluster, nodes)
+
+
+def write_agent(cluster: Cluster, nodes: int) -> None:
+    # Open MPI's ssh launcher calls: agent HOST COMMAND... ; HOST is a node's address. Like an ssh client,
+    # the agent stays on the launching node (no exec): it outlives a node that is killed or cut off, and
+    # logs how the node's daemon ended.
     lines = ["#!/bin/sh", "# Written by a2a.cluster: enters the node's namespaces instead of ssh.",
              'host="$1"; shift', 'case "$host" in']
     for index in range(nodes):
         lines.append(f'  {address(index)}|{cluster.node(index)}) node={cluster.node(index)} ;;')
     lines += ['  *) echo "cluster agent: unknown node $host" >&2; exit 2 ;;', "esac",
-              'exec ip netns exec "$node" unshare --uts sh -c "hostname $node; $*"']
+              'ip netns exec "$node" unshare --uts sh -c "hostname $node; $*"', 'status=$?',
+              f'echo "$node $status" >> {cluster.daemons_log}', 'exit $status']
     with open(cluster.agent, "w") as out:
         out.write("\n".join(lines) + "\n")
     os.chmod(cluster.agent, 0o755)

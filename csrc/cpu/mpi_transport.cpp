@@ -256,13 +256,11 @@ void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pendi
 
 void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
   PollPacer pacer(timeout_s_);
+  wait_statuses_.resize(requests.size());
   for (;;) {
     int done = 0;
-    int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      abandon(requests, pending);
-      fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": MPI_Testall failed: ", mpi_error_text(rc));
-    }
+    int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, wait_statuses_.data());
+    if (rc != MPI_SUCCESS) fail_error(requests, pending, what, rc, wait_statuses_.data());
     if (done) {
       requests.clear();
       pending.clear();
@@ -279,20 +277,56 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
   fail_timeout(requests, pending, what);
 }
 
-void MpiTransport::fail_timeout(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
-  std::string unfinished;
-  size_t listed = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (requests[i] == MPI_REQUEST_NULL) continue;
-    if (listed++ < 16)
-      unfinished += cat(listed > 1 ? ", " : "", pending[i].kind,
-                        pending[i].peer >= 0 ? cat(" rank ", pending[i].peer, " (", pending[i].bytes, " bytes)") : "");
+std::string MpiTransport::describe(const Pending& pending) {
+  return cat(pending.kind, pending.peer >= 0 ? cat(" rank ", pending.peer, " (", pending.bytes, " bytes)") : "");
+}
+
+namespace {
+
+// A list of at most 16 operations, then how many more.
+class OperationList {
+ public:
+  void add(const std::string& item) {
+    if (count_++ < 16) text_ += cat(count_ > 1 ? ", " : "", item);
   }
-  if (listed > 16) unfinished += cat(", and ", listed - 16, " more");
+  bool empty() const { return count_ == 0; }
+  std::string text() const { return count_ > 16 ? cat(text_, ", and ", count_ - 16, " more") : text_; }
+
+ private:
+  std::string text_;
+  size_t count_ = 0;
+};
+
+}  // namespace
+
+void MpiTransport::fail_timeout(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
+  OperationList unfinished;
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (requests[i] != MPI_REQUEST_NULL) unfinished.add(describe(pending[i]));
   abandon(requests, pending);
   fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s (A2A_TIMEOUT_S) in ", what,
-       "; unfinished: ", unfinished,
+       "; unfinished: ", unfinished.text(),
        ". Those peers did not call the same collective, died, or are stuck");
+}
+
+// Open MPI frees a request that failed before MPI_Testall returns MPI_ERR_IN_STATUS: the statuses
+// alone say which failed. On any other error the requests still allocated are those unfinished.
+void MpiTransport::fail_error(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what,
+                              int rc, const MPI_Status* statuses) {
+  OperationList failed, unfinished;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const int error = rc == MPI_ERR_IN_STATUS && statuses != nullptr ? statuses[i].MPI_ERROR
+                      : requests[i] != MPI_REQUEST_NULL             ? MPI_ERR_PENDING
+                                                                    : MPI_SUCCESS;
+    if (error == MPI_ERR_PENDING)
+      unfinished.add(describe(pending[i]));
+    else if (error != MPI_SUCCESS)
+      failed.add(cat(describe(pending[i]), ": ", mpi_error_text(error)));
+  }
+  abandon(requests, pending);
+  fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ",
+       failed.empty() ? mpi_error_text(rc) : failed.text(), unfinished.empty() ? "" : "; unfinished: ",
+       unfinished.text());
 }
 
 // Receives first (from me - step), then sends (to me + step), as exchange()
@@ -341,10 +375,7 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
     int completed = 0;
     const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
                                 statuses.data());
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) {
-      abandon(requests_, pending_);
-      fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": MPI_Testsome failed: ", mpi_error_text(rc));
-    }
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_error(requests_, pending_, what, rc, nullptr);
     if (completed == MPI_UNDEFINED) break;  // every request is MPI_REQUEST_NULL
     for (int k = 0; k < completed; ++k) {
       const size_t i = static_cast<size_t>(indices[k]);
@@ -358,8 +389,9 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
       if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
       const bool is_recv = pending_[i].kind[0] == 'r';
       if (error != MPI_SUCCESS && !(is_recv && error_class == MPI_ERR_TRUNCATE)) {
+        const std::string failed = describe(pending_[i]);
         abandon(requests_, pending_);
-        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " ", what, ": ", pending_[i].kind, " rank ", pending_[i].peer, ": ",
+        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ", failed, ": ",
              mpi_error_text(error));
       }
       if (is_recv) {

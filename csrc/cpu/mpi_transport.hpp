@@ -66,6 +66,13 @@ class MpiTransport final : public Transport {
   void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
   // Throws A2A_ERROR_TIMEOUT naming the requests still open, after abandoning them.
   [[noreturn]] void fail_timeout(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
+  // "recv from rank 3 (16384 bytes)"; a nonblocking collective has no peer.
+  static std::string describe(const Pending& pending);
+  // After a wait returned the MPI error `rc` (a peer's process failed, its connection closed): throws
+  // A2A_ERROR_TRANSPORT naming the requests that failed (from `statuses`, the wait's, when rc is
+  // MPI_ERR_IN_STATUS) and those still open, after abandoning them.
+  [[noreturn]] void fail_error(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what,
+                               int rc, const MPI_Status* statuses);
   // Waits for one nonblocking-collective request (allreduce, barrier).
   void wait_one(MPI_Request request, const char* what);
   // Cancels unmatched receives and frees the point-to-point requests;
@@ -81,6 +88,7 @@ class MpiTransport final : public Transport {
   static void copy_span(const Span& dst, const Span& src);
   std::vector<MPI_Request> requests_;  // the current point-to-point group
   std::vector<Pending> pending_;
+  std::vector<MPI_Status> wait_statuses_;  // wait_all's: they alone say which request failed
   std::vector<Span> own_sends_, own_recvs_;  // the group's messages to this rank, copied at group_end
   // signed_exchange's per-call tables, kept to spare allocations.
   std::vector<size_t> signed_expected_;

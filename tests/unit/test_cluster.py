@@ -6,6 +6,7 @@ namespace cluster.)"""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -80,5 +81,41 @@ def test_the_command_line_parses_every_verb():
     assert parser.parse_args(["link", "1", "down"]).state == "down"
     assert parser.parse_args(["rate", "a2a-n0", "10mbit"]).rate == "10mbit"
     assert parser.parse_args(["kill", "2"]).node == "2"
+    assert parser.parse_args(["run", "--nodes", "2", "--ft"]).ft
     with pytest.raises(SystemExit):
         parser.parse_args(["link", "1", "sideways"])
+
+
+def test_the_agent_logs_how_each_daemon_ended(cluster, tmp_path, monkeypatch):
+    # Stand-ins for `ip netns exec NODE` and `unshare --uts`, which need root: each runs the rest. And
+    # for `hostname`: without the UTS namespace the agent's `hostname NODE` would rename this machine.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("ip", 'shift 3\nexec "$@"'), ("unshare", 'shift 1\nexec "$@"'), ("hostname", "true")):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    host = socket.gethostname()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    nodes.write_state(cluster, 3, None)
+    for address, status in (("10.213.0.2", 0), ("10.213.0.3", 137)):
+        done = subprocess.run(["sh", cluster.agent, address, f"exit {status}"], capture_output=True, check=False)
+        assert done.returncode == status
+    assert (tmp_path / "daemons.log").read_text() == f"{cluster.node(1)} 0\n{cluster.node(2)} 137\n"
+    assert socket.gethostname() == host
+
+
+def test_a_daemon_that_failed_or_never_ended_is_lost(cluster):
+    from a2a.cluster.launch import lost_daemons
+
+    with open(cluster.daemons_log, "w") as log:
+        log.write(f"{cluster.node(1)} 0\n{cluster.node(2)} 137\n")
+    assert lost_daemons(cluster, 2, grace_s=0) == []
+    assert lost_daemons(cluster, 4, grace_s=0) == [f"{cluster.node(2)} (status 137)",
+                                                   f"{cluster.node(3)} (its end not logged)"]
+
+
+def test_ft_asks_open_mpi_for_ulfm(cluster):
+    plain = cl.mpirun_command(2, 2, ["x"], "/bin/mpirun", cluster)
+    assert "--with-ft" not in plain
+    assert cl.mpirun_command(2, 2, ["x"], "/bin/mpirun", cluster, ft=True)[:4] == [
+        "/bin/mpirun", "--allow-run-as-root", "--with-ft", "ulfm"]
