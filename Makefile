@@ -16,8 +16,8 @@
 # make test-gpu-check  the same with --dry-run: everything up to the first GPU call
 # make test-cluster  the mpirun suite's 2x2, 4x2, 3x1 and moe-2x2 configurations on a cluster of
 #              network namespaces (tools/cluster.py; root): TCP between nodes, shared memory within
-#              (about 4.5 min), then network faults on it (tests/cluster, about 2 min); CI runs it
-#              after make test
+#              (98 s in CI), then network faults on it (tests/cluster, 100 s); CI runs it after
+#              make test (it needs root)
 # make test-install  build the wheel as a user would (pip wheel .), install it into a
 #              bare venv, run one collective and one MoELayer step on 2 ranks
 #              (tests/install/run.py, about 1.5 min)
