@@ -280,19 +280,18 @@ def _pair_key(m: Measurement) -> tuple:
     return (m.ranks, m.local_size, m.size, m.check, m.link)
 
 
-_RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
-
-
 def link_rate(link: str) -> float:
     """Bytes per second of a namespace cluster's link as a row names it: ``"unshaped"``
-    is 0 (no shaping), ``"10gbit"``, ``"500mbit"`` are tc's rates."""
+    is 0 (no shaping), ``"10gbit"``, ``"500mbit"`` are tc's rates, read as the cluster
+    tool that shaped the link reads them."""
+    from ..cluster import parse_rate
+
     if link == "unshaped":
         return 0.0
-    for unit, bits in _RATE_UNITS.items():
-        number = link[: -len(unit)]
-        if link.endswith(unit) and number.replace(".", "", 1).isdigit() and float(number) > 0:
-            return float(number) * bits / 8
-    raise ValueError(f"link {link!r}: expected 'unshaped' or a tc rate such as 10gbit or 500mbit")
+    try:
+        return parse_rate(link) / 8
+    except ValueError:
+        raise ValueError(f"link {link!r}: expected 'unshaped' or a tc rate such as 10gbit or 500mbit") from None
 
 
 def ratio_rows(rows: Sequence[FitRow]) -> list[dict[str, Any]]:

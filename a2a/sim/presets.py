@@ -92,35 +92,25 @@ _LOCAL = Topology(
 # The namespace cluster (a2a.cluster, issue 25): nodes are network namespaces on this host, ranks of a node
 # talk over Open MPI's shared memory, ranks of different nodes over TCP through veth pairs and a bridge; every
 # rank shares the host's 2 cores and its cache. Shared memory's per-message cost and the copies are the host's,
-# as `local` measured them (intra_half_message, copy_bandwidth, copy_half_chunk, cache_bytes); the rest is the
+# as `local` measured them (intra_half_message, copy_bandwidth, copy_half_chunk, cache_bytes: `local`'s, kept
+# below, as are its zero latencies, cores, check and transport); the rest is the
 # fit of the sweep's 2x2, 2x4, 4x2 and 4x4 runs at every link rate (a row's rate is its own, `link`):
 #   python -m a2a.sim fit tests/data/sim_cluster/*_{2x2,2x4,4x2,4x4}.json --preset cluster
 # (docs/scaling.md; tests/unit/test_sim_cluster.py fits them again and checks these numbers, and the
 # predictions of the 8x2 and 8x4 runs). cluster-10g and cluster-1g are the same with the link shaped.
-_CLUSTER = Topology(
+_CLUSTER = _LOCAL.replace(
     name="cluster",
-    nodes=2,
-    local_size=2,
     intra_bandwidth=1.242e10,
-    intra_latency=0.0,
-    intra_half_message=_LOCAL.intra_half_message,
     nic_bandwidth=2.314e9,  # TCP through the kernel, per rank: CPU time, not a NIC (one_host=True)
     nics_per_node=1,
     inter_latency=5.089e-06,
     inter_half_message=8620.0,
-    copy_bandwidth=_LOCAL.copy_bandwidth,
-    copy_latency=0.0,
-    copy_half_chunk=_LOCAL.copy_half_chunk,
-    concurrent=False,
+    emulated=False,
     one_host=True,
-    cores=2,
     sharing_exponent=1.321,
-    cache_bytes=_LOCAL.cache_bytes,
     copy_memory_bandwidth=6.263e9,
     in_band_cost=0.1651,
     link_efficiency=0.8797,
-    check="in_band",
-    transport="mpi",
 )
 _CLUSTER_10G = _CLUSTER.replace(name="cluster-10g", link_rate=10e9 / 8)  # tc's rate; the payload's: link_efficiency
 _CLUSTER_1G = _CLUSTER.replace(name="cluster-1g", link_rate=1e9 / 8)
