@@ -112,6 +112,15 @@ def moe_gate_grad(
 # and a2a_es_weight_layout_t are ints.
 _EsIndexFields: TypeAlias = tuple[int, int, int, int, int, int, int, int]
 
+# (rows, cols, block, format, q, q_stride, scales, scale_stride): a2a_fp8_rows_t.
+_Fp8Rows: TypeAlias = tuple[int, int, int, int, int, int, int, int]
+
+def fp8_packed_layout(cols: int, block: int, /) -> tuple[int, int]:
+    """a2a_fp8_packed_layout: (scale_offset, row_bytes) of packed FP8 rows."""
+
+def quantize_fp8(exec: _Exec, x: int, dtype: int, rows: _Fp8Rows, /) -> None: ...
+def dequantize_fp8(exec: _Exec, rows: _Fp8Rows, dtype: int, y: int, /) -> None: ...
+
 def es_index_capacity(num_tokens: int, top_k: int, num_experts: int, tile: int, /) -> int:
     """a2a_es_index_capacity: the most slots a routing can need."""
 

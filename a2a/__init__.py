@@ -13,6 +13,10 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   ``reduce_scatter_v`` (rows per rank given by ``counts``).
 - MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
   ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
+- FP8 payloads (DeepSeek-V3 / DeepEP): ``quantize_fp8`` gives a pair
+  (q, scales) of float8 codes and one float32 scale per block of channels,
+  which ``fast_encode``, ``permute`` and the all-to-alls take in place of an
+  array and move together; ``dequantize_fp8`` reads it back.
 - Expert-specific operators (Hexa-MoE): ``es_index`` (an :class:`ESIndex`,
   the re-index vector), ``esmm``, ``ess`` and ``estmm``: the experts'
   matmuls on tokens in their order.
@@ -55,6 +59,7 @@ from ._errors import (
     UnsupportedError,
 )
 from ._es_ops import ESIndex, es_index, esmm, ess, estmm
+from ._fp8 import FP8_FORMATS, dequantize_fp8, pack_fp8, quantize_fp8, unpack_fp8
 from ._moe import fast_decode, fast_encode, permute, unpermute
 from ._routing import Routing, route
 
@@ -62,6 +67,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS",
+    "FP8_FORMATS",
     "REDUCE_OPS",
     "A2AError",
     "A2ATimeoutError",
@@ -75,6 +81,7 @@ __all__ = [
     "UnsupportedError",
     "VPlan",
     "config",
+    "dequantize_fp8",
     "es_index",
     "esmm",
     "ess",
@@ -83,9 +90,12 @@ __all__ = [
     "fast_encode",
     "get_cmake_dir",
     "get_include",
+    "pack_fp8",
     "permute",
     "plan_v",
+    "quantize_fp8",
     "route",
+    "unpack_fp8",
     "unpermute",
 ]
 __all__.extend(_collectives.COLLECTIVES)

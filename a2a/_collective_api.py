@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _collectives
+from . import _collectives, _fp8
 from ._arrays import records_autograd
 from ._comm import Comm
+from ._errors import InvalidArgumentError
 
 __all__ = list(_collectives.COLLECTIVES)
 
@@ -27,14 +28,21 @@ _RECORDING = """
     on every rank.
 """
 
+_PAIRS = """
+    x may be an FP8 pair (q, scales) from ``a2a.quantize_fp8`` (no ``out=``):
+    its packed rows are exchanged once, each row's codes with its scales, and
+    the result is a pair of the same kind.
+"""
 
-def _documented_as(plain: Callable) -> Callable[[Callable], Callable]:
+
+def _documented_as(plain: Callable, pairs: bool = False) -> Callable[[Callable], Callable]:
     """Gives the public function the plain call's docstring, plus what
-    recording autograd changes."""
+    recording autograd changes (and what an FP8 pair does, for `pairs`)."""
 
     def document(public: Callable) -> Callable:
         if plain.__doc__ is not None:  # None under python -OO
-            public.__doc__ = plain.__doc__.rstrip() + "\n" + _RECORDING.format(name=plain.__name__)
+            public.__doc__ = (plain.__doc__.rstrip() + "\n" + _RECORDING.format(name=plain.__name__)
+                              + (_PAIRS if pairs else ""))
         return public
 
     return document
@@ -54,17 +62,46 @@ def _autograd(op: str, comm: Any, out: Any) -> Any:
     return _torch_collectives
 
 
-@_documented_as(_collectives.all_to_all)
+def _exchanged_pair(op: str, comm: Comm, pair: Any, out: Any, exchange: Callable[[Any], Any]) -> tuple[Any, Any]:
+    """An FP8 pair's packed rows exchanged once as bytes (exchange(packed)),
+    back as a pair. A bad pair fails on every rank, as a bad array does."""
+    try:
+        if out is not None:
+            raise InvalidArgumentError(f"{op}: out= is not taken with an FP8 pair")
+        if len(pair) != 2:
+            raise InvalidArgumentError(f"{op}: an FP8 pair is a tuple (q, scales); got a tuple of {len(pair)}")
+        q, scales = pair
+        packed = _fp8.pack_fp8(q, scales)
+    except (InvalidArgumentError, TypeError) as error:
+        _collectives._reject(comm, op, str(error))
+        raise
+    received = exchange(packed)
+    return _fp8.unpack_views(received, q.shape[-1], scales.shape[-1], _fp8.format_of_codes(q))
+
+
+@_documented_as(_collectives.all_to_all, pairs=True)
 def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> Any:
+    if isinstance(x, tuple):
+        return _exchanged_pair("all_to_all", comm, x, out,
+                               lambda packed: _collectives.all_to_all(packed, comm=comm, algo=algo))
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all", comm, out).all_to_all(x, comm=comm, algo=algo)
     return _collectives.all_to_all(x, comm=comm, algo=algo, out=out)
 
 
-@_documented_as(_collectives.all_to_all_flex)
+@_documented_as(_collectives.all_to_all_flex, pairs=True)
 def all_to_all_flex(
     x: Any, *, comm: Comm, split_axis: int, concat_axis: int, algo: str = "linear", out: Any = None
 ) -> Any:
+    if isinstance(x, tuple):
+        def exchange(packed: Any) -> Any:
+            last = packed.ndim - 1
+            if last in (split_axis % max(packed.ndim, 1), concat_axis % max(packed.ndim, 1)):
+                _collectives._reject(comm, "all_to_all_flex", "an FP8 pair is split and concatenated along its rows, "
+                                     f"not its last axis (split_axis {split_axis}, concat_axis {concat_axis})")
+            return _collectives.all_to_all_flex(packed, comm=comm, split_axis=split_axis, concat_axis=concat_axis,
+                                                algo=algo)
+        return _exchanged_pair("all_to_all_flex", comm, x, out, exchange)
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all_flex", comm, out).all_to_all_flex(
             x, comm=comm, split_axis=split_axis, concat_axis=concat_axis, algo=algo
@@ -74,10 +111,18 @@ def all_to_all_flex(
     )
 
 
-@_documented_as(_collectives.all_to_all_v)
+@_documented_as(_collectives.all_to_all_v, pairs=True)
 def all_to_all_v(
     x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", out: Any = None
 ) -> tuple[Any, np.ndarray]:
+    if isinstance(x, tuple):
+        counts: list[Any] = []
+
+        def exchange(packed: Any) -> Any:
+            received, received_counts = _collectives.all_to_all_v(packed, send_counts, comm=comm, algo=algo)
+            counts.append(received_counts)
+            return received
+        return _exchanged_pair("all_to_all_v", comm, x, out, exchange), counts[0]
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all_v", comm, out).all_to_all_v(x, send_counts, comm=comm, algo=algo)
     return _collectives.all_to_all_v(x, send_counts, comm=comm, algo=algo, out=out)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _fp8
 from ._arrays import records_autograd
 from ._errors import InvalidArgumentError
 from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape
@@ -43,9 +44,13 @@ def fast_encode(x: Any, routing: Routing, gates: Any = None, *, out: Any = None)
     """x (T, M) -> dispatched (E, C, M): ``dispatched[e, loc] = g * x[t]`` for
     every kept choice (g = 1 without gates: apply them at decode), unused
     slots zero. ``gates`` (T, k) are float32 or x's dtype. With per-expert
-    capacities the result is (num_rows, M): ``dispatched[offsets[e] + loc]``."""
+    capacities the result is (num_rows, M): ``dispatched[offsets[e] + loc]``.
+    x may be an FP8 pair (q, scales) from ``quantize_fp8`` (no gates): each
+    row moves with its scales, and the result is a pair of the same kind."""
     op = "fast_encode"
     routing = require_padded(routing, op)
+    if _fp8.is_fp8_pair(x):
+        return _encoded_pair(x, routing, gates, op, out, dispatched_shape)
     if _records_autograd(op, out, x, gates):
         from . import torch as autograd
 
@@ -72,9 +77,11 @@ def permute(x: Any, indices: Any, num_experts: int, *, out: Any = None) -> tuple
     grouped by expert (expert e owns rows perm.offsets[e] .. perm.offsets[e+1]-1,
     perm.counts[e] of them), in Tutel's slot order; N is the number of routed
     choices. Nothing is dropped and nothing is padded. ``indices`` as for
-    ``a2a.route``."""
+    ``a2a.route``. x may be an FP8 pair (q, scales), as for fast_encode."""
     op = "permute"
     perm = permutation(indices, num_experts, op)
+    if _fp8.is_fp8_pair(x):
+        return _encoded_pair(x, perm, None, op, out, lambda r, width: (r.num_rows, width)), perm
     if _records_autograd(op, out, x):
         from . import torch as autograd
 
@@ -92,3 +99,18 @@ def unpermute(y_sorted: Any, perm: Routing, gates: Any = None, *, out: Any = Non
 
         return autograd.unpermute(y_sorted, perm, gates)
     return combine(y_sorted, perm, gates, op, out, what="y_sorted")
+
+
+def _encoded_pair(pair: Any, routing: Routing, gates: Any, op: str, out: Any, shape_of: Any) -> tuple[Any, Any]:
+    """fast_encode / permute of an FP8 pair: its packed rows move as bytes, the
+    codes and scales of each row together, and come back as a pair."""
+    if gates is not None:
+        raise InvalidArgumentError(f"{op}: an FP8 pair takes no gates; apply them at the combine")
+    if out is not None:
+        raise InvalidArgumentError(f"{op}: out= is not taken with an FP8 pair")
+    q, scales = pair
+    packed = _fp8.pack_fp8(q, scales)
+    model_dim, blocks = q.shape[-1], scales.shape[-1]
+    rows = dispatch(packed.reshape(-1, packed.shape[-1]), routing, None, op, what="the FP8 pair's packed rows")
+    rows = rows.reshape(shape_of(routing, packed.shape[-1]))
+    return _fp8.unpack_views(rows, model_dim, blocks, _fp8.format_of_codes(q))

@@ -26,14 +26,14 @@ def _fail(op: str, message: str):
     raise InvalidArgumentError(f"{op}: {message}")
 
 
-def _data(x: Any, what: str, op: str, rows: int, routing: Routing) -> ArrayView:
-    """A (rows, model_dim) float array beside the routing."""
+def _data(x: Any, what: str, op: str, rows: int, routing: Routing, dtypes: tuple[str, ...] = FLOAT_DTYPES) -> ArrayView:
+    """A (rows, model_dim) array of one of `dtypes` beside the routing."""
     a = argument_view(x, what, op)
     place = routing_view(routing)
     if not a.same_place(place):
         _fail(op, f"{what} ({a.describe()}) is not where the routing is ({place.framework} on {place.device_text})")
-    if len(a.shape) != 2 or a.shape[0] != rows or a.dtype_name not in FLOAT_DTYPES:
-        _fail(op, f"{what} must be ({rows}, model_dim) of {', '.join(FLOAT_DTYPES)}; got {a.describe()}")
+    if len(a.shape) != 2 or a.shape[0] != rows or a.dtype_name not in dtypes:
+        _fail(op, f"{what} must be ({rows}, model_dim) of {', '.join(dtypes)}; got {a.describe()}")
     return a
 
 
@@ -70,10 +70,12 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
 
 
 def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out: int, routing: Routing,
-                  gates: Any, op: str, out: Any) -> Any:
+                  gates: Any, op: str, out: Any, dtypes: tuple[str, ...] = FLOAT_DTYPES) -> Any:
     """Runs a dispatch or combine kernel: data (rows_in, M) -> (rows_out, M)
     (out= reshaped to that)."""
-    a = _data(data, what, op, rows_in, routing)
+    a = _data(data, what, op, rows_in, routing, dtypes)
+    if a.dtype_name == "uint8" and gates is not None:
+        _fail(op, "rows of bytes (FP8 pairs) take no gates; apply them at the combine")
     g = _gates(gates, op, routing, a)
     result = _output(out, a, (rows_out, a.shape[1]), op).reshape(rows_out, a.shape[1])
     gate_view = a if g is None else g
@@ -87,8 +89,10 @@ def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out
 
 def dispatch(x: Any, routing: Routing, gates: Any, op: str, out: Any = None, what: str = "x") -> Any:
     """rows (num_rows, M): rows[row(t, j)] = gate * x[t], padding zeroed.
-    `what` names x in errors."""
-    return _gated_kernel(_C.moe_dispatch, x, what, routing.num_tokens, routing.num_rows, routing, gates, op, out)
+    x may also be rows of bytes (uint8, M a multiple of 4, no gates): packed
+    FP8 rows, copied bit for bit. `what` names x in errors."""
+    return _gated_kernel(_C.moe_dispatch, x, what, routing.num_tokens, routing.num_rows, routing, gates, op, out,
+                         (*FLOAT_DTYPES, "uint8"))
 
 
 def combine(rows: Any, routing: Routing, gates: Any, op: str, out: Any = None, what: str = "rows") -> Any:

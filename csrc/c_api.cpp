@@ -14,6 +14,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "moe/es_ops.hpp"
+#include "moe/fp8_ops.hpp"
 #include "moe/moe.hpp"
 #include "setup/backends.hpp"
 #include "setup/exec.hpp"
@@ -398,6 +399,24 @@ a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* rout
                                void* grad_gates) {
   return guarded(
       [&] { a2a::moe::gate_grad(exec, routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates); });
+}
+
+a2a_status_t a2a_fp8_packed_layout(int64_t cols, int64_t block, int64_t* scale_offset, int64_t* row_bytes) {
+  return guarded([&] {
+    require_out(scale_offset, "scale_offset");
+    require_out(row_bytes, "row_bytes");
+    const a2a::moe::Fp8Packed layout = a2a::moe::fp8_packed_layout(cols, block);
+    *scale_offset = layout.scale_offset;
+    *row_bytes = layout.row_bytes;
+  });
+}
+
+a2a_status_t a2a_quantize_fp8(const a2a_exec_t* exec, const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t* out) {
+  return guarded([&] { a2a::moe::quantize_fp8(exec, x, dtype, out); });
+}
+
+a2a_status_t a2a_dequantize_fp8(const a2a_exec_t* exec, const a2a_fp8_rows_t* in, a2a_dtype_t dtype, void* y) {
+  return guarded([&] { a2a::moe::dequantize_fp8(exec, in, dtype, y); });
 }
 
 a2a_status_t a2a_es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile,

@@ -9,6 +9,7 @@
 
 #include "core/error.hpp"
 #include "cpu/es_cpu.hpp"
+#include "cpu/fp8_cpu.hpp"
 #include "cpu/thread_pool.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
@@ -515,6 +516,12 @@ class CpuKernels final : public Kernels {
   void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
              a2a_dtype_t dtype, void* out) override {
     estmm_cpu(index, a, b, gates, dtype, out, threads_);
+  }
+  void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) override {
+    quantize_fp8_cpu(x, dtype, rows, threads_);
+  }
+  void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) override {
+    dequantize_fp8_cpu(rows, dtype, y, threads_);
   }
 
  private:

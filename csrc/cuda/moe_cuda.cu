@@ -40,6 +40,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_math.cuh"
 #include "cuda/es_cuda.hpp"
+#include "cuda/fp8_cuda.hpp"
 #include "cuda/stream_wait.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
@@ -703,6 +704,14 @@ class CudaKernels final : public Kernels {
   void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
              a2a_dtype_t dtype, void* out) override {
     cuda_estmm(es_launch(), index, a, b, gates, dtype, out);
+  }
+
+  void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) override {
+    cuda_quantize_fp8(es_launch(), x, dtype, rows);
+  }
+
+  void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) override {
+    cuda_dequantize_fp8(es_launch(), rows, dtype, y);
   }
 
  private:

@@ -77,9 +77,6 @@ class Buffers {
   std::vector<Region> regions_;
 };
 
-// Bytes of `rows` rows of model_dim elements of dtype (check_kernel_args
-// bounds rows * model_dim).
-
 // Bytes of `rows` rows of model_dim elements of dtype (the caller bounds
 // rows * model_dim).
 size_t data_bytes(int64_t rows, int64_t model_dim, a2a_dtype_t dtype);

@@ -121,6 +121,13 @@ class Kernels {
                    void* out) = 0;
   virtual void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
                      a2a_dtype_t dtype, void* out) = 0;
+
+  // FP8 rows with block scales (see a2a_quantize_fp8 / a2a_dequantize_fp8
+  // in a2a.h; moe/fp8_ops.cpp checks the arguments): x and y are
+  // C-contiguous (rows.rows, rows.cols) of dtype; the element logic is
+  // moe/fp8.hpp's.
+  virtual void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) = 0;
+  virtual void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) = 0;
 };
 
 // CPU backend with `num_threads` threads (0 = A2A_NUM_THREADS, else all cores).

@@ -217,6 +217,14 @@ a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void
 
 void dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,
               int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
+  if (dtype == A2A_UINT8) {  // rows of opaque bytes (packed FP8 rows)
+    require(gates == nullptr, "dispatch: rows of bytes (uint8) take no gates; apply them at the combine");
+    require(model_dim % 4 == 0, "dispatch: rows of bytes (uint8) must be a multiple of 4 bytes wide; got ", model_dim);
+    // Copied as 32-bit words: the ungated dispatch of both backends copies
+    // bits (memcpy, vector loads and stores) and never computes on them.
+    dtype = A2A_FLOAT32;
+    model_dim /= 4;
+  }
   check_gated_kernel("dispatch", routing, dtype, model_dim, gates, gate_dtype, "x", x, "rows", rows, true);
   if (model_dim > 0) make_kernels(exec)->dispatch(*routing, x, dtype, model_dim, gates, gate_dtype, rows);
 }

@@ -337,6 +337,29 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>());
 
   // Expert-specific operators. An index travels as (T, k, E, tile, num_slots, slots, expert_starts, counts).
+  // FP8 rows: (rows, cols, block, format, q, q_stride, scales, scale_stride).
+  using Fp8Rows = std::tuple<int64_t, int64_t, int64_t, int, uintptr_t, int64_t, uintptr_t, int64_t>;
+  auto make_fp8_rows = [](const Fp8Rows& t) {
+    return a2a_fp8_rows_t{std::get<0>(t), std::get<1>(t), std::get<2>(t),
+                          static_cast<a2a_fp8_format_t>(std::get<3>(t)), as_mutable(std::get<4>(t)), std::get<5>(t),
+                          static_cast<float*>(as_mutable(std::get<6>(t))), std::get<7>(t)};
+  };
+  m.def("fp8_packed_layout", [](int64_t cols, int64_t block) {
+    const a2a::Fp8PackedLayout layout = a2a::fp8_packed_layout(cols, block);
+    return std::make_tuple(layout.scale_offset, layout.row_bytes);
+  });
+  m.def(
+      "quantize_fp8",
+      [make_fp8_rows](const Exec& exec, uintptr_t x, int dtype, const Fp8Rows& rows) {
+        a2a::quantize_fp8(make_exec(exec), as_pointer(x), static_cast<a2a_dtype_t>(dtype), make_fp8_rows(rows));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "dequantize_fp8",
+      [make_fp8_rows](const Exec& exec, const Fp8Rows& rows, int dtype, uintptr_t y) {
+        a2a::dequantize_fp8(make_exec(exec), make_fp8_rows(rows), static_cast<a2a_dtype_t>(dtype), as_mutable(y));
+      },
+      py::call_guard<py::gil_scoped_release>());
   m.def("es_index_capacity", &a2a::es_index_capacity);
   m.def("es_index_workspace_size", [](const Exec& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
     return a2a::es_index_workspace_size(make_exec(exec), num_tokens, top_k, num_experts);

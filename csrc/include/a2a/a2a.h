@@ -374,7 +374,10 @@ A2A_API a2a_status_t a2a_route_capacities(const a2a_exec_t* exec, a2a_comm_t com
  * rows[row(t, j)] = gate(t, j) * x[t]; padding rows are zeroed. x is (T, M),
  * rows (num_rows, M), both of `dtype` (float32, float64, float16, bfloat16).
  * gates (T, k) of gate_dtype (float32, or the same as dtype) may be NULL for
- * a gate of 1. Products are formed in float32 (float64 for float64). */
+ * a gate of 1. Products are formed in float32 (float64 for float64).
+ * dtype A2A_UINT8 moves rows of M opaque bytes (M a multiple of 4, gates
+ * NULL), bit for bit: how packed FP8 rows (a2a_fp8_packed_layout) are
+ * dispatched. */
 A2A_API a2a_status_t a2a_moe_dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x,
                                       a2a_dtype_t dtype, int64_t model_dim, const void* gates,
                                       a2a_dtype_t gate_dtype, void* rows);
@@ -392,6 +395,56 @@ A2A_API a2a_status_t a2a_moe_combine(const a2a_exec_t* exec, const a2a_routing_t
 A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing,
                                        const void* tokens, const void* rows, a2a_dtype_t dtype,
                                        int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates);
+
+/* ------------------------------------------------------------------------
+ * FP8 rows with block scales (DeepSeek-V3's and DeepEP's dispatch format):
+ * each row of M channels is cut into blocks of `block` channels along M (the
+ * last one shorter when M is not a multiple), and each block is stored as
+ * one float32 scale and one float8 code per channel:
+ *     amax  = max |x| over the block (NaN ignored)
+ *     scale = amax / MAX                        (MAX: 448 e4m3, 57344 e5m2)
+ *     q     = fp8(x * (MAX / amax))             (0 for an all-zero block)
+ * rounded to nearest even and saturating at +-MAX (NaN stays NaN); x is read
+ * as float32 first. Dequantization gives fp8_to_float(q) * scale, rounded
+ * once to the output dtype. docs/moe_kernels.md shows the layouts.
+ * ------------------------------------------------------------------------ */
+
+typedef enum {
+  A2A_FP8_E4M3 = 0, /* e4m3fn (torch.float8_e4m3fn): no infinity, largest finite 448 */
+  A2A_FP8_E5M2 = 1  /* e5m2 (torch.float8_e5m2): largest finite 57344 */
+} a2a_fp8_format_t;
+
+/* `rows` quantized rows of `cols` channels: row r's codes at
+ * q + r * q_stride (bytes), its ceil(cols / block) scales at
+ * scales + r * scale_stride (floats). The strides let q and the scales be
+ * separate arrays (q_stride = cols, scale_stride = the block count) or the
+ * two parts of packed rows (a2a_fp8_packed_layout). */
+typedef struct {
+  int64_t rows;
+  int64_t cols;
+  int64_t block;
+  a2a_fp8_format_t format;
+  void* q;
+  int64_t q_stride;
+  float* scales;
+  int64_t scale_stride;
+} a2a_fp8_rows_t;
+
+/* Packed rows: one row's codes and scales in one run of bytes, so that a
+ * dispatch or an exchange moves both at once. A row is
+ *     [cols codes | zeros to a multiple of 16 | blocks float32 scales | zeros to 16]
+ * with the scales at byte *scale_offset and *row_bytes bytes in all
+ * (1056 for cols = 1024, block = 128: 0.52 of a bfloat16 row). */
+A2A_API a2a_status_t a2a_fp8_packed_layout(int64_t cols, int64_t block, int64_t* scale_offset, int64_t* row_bytes);
+
+/* x (rows, cols) of dtype (float32, float64, float16, bfloat16), C-contiguous,
+ * into out's codes and scales. On CUDA it is enqueued on exec->stream. */
+A2A_API a2a_status_t a2a_quantize_fp8(const a2a_exec_t* exec, const void* x, a2a_dtype_t dtype,
+                                      const a2a_fp8_rows_t* out);
+
+/* in's codes and scales into y (rows, cols) of dtype, C-contiguous. */
+A2A_API a2a_status_t a2a_dequantize_fp8(const a2a_exec_t* exec, const a2a_fp8_rows_t* in, a2a_dtype_t dtype,
+                                        void* y);
 
 /* ------------------------------------------------------------------------
  * Expert-specific operators (Hexa-MoE, Sections 3.1-3.2): the experts'

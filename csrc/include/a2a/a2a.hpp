@@ -253,6 +253,23 @@ inline void moe_gate_grad(const a2a_exec_t& exec, const a2a_routing_t& routing, 
   check(a2a_moe_gate_grad(&exec, &routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates));
 }
 
+// FP8 rows with block scales (see a2a.h).
+struct Fp8PackedLayout {
+  int64_t scale_offset;
+  int64_t row_bytes;
+};
+inline Fp8PackedLayout fp8_packed_layout(int64_t cols, int64_t block) {
+  Fp8PackedLayout layout{};
+  check(a2a_fp8_packed_layout(cols, block, &layout.scale_offset, &layout.row_bytes));
+  return layout;
+}
+inline void quantize_fp8(const a2a_exec_t& exec, const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& out) {
+  check(a2a_quantize_fp8(&exec, x, dtype, &out));
+}
+inline void dequantize_fp8(const a2a_exec_t& exec, const a2a_fp8_rows_t& in, a2a_dtype_t dtype, void* y) {
+  check(a2a_dequantize_fp8(&exec, &in, dtype, y));
+}
+
 // Expert-specific operators (see a2a.h).
 inline int64_t es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile) {
   int64_t slots = 0;

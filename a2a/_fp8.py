@@ -1,0 +1,301 @@
+"""FP8 rows with block scales: DeepSeek-V3's and DeepEP's dispatch format.
+
+``quantize_fp8(x, block=128)`` cuts each row of x (..., M) into blocks of
+``block`` channels along M (the last one shorter when M is not a multiple)
+and stores each block as one float32 scale, amax / MAX, and one float8 code
+per channel, fp8(x * MAX / amax) (MAX = 448 for e4m3, 57344 for e5m2; round
+to nearest even, saturating; an all-zero block has scale 0).
+``dequantize_fp8(q, scales)`` gives fp8_to_float(q) * scale.
+
+The pair ``(q, scales)`` it returns is two views of one buffer of packed rows
+(a2a_fp8_packed_layout in a2a.h)::
+
+    row r: [ M codes | 0 .. to 16 | ceil(M / block) float32 scales | 0 .. to 16 ]
+
+so that wherever a pair is taken in place of an array, ``fast_encode`` /
+``permute`` (which move its rows) and ``all_to_all`` / ``all_to_all_flex`` /
+``all_to_all_v`` (which exchange them) move codes and scales together, in one
+kernel and one exchange, and return a pair of the same kind. A pair of
+separate arrays is packed first (one copy). q is ``torch.float8_e4m3fn`` /
+``torch.float8_e5m2`` for torch, uint8 for NumPy and CuPy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import _C
+from ._arrays import (
+    DTYPE_CODES,
+    ArrayView,
+    _cupy,
+    _torch,
+    address_of,
+    argument_view,
+    empty_like,
+    is_cupy_array,
+    is_torch_tensor,
+    view,
+)
+from ._errors import InvalidArgumentError
+
+__all__ = ["FP8_FORMATS", "dequantize_fp8", "pack_fp8", "quantize_fp8", "unpack_fp8"]
+
+# a2a_fp8_format_t codes, and the torch dtype of each.
+FP8_FORMATS = {"e4m3": 0, "e5m2": 1}
+_TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+_FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def _fail(op: str, message: str):
+    raise InvalidArgumentError(f"{op}: {message}")
+
+
+def _round_up_16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def packed_layout(model_dim: int, blocks: int) -> tuple[int, int]:
+    """(scale_offset, row_bytes) of packed rows of model_dim codes and
+    `blocks` scales, as a2a_fp8_packed_layout computes them."""
+    scale_offset = _round_up_16(model_dim)
+    return scale_offset, scale_offset + _round_up_16(4 * blocks)
+
+
+def _format_of(q: Any, format: str | None, op: str) -> str:
+    """The format of codes q: its torch dtype's, else `format` (default e4m3)."""
+    if format is not None and format not in FP8_FORMATS:
+        _fail(op, f"format must be one of {', '.join(FP8_FORMATS)}; got {format!r}")
+    if is_torch_tensor(q):
+        name = str(q.dtype).removeprefix("torch.")
+        mine = next((f for f, n in _TORCH_NAMES.items() if n == name), None)
+        if mine is None and name != "uint8":
+            _fail(op, f"q is a torch tensor of dtype {name}; expected float8_e4m3fn, float8_e5m2 or uint8")
+        if mine is not None and format is not None and format != mine:
+            _fail(op, f"format {format!r} disagrees with q's dtype {name}")
+        return mine or format or "e4m3"
+    return format or "e4m3"
+
+
+# --- Strided views: the core takes an address and a row stride.
+
+
+def _strides_bytes(a: Any) -> tuple[int, ...]:
+    if is_torch_tensor(a):
+        return tuple(s * a.element_size() for s in a.stride())
+    return tuple(a.strides)
+
+
+def _rows_of(a: Any, v: ArrayView, what: str, op: str) -> tuple[int, int]:
+    """(rows, row stride in bytes) of an array (..., D) whose last axis is
+    contiguous and whose leading axes step through rows of one stride."""
+    shape, strides = v.shape, _strides_bytes(a)
+    if len(shape) == 0:
+        _fail(op, f"{what} ({v.describe()}) has no axis")
+    rows = math.prod(shape[:-1])
+    if shape[-1] > 1 and strides[-1] != v.itemsize:
+        _fail(op, f"{what} ({v.describe()}) is not contiguous along its last axis")
+    row_stride = strides[-2] if len(shape) > 1 else shape[-1] * v.itemsize
+    step = row_stride
+    for size, stride in zip(reversed(shape[:-1]), reversed(strides[:-1]), strict=True):
+        if size > 1 and stride != step:
+            _fail(op, f"{what} ({v.describe()}) does not step through its rows with one stride; "
+                      "pass a contiguous array")
+        step *= size
+    return rows, row_stride
+
+
+def _bytes_view(a: Any) -> Any:
+    """Codes as bytes (torch float8 -> uint8), the same memory."""
+    if is_torch_tensor(a) and a.dtype != _torch().uint8:
+        return a.view(_torch().uint8)
+    return a
+
+
+def _strided(base: Any, offset: int, lead: tuple[int, ...], row_strides: tuple[int, ...], width: int,
+             dtype: str) -> Any:
+    """A view (*lead, width) of `dtype` whose rows start at byte `offset` of
+    base's memory and step by row_strides (bytes), in base's framework (it
+    keeps base alive). base is uint8 and starts where the rows do."""
+    itemsize = 4 if dtype == "float32" else 1
+    shape, strides = (*lead, width * itemsize), (*row_strides, 1)
+    if is_torch_tensor(base):
+        rows = _torch().as_strided(base, shape, strides, base.storage_offset() + offset)
+        return rows.view(getattr(_torch(), dtype))
+    if is_cupy_array(base):
+        return _cupy().ndarray((*lead, width), dtype=dtype, memptr=base.data + offset,
+                               strides=(*row_strides, itemsize))
+    start = base if offset == 0 else base.reshape(-1)[offset:]  # offset > 0 only on a contiguous base
+    return np.lib.stride_tricks.as_strided(start, shape, strides).view(dtype)
+
+
+def _row_strides(lead: tuple[int, ...], row_bytes: int) -> tuple[int, ...]:
+    """Byte strides of the leading axes of compact packed rows."""
+    return tuple(row_bytes * math.prod(lead[i + 1:]) for i in range(len(lead)))
+
+
+def _views(packed: Any, lead: tuple[int, ...], model_dim: int, blocks: int, codes_dtype: str) -> tuple[Any, Any]:
+    """The (q, scales) views of compact packed rows (*lead, row_bytes)."""
+    scale_offset, row_bytes = packed_layout(model_dim, blocks)
+    strides = _row_strides(lead, row_bytes)
+    return (_strided(packed, 0, lead, strides, model_dim, codes_dtype),
+            _strided(packed, scale_offset, lead, strides, blocks, "float32"))
+
+
+def unpack_fp8(packed: Any, model_dim: int, *, block: int = 128, format: str = "e4m3") -> tuple[Any, Any]:
+    """(q, scales) views of packed rows (..., row_bytes) of uint8: q (..., M)
+    (torch float8 of `format`, else uint8), scales (..., ceil(M / block))
+    float32."""
+    op = "unpack_fp8"
+    if format not in FP8_FORMATS:
+        _fail(op, f"format must be one of {', '.join(FP8_FORMATS)}; got {format!r}")
+    blocks = _blocks(model_dim, block, op)
+    p = argument_view(packed, "packed", op)
+    row_bytes = packed_layout(model_dim, blocks)[1]
+    if p.dtype_name != "uint8" or not p.shape or p.shape[-1] != row_bytes:
+        _fail(op, f"packed must be (..., {row_bytes}) of uint8 for M = {model_dim}, block = {block}; "
+                  f"got {p.describe()}")
+    return unpack_views(packed, model_dim, blocks, format)
+
+
+def unpack_views(packed: Any, model_dim: int, blocks: int, format: str) -> tuple[Any, Any]:
+    """The (q, scales) views of compact packed rows (..., row_bytes) of
+    model_dim codes and `blocks` scales (codes of torch's float8 dtype of
+    `format` for torch)."""
+    codes_dtype = _TORCH_NAMES[format] if is_torch_tensor(packed) else "uint8"
+    return _views(packed, tuple(packed.shape[:-1]), model_dim, blocks, codes_dtype)
+
+
+def format_of_codes(q: Any) -> str:
+    """The format of codes q as its dtype says it (torch float8), else e4m3."""
+    return _format_of(q, None, "format_of_codes")
+
+
+def _blocks(model_dim: int, block: int, op: str) -> int:
+    if not isinstance(block, int) or block < 1:
+        _fail(op, f"block must be a positive int (channels per scale); got {block!r}")
+    if not isinstance(model_dim, int) or model_dim < 0:
+        _fail(op, f"model_dim must be an int >= 0; got {model_dim!r}")
+    return -(-model_dim // block)
+
+
+def is_fp8_pair(x: Any) -> bool:
+    """Whether x is a (q, scales) pair rather than one array."""
+    return isinstance(x, tuple)
+
+
+def _pair_views(pair: Any, op: str) -> tuple[ArrayView, ArrayView]:
+    """The views of a (q, scales) pair, checked against each other."""
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        _fail(op, f"an FP8 pair is a tuple (q, scales); got {type(pair).__name__} of length "
+                  f"{len(pair) if isinstance(pair, tuple) else 'n/a'}")
+    q, scales = pair
+    try:
+        qv, sv = view(_bytes_view(q), "q"), view(scales, "scales")
+    except (TypeError, InvalidArgumentError) as error:
+        _fail(op, str(error))
+    if qv.dtype_name != "uint8":
+        _fail(op, f"q ({qv.describe()}) must be float8 (torch) or uint8")
+    if sv.dtype_name != "float32":
+        _fail(op, f"scales ({sv.describe()}) must be float32")
+    if not qv.same_place(sv):
+        _fail(op, f"q ({qv.describe()}) and scales ({sv.describe()}) are not in the same framework and device")
+    if len(qv.shape) == 0 or qv.shape[:-1] != sv.shape[:-1]:
+        _fail(op, f"q {qv.shape} and scales {sv.shape} must share their leading axes (one row of scales per row)")
+    return qv, sv
+
+
+def pack_fp8(q: Any, scales: Any) -> Any:
+    """The packed rows (..., row_bytes) of uint8 holding (q, scales): their
+    own buffer when they are the two views of one (as quantize_fp8 returns
+    them; no copy), else a new packed copy."""
+    return _packed(q, scales, "pack_fp8")
+
+
+def _packed(q: Any, scales: Any, op: str) -> Any:
+    qv, sv = _pair_views((q, scales), op)
+    model_dim, blocks = qv.shape[-1], sv.shape[-1]
+    scale_offset, row_bytes = packed_layout(model_dim, blocks)
+    lead = tuple(qv.shape[:-1])
+    q_rows, q_stride = _rows_of(_bytes_view(q), qv, "q", op)
+    _, s_stride = _rows_of(scales, sv, "scales", op)
+    if q_rows == 0 or (q_stride == s_stride == row_bytes and sv.address == qv.address + scale_offset):
+        return _strided(_bytes_view(q), 0, lead, _row_strides(lead, row_bytes), row_bytes, "uint8")
+    with qv.device_guard():
+        packed = empty_like(qv, (*lead, row_bytes), "uint8")
+        packed[...] = 0
+        codes, packed_scales = _views(packed, lead, model_dim, blocks, "uint8")
+        codes[...] = _bytes_view(q)
+        packed_scales[...] = scales
+    return packed
+
+
+def quantize_fp8(x: Any, block: int = 128, *, format: str = "e4m3") -> tuple[Any, Any]:
+    """x (..., M) of float32, float64, float16 or bfloat16 (C-contiguous) ->
+    (q, scales): q (..., M) float8 codes (torch.float8_e4m3fn /
+    torch.float8_e5m2; uint8 for NumPy and CuPy), scales (..., ceil(M /
+    block)) float32, the two views of one buffer of packed rows (module
+    docstring). Runs on x's device (the current stream on CUDA)."""
+    op = "quantize_fp8"
+    if format not in FP8_FORMATS:
+        _fail(op, f"format must be one of {', '.join(FP8_FORMATS)}; got {format!r}")
+    a = argument_view(x, "x", op)
+    if a.dtype_name not in _FLOAT_DTYPES or len(a.shape) == 0:
+        _fail(op, f"x must be (..., M) of {', '.join(_FLOAT_DTYPES)}; got {a.describe()}")
+    model_dim = a.shape[-1]
+    blocks = _blocks(model_dim, block, op)
+    scale_offset, row_bytes = packed_layout(model_dim, blocks)
+    lead = tuple(a.shape[:-1])
+    with a.device_guard():
+        packed = empty_like(a, (*lead, row_bytes), "uint8")
+        if scale_offset != model_dim or row_bytes - scale_offset != 4 * blocks:
+            packed[...] = 0  # the padding travels with the rows: make it zeros, not stale memory
+        q, scales = unpack_fp8(packed, model_dim, block=block, format=format)
+        rows = (math.prod(lead), model_dim, block, FP8_FORMATS[format], address_of(packed), row_bytes,
+                address_of(packed) + scale_offset, row_bytes // 4)
+        _C.quantize_fp8(a.execution(), a.address, a.dtype_code, rows)
+    return q, scales
+
+
+def dequantize_fp8(q: Any, scales: Any, *, block: int = 128, dtype: str = "float32", format: str | None = None,
+                   out: Any = None) -> Any:
+    """(q, scales) -> y (..., M) of dtype: fp8_to_float(q) * scale, rounded
+    once to dtype. q and scales may be separate arrays or the views of packed
+    rows; `block` must be the one they were quantized with. The format is q's
+    torch dtype's, else ``format`` (default e4m3)."""
+    op = "dequantize_fp8"
+    fmt = _format_of(q, format, op)
+    qv, sv = _pair_views((q, scales), op)
+    model_dim, blocks = qv.shape[-1], sv.shape[-1]
+    if _blocks(model_dim, block, op) != blocks:
+        _fail(op, f"scales have {blocks} blocks per row; M = {model_dim} with block = {block} has "
+                  f"{_blocks(model_dim, block, op)}")
+    if dtype not in _FLOAT_DTYPES:
+        _fail(op, f"dtype must be one of {', '.join(_FLOAT_DTYPES)}; got {dtype!r}")
+    rows, q_stride = _rows_of(_bytes_view(q), qv, "q", op)
+    _, s_stride = _rows_of(scales, sv, "scales", op)
+    if s_stride % 4:
+        _fail(op, f"scales ({sv.describe()}) rows are not 4-byte aligned")
+    shape = tuple(qv.shape)
+    if out is None and dtype == "bfloat16" and qv.framework != "torch":
+        try:
+            np.dtype("bfloat16")
+        except TypeError:
+            _fail(op, f"NumPy has no bfloat16 without ml_dtypes (import ml_dtypes), and {qv.framework} arrays "
+                      "need it for a bfloat16 result; pass out= or use torch tensors")
+    with qv.device_guard():
+        y = empty_like(qv, shape, dtype) if out is None else _checked_out(out, qv, shape, dtype, op)
+        native = (rows, model_dim, block, FP8_FORMATS[fmt], qv.address, q_stride, sv.address, s_stride // 4)
+        _C.dequantize_fp8(qv.execution(), native, DTYPE_CODES[dtype], address_of(y))
+    return y
+
+
+def _checked_out(out: Any, like: ArrayView, shape: tuple[int, ...], dtype: str, op: str) -> Any:
+    o = argument_view(out, "out", op)
+    if not o.same_place(like) or o.shape != shape or o.dtype_name != dtype or not o.writeable:
+        _fail(op, f"out is a {o.describe()}; expected a writeable {like.framework} array on {like.device_text} "
+                  f"of shape {shape} and dtype {dtype}")
+    return out
