@@ -27,7 +27,7 @@ def bind_flows(layer: Any, comm: a2a.Comm, flow_class: type[Flow], settings: Any
     context = Context(comm, comm.split(0, comm.rank), Overlap(comm.device, comm.cuda_device), layer._pool,
                       layer.experts, layer.num_global_experts, layer.model_dim, "2dh" if layer.use_2dh else "linear",
                       1.0 / comm.size if layer.expert_gradient == "mean" else 1.0, layer.is_postscore,
-                      layer.batch_prioritized_routing, layer.timer)
+                      layer.batch_prioritized_routing, layer.timer, layer.dispatch_format)
     flow = flow_class(context, settings)
     flows = {flow.name: flow}
     flows.update((name, FLOWS[name](context, others[name])) for name in others)

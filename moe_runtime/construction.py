@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import a2a
 
 from .common.agreement import agree_construction, callable_name
+from .common.precision import dispatch_format
 from .flows.base import Flow
 from .gating.capacity import RULES
 from .gating.gates import CosineTopKGate, LinearTopKGate
@@ -146,6 +147,7 @@ def _check(model_dim: Any, settings: dict[str, Any]) -> None:
         raise ValueError(f"capacity_rule must be one of {RULES}, got {settings['capacity_rule']!r}")
     if settings["expert_gradient"] not in ("mean", "sum"):
         raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {settings['expert_gradient']!r}")
+    dispatch_format(settings["dispatch_dtype"])
     adaptive = settings["adaptive"]
     if adaptive is not None and not isinstance(adaptive, AdaptiveDictionary):
         raise TypeError(f"adaptive must be a moe_runtime.AdaptiveDictionary, got {type(adaptive).__name__}")

@@ -34,7 +34,7 @@ from .common.agreement import CallFields
 from .common.buffers import BufferPool
 from .common.host_values import all_gather_values
 from .common.overlap import check_thread_level
-from .common.precision import compute_dtype, routing_precision
+from .common.precision import compute_dtype, dispatch_format, routing_precision
 from .construction import agreed_construction
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
@@ -47,7 +47,7 @@ from .flows.agreement import CallRow, agree_call
 from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.gates import decide, make_gate
-from .registry import check_capacity_factor, check_dictionary_layer
+from .registry import check_capacity_factor, check_dictionary_layer, check_dispatch_dtype
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
 
@@ -93,6 +93,12 @@ class MoELayer(torch.nn.Module):
     flow: ``normalize_gate``, ``is_gshard_loss``, ``expert_gradient``
     (``"mean"``: expert gradients divided by the world size, as DDP averages
     the shared ones; or ``"sum"``), ``timer`` (the clock of the steps).
+    ``dispatch_dtype``: None (the tokens' dtype) or ``"float8_e4m3fn"`` /
+    ``"float8_e5m2"`` (or the torch dtype): the tokens travel to the experts
+    as FP8 with one float32 scale per 128 channels (a2a.quantize_fp8),
+    quantized once before the exchange and dequantized at the experts; the
+    way back and the backward stay in the tokens' dtype (flows "expert" and
+    "dropless"; is_postscore).
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
     adaptive_r=, algo=, flow=, gate_index=, sample_ids=)`` -> y of x's shape,
@@ -124,10 +130,12 @@ class MoELayer(torch.nn.Module):
         normalize_gate: bool = True,
         is_gshard_loss: bool = True,
         expert_gradient: str = "mean",
+        dispatch_dtype: Any = None,
         timer: Callable[[], float] = time.perf_counter,
         **deprecated: Any,
     ):
         super().__init__()
+        dispatch_dtype = None if dispatch_dtype is None else str(dispatch_dtype).removeprefix("torch.")
         # Checked and agreed across ranks before any other collective (MismatchError on every rank naming
         # the field that differs).
         flow_class, settings, others = agreed_construction(
@@ -135,13 +143,15 @@ class MoELayer(torch.nn.Module):
             parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
             adaptive=adaptive, capacity_rule=capacity_rule, is_postscore=is_postscore,
             batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
-            is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient)
+            is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient,
+            dispatch_dtype=dispatch_dtype)
         self.comm, self.model_dim, self.flows = comm, model_dim, tuple(others)
         self.parallel_type, self.use_2dh, self.capacity_rule = parallel_type, use_2dh, capacity_rule
         self.a2a_ffn_overlap_degree = positive_degree(a2a_ffn_overlap_degree)
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
         self.expert_gradient, self.timer = expert_gradient, timer
+        self.dispatch_dtype, self.dispatch_format = dispatch_dtype, dispatch_format(dispatch_dtype)  # format: a2a's
         gate_seed, expert_seed = self._seeds(seeds)
         self.experts = flow_class.layout(experts, model_dim, comm, expert_seed, settings)
         self.num_global_experts = self.experts.num_experts
@@ -161,6 +171,7 @@ class MoELayer(torch.nn.Module):
         if self.flows:
             check_dictionary_layer(self, flow_class)
         flow_class.check_layer(self)
+        check_dispatch_dtype(self, flow_class, self.flows)
 
         self._pool = BufferPool()
         self._construction = (flow_class, (parallel_type, a2a_ffn_overlap_degree) if flow_class.name == "expert"

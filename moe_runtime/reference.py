@@ -49,6 +49,7 @@ def moe_reference(
     activation: Callable[[torch.Tensor], torch.Tensor] = F.relu,
     logits_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     capacity_alignment: int = 1,
+    expert_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """(ys, l_auxes, capacity): every rank's output (T_i, M) and GShard loss.
 
@@ -57,7 +58,10 @@ def moe_reference(
     ``capacity_alignment``: the capacity rounded up to a multiple of it
     (Tutel's layer rounds to s d before routing: moe_runtime.moe).
     ``experts``: batched_fc1_w (E, H, M), batched_fc2_w (E, H, M) and the
-    optional batched_fc1_bias (E, H), batched_fc2_bias (E, M)."""
+    optional batched_fc1_bias (E, H), batched_fc2_bias (E, M).
+    ``expert_inputs``: what the experts see of a rank's tokens, the gate
+    still reading the tokens themselves (an FP8 dispatch's round trip, with
+    the gradient passed straight through); None: the tokens."""
     fc1, fc2 = experts["batched_fc1_w"], experts["batched_fc2_w"]
     fc1_bias, fc2_bias = experts.get("batched_fc1_bias"), experts.get("batched_fc2_bias")
     num_experts = fc1.shape[0]
@@ -78,7 +82,8 @@ def moe_reference(
     capacity = -(-capacity // capacity_alignment) * capacity_alignment
 
     ys, l_auxes = [], []
-    for x, (scores, chosen, gates, l_aux) in zip(xs, decisions):
+    for tokens, (scores, chosen, gates, l_aux) in zip(xs, decisions):
+        x = tokens if expert_inputs is None else expert_inputs(tokens)
         order = list(range(len(x)))
         if batch_prioritized_routing:
             best = scores.detach().max(dim=1).values.tolist()

@@ -203,3 +203,19 @@ def check_capacity_factor(flows: tuple[str, ...], factor: float) -> None:
     if flows and factor != 0:
         raise ValueError(f"MoELayer(flows={flows}): capacity_factor={factor} may drop choices, which the other flows "
                          "never do, so they would not compute the same function; call with capacity_factor=0")
+
+
+def check_dispatch_dtype(layer: Any, flow: type[Flow], others: Sequence[str]) -> None:
+    """What MoELayer(dispatch_dtype=FP8) needs, checked at construction: flows
+    that carry FP8 rows (Flow.fp8_dispatch), for the layer's flow and the
+    dictionary's others, and the gates applied at the combine (an FP8 row
+    carries the token, not the token times its gate)."""
+    if layer.dispatch_format is None:
+        return
+    name = f"MoELayer(dispatch_dtype={layer.dispatch_dtype!r})"
+    carrying = sorted(n for n, f in FLOWS.items() if f.fp8_dispatch)
+    for flow_name in (flow.name, *others):
+        if not FLOWS[flow_name].fp8_dispatch:
+            raise ValueError(f"{name}: flow {flow_name!r} does not carry FP8 rows; the flows that do are {carrying}")
+    if not layer.is_postscore:
+        raise ValueError(f"{name} applies the gates at the combine, as DeepEP does: is_postscore must be True")

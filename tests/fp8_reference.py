@@ -1,7 +1,8 @@
 """Plain-NumPy reference of the FP8 row quantization (a2a.quantize_fp8),
 written from the formats' definitions rather than from the kernels' bit
 tricks: every code's value is listed, and a value is encoded as the nearest
-one (ties to the even code), saturating at the largest finite value."""
+one (ties to the even code), saturating at the largest finite value. A
+block's amax is floored at MAX * 2^-127 (a2a.h says why)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def code_values(fmt: str) -> np.ndarray:
 
 def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     """float32 values -> codes (uint8): nearest finite code, ties to the even
-    code, beyond the largest finite value the largest; NaN -> sign | 0x7f."""
+    code, beyond the largest finite value the largest; NaN -> 0x7f."""
     table = code_values(fmt)
     positive = np.arange(0x80)
     finite = positive[np.isfinite(table[:0x80])]
@@ -47,7 +48,7 @@ def encode(values: np.ndarray, fmt: str) -> np.ndarray:
     codes = np.where(pick_up, finite[upper], finite[lower]).astype(np.uint8)
     codes = np.where(a == magnitudes[upper], finite[upper], codes).astype(np.uint8)
     sign = (np.signbit(v).astype(np.uint8) << 7).astype(np.uint8)
-    return np.where(np.isnan(v), sign | 0x7F, sign | codes).astype(np.uint8)
+    return np.where(np.isnan(v), np.uint8(0x7F), sign | codes).astype(np.uint8)
 
 
 def quantize(x: np.ndarray, block: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -62,9 +63,10 @@ def quantize(x: np.ndarray, block: int, fmt: str) -> tuple[np.ndarray, np.ndarra
         part = x[:, b * block:(b + 1) * block]
         amax = np.nanmax(np.abs(part), axis=1, initial=0.0).astype(np.float32) if part.size else np.zeros(rows)
         amax = np.asarray(amax, dtype=np.float32)
+        floored = np.maximum(amax, max_value * np.float32(2.0**-127))  # MAX / amax stays finite
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            scale = np.where(amax > 0, amax / max_value, np.float32(0)).astype(np.float32)
-            multiplier = np.where(amax > 0, max_value / amax, np.float32(0)).astype(np.float32)
+            scale = np.where(amax > 0, floored / max_value, np.float32(0)).astype(np.float32)
+            multiplier = np.where(amax > 0, max_value / floored, np.float32(0)).astype(np.float32)
             codes[:, b * block:(b + 1) * block] = encode(part * multiplier[:, None], fmt)
         scales[:, b] = scale
     return codes, scales

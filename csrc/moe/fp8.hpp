@@ -2,7 +2,7 @@
 // a2a_dequantize_fp8), shared by the CPU backend (cpu/fp8_cpu.cpp) and the
 // CUDA one (cuda/fp8_cuda.cu) so that both give the same bits: the float8
 // encodings (e4m3fn and e5m2, round to nearest even, saturating at the
-// largest finite value), their decoding, and a block's scale.
+// largest finite value, NaN to 0x7f), their decoding, and a block's scale.
 //
 // A block of up to `block` channels of one row with amax = max |x| (NaN
 // ignored) is stored as
@@ -48,9 +48,9 @@ struct Fp8Format {
     // smallest normal, whose code it also is).
     const float base = bits_float(kTinyBaseBits);
     const uint32_t tiny = float_bits(bits_float(magnitude) + base) - kTinyBaseBits;
-    const uint32_t nan = 0x7fu;
-    const uint32_t bits = magnitude > 0x7f800000u ? nan : magnitude < kMinNormalBits ? tiny : normal;
-    return static_cast<uint8_t>(sign | bits);
+    // NaN: 0x7f whatever its sign, which a GPU's arithmetic does not keep.
+    const uint32_t bits = magnitude < kMinNormalBits ? tiny : normal;
+    return static_cast<uint8_t>(magnitude > 0x7f800000u ? 0x7fu : sign | bits);
   }
 
   static A2A_HD float decode(uint8_t code) {
@@ -67,7 +67,7 @@ struct Fp8Format {
     // the top exponent is infinity (mantissa 0) or NaN.
     const bool nan = kFiniteOnly ? (c & 0x7fu) == 0x7fu : exponent == kTopExponent && mantissa != 0;
     const bool infinite = !kFiniteOnly && exponent == kTopExponent && mantissa == 0;
-    const uint32_t bits = nan ? (sign | 0x7fc00000u) : infinite ? (sign | 0x7f800000u) : exponent == 0 ? tiny : normal;
+    const uint32_t bits = nan ? 0x7fc00000u : infinite ? (sign | 0x7f800000u) : exponent == 0 ? tiny : normal;
     return bits_float(bits);
   }
 };
@@ -87,13 +87,18 @@ A2A_HD float fold_amax(float amax, float x) {
 }
 
 // A block's stored scale and the multiplier its elements are encoded with:
-// amax / MAX and MAX / amax, both 0 for an all-zero block.
+// amax / MAX and MAX / amax, both 0 for an all-zero block. amax is taken as
+// at least MAX * 2^-127, so that MAX / amax stays finite (2^127 at most):
+// a block that small, whose codes then use less than the format's range,
+// would otherwise multiply its zeros by infinity.
 struct BlockScale {
   float scale;
   float multiplier;
 };
 A2A_HD BlockScale block_scale(float amax, float max_value) {
-  return amax > 0.0f ? BlockScale{amax / max_value, max_value / amax} : BlockScale{0.0f, 0.0f};
+  const float floor = max_value * 5.877471754111438e-39f;  // MAX * 2^-127, exact
+  const float a = amax > floor ? amax : floor;
+  return amax > 0.0f ? BlockScale{a / max_value, max_value / a} : BlockScale{0.0f, 0.0f};
 }
 
 // Packed rows (a2a_fp8_packed_layout): the codes, padded to 16 bytes, then

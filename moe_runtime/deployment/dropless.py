@@ -8,6 +8,8 @@ One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::
     count exchange   -> per source rank, the rows of each of my n experts
                         (a2a.all_to_all of E int64 per rank)
     all_to_all_v     -> received (R, M): source-major, then expert-major
+                        (FP8 dispatch: the tokens quantized before permute,
+                        their pairs exchanged, dequantized on arrival)
     permute by local expert -> (R, M) grouped by my experts
     FFN of each expert on its contiguous rows (no padding; ragged_ffn.py)
     unpermute        -> (R, M) in the received order
@@ -43,6 +45,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
+from ..common.precision import FP8_BLOCK
 from ..experts.activation import Activation
 from ..experts.ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
 from .expert_cache import ExpertCache
@@ -95,17 +98,45 @@ class Dispatched:
 
 
 def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, comm: a2a.Comm,
-             algo: str, expert_cache: ExpertCache | None = None) -> Dispatched:
+             algo: str, expert_cache: ExpertCache | None = None, fp8: str | None = None) -> Dispatched:
     """permute, the count exchange and all_to_all_v (autograd through a2a.torch).
     With `expert_cache`, the experts receiving rows are fetched between the
-    count exchange and the data exchange when they fit the slots at once."""
-    x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
+    count exchange and the data exchange when they fit the slots at once.
+    `fp8` (a2a's format): the tokens are quantized once and their FP8 rows
+    permuted and exchanged (_Fp8Arrival), dequantized on arrival."""
+    if fp8 is None:
+        x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
+    else:
+        x_sorted, perm = a2a.permute(a2a.quantize_fp8(tokens.detach(), FP8_BLOCK, format=fp8), indices, num_experts)
     per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
     # On CUDA the cache copies on a stream of its own: they overlap the exchange.
     slots = None if expert_cache is None else _fetch_if_they_fit(expert_cache, per_source.sum(axis=0))
     send_counts = rows_per_rank(perm.counts, comm.size)
-    received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
+    if fp8 is None:
+        received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
+    else:
+        received = _Fp8Arrival.apply(tokens, x_sorted, perm, send_counts, per_source.sum(axis=1), comm, algo)
     return Dispatched(received, per_source, perm, send_counts, slots)
+
+
+class _Fp8Arrival(torch.autograd.Function):
+    """The permuted FP8 pair exchanged (one all_to_all_v: codes and scales
+    together) and dequantized to the tokens' dtype; the backward brings the
+    gradient back in its own dtype (all_to_all_v of the received counts) and
+    sums each token's rows (unpermute without gates): the adjoint of permute
+    and exchange, the quantization passing the gradient straight through."""
+
+    @staticmethod
+    def forward(ctx, tokens, pair, perm, send_counts, received_counts, comm, algo):
+        ctx.perm, ctx.received_counts, ctx.comm, ctx.algo = perm, received_counts, comm, algo
+        arrived, _ = a2a.all_to_all_v(pair, send_counts, comm=comm, algo=algo)
+        return a2a.dequantize_fp8(*arrived, block=FP8_BLOCK, dtype=str(tokens.dtype).removeprefix("torch."))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_received):
+        back, _ = a2a.all_to_all_v(grad_received.contiguous(), ctx.received_counts, comm=ctx.comm, algo=ctx.algo)
+        return a2a.unpermute(back, ctx.perm), None, None, None, None, None, None
 
 
 def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
@@ -160,15 +191,16 @@ def _cached_ffn(rows: torch.Tensor, offsets: list[int], rows_per_expert: np.ndar
 def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
                  weights: ExpertWeights, activation: Activation, comm: a2a.Comm, algo: str,
                  weight_grad_scale: float = 1.0, dispatched: Dispatched | None = None,
-                 expert_cache: ExpertCache | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
+                 expert_cache: ExpertCache | None = None, fp8: str | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
     """y (T, M) of this rank's tokens, the rows each local expert computed
     (n,), and the rows this rank sent to other ranks (in each exchange).
     ``dispatched``: the dispatch of (tokens, indices) made already (by the
     sample-assignment cache, moe_runtime.deployment.cached_dispatch); else it is made
-    here. For the other arguments see :func:`experts_and_return`."""
+    here. `fp8`: the dispatch's FP8 format (:func:`dispatch`). For the other
+    arguments see :func:`experts_and_return`."""
     if dispatched is None:
         dispatched = dispatch(tokens, indices, weights[0].shape[0] * comm.size, comm=comm, algo=algo,
-                              expert_cache=expert_cache)
+                              expert_cache=expert_cache, fp8=fp8)
     y = experts_and_return(dispatched, gates, weights=weights, activation=activation, comm=comm, algo=algo,
                            weight_grad_scale=weight_grad_scale, expert_cache=expert_cache)
     send_counts = dispatched.send_counts

@@ -50,6 +50,7 @@ class DroplessFlow(WholeExpertFlow):
     """Nothing dropped or padded; r = 1, d = 1, whole experts on every rank."""
 
     name = "dropless"
+    fp8_dispatch = True
 
     def __init__(self, context, settings: Dropless | None = None):
         super().__init__(context, settings or Dropless())
@@ -57,6 +58,9 @@ class DroplessFlow(WholeExpertFlow):
         self.assignment_cache = self.settings.assignment_cache
         self._cached_versions: tuple | None = None  # the expert parameters' versions the cache holds
         self.assignment_stats = None  # the last call's sample-assignment caching (None without sample_ids)
+        if self.assignment_cache is not None and context.dispatch_format is not None:
+            raise ValueError("MoELayer(flow=Dropless(assignment_cache=...)) predicts its dispatch in the tokens' "
+                             "dtype; it does not take dispatch_dtype (FP8)")
         if self.assignment_cache is not None:
             self.assignment_cache.bind(self)  # one layer per cache
             check_thread_level(context.exchange_comm, "sample-assignment caching runs the predicted dispatch")
@@ -94,7 +98,7 @@ class DroplessFlow(WholeExpertFlow):
         y, rows, sent = dropless_moe(call.tokens, indices, call.decision.gates, weights=weights,
                                      activation=context.experts.activation_fn, comm=context.exchange_comm,
                                      algo=call.choice.algo, weight_grad_scale=context.weight_grad_scale,
-                                     dispatched=dispatched, expert_cache=cache)
+                                     dispatched=dispatched, expert_cache=cache, fp8=context.dispatch_format)
         self.assignment_stats = stats
         # As the dictionary's choice the plan keeps the agreed capacity (its key); alone, the most rows.
         capacity = call.capacity or (int(rows.max()) if rows.size else 0)

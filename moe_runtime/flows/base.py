@@ -125,6 +125,7 @@ class Context:
     is_postscore: bool
     batch_prioritized_routing: bool
     timer: Callable[[], float]
+    dispatch_format: str | None = None  # FP8 dispatch's a2a format (MoELayer(dispatch_dtype=)); None: the tokens'
 
 
 @dataclass
@@ -147,6 +148,7 @@ class Flow:
     name: ClassVar[str]
     takes: ClassVar[frozenset[str]] = frozenset()  # per-call arguments it honours, of CALL_ARGUMENTS
     uses_capacity: ClassVar[bool] = False  # routes with the capacity the gate's factor gives
+    fp8_dispatch: ClassVar[bool] = False  # carries FP8 rows to the experts (MoELayer(dispatch_dtype=))
 
     def __init__(self, context: Context, settings: Any = None):
         self.context = context

@@ -39,6 +39,7 @@ import a2a.torch as a2a_torch
 
 from ..common.buffers import Lease
 from ..common.overlap import Overlap, check_thread_level
+from ..common.precision import FP8_BLOCK
 from ..experts.activation import activate, activation_backward
 from ..gating.capacity import buffer_capacity, local_capacity
 from ..gating.gates import GateDecision
@@ -98,8 +99,14 @@ class Segment:
     """One call's exchange -> expert -> exchange, forward and backward."""
 
     def __init__(self, shape: Shape, plan: Plan, comm: a2a.Comm | None, overlap: Overlap, lease: Lease,
-                 activation, weight_grad_scale: float = 1.0, *, pooled_weight_grads: bool = False):
+                 activation, weight_grad_scale: float = 1.0, *, pooled_weight_grads: bool = False,
+                 fp8: str | None = None):
         self.shape, self.plan, self.comm, self.overlap, self.lease = shape, plan, comm, overlap, lease
+        # FP8 dispatch (fp8: a2a's format): the forward's rows arrive as packed
+        # FP8 rows and are dequantized at the experts; everything else, the
+        # backward included, moves the rows' own dtype.
+        self.fp8 = fp8
+        self.dispatch_chunk = self._to_experts if fp8 is None else self._fp8_to_experts
         self.activation = activation
         # Every expert weight's gradient is made here, so the layer's 1/W
         # ("mean") is folded into its matmuls rather than applied afterwards.
@@ -126,6 +133,22 @@ class Segment:
         send = rows.view(sh.blocks, sh.chunk_rows // sh.group, sh.model_dim)
         a2a.all_to_all_flex(send, comm=self.comm, split_axis=0, concat_axis=1, algo=self.plan.algo, out=out)
 
+    def _fp8_to_experts(self, packed: torch.Tensor, out: torch.Tensor) -> None:
+        """_to_experts of packed FP8 rows (E, Cd, row bytes): the same blocks
+        exchanged as bytes (codes and scales together), dequantized into out."""
+        sh = self.shape
+        width = packed.shape[-1]
+        if sh.repeat > 1:
+            repeated = self.lease.get("repeat_fp8", (sh.experts, sh.repeat, sh.chunk_rows, width), torch.uint8,
+                                      packed.device)
+            repeated.copy_(packed.unsqueeze(1).expand_as(repeated))
+            packed = repeated
+        send = packed.view(sh.blocks, sh.chunk_rows // sh.group, width)
+        arrived = self.lease.get("arrived_fp8", (sh.local_experts, sh.rows, width), torch.uint8, packed.device)
+        a2a.all_to_all_flex(send, comm=self.comm, split_axis=0, concat_axis=1, algo=self.plan.algo, out=arrived)
+        q, scales = a2a.unpack_fp8(arrived, sh.model_dim, block=FP8_BLOCK, format=self.fp8)
+        a2a.dequantize_fp8(q, scales, block=FP8_BLOCK, dtype=str(out.dtype).removeprefix("torch."), out=out)
+
     def _from_experts(self, rows: torch.Tensor, out: torch.Tensor) -> None:
         sh = self.shape
         if sh.repeat == 1:
@@ -140,9 +163,10 @@ class Segment:
     def forward(self, dispatched: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
                 fc2: torch.Tensor, fc2_bias: torch.Tensor | None) -> torch.Tensor:
         sh, lease = self.shape, self.lease
-        dtype, device = dispatched.dtype, dispatched.device
-        chunks = dispatched.view(sh.chunks, sh.experts, sh.chunk_rows, sh.model_dim)
-        combined = lease.get("combine", chunks.shape, dtype, device)
+        dtype, device = fc1.dtype, dispatched.device  # the rows' dtype (run_segment cast the weights to it)
+        # The last axis: M, or the bytes of a packed FP8 row.
+        chunks = dispatched.view(sh.chunks, sh.experts, sh.chunk_rows, dispatched.shape[-1])
+        combined = lease.get("combine", (sh.chunks, sh.experts, sh.chunk_rows, sh.model_dim), dtype, device)
         exchanged = sh.exchanged
         local = (sh.local_experts, sh.rows, sh.model_dim)
         received = lease.get("received", (sh.chunks, *local), dtype, device) if exchanged else chunks
@@ -153,7 +177,7 @@ class Segment:
 
         def before(i: int) -> None:
             if exchanged:
-                self._to_experts(chunks[i], received[i])
+                self.dispatch_chunk(chunks[i], received[i])
 
         # The fc2 bias goes where each row's output is whole: at the expert
         # (r <= 1), else once, after the sum over the r partial outputs.
@@ -171,7 +195,7 @@ class Segment:
                 combined[i].add_(fc2_bias.unsqueeze(1))
 
         self.overlap.run(sh.chunks, before, compute, after)
-        return combined.view(dispatched.shape)
+        return combined.view(sh.chunks * sh.experts, sh.chunk_rows, sh.model_dim)
 
     def backward(self, grad_combined: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
                  fc2: torch.Tensor, with_fc2_bias: bool):
@@ -264,13 +288,49 @@ class _SegmentFunction(torch.autograd.Function):
         return (*grads, None)
 
 
+class _Fp8SegmentFunction(torch.autograd.Function):
+    """The segment fed with FP8 rows: the tokens quantized once and encoded
+    as packed FP8 rows (a2a.quantize_fp8, a2a.fast_encode of the pair); the
+    backward is the segment's in the tokens' dtype, then the encode's
+    adjoint (the sum of each token's kept rows: fast_decode without gates).
+    The quantization passes the gradient straight through."""
+
+    @staticmethod
+    def forward(ctx, tokens, fc1, fc1_bias, fc2, fc2_bias, segment, layout):
+        ctx.segment, ctx.layout = segment, layout
+        ctx.with_fc2_bias = fc2_bias is not None
+        ctx.save_for_backward(fc1, fc1_bias, fc2)
+        pair = a2a.quantize_fp8(tokens.detach(), FP8_BLOCK, format=segment.fp8)
+        packed = a2a.pack_fp8(*a2a.fast_encode(pair, layout))
+        return segment.forward(packed, fc1, fc1_bias, fc2, fc2_bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_combined):
+        fc1, fc1_bias, fc2 = ctx.saved_tensors
+        grad_dispatched, *weight_grads = ctx.segment.backward(grad_combined.contiguous(), fc1, fc1_bias, fc2,
+                                                              ctx.with_fc2_bias)
+        grad_tokens = a2a.fast_decode(grad_dispatched.view(dispatched_shape(ctx.layout, grad_dispatched)),
+                                      ctx.layout)
+        return (grad_tokens, *weight_grads, None, None)
+
+
+def dispatched_shape(layout: a2a.Routing, rows: torch.Tensor) -> tuple[int, ...]:
+    """The dispatch buffer's shape as fast_decode takes it: (E', C', M)."""
+    return (layout.num_experts, layout.capacity, rows.shape[-1])
+
+
 def run_segment(segment: Segment, dispatched: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
-                fc2: torch.Tensor, fc2_bias: torch.Tensor | None) -> torch.Tensor:
+                fc2: torch.Tensor, fc2_bias: torch.Tensor | None, *, layout: a2a.Routing | None = None) -> torch.Tensor:
     """The combine buffer of `dispatched` (autograd when anything requires grad).
     Under autocast the rows come in its dtype and the weights stay in theirs:
-    they are cast to the rows' dtype, as autocast casts a matmul's operands."""
+    they are cast to the rows' dtype, as autocast casts a matmul's operands.
+    With an FP8 segment, `dispatched` is the tokens (T, M) and `layout` the
+    routing that encodes them (_Fp8SegmentFunction)."""
     fc1, fc1_bias, fc2, fc2_bias = (None if w is None else w.to(dispatched.dtype)
                                     for w in (fc1, fc1_bias, fc2, fc2_bias))
+    if segment.fp8 is not None:
+        return _Fp8SegmentFunction.apply(dispatched, fc1, fc1_bias, fc2, fc2_bias, segment, layout)
     return _SegmentFunction.apply(dispatched, fc1, fc1_bias, fc2, fc2_bias, segment)
 
 
@@ -310,6 +370,7 @@ class ExpertFlow(Flow):
     name = "expert"
     takes = frozenset({"adaptive_r", "a2a_ffn_overlap_degree", "algo", "capacity_factor"})
     uses_capacity = True
+    fp8_dispatch = True
 
     def __init__(self, context: Context, settings: tuple[str, int]):
         super().__init__(context, settings)
@@ -371,9 +432,15 @@ class ExpertFlow(Flow):
         plan = Plan(r, d, algo, capacity, rows, routing.num_dropped, sent)
 
         lease = context.pool.lease()
-        buffer = lease.get("dispatch", (d * num_experts, chunk_rows, model_dim), tokens.dtype, tokens.device)
         gates = decision.gates
-        dispatched = a2a_torch.fast_encode(tokens, layout, None if context.is_postscore else gates, out=buffer)
+        # FP8 dispatch when the rows travel (r >= 1; r = 0 exchanges nothing):
+        # the segment encodes the tokens itself (run_segment).
+        fp8 = context.dispatch_format if r >= 1 else None
+        if fp8 is None:
+            buffer = lease.get("dispatch", (d * num_experts, chunk_rows, model_dim), tokens.dtype, tokens.device)
+            dispatched = a2a_torch.fast_encode(tokens, layout, None if context.is_postscore else gates, out=buffer)
+        else:
+            dispatched = tokens
         gathered_over = comm if r == 0 else self.groups.get(group)
         fc1, fc1_bias, fc2, fc2_bias = experts.gathered(gathered_over, lease=lease)
         if r == 0:
@@ -390,8 +457,8 @@ class ExpertFlow(Flow):
         # a rank's own parameters get fresh ones, which autograd keeps as .grad.
         gathered = gathered_over is not None and gathered_over.size > 1
         segment = Segment(shape, plan, context.exchange_comm, context.overlap, lease, experts.activation_fn,
-                          context.weight_grad_scale, pooled_weight_grads=gathered)
-        combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, fc2_bias)
+                          context.weight_grad_scale, pooled_weight_grads=gathered, fp8=fp8)
+        combined = run_segment(segment, dispatched, fc1, fc1_bias, fc2, fc2_bias, layout=layout)
         # The combine buffer's gradient, as big as the buffer, is pooled too.
         grad_buffer = None
         if combined.requires_grad:

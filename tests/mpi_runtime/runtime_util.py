@@ -118,14 +118,16 @@ def run_layer(layer, comm, dtype, **call):
 
 
 def reference(layer, comm, dtype, *, capacity_factor, top_k=None, batch_prioritized_routing=False,
-              is_postscore=True, activation=torch.relu):
-    """The reference's (y, x grad, gate grad, expert grads, l_aux) for this rank."""
+              is_postscore=True, activation=torch.relu, expert_inputs=None):
+    """The reference's (y, x grad, gate grad, expert grads, l_aux) for this
+    rank; `expert_inputs` as for moe_runtime.moe_reference."""
     experts = {name: host_leaf(t) for name, t in layer.gather_experts().items()}
     gate_weight = host_leaf(layer.gates[0].wg.weight)
     xs = [tokens_of(i, dtype, CPU).double().requires_grad_(True) for i in range(comm.size)]
     ys, l_auxes, capacity = moe_runtime.moe_reference(
         xs, gate_weight, experts, top_k=top_k or layer.gates[0].top_k, capacity_factor=capacity_factor,
         batch_prioritized_routing=batch_prioritized_routing, is_postscore=is_postscore, activation=activation,
+        expert_inputs=expert_inputs,
     )
     loss = sum((y * upstream_of(i, dtype, CPU).double()).sum() + l for i, (y, l) in enumerate(zip(ys, l_auxes)))
     loss.backward()

@@ -54,6 +54,12 @@ void cuda_estmm(const EsLaunch&, const a2a_es_index_t&, const EsOperand&, const 
                 a2a_dtype_t, void*) {
   emu::fatal("see es_cuda_check");
 }
+void cuda_quantize_fp8(const EsLaunch&, const void*, a2a_dtype_t, const a2a_fp8_rows_t&) {
+  emu::fatal("see fp8_cuda_check");
+}
+void cuda_dequantize_fp8(const EsLaunch&, const a2a_fp8_rows_t&, a2a_dtype_t, void*) {
+  emu::fatal("see fp8_cuda_check");
+}
 }  // namespace a2a::moe
 
 using namespace check;

@@ -6,11 +6,13 @@ build of the library and no GPU.
 A kernel file is any csrc/cuda/*.cu(h) that defines a __global__ function; each
 must have its check program here, <stem>_check.cpp, or this script fails naming
 the file. Today: es_cuda.cu (es_cuda_check.cpp: ESMM / ESS / ESTMM against
-float64), layout_cuda.cu (layout_cuda_check.cpp: transpose_chunks and
-copy_ranges bitwise against cpu/cpu_device.cpp) and moe_cuda.cu
-(moe_cuda_check.cpp: route's scan, dispatch, combine and gate_grad against
-cpu/moe_cpu.cpp); each file's header says what it covers. Every kernel a file
-defines must be launched in it and run by its check program, else this fails.
+float64), fp8_cuda.cu (fp8_cuda_check.cpp: quantize_fp8 and dequantize_fp8
+bitwise against cpu/fp8_cpu.cpp, and moe/fp8.hpp's encoding over every code),
+layout_cuda.cu (layout_cuda_check.cpp: transpose_chunks and copy_ranges
+bitwise against cpu/cpu_device.cpp) and moe_cuda.cu (moe_cuda_check.cpp:
+route's scan, dispatch, combine and gate_grad against cpu/moe_cpu.cpp); each
+file's header says what it covers. Every kernel a file defines must be
+launched in it and run by its check program, else this fails.
 
 The kernel file itself is compiled for the host, rewritten only where C++
 cannot read CUDA (each rewrite fails loudly when the source no longer matches):
@@ -96,13 +98,14 @@ KERNEL_DIR = os.path.join(ROOT, "csrc", "cuda")
 
 # Cases per check program (its CASES argument) in the quick run, and in the
 # ThreadSanitizer build.
-CASES = {"es_cuda": 20, "layout_cuda": 100, "moe_cuda": 60}
-TSAN_CASES = {"es_cuda": 8, "layout_cuda": 30, "moe_cuda": 20}
+CASES = {"es_cuda": 20, "fp8_cuda": 20, "layout_cuda": 100, "moe_cuda": 60}
+TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "moe_cuda": 20}
 # CPU twins linked into a check program (paths under csrc/).
 TWINS = {
     "es_cuda": [],
+    "fp8_cuda": ["cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
     "layout_cuda": ["cpu/cpu_device.cpp", "core/device.cpp", "cpu/thread_pool.cpp"],
-    "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/thread_pool.cpp"],
+    "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
 }
 # File-specific rewrites: (old, new), each of which must match.
 REWRITES = {
@@ -435,7 +438,7 @@ def main() -> int:
     parser.add_argument("--tsan-scale", type=float, default=None, help="the same for the ThreadSanitizer build")
     parser.add_argument("--long", action="store_true", help="--scale 10 --tsan-scale 5, and ASan's use-after-return")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--only", default="", help="comma-separated stems (es_cuda,layout_cuda,moe_cuda)")
+    parser.add_argument("--only", default="", help="comma-separated stems (es_cuda,fp8_cuda,layout_cuda,moe_cuda)")
     parser.add_argument("--no-tsan", action="store_true", help="skip the ThreadSanitizer build")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--keep", default="", help="build in this directory and keep it (the programs stay there)")

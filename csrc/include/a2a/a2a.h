@@ -401,11 +401,13 @@ A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing
  * each row of M channels is cut into blocks of `block` channels along M (the
  * last one shorter when M is not a multiple), and each block is stored as
  * one float32 scale and one float8 code per channel:
- *     amax  = max |x| over the block (NaN ignored)
+ *     amax  = max |x| over the block (NaN ignored), at least MAX * 2^-127
  *     scale = amax / MAX                        (MAX: 448 e4m3, 57344 e5m2)
  *     q     = fp8(x * (MAX / amax))             (0 for an all-zero block)
- * rounded to nearest even and saturating at +-MAX (NaN stays NaN); x is read
- * as float32 first. Dequantization gives fp8_to_float(q) * scale, rounded
+ * rounded to nearest even and saturating at +-MAX (NaN gives the code 0x7f,
+ * whatever its sign); x is read as float32 first. (The floor keeps MAX / amax
+ * finite for blocks under ~1e-36, which would otherwise turn their zeros
+ * into NaN.) Dequantization gives fp8_to_float(q) * scale, rounded
  * once to the output dtype. docs/moe_kernels.md shows the layouts.
  * ------------------------------------------------------------------------ */
 
