@@ -59,7 +59,7 @@ from ._errors import (
     UnsupportedError,
 )
 from ._es_ops import ESIndex, es_index, esmm, ess, estmm
-from ._fp8 import FP8_FORMATS, dequantize_fp8, pack_fp8, quantize_fp8, unpack_fp8
+from ._fp8 import FP8_FORMATS, Fp8Pair, dequantize_fp8, pack_fp8, quantize_fp8, unpack_fp8
 from ._moe import fast_decode, fast_encode, permute, unpermute
 from ._routing import Routing, route
 
@@ -73,6 +73,7 @@ __all__ = [
     "A2ATimeoutError",
     "Comm",
     "ESIndex",
+    "Fp8Pair",
     "InvalidArgumentError",
     "MismatchError",
     "RemoteError",

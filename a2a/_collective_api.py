@@ -29,9 +29,9 @@ _RECORDING = """
 """
 
 _PAIRS = """
-    x may be an FP8 pair (q, scales) from ``a2a.quantize_fp8`` (no ``out=``):
-    its packed rows are exchanged once, each row's codes with its scales, and
-    the result is a pair of the same kind.
+    x may be an FP8 pair (q, scales) from ``a2a.quantize_fp8``: its packed
+    rows are exchanged once, each row's codes with its scales, and the result
+    is a pair of the same kind (``out=``: such a pair, written in place).
 """
 
 
@@ -62,20 +62,20 @@ def _autograd(op: str, comm: Any, out: Any) -> Any:
     return _torch_collectives
 
 
-def _exchanged_pair(op: str, comm: Comm, pair: Any, out: Any, exchange: Callable[[Any], Any]) -> tuple[Any, Any]:
-    """An FP8 pair's packed rows exchanged once as bytes (exchange(packed)),
-    back as a pair. A bad pair fails on every rank, as a bad array does."""
+def _exchanged_pair(op: str, comm: Comm, pair: Any, out: Any, exchange: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
+    """An FP8 pair's packed rows exchanged once as bytes (exchange(packed,
+    packed out or None)), back as a pair. A bad pair fails on every rank, as
+    a bad array does."""
     try:
-        if out is not None:
-            raise InvalidArgumentError(f"{op}: out= is not taken with an FP8 pair")
-        if len(pair) != 2:
-            raise InvalidArgumentError(f"{op}: an FP8 pair is a tuple (q, scales); got a tuple of {len(pair)}")
-        q, scales = pair
-        packed = _fp8.pack_fp8(q, scales)
+        packed = _fp8.packed_rows(pair, op)
+        packed_out = None if out is None else _fp8.packed_rows_of(out, "out", op)
     except (InvalidArgumentError, TypeError) as error:
         _collectives._reject(comm, op, str(error))
         raise
-    received = exchange(packed)
+    received = exchange(packed, packed_out)
+    if type(out) is _fp8.Fp8Pair:
+        return out  # the views of what was just written
+    q, scales = pair
     return _fp8.unpack_views(received, q.shape[-1], scales.shape[-1], _fp8.format_of_codes(q))
 
 
@@ -83,7 +83,7 @@ def _exchanged_pair(op: str, comm: Comm, pair: Any, out: Any, exchange: Callable
 def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> Any:
     if isinstance(x, tuple):
         return _exchanged_pair("all_to_all", comm, x, out,
-                               lambda packed: _collectives.all_to_all(packed, comm=comm, algo=algo))
+                               lambda packed, into: _collectives.all_to_all(packed, comm=comm, algo=algo, out=into))
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all", comm, out).all_to_all(x, comm=comm, algo=algo)
     return _collectives.all_to_all(x, comm=comm, algo=algo, out=out)
@@ -94,13 +94,13 @@ def all_to_all_flex(
     x: Any, *, comm: Comm, split_axis: int, concat_axis: int, algo: str = "linear", out: Any = None
 ) -> Any:
     if isinstance(x, tuple):
-        def exchange(packed: Any) -> Any:
+        def exchange(packed: Any, into: Any) -> Any:
             last = packed.ndim - 1
             if last in (split_axis % max(packed.ndim, 1), concat_axis % max(packed.ndim, 1)):
                 _collectives._reject(comm, "all_to_all_flex", "an FP8 pair is split and concatenated along its rows, "
                                      f"not its last axis (split_axis {split_axis}, concat_axis {concat_axis})")
             return _collectives.all_to_all_flex(packed, comm=comm, split_axis=split_axis, concat_axis=concat_axis,
-                                                algo=algo)
+                                                algo=algo, out=into)
         return _exchanged_pair("all_to_all_flex", comm, x, out, exchange)
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all_flex", comm, out).all_to_all_flex(
@@ -118,8 +118,8 @@ def all_to_all_v(
     if isinstance(x, tuple):
         counts: list[Any] = []
 
-        def exchange(packed: Any) -> Any:
-            received, received_counts = _collectives.all_to_all_v(packed, send_counts, comm=comm, algo=algo)
+        def exchange(packed: Any, into: Any) -> Any:
+            received, received_counts = _collectives.all_to_all_v(packed, send_counts, comm=comm, algo=algo, out=into)
             counts.append(received_counts)
             return received
         return _exchanged_pair("all_to_all_v", comm, x, out, exchange), counts[0]

@@ -23,7 +23,7 @@ separate arrays is packed first (one copy). q is ``torch.float8_e4m3fn`` /
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,12 +42,31 @@ from ._arrays import (
 )
 from ._errors import InvalidArgumentError
 
-__all__ = ["FP8_FORMATS", "dequantize_fp8", "pack_fp8", "quantize_fp8", "unpack_fp8"]
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11
+
+__all__ = ["FP8_FORMATS", "Fp8Pair", "dequantize_fp8", "pack_fp8", "quantize_fp8", "unpack_fp8"]
 
 # a2a_fp8_format_t codes, and the torch dtype of each.
 FP8_FORMATS = {"e4m3": 0, "e5m2": 1}
 _TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 _FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+class Fp8Pair(tuple):
+    """(q, scales): the two views of one buffer of packed rows, as
+    quantize_fp8, unpack_fp8, fast_encode / permute and the exchanges return
+    them. A plain tuple everywhere; ``packed`` is the buffer, so that the next
+    exchange or encode of the pair takes it as it is (a plain tuple of
+    arrays is checked and, when its arrays are apart, packed first)."""
+
+    def __new__(cls, q: Any, scales: Any, packed: Any) -> Self:
+        pair = super().__new__(cls, (q, scales))
+        pair.packed = packed
+        return pair
+
+    def __getnewargs__(self) -> tuple:  # copy / pickle: the three parts again
+        return (self[0], self[1], self.packed)
 
 
 def _fail(op: str, message: str):
@@ -166,7 +185,7 @@ def unpack_views(packed: Any, model_dim: int, blocks: int, format: str) -> tuple
     model_dim codes and `blocks` scales (codes of torch's float8 dtype of
     `format` for torch)."""
     codes_dtype = _TORCH_NAMES[format] if is_torch_tensor(packed) else "uint8"
-    return _views(packed, tuple(packed.shape[:-1]), model_dim, blocks, codes_dtype)
+    return Fp8Pair(*_views(packed, tuple(packed.shape[:-1]), model_dim, blocks, codes_dtype), packed)
 
 
 def format_of_codes(q: Any) -> str:
@@ -215,7 +234,28 @@ def pack_fp8(q: Any, scales: Any) -> Any:
     return _packed(q, scales, "pack_fp8")
 
 
-def _packed(q: Any, scales: Any, op: str) -> Any:
+def packed_rows(pair: Any, op: str) -> Any:
+    """The packed rows of a pair taken as input: an Fp8Pair's own buffer, or
+    a checked tuple's (packed first when its arrays are apart)."""
+    if type(pair) is Fp8Pair:
+        return pair.packed
+    if len(pair) != 2:
+        _fail(op, f"an FP8 pair is a tuple (q, scales); got a tuple of {len(pair)}")
+    return _packed(*pair, op)
+
+
+def packed_rows_of(pair: Any, what: str, op: str) -> Any:
+    """The packed rows that a pair views (an output to write into): the pair
+    must be the two views of one buffer of packed rows, as quantize_fp8 and
+    the exchanges return them."""
+    if type(pair) is Fp8Pair:
+        return pair.packed
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        _fail(op, f"{what} of an FP8 exchange is a pair (q, scales); got {type(pair).__name__}")
+    return _packed(*pair, op, copy=False, what=what)
+
+
+def _packed(q: Any, scales: Any, op: str, copy: bool = True, what: str = "the pair") -> Any:
     qv, sv = _pair_views((q, scales), op)
     model_dim, blocks = qv.shape[-1], sv.shape[-1]
     scale_offset, row_bytes = packed_layout(model_dim, blocks)
@@ -224,6 +264,9 @@ def _packed(q: Any, scales: Any, op: str) -> Any:
     _, s_stride = _rows_of(scales, sv, "scales", op)
     if q_rows == 0 or (q_stride == s_stride == row_bytes and sv.address == qv.address + scale_offset):
         return _strided(_bytes_view(q), 0, lead, _row_strides(lead, row_bytes), row_bytes, "uint8")
+    if not copy:
+        _fail(op, f"{what} must be the two views of one buffer of packed rows (as quantize_fp8 and the exchanges "
+                  "return them), to be written in place")
     with qv.device_guard():
         packed = empty_like(qv, (*lead, row_bytes), "uint8")
         packed[...] = 0
@@ -233,12 +276,14 @@ def _packed(q: Any, scales: Any, op: str) -> Any:
     return packed
 
 
-def quantize_fp8(x: Any, block: int = 128, *, format: str = "e4m3") -> tuple[Any, Any]:
+def quantize_fp8(x: Any, block: int = 128, *, format: str = "e4m3", out: Any = None) -> tuple[Any, Any]:
     """x (..., M) of float32, float64, float16 or bfloat16 (C-contiguous) ->
     (q, scales): q (..., M) float8 codes (torch.float8_e4m3fn /
     torch.float8_e5m2; uint8 for NumPy and CuPy), scales (..., ceil(M /
     block)) float32, the two views of one buffer of packed rows (module
-    docstring). Runs on x's device (the current stream on CUDA)."""
+    docstring). Runs on x's device (the current stream on CUDA). ``out``: a
+    pair of that shape and format to write into (and return), as an earlier
+    quantize_fp8 or exchange returned it."""
     op = "quantize_fp8"
     if format not in FP8_FORMATS:
         _fail(op, f"format must be one of {', '.join(FP8_FORMATS)}; got {format!r}")
@@ -250,14 +295,17 @@ def quantize_fp8(x: Any, block: int = 128, *, format: str = "e4m3") -> tuple[Any
     scale_offset, row_bytes = packed_layout(model_dim, blocks)
     lead = tuple(a.shape[:-1])
     with a.device_guard():
-        packed = empty_like(a, (*lead, row_bytes), "uint8")
-        if scale_offset != model_dim or row_bytes - scale_offset != 4 * blocks:
-            packed[...] = 0  # the padding travels with the rows: make it zeros, not stale memory
-        q, scales = unpack_fp8(packed, model_dim, block=block, format=format)
+        if out is None:
+            packed = empty_like(a, (*lead, row_bytes), "uint8")
+            if scale_offset != model_dim or row_bytes - scale_offset != 4 * blocks:
+                packed[...] = 0  # the padding travels with the rows: make it zeros, not stale memory
+            pair = unpack_views(packed, model_dim, blocks, format)
+        else:
+            packed, pair = _checked_pair_out(out, a, (*lead, row_bytes), blocks, format, op)
         rows = (math.prod(lead), model_dim, block, FP8_FORMATS[format], address_of(packed), row_bytes,
                 address_of(packed) + scale_offset, row_bytes // 4)
         _C.quantize_fp8(a.execution(), a.address, a.dtype_code, rows)
-    return q, scales
+    return pair
 
 
 def dequantize_fp8(q: Any, scales: Any, *, block: int = 128, dtype: str = "float32", format: str | None = None,
@@ -291,6 +339,18 @@ def dequantize_fp8(q: Any, scales: Any, *, block: int = 128, dtype: str = "float
         native = (rows, model_dim, block, FP8_FORMATS[fmt], qv.address, q_stride, sv.address, s_stride // 4)
         _C.dequantize_fp8(qv.execution(), native, DTYPE_CODES[dtype], address_of(y))
     return y
+
+
+def _checked_pair_out(out: Any, like: ArrayView, shape: tuple[int, ...], blocks: int, format: str,
+                      op: str) -> tuple[Any, Fp8Pair]:
+    """(packed rows, pair) of quantize_fp8's out=: packed views of x's rows."""
+    packed = packed_rows_of(out, "out", op)
+    p = view(packed, "out")
+    if not p.same_place(like) or tuple(p.shape) != shape or out[1].shape[-1] != blocks:
+        _fail(op, f"out must be a pair over packed rows {shape} beside x ({like.describe()}); got {p.describe()}")
+    if is_torch_tensor(out[0]) and _format_of(out[0], None, op) != format:
+        _fail(op, f"out's codes are {out[0].dtype}, not the {format} asked for")
+    return packed, out if type(out) is Fp8Pair else Fp8Pair(out[0], out[1], packed)
 
 
 def _checked_out(out: Any, like: ArrayView, shape: tuple[int, ...], dtype: str, op: str) -> Any:

@@ -108,8 +108,8 @@ def _encoded_pair(pair: Any, routing: Routing, gates: Any, op: str, out: Any, sh
         raise InvalidArgumentError(f"{op}: an FP8 pair takes no gates; apply them at the combine")
     if out is not None:
         raise InvalidArgumentError(f"{op}: out= is not taken with an FP8 pair")
+    packed = _fp8.packed_rows(pair, op)
     q, scales = pair
-    packed = _fp8.pack_fp8(q, scales)
     model_dim, blocks = q.shape[-1], scales.shape[-1]
     rows = dispatch(packed.reshape(-1, packed.shape[-1]), routing, None, op, what="the FP8 pair's packed rows")
     rows = rows.reshape(shape_of(routing, packed.shape[-1]))

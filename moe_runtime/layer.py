@@ -93,12 +93,9 @@ class MoELayer(torch.nn.Module):
     flow: ``normalize_gate``, ``is_gshard_loss``, ``expert_gradient``
     (``"mean"``: expert gradients divided by the world size, as DDP averages
     the shared ones; or ``"sum"``), ``timer`` (the clock of the steps).
-    ``dispatch_dtype``: None (the tokens' dtype) or ``"float8_e4m3fn"`` /
-    ``"float8_e5m2"`` (or the torch dtype): the tokens travel to the experts
-    as FP8 with one float32 scale per 128 channels (a2a.quantize_fp8),
-    quantized once before the exchange and dequantized at the experts; the
-    way back and the backward stay in the tokens' dtype (flows "expert" and
-    "dropless"; is_postscore).
+    ``dispatch_dtype``: None, ``"float8_e4m3fn"`` or ``"float8_e5m2"``: the
+    tokens go to the experts as FP8 rows with block scales, the rest in their
+    dtype (moe_runtime.common.precision; flows "expert" and "dropless").
 
     Call: ``layer(x, capacity_factor=, top_k=, a2a_ffn_overlap_degree=,
     adaptive_r=, algo=, flow=, gate_index=, sample_ids=)`` -> y of x's shape,

@@ -1,6 +1,7 @@
 """``python -m a2a.bench``: picks the benchmark family from the command line
-(``--layout``, ``--op`` (the MoE kernels, or the expert-specific
-operators esmm / ess / estmm), else the collectives sweep) and runs it."""
+(``--layout``, ``--op`` (the MoE kernels, the expert-specific operators
+esmm / ess / estmm, or quantize_fp8 / dequantize_fp8), else the
+collectives sweep) and runs it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import sys
 from types import ModuleType
 
-from . import collectives, es_ops, kernels, layout
+from . import collectives, es_ops, fp8, kernels, layout
 
 
 def family(argv: list[str]) -> ModuleType:
@@ -17,6 +18,8 @@ def family(argv: list[str]) -> ModuleType:
         return layout
     if es_ops.is_es_mode(argv):  # the expert-specific operators, in this process
         return es_ops
+    if fp8.is_fp8_mode(argv):  # the FP8 quantization, in this process
+        return fp8
     if kernels.is_kernel_mode(argv):  # the MoE kernels, in this process
         return kernels
     return collectives

@@ -101,6 +101,7 @@ from .collectives_data import (
     resolve_dtypes,
     sweep_sizes,
 )
+from .collectives_fp8 import FP8_DATATYPES, fp8_case
 from .collectives_options import (
     ALGOS,
     DEFAULT_LOCAL_SIZE,
@@ -109,7 +110,7 @@ from .collectives_options import (
     build_parser,
     check_cluster,
 )
-from .collectives_table import footer_lines, format_row, header_lines, nodes_lines
+from .collectives_table import footer_lines, form_lines, format_row, header_lines, nodes_lines
 
 __all__ = [
     "DTYPES",
@@ -208,6 +209,10 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
             tuple(send.shape),
             arrays.synchronize,
         )
+
+    if algo == "fp8":
+        run, poison, wrong, block, shape = fp8_case(count, dtype, comm, args)
+        return Case(algo, world * block * dtype.itemsize, block, run, poison, wrong, shape, arrays.synchronize)
 
     if algo in ("v", "v-plan"):
         counts = common.v_counts(world, count)
@@ -372,14 +377,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in (s.strip().lower() for s in args.algo.split(",")):
         picked = list(ALGOS) if name == "all" else [name]
         if name != "all" and name not in ALGOS:
-            parser.error(f"--algo: unknown algorithm {name!r}; expected linear, 2dh, flex, combine, v, v-plan or all")
-        algos += [a for a in picked if a not in algos]
+            parser.error(f"--algo: unknown algorithm {name!r}; expected {', '.join(ALGOS)} or all")
+        algos += [a for a in picked if a not in algos and not (name == "all" and a == "fp8")]
     args.algos = algos
     try:
         args.dtypes = resolve_dtypes(args.datatype, have_torch=_have_torch())
         args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
     except ValueError as error:
         parser.error(str(error))
+    if "fp8" in algos and any(d.name not in FP8_DATATYPES for d in args.dtypes):
+        parser.error(f"--algo fp8 quantizes floats: -d must be of {', '.join(FP8_DATATYPES)}")
     common.require_at_least(parser, (
         ("-n/--iters", args.iters, 1),
         ("-r/--repeats", args.repeats, 1),
@@ -498,17 +505,8 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
         say("# cross-rank check off (A2A_CROSS_CHECK=0): no call checks that every rank called it alike")
     if args.datatype.strip().lower() == "all" and "bfloat16" not in [d.name for d in args.dtypes]:
         say("# note: -d all skips bfloat16: torch is not installed")
-    if "flex" in args.algos:
-        say(
-            f"# flex: (E, C, M) = ({nranks}*{args.experts_per_rank}, C, min({args.hidden}, size)) "
-            "split_axis=0 concat_axis=1; size rounded down to whole shapes"
-        )
-    if "combine" in args.algos:
-        say("# combine: the way back, (E/W, W*C, M) split_axis=1 concat_axis=0")
-    if "v" in args.algos or "v-plan" in args.algos:
-        say("# v: per-peer counts vary with (rank+peer) % ranks, every rank sends and receives `size` bytes")
-    if "v-plan" in args.algos:
-        say("# v-plan: the same counts through a2a.plan_v once, then plan.run per call (no count exchange)")
+    for line in form_lines(args, nranks):
+        say(line)
     if args.device == "cuda":
         say(f"# device: CUDA ({_gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
     for base in args.baselines:
@@ -547,7 +545,7 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
                 row["baseline_algbw"] = base_algbw.get(args.baselines[0]) if args.baselines else None
                 row["ratio"] = row["ratios"].get(args.baselines[0]) if args.baselines else None
                 row.update(run)
-                if row["algo"] in ("flex", "combine", "v", "v-plan"):
+                if row["algo"] in ("flex", "combine", "fp8", "v", "v-plan"):
                     row["inner_algo"] = args.inner_algo
             progress.clear()  # the rows go to stdout, maybe the same terminal
             # a2a rows first, then the baselines they are compared with.

@@ -15,7 +15,7 @@ __all__ = ["ALGOS", "DEFAULT_LOCAL_SIZE", "DEFAULT_NP", "PREDICT_PRESETS", "buil
 PREDICT_PRESETS = ("local", "a100", "h100", "cluster", "cluster-10g", "cluster-1g")
 DEFAULT_NP = 4
 DEFAULT_LOCAL_SIZE = 2  # with the embedded --np default only: 2 emulated nodes of 2 ranks
-ALGOS = ("linear", "2dh", "flex", "combine", "v", "v-plan")
+ALGOS = ("linear", "2dh", "flex", "combine", "v", "v-plan", "fp8")  # fp8: not in "all"
 
 
 def parse_cluster(text: str) -> tuple[int, int]:
@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-c", "--check", type=int, default=1, help="validation rounds per row; 0 disables (default 1)"
     )
     p.add_argument("-d", "--datatype", default="float", help=f"{', '.join(DTYPES)} or all (default float)")
-    p.add_argument("--algo", default="all", help="linear, 2dh, flex, combine, v, v-plan, all, or a comma list (default all)")
+    p.add_argument("--algo", default="all", help="linear, 2dh, flex, combine, v, v-plan, fp8 (flex's tokens as FP8), all (but fp8), or a comma list "
+                   "(default all)")
     p.add_argument(
         "--inner-algo",
         choices=("linear", "2dh"),

@@ -153,3 +153,21 @@ def nodes_lines(args: Any, comm: Any, link: str | None) -> list[str]:
         lines.append(f"# note: --cluster {args.cluster[0]}x{args.cluster[1]} asked, but the ranks see "
                      f"{comm.num_nodes} node(s) x {comm.local_size}")
     return lines
+
+
+def form_lines(args: Any, nranks: int) -> list[str]:
+    """The header's lines that say what each form beyond linear and 2dh moves."""
+    algos, lines = args.algos, []
+    if "flex" in algos:
+        lines.append(f"# flex: (E, C, M) = ({nranks}*{args.experts_per_rank}, C, min({args.hidden}, size)) "
+                     "split_axis=0 concat_axis=1; size rounded down to whole shapes")
+    if "combine" in algos:
+        lines.append("# combine: the way back, (E/W, W*C, M) split_axis=1 concat_axis=0")
+    if "fp8" in algos:
+        lines.append("# fp8: flex's tokens as an FP8 pair (e4m3, block 128, quantized outside the timing); size "
+                     "counts the tokens in the datatype")
+    if "v" in algos or "v-plan" in algos:
+        lines.append("# v: per-peer counts vary with (rank+peer) % ranks, every rank sends and receives `size` bytes")
+    if "v-plan" in algos:
+        lines.append("# v-plan: the same counts through a2a.plan_v once, then plan.run per call (no count exchange)")
+    return lines

@@ -21,9 +21,10 @@ namespace a2a::moe {
 // One float8 format: kMantissa bits of mantissa, exponent bias kBias.
 // Encoding is branch-free (every case computed, then selected) so that the
 // CPU compiler vectorizes the loops around it, as core/half.hpp does.
-template <int kMantissaBits, int kExponentBias, uint32_t kMaxCodeValue, bool kFiniteOnly>
+template <int kMantissaBits, int kExponentBias, uint32_t kMaxCodeValue, bool kFiniteOnlyValue>
 struct Fp8Format {
   static constexpr uint32_t kMaxCode = kMaxCodeValue;  // largest finite magnitude's code
+  static constexpr bool kFiniteOnly = kFiniteOnlyValue;  // no infinity; only S.1111.111 is NaN (e4m3fn)
   // Float bits of 2^(1 - bias), the smallest normal magnitude.
   static constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(127 + 1 - kExponentBias) << 23;
   // Exponent rebias 127 -> bias, as float bits.

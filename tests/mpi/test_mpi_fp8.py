@@ -129,3 +129,27 @@ def test_bad_pair_fails_on_every_rank(comm, bad):
     except a2a.A2AError as caught:
         error = caught
     check_bad_rank(comm, culprit, "all_to_all_flex", error, fragments)
+
+
+def test_separate_arrays_and_out(comm):
+    """A pair of separate arrays is packed first (same result); out= takes a
+    pair of packed views and is written in place; one of separate arrays is
+    refused on every rank."""
+    shape = (comm.size * 2, 3, 200)
+    pair = a2a.quantize_fp8(rank_data("out", comm.rank, shape), 64)
+    assert isinstance(pair, a2a.Fp8Pair)
+    flex = {"comm": comm, "split_axis": 0, "concat_axis": 1}
+    expected = a2a.all_to_all_flex(pair, **flex)
+    separate = (np.ascontiguousarray(pair[0]), np.ascontiguousarray(pair[1]))
+    check_pair(a2a.all_to_all_flex(separate, **flex), np.asarray(expected[0]), np.asarray(expected[1]), "separate")
+    out = a2a.quantize_fp8(np.zeros((2, comm.size * 3, 200), np.float32), 64)
+    assert a2a.all_to_all_flex(pair, out=out, **flex) is out
+    check_pair(out, np.asarray(expected[0]), np.asarray(expected[1]), "out")
+    culprit = comm.size - 1
+    bad_out = (np.zeros_like(out[0]), np.zeros_like(out[1])) if comm.rank == culprit else out
+    error = None
+    try:
+        a2a.all_to_all_flex(pair, out=bad_out, **flex)
+    except a2a.A2AError as caught:
+        error = caught
+    check_bad_rank(comm, culprit, "all_to_all_flex", error, "written in place")

@@ -217,3 +217,17 @@ def test_core_refuses_overlapping_memory():
     codes = np.zeros((2, 64), np.uint8)
     rows = (2, 64, 64, 0, codes.ctypes.data, 64, codes.ctypes.data + 60, 16)  # scales over the codes
     raises_invalid(lambda: _C.quantize_fp8((0, 0, 0), x.ctypes.data, 0, rows), "the codes", "overlap")
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_quantize_into_out(framework):
+    x = data((5, 300), "normal")
+    x = torch.from_numpy(x) if framework == "torch" else x
+    out = a2a.quantize_fp8(x * 0, 128)
+    again = a2a.quantize_fp8(x, 128, out=out)
+    assert again is out
+    fresh = a2a.quantize_fp8(x, 128)
+    assert np.array_equal(ref.raw_bytes(a2a.pack_fp8(*out)), ref.raw_bytes(fresh.packed))
+    raises_invalid(lambda: a2a.quantize_fp8(x, 64, out=out), "quantize_fp8", "out must be a pair over packed rows")
+    apart = (np.zeros((5, 300), np.uint8), np.zeros((5, 3), np.float32))
+    raises_invalid(lambda: a2a.quantize_fp8(data((5, 300), "normal"), 128, out=apart), "written in place")
