@@ -14,9 +14,11 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
 - MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
   ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
 - FP8 payloads (DeepSeek-V3 / DeepEP): ``quantize_fp8`` gives a pair
-  (q, scales) of float8 codes and one float32 scale per block of channels,
-  which ``fast_encode``, ``permute`` and the all-to-alls take in place of an
-  array and move together; ``dequantize_fp8`` reads it back.
+  (q, scales) of float8 codes and one float32 scale per block of channels
+  (an :class:`Fp8Pair`; the formats in ``FP8_FORMATS``), which
+  ``fast_encode``, ``permute`` and the all-to-alls take in place of an array
+  and move together; ``dequantize_fp8`` reads it back, ``pack_fp8`` /
+  ``unpack_fp8`` convert between a pair and its packed rows.
 - Expert-specific operators (Hexa-MoE): ``es_index`` (an :class:`ESIndex`,
   the re-index vector), ``esmm``, ``ess`` and ``estmm``: the experts'
   matmuls on tokens in their order.

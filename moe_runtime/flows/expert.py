@@ -106,7 +106,10 @@ class Segment:
         # FP8 rows and are dequantized at the experts; everything else, the
         # backward included, moves the rows' own dtype.
         self.fp8 = fp8
-        self.dispatch_chunk = self._to_experts if fp8 is None else self._fp8_to_experts
+        # A function, not a bound method: a Segment holding its own method
+        # would be a cycle, freed only by the garbage collector, and keep its
+        # lease (the pooled buffers) alive into the next step.
+        self.dispatch_chunk = Segment._to_experts if fp8 is None else Segment._fp8_to_experts
         self.activation = activation
         # Every expert weight's gradient is made here, so the layer's 1/W
         # ("mean") is folded into its matmuls rather than applied afterwards.
@@ -177,7 +180,7 @@ class Segment:
 
         def before(i: int) -> None:
             if exchanged:
-                self.dispatch_chunk(chunks[i], received[i])
+                self.dispatch_chunk(self, chunks[i], received[i])
 
         # The fc2 bias goes where each row's output is whole: at the expert
         # (r <= 1), else once, after the sum over the r partial outputs.

@@ -425,9 +425,20 @@ def test_encode_x_must_be_2d(case, shape):
     raises_invalid(lambda: a2a.fast_encode(np.zeros(shape, np.float32), case.routing), str(shape))
 
 
-@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "complex64", "bool"])
+@pytest.mark.parametrize("dtype", ["int32", "int64", "complex64", "bool"])
 def test_encode_x_dtype(case, dtype):
     raises_invalid(lambda: a2a.fast_encode(np.zeros((50, 4), dtype), case.routing), dtype)
+
+
+def test_encode_moves_rows_of_bytes_bit_for_bit(case):
+    """uint8 rows (packed FP8 rows): copied, a multiple of 4 bytes wide, no gates."""
+    rows = np.random.default_rng(3).integers(0, 256, (50, 12), dtype=np.uint8)
+    moved = a2a.fast_encode(rows, case.routing)
+    assert moved.dtype == np.uint8
+    np.testing.assert_array_equal(moved.view(np.uint32), a2a.fast_encode(rows.view(np.float32), case.routing).view(np.uint32))
+    raises_invalid(lambda: a2a.fast_encode(rows[:, :6].copy(), case.routing), "multiple of 4 bytes")
+    raises_invalid(lambda: a2a.fast_encode(rows, case.routing, gates=np.ones((50, case.routing.top_k), np.float32)),
+                   "take no gates")
 
 
 def test_encode_int_torch_x(torch, torch_routing):

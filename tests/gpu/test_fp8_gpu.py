@@ -1,0 +1,95 @@
+"""FP8 rows with block scales on CUDA tensors: quantize_fp8 / dequantize_fp8
+against the CPU backend, bitwise (moe/fp8.hpp is the element logic of both;
+NaN codes are 0x7f on both), a pair's dispatch and exchange on the GPU, the
+layer's FP8 dispatch against its CPU twin, and a CUDA graph of the quantize
+(no host synchronization). Skipped without a GPU or a CUDA build (conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpu_data import DEVICE
+
+import a2a
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def values(rows, cols, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen) * torch.pow(2.0, torch.randint(-30, 30, (rows, 1), generator=gen))
+    x[0] = 0
+    if rows > 2 and cols > 2:
+        x[1, 1], x[2, 2] = float("nan"), float("inf")
+    return x.to(dtype)
+
+
+def same_bytes(a, b):
+    return torch.equal(a.detach().cpu().contiguous().view(torch.uint8), b.detach().cpu().contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,cols,block", [(1, 1, 128), (37, 1000, 128), (64, 7168, 128), (5, 300, 100)])
+def test_quantize_and_dequantize_match_the_cpu(fmt, dtype, rows, cols, block):
+    x = values(rows, cols, dtype)
+    cpu = a2a.quantize_fp8(x, block, format=fmt)
+    gpu = a2a.quantize_fp8(x.to(DEVICE), block, format=fmt)
+    assert gpu[0].device.type == "cuda" and gpu[0].dtype == cpu[0].dtype
+    assert same_bytes(gpu.packed, cpu.packed)
+    for out_dtype in ("float32", "bfloat16"):
+        y_cpu = a2a.dequantize_fp8(*cpu, block=block, dtype=out_dtype)
+        y_gpu = a2a.dequantize_fp8(*gpu, block=block, dtype=out_dtype)
+        assert torch.equal(torch.isnan(y_gpu.cpu()), torch.isnan(y_cpu))
+        finite = ~torch.isnan(y_cpu)
+        assert torch.equal(y_gpu.cpu()[finite], y_cpu[finite])
+
+
+def test_pair_dispatch_and_exchange_on_the_gpu():
+    comm = a2a.Comm.from_mpi(device="cuda")
+    x = values(64, 1024, torch.bfloat16, seed=1).nan_to_num(0, 0, 0).to(DEVICE)
+    indices = torch.randint(0, 4, (64, 2), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    routing = a2a.route(indices, 4, capacity=40)
+    pair = a2a.fast_encode(a2a.quantize_fp8(x), routing)
+    cpu_pair = a2a.fast_encode(a2a.quantize_fp8(x.cpu()), a2a.route(indices.cpu(), 4, capacity=40))
+    assert same_bytes(pair.packed, cpu_pair.packed)
+    received = a2a.all_to_all_flex(pair, comm=comm, split_axis=0, concat_axis=1)
+    assert same_bytes(received.packed, cpu_pair.packed.reshape(received.packed.shape))  # one rank: itself
+
+
+def test_quantize_is_captured_in_a_cuda_graph():
+    x = values(128, 1024, torch.bfloat16, seed=3).to(DEVICE)
+    out = a2a.quantize_fp8(x)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        a2a.quantize_fp8(x, out=out)  # warm-up on the capture stream
+        with torch.cuda.graph(graph, stream=stream):
+            a2a.quantize_fp8(x, out=out)
+    x.mul_(2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same_bytes(out.packed, a2a.quantize_fp8(x.cpu()).packed)
+
+
+@pytest.mark.parametrize("flow", ["expert", "dropless"])
+def test_layer_fp8_dispatch_on_the_gpu_matches_the_cpu(flow):
+    import moe_runtime
+
+    comm_cpu = a2a.Comm.from_mpi()
+    comm_gpu = a2a.Comm.from_mpi(device="cuda")
+    spec = {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 256}
+    outputs = []
+    for comm, device in ((comm_cpu, "cpu"), (comm_gpu, DEVICE)):
+        layer = moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": 1.0}, 512, spec, comm=comm,
+                                     seeds=(1, 2), flow=flow, dispatch_dtype="float8_e4m3fn").to(device)
+        x = values(96, 512, torch.float32, seed=4).nan_to_num(0, 0, 0).div(1e6).to(device).requires_grad_()
+        y = layer(x)
+        y.square().sum().backward()
+        outputs.append((y.detach().cpu(), x.grad.cpu()))
+    (y_cpu, g_cpu), (y_gpu, g_gpu) = outputs
+    torch.testing.assert_close(y_gpu, y_cpu, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-4, atol=1e-5)
