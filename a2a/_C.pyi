@@ -292,6 +292,26 @@ class Comm:
     def all_gather_v(self, send: int, recv: int, counts: list[int], dtype: int, /) -> None: ...
     def reduce_scatter_v(self, send: int, recv: int, counts: list[int], dtype: int, op: int, /) -> None: ...
 
+class LowLatency:
+    """a2a::LowLatency: a low-latency dispatch/combine handle (its creation agrees on the config)."""
+
+    def __init__(
+        self, comm: Comm, max_tokens: int, num_experts: int, top_k: int, row_bytes: int, model_dim: int, dtype: int, /
+    ) -> None: ...
+    @property
+    def workspace_size(self) -> int: ...
+    @property
+    def expert_capacity(self) -> int: ...
+    def dispatch(
+        self, exec: _Exec, workspace: int, workspace_bytes: int, x: int, num_tokens: int, indices: int,
+        index_dtype: int, recv: int, recv_counts: int, /,
+    ) -> None: ...
+    def combine(
+        self, exec: _Exec, workspace: int, workspace_bytes: int, expert_out: int, gates: int, gate_dtype: int,
+        y: int, /,
+    ) -> None: ...
+    def check(self, exec: _Exec, workspace: int, workspace_bytes: int, /) -> None: ...
+
 class VPlan:
     """a2a::VPlan: an all-to-all-v plan (its creation exchanges the counts)."""
 

@@ -15,10 +15,14 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
 - FP8 payloads (DeepSeek-V3 / DeepEP): ``quantize_fp8`` gives a pair
   (q, scales) of float8 codes and one float32 scale per block of channels
-  (an :class:`Fp8Pair`; the formats in ``FP8_FORMATS``), which
+  (an :class:`Fp8Pair`; the formats in ``FP8_FORMATS``, by torch dtype in
+  ``FP8_DTYPES``; ``FP8_BLOCK_DEFAULT`` channels per scale), which
   ``fast_encode``, ``permute`` and the all-to-alls take in place of an array
   and move together; ``dequantize_fp8`` reads it back, ``pack_fp8`` /
   ``unpack_fp8`` convert between a pair and its packed rows.
+- Low latency (DeepEP's mode, for decoding): :class:`LowLatencyBuffer`,
+  dispatch and combine of a few tokens per rank in one message per peer,
+  buffers allocated once, no host synchronization on CUDA.
 - Expert-specific operators (Hexa-MoE): ``es_index`` (an :class:`ESIndex`,
   the re-index vector), ``esmm``, ``ess`` and ``estmm``: the experts'
   matmuls on tokens in their order.
@@ -61,7 +65,17 @@ from ._errors import (
     UnsupportedError,
 )
 from ._es_ops import ESIndex, es_index, esmm, ess, estmm
-from ._fp8 import FP8_FORMATS, Fp8Pair, dequantize_fp8, pack_fp8, quantize_fp8, unpack_fp8
+from ._fp8 import (
+    FP8_BLOCK_DEFAULT,
+    FP8_DTYPES,
+    FP8_FORMATS,
+    Fp8Pair,
+    dequantize_fp8,
+    pack_fp8,
+    quantize_fp8,
+    unpack_fp8,
+)
+from ._low_latency import LowLatencyBuffer
 from ._moe import fast_decode, fast_encode, permute, unpermute
 from ._routing import Routing, route
 
@@ -69,6 +83,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS",
+    "FP8_BLOCK_DEFAULT",
+    "FP8_DTYPES",
     "FP8_FORMATS",
     "REDUCE_OPS",
     "A2AError",
@@ -77,6 +93,7 @@ __all__ = [
     "ESIndex",
     "Fp8Pair",
     "InvalidArgumentError",
+    "LowLatencyBuffer",
     "MismatchError",
     "RemoteError",
     "Routing",

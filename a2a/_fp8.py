@@ -45,11 +45,15 @@ from ._errors import InvalidArgumentError
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11
 
-__all__ = ["FP8_FORMATS", "Fp8Pair", "dequantize_fp8", "pack_fp8", "quantize_fp8", "unpack_fp8"]
+__all__ = ["FP8_DTYPES", "FP8_FORMATS", "Fp8Pair", "dequantize_fp8", "pack_fp8", "quantize_fp8", "unpack_fp8"]
 
 # a2a_fp8_format_t codes, and the torch dtype of each.
 FP8_FORMATS = {"e4m3": 0, "e5m2": 1}
 _TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+# A dispatch dtype's name (torch's) -> its format: what layers and buffers take as dispatch_dtype.
+FP8_DTYPES = {name: fmt for fmt, name in _TORCH_NAMES.items()}
+# Channels per scale unless said otherwise (DeepSeek-V3's 1 x 128 tiles).
+FP8_BLOCK_DEFAULT = 128
 _FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
@@ -164,7 +168,7 @@ def _views(packed: Any, lead: tuple[int, ...], model_dim: int, blocks: int, code
             _strided(packed, scale_offset, lead, strides, blocks, "float32"))
 
 
-def unpack_fp8(packed: Any, model_dim: int, *, block: int = 128, format: str = "e4m3") -> tuple[Any, Any]:
+def unpack_fp8(packed: Any, model_dim: int, *, block: int = FP8_BLOCK_DEFAULT, format: str = "e4m3") -> tuple[Any, Any]:
     """(q, scales) views of packed rows (..., row_bytes) of uint8: q (..., M)
     (torch float8 of `format`, else uint8), scales (..., ceil(M / block))
     float32."""
@@ -276,7 +280,7 @@ def _packed(q: Any, scales: Any, op: str, copy: bool = True, what: str = "the pa
     return packed
 
 
-def quantize_fp8(x: Any, block: int = 128, *, format: str = "e4m3", out: Any = None) -> tuple[Any, Any]:
+def quantize_fp8(x: Any, block: int = FP8_BLOCK_DEFAULT, *, format: str = "e4m3", out: Any = None) -> tuple[Any, Any]:
     """x (..., M) of float32, float64, float16 or bfloat16 (C-contiguous) ->
     (q, scales): q (..., M) float8 codes (torch.float8_e4m3fn /
     torch.float8_e5m2; uint8 for NumPy and CuPy), scales (..., ceil(M /
@@ -308,7 +312,7 @@ def quantize_fp8(x: Any, block: int = 128, *, format: str = "e4m3", out: Any = N
     return pair
 
 
-def dequantize_fp8(q: Any, scales: Any, *, block: int = 128, dtype: str = "float32", format: str | None = None,
+def dequantize_fp8(q: Any, scales: Any, *, block: int = FP8_BLOCK_DEFAULT, dtype: str = "float32", format: str | None = None,
                    out: Any = None) -> Any:
     """(q, scales) -> y (..., M) of dtype: fp8_to_float(q) * scale, rounded
     once to dtype. q and scales may be separate arrays or the views of packed

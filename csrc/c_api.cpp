@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "moe/es_ops.hpp"
 #include "moe/fp8_ops.hpp"
+#include "moe/low_latency.hpp"
 #include "moe/moe.hpp"
 #include "setup/backends.hpp"
 #include "setup/exec.hpp"
@@ -24,6 +25,11 @@
 
 struct a2a_comm {
   std::unique_ptr<a2a::Comm> impl;
+};
+
+struct a2a_low_latency {
+  std::unique_ptr<a2a::moe::LowLatency> impl;
+  a2a::Comm* comm = nullptr;
 };
 
 struct a2a_v_plan {
@@ -80,6 +86,16 @@ a2a_status_t on_comm(a2a_comm_t comm, const char* op, Fn&& fn, bool communicates
     a2a::Comm& impl = *require_handle(comm, "comm")->impl;
     const a2a::CallGuard guard(impl.call_gate(), op, impl.rank(), communicates);
     fn(impl);
+  });
+}
+
+// A call on a handle: under its communicator's call gate.
+template <typename Fn>
+a2a_status_t on_low_latency(a2a_low_latency_t handle, const char* op, Fn&& fn) {
+  return guarded([&] {
+    a2a_low_latency* h = require_handle(handle, "handle");
+    const a2a::CallGuard guard(h->comm->call_gate(), op, h->comm->rank(), true);
+    fn(*h->impl);
   });
 }
 
@@ -417,6 +433,59 @@ a2a_status_t a2a_quantize_fp8(const a2a_exec_t* exec, const void* x, a2a_dtype_t
 
 a2a_status_t a2a_dequantize_fp8(const a2a_exec_t* exec, const a2a_fp8_rows_t* in, a2a_dtype_t dtype, void* y) {
   return guarded([&] { a2a::moe::dequantize_fp8(exec, in, dtype, y); });
+}
+
+a2a_status_t a2a_low_latency_create(a2a_comm_t comm, const a2a_low_latency_config_t* config,
+                                    a2a_low_latency_t* handle) {
+  if (handle != nullptr) *handle = nullptr;
+  return on_comm(comm, "low_latency_create", [&](a2a::Comm& c) {
+    require_out(handle, "handle");
+    if (config == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "low_latency_create: config is NULL");
+    auto made = std::make_unique<a2a_low_latency>();
+    made->impl = std::make_unique<a2a::moe::LowLatency>(c, *config);
+    made->comm = &c;
+    *handle = made.release();
+  });
+}
+
+a2a_status_t a2a_low_latency_workspace_size(a2a_low_latency_t handle, size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = require_handle(handle, "handle")->impl->layout().workspace_bytes;
+  });
+}
+
+a2a_status_t a2a_low_latency_expert_capacity(a2a_low_latency_t handle, int64_t* rows) {
+  return guarded([&] {
+    require_out(rows, "rows");
+    *rows = require_handle(handle, "handle")->impl->layout().expert_capacity;
+  });
+}
+
+a2a_status_t a2a_low_latency_dispatch(a2a_low_latency_t handle, const a2a_exec_t* exec, void* workspace,
+                                      size_t workspace_bytes, const void* x, int64_t num_tokens, const void* indices,
+                                      a2a_dtype_t index_dtype, void* recv, int64_t* recv_counts) {
+  return on_low_latency(handle, "low_latency_dispatch", [&](a2a::moe::LowLatency& ll) {
+    ll.dispatch(exec, workspace, workspace_bytes, x, num_tokens, indices, index_dtype, recv, recv_counts);
+  });
+}
+
+a2a_status_t a2a_low_latency_combine(a2a_low_latency_t handle, const a2a_exec_t* exec, void* workspace,
+                                     size_t workspace_bytes, const void* expert_out, const void* gates,
+                                     a2a_dtype_t gate_dtype, void* y) {
+  return on_low_latency(handle, "low_latency_combine", [&](a2a::moe::LowLatency& ll) {
+    ll.combine(exec, workspace, workspace_bytes, expert_out, gates, gate_dtype, y);
+  });
+}
+
+a2a_status_t a2a_low_latency_check(a2a_low_latency_t handle, const a2a_exec_t* exec, const void* workspace,
+                                   size_t workspace_bytes) {
+  return on_low_latency(handle, "low_latency_check",
+                        [&](a2a::moe::LowLatency& ll) { ll.check(exec, workspace, workspace_bytes); });
+}
+
+a2a_status_t a2a_low_latency_destroy(a2a_low_latency_t handle) {
+  return guarded([&] { delete handle; });
 }
 
 a2a_status_t a2a_es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile,

@@ -314,7 +314,7 @@ class MoELayer(torch.nn.Module):
         self.flow.settle()  # the flow's own communication in flight (a prefetch) ends before the agreement
         step_seconds = self.tuning.step_seconds  # the previous step's, for FlexMoE; the agreement clears it
         row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(),
-                      [] if self.adaptive is not None else self.flow.refused(request), call)
+                      [] if self.adaptive is not None else self.flow.refused(request), call, recording)
         agreed = agree_call(row, self.comm, "MoELayer", self.flow)
         self.tuning.agreed(agreed.seconds)
         chosen = self._choose(agreed.capacity, x.dtype, k)
@@ -325,7 +325,7 @@ class MoELayer(torch.nn.Module):
         choice = runner.configure(request, chosen if chosen is not None and chosen.flow == name else None)
         self.tuning.trial(agreed.capacity, choice.config, choice.timed)
         y, self.last_plan = runner.run(Call(tokens, decision, choice, agreed.capacity, agreed.token_counts,
-                                            recording, step_seconds, prepared))
+                                            recording, step_seconds, prepared, agreed.recording_anywhere))
         y = y.view(x.shape).to(x.dtype)
         stop()
         y.l_aux = self.l_aux = decision.l_aux

@@ -11,6 +11,7 @@
 #include "cpu/bf16_avx2.hpp"
 #include "cpu/es_cpu.hpp"
 #include "cpu/fp8_cpu.hpp"
+#include "cpu/low_latency_cpu.hpp"
 #include "cpu/thread_pool.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
@@ -489,6 +490,26 @@ class CpuKernels final : public Kernels {
   void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) override {
     dequantize_fp8_cpu(rows, dtype, y, threads_);
   }
+  void low_latency_pack(const LowLatencyLayout& l, const void* x, int64_t num_tokens, const void* indices,
+                        a2a_dtype_t index_dtype, uint32_t sequence, char* workspace, int64_t* sent) override {
+    low_latency_pack_cpu(l, x, num_tokens, indices, index_dtype, sequence, workspace, sent);
+  }
+  void low_latency_reject(const LowLatencyLayout& l, uint32_t kind, uint32_t sequence, char* workspace) override {
+    low_latency_reject_cpu(l, kind, sequence, workspace);
+  }
+  void low_latency_unpack(const LowLatencyLayout& l, uint32_t sequence, char* workspace, void* recv,
+                          int64_t* recv_counts, int64_t* received) override {
+    low_latency_unpack_cpu(l, sequence, workspace, recv, recv_counts, received);
+  }
+  void low_latency_return(const LowLatencyLayout& l, const void* expert_out, uint32_t sequence,
+                          char* workspace) override {
+    low_latency_return_cpu(l, expert_out, sequence, workspace);
+  }
+  void low_latency_combine(const LowLatencyLayout& l, int64_t num_tokens, const void* gates, a2a_dtype_t gate_dtype,
+                           uint32_t sequence, char* workspace, void* y, const int64_t* sent) override {
+    low_latency_combine_cpu(l, num_tokens, gates, gate_dtype, sequence, workspace, y, sent);
+  }
+  LowLatencyStatus low_latency_status(const LowLatencyLayout&, const char*) override { return {}; }
 
  private:
   // Runs body(s) for each of `slices` slices, one per thread.

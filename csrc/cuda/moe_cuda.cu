@@ -41,6 +41,7 @@
 #include "cuda/device_math.cuh"
 #include "cuda/es_cuda.hpp"
 #include "cuda/fp8_cuda.hpp"
+#include "cuda/low_latency_cuda.hpp"
 #include "cuda/stream_wait.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/kernels.hpp"
@@ -712,6 +713,35 @@ class CudaKernels final : public Kernels {
 
   void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) override {
     cuda_dequantize_fp8(es_launch(), rows, dtype, y);
+  }
+
+  void low_latency_pack(const LowLatencyLayout& l, const void* x, int64_t num_tokens, const void* indices,
+                        a2a_dtype_t index_dtype, uint32_t sequence, char* workspace, int64_t* /*sent: on the device*/)
+      override {
+    cuda_low_latency_pack(es_launch(), l, x, num_tokens, indices, index_dtype, sequence, workspace);
+  }
+
+  void low_latency_reject(const LowLatencyLayout& l, uint32_t kind, uint32_t sequence, char* workspace) override {
+    cuda_low_latency_reject(es_launch(), l, kind, sequence, workspace);
+  }
+
+  void low_latency_unpack(const LowLatencyLayout& l, uint32_t sequence, char* workspace, void* recv,
+                          int64_t* recv_counts, int64_t* /*received: on the device*/) override {
+    cuda_low_latency_unpack(es_launch(), l, sequence, workspace, recv, recv_counts);
+  }
+
+  void low_latency_return(const LowLatencyLayout& l, const void* expert_out, uint32_t sequence,
+                          char* workspace) override {
+    cuda_low_latency_return(es_launch(), l, expert_out, sequence, workspace);
+  }
+
+  void low_latency_combine(const LowLatencyLayout& l, int64_t num_tokens, const void* gates, a2a_dtype_t gate_dtype,
+                           uint32_t sequence, char* workspace, void* y, const int64_t* /*sent*/) override {
+    cuda_low_latency_combine(es_launch(), l, num_tokens, gates, gate_dtype, sequence, workspace, y);
+  }
+
+  LowLatencyStatus low_latency_status(const LowLatencyLayout& l, const char* workspace) override {
+    return cuda_low_latency_status(es_launch(), l, workspace, timeout_s_);
   }
 
  private:

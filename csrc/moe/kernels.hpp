@@ -59,6 +59,44 @@ struct EsMatmul {
   void* workspace;
 };
 
+// The wire of the low-latency dispatch and combine (moe/low_latency.cpp):
+// per peer one slot of slot_bytes, a LowLatencyHeader and then up to
+// slot_rows rows. A dispatch row is the token's row_bytes, zeros to 16, then
+// (token, local expert) as two int32; a combine row is model_dim elements of
+// dtype, zeros to 16. The workspace holds, each at a 256-byte boundary:
+// the send slots (world x slot_bytes), the receive slots (the same), the
+// choices (max_tokens x top_k int64: (destination << 32) | row in its slot,
+// or -1 when not routed), the arrivals (world x slot_rows int64: the local
+// expert x expert_capacity + position in recv of every received row), and a
+// status record (LowLatencyStatus) where the CUDA kernels note what the CPU
+// throws at once.
+struct LowLatencyHeader {
+  uint32_t kind;      // kLowLatencyDispatch or kLowLatencyCombine
+  uint32_t sequence;  // the handle's call number
+  int32_t count;      // rows that follow; -1: the sender rejected its input
+  int32_t source;     // the sender's rank
+};
+constexpr uint32_t kLowLatencyDispatch = 0xa2a1d157u;
+constexpr uint32_t kLowLatencyCombine = 0xa2a1c0b1u;
+
+struct LowLatencyLayout {
+  int world = 0, rank = 0;
+  int64_t max_tokens = 0, top_k = 0, num_experts = 0, local_experts = 0;
+  int64_t row_bytes = 0, model_dim = 0;
+  a2a_dtype_t dtype = A2A_FLOAT32;
+  int64_t dispatch_row = 0, combine_row = 0, slot_rows = 0, slot_bytes = 0, expert_capacity = 0;
+  size_t send = 0, recv = 0, choices = 0, arrivals = 0, status = 0, workspace_bytes = 0;
+};
+
+// What the CUDA kernels found wrong (the CPU throws instead), each entry the
+// offending value plus one, 0 when none (a zeroed workspace is clear).
+struct LowLatencyStatus {
+  int64_t rejected_by;      // a rank that marked its messages rejected
+  int64_t mismatched_from;  // a rank whose message was of another kind or call, or had too many rows
+  int64_t bad_choice;       // t * top_k + j of an index >= num_experts (this rank's input)
+  int64_t bad_value;        // that index (plus one)
+};
+
 // Calls fn with a value of the storage type of a float dtype (float, double,
 // half_t, bfloat16_t): how both backends pick a kernel template.
 template <typename Fn>
@@ -128,6 +166,45 @@ class Kernels {
   // moe/fp8.hpp's.
   virtual void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) = 0;
   virtual void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) = 0;
+
+  // The low-latency dispatch and combine's kernels (the wire above; the
+  // exchanges between them are moe/low_latency.cpp's). `workspace` is the
+  // caller's, laid out by `l`; every other pointer is backend memory but
+  // `sent` and `received`, host arrays of world entries that the CPU fills
+  // (the CUDA backend leaves them: its counts stay on the device).
+  //
+  // low_latency_pack: the send slots of x (num_tokens rows of row_bytes) and
+  // indices; the choices table; the headers (kind dispatch, `sequence`, count).
+  // A token sends one row per distinct expert of its choices. On the CPU the
+  // arguments are checked already (indices < num_experts); on CUDA an index
+  // out of range is skipped and noted in the status record.
+  virtual void low_latency_pack(const LowLatencyLayout& l, const void* x, int64_t num_tokens, const void* indices,
+                                a2a_dtype_t index_dtype, uint32_t sequence, char* workspace, int64_t* sent) = 0;
+  // Every send slot's header: count -1 (this rank rejected its input).
+  virtual void low_latency_reject(const LowLatencyLayout& l, uint32_t kind, uint32_t sequence, char* workspace) = 0;
+  // The receive slots into recv (local experts x expert_capacity rows of
+  // row_bytes) and recv_counts (local experts), and the arrivals table,
+  // after checking every header (kind dispatch, `sequence`, count in range):
+  // the CPU throws (A2A_ERROR_REMOTE naming a rank that rejected, else
+  // A2A_ERROR_MISMATCH naming the peer), CUDA notes it in the status record.
+  virtual void low_latency_unpack(const LowLatencyLayout& l, uint32_t sequence, char* workspace, void* recv,
+                                  int64_t* recv_counts, int64_t* received) = 0;
+  // The send slots of the way back: every received row's output, from
+  // expert_out (local experts x expert_capacity x model_dim of dtype), in the
+  // order it arrived (the dispatch's receive slots give the counts); headers
+  // of kind combine.
+  virtual void low_latency_return(const LowLatencyLayout& l, const void* expert_out, uint32_t sequence,
+                                  char* workspace) = 0;
+  // y (num_tokens x model_dim of dtype) from the receive slots of the way
+  // back, the choices table and the gates (float32 or dtype; NULL: 1), after
+  // checking the headers as low_latency_unpack does (and, given `sent`, that
+  // each peer returned as many rows as it was sent).
+  virtual void low_latency_combine(const LowLatencyLayout& l, int64_t num_tokens, const void* gates,
+                                   a2a_dtype_t gate_dtype, uint32_t sequence, char* workspace, void* y,
+                                   const int64_t* sent) = 0;
+  // The status record on the host (CUDA: waits for the stream; the CPU's is
+  // always clear).
+  virtual LowLatencyStatus low_latency_status(const LowLatencyLayout& l, const char* workspace) = 0;
 };
 
 // CPU backend with `num_threads` threads (0 = A2A_NUM_THREADS, else all cores).

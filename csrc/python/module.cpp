@@ -562,6 +562,44 @@ PYBIND11_MODULE(_C, m) {
       },
       py::call_guard<py::gil_scoped_release>());
 
+  py::class_<a2a::LowLatency>(m, "LowLatency")
+      .def(py::init([](a2a::Communicator& comm, int64_t max_tokens, int64_t num_experts, int64_t top_k,
+                       int64_t row_bytes, int64_t model_dim, int dtype) {
+             a2a_low_latency_config_t config = A2A_LOW_LATENCY_CONFIG_INIT;
+             config.max_tokens = max_tokens;
+             config.num_experts = num_experts;
+             config.top_k = top_k;
+             config.row_bytes = row_bytes;
+             config.model_dim = model_dim;
+             config.dtype = static_cast<a2a_dtype_t>(dtype);
+             return new a2a::LowLatency(comm, config);
+           }),
+           py::keep_alive<1, 2>(), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("workspace_size", &a2a::LowLatency::workspace_size)
+      .def_property_readonly("expert_capacity", &a2a::LowLatency::expert_capacity)
+      .def(
+          "dispatch",
+          [](a2a::LowLatency& ll, const Exec& exec, uintptr_t workspace, size_t workspace_bytes, uintptr_t x,
+             int64_t num_tokens, uintptr_t indices, int index_dtype, uintptr_t recv, uintptr_t recv_counts) {
+            ll.dispatch(make_exec(exec), as_mutable(workspace), workspace_bytes, as_pointer(x), num_tokens,
+                        as_pointer(indices), static_cast<a2a_dtype_t>(index_dtype), as_mutable(recv),
+                        static_cast<int64_t*>(as_mutable(recv_counts)));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "combine",
+          [](a2a::LowLatency& ll, const Exec& exec, uintptr_t workspace, size_t workspace_bytes, uintptr_t expert_out,
+             uintptr_t gates, int gate_dtype, uintptr_t y) {
+            ll.combine(make_exec(exec), as_mutable(workspace), workspace_bytes, as_pointer(expert_out),
+                       as_pointer(gates), static_cast<a2a_dtype_t>(gate_dtype), as_mutable(y));
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "check",
+          [](a2a::LowLatency& ll, const Exec& exec, uintptr_t workspace, size_t workspace_bytes) {
+            ll.check_status(make_exec(exec), as_pointer(workspace), workspace_bytes);
+          },
+          py::call_guard<py::gil_scoped_release>());
   py::class_<a2a::VPlan>(m, "VPlan")
       .def(py::init([](a2a::Communicator& comm, const std::vector<int64_t>& send_counts, size_t row_elements, int dtype,
                        int algo) {

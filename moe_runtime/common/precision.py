@@ -21,12 +21,14 @@ import contextlib
 
 import torch
 
+import a2a
+
 __all__ = ["DISPATCH_DTYPES", "FP8_BLOCK", "compute_dtype", "dispatch_format", "routing_precision"]
 
 # MoELayer(dispatch_dtype=...) -> a2a's FP8 format; None: the tokens' own dtype.
-DISPATCH_DTYPES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+DISPATCH_DTYPES = a2a.FP8_DTYPES
 # Channels per scale of the FP8 dispatch (DeepSeek-V3's 1 x 128 tiles).
-FP8_BLOCK = 128
+FP8_BLOCK = a2a.FP8_BLOCK_DEFAULT
 
 
 def compute_dtype(x: torch.Tensor, parameter_dtype: torch.dtype) -> torch.dtype:

@@ -24,6 +24,7 @@ from .assignment_cache import AssignmentCache
 from .cached_dispatch import CachedDispatch
 from .dropless import CACHED_WEIGHT_NAMES, dropless_moe
 from .expert_cache import ExpertCache
+from .low_latency import LowLatencyPath
 
 __all__ = ["Dropless", "DroplessFlow"]
 
@@ -32,10 +33,15 @@ __all__ = ["Dropless", "DroplessFlow"]
 class Dropless:
     """The dropless flow's settings: ``expert_cache`` (an :class:`ExpertCache`,
     inference), ``assignment_cache`` (an :class:`AssignmentCache`, calls with
-    ``sample_ids``); either may be None."""
+    ``sample_ids``); either may be None. ``low_latency_tokens`` N > 0: calls
+    that record no autograd on any rank, with at most N tokens on every rank,
+    go through a2a.LowLatencyBuffer (deployment/low_latency.py)."""
 
     expert_cache: ExpertCache | None = None
     assignment_cache: AssignmentCache | None = None
+    # Inference calls whose every rank has at most this many tokens go through a2a.LowLatencyBuffer
+    # (deployment/low_latency.py); 0: never.
+    low_latency_tokens: int = 0
     flow = "dropless"
 
     def __post_init__(self) -> None:
@@ -44,6 +50,9 @@ class Dropless:
         cache = self.assignment_cache
         if cache is not None and not isinstance(cache, AssignmentCache):
             raise TypeError(f"assignment_cache must be a moe_runtime.AssignmentCache, got {type(cache).__name__}")
+        tokens = self.low_latency_tokens
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise ValueError(f"low_latency_tokens must be an int >= 0 (0: no low-latency path), got {tokens!r}")
 
 
 class DroplessFlow(WholeExpertFlow):
@@ -63,6 +72,10 @@ class DroplessFlow(WholeExpertFlow):
                              "dtype; it does not take dispatch_dtype (FP8)")
         if self.assignment_cache is not None:
             self.assignment_cache.bind(self)  # one layer per cache
+        self.low_latency = None
+        if self.settings.low_latency_tokens:
+            self.low_latency = LowLatencyPath(context.exchange_comm, self.settings.low_latency_tokens,
+                                              context.num_experts, context.model_dim, context.dispatch_format)
             check_thread_level(context.exchange_comm, "sample-assignment caching runs the predicted dispatch")
 
     @classmethod
@@ -95,6 +108,12 @@ class DroplessFlow(WholeExpertFlow):
             stats = call.prepared.stats
         cache = self._bound_cache(call.tokens.device) if self.expert_cache is not None and not call.recording else None
         weights = self.whole_expert_weights(call.tokens.dtype)
+        if self.low_latency is not None and cache is None and self.low_latency.fits(call.recording_anywhere,
+                                                                                    call.token_counts, call.prepared):
+            y, rows, sent = self.low_latency.run(call.tokens, indices, call.decision.gates, weights,
+                                                 context.experts.activation_fn)
+            capacity = call.capacity or (int(rows.max()) if rows is not None and rows.size else 0)
+            return y, Plan(1, 1, call.choice.algo, capacity, capacity, 0, sent, flow=self.name, low_latency=True)
         y, rows, sent = dropless_moe(call.tokens, indices, call.decision.gates, weights=weights,
                                      activation=context.experts.activation_fn, comm=context.exchange_comm,
                                      algo=call.choice.algo, weight_grad_scale=context.weight_grad_scale,

@@ -37,7 +37,7 @@ __all__ = ["Agreed", "CallRow", "agree_call"]
 NOT_GIVEN = -1
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 _COLUMNS = ("capacity", "top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow", "tokens",
-            "seconds", "refused")  # then CallFields' columns
+            "seconds", "refused", "recording")  # then CallFields' columns
 _EQUAL = ("top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow")
 
 
@@ -53,6 +53,7 @@ class CallRow:
     seconds: int
     refused: list[str]
     call: CallFields  # the tokens' model dim and dtype, and this rank's own error
+    recording: bool = False  # autograd records this rank's call
 
     def values(self) -> np.ndarray:
         r, d, algo, flow = self.request.r, self.request.d, self.request.algo, self.request.flow
@@ -60,7 +61,7 @@ class CallRow:
             self.capacity, self.top_k, self.gate_index, _code(r), _code(d),
             ALGORITHMS.index(algo) if algo in ALGORITHMS else NOT_GIVEN,
             FLOWS.index(flow) if flow in FLOWS else NOT_GIVEN, self.tokens, self.seconds, len(self.refused),
-            *self.call.columns()], dtype=np.int64)
+            int(self.recording), *self.call.columns()], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Agreed:
     capacity: int
     token_counts: list[int]
     seconds: np.ndarray  # every rank's previous step (ns; NOT_GIVEN where not measured)
+    recording_anywhere: bool = False  # some rank's autograd records this call
 
 
 def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
@@ -91,7 +93,8 @@ def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
             shown = ", ".join(f"rank {i}: {_shown(name, v)}" for i, v in enumerate(values))
             raise a2a.MismatchError(f"{where}: the ranks passed different {name} ({shown}); every rank must call "
                                     "the layer with the same arguments")
-    return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"])
+    return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"],
+                  bool(column["recording"].any()))
 
 
 def _code(value: int | None) -> int:

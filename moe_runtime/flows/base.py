@@ -74,6 +74,8 @@ class Plan:
     # Which flow ran (moe_runtime.registry's name): "expert" (r, d, algo above), "dropless", "dynamic",
     # "flex", "data_centric", "model_centric".
     flow: str = "expert"
+    # The dropless flow's small inference calls: through a2a.LowLatencyBuffer (one message per peer).
+    low_latency: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ class Call:
     recording: bool  # autograd records this call (training)
     step_seconds: float | None = None  # the previous step's time on this rank (None: not measured)
     prepared: Any = None  # what Flow.begin started before the gate
+    recording_anywhere: bool = False  # some rank's autograd records this call (agreed: the same on every rank)
 
 
 class Flow:

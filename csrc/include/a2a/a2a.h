@@ -67,6 +67,7 @@ typedef enum { A2A_SUM = 0, A2A_MAX = 1, A2A_MIN = 2 } a2a_reduce_op_t;
 
 typedef struct a2a_comm* a2a_comm_t;
 typedef struct a2a_v_plan* a2a_v_plan_t;
+typedef struct a2a_low_latency* a2a_low_latency_t;
 
 /* Where buffers live: host memory, or device memory of one CUDA device. */
 typedef enum { A2A_DEVICE_CPU = 0, A2A_DEVICE_CUDA = 1 } a2a_device_type_t;
@@ -447,6 +448,72 @@ A2A_API a2a_status_t a2a_quantize_fp8(const a2a_exec_t* exec, const void* x, a2a
 /* in's codes and scales into y (rows, cols) of dtype, C-contiguous. */
 A2A_API a2a_status_t a2a_dequantize_fp8(const a2a_exec_t* exec, const a2a_fp8_rows_t* in, a2a_dtype_t dtype,
                                         void* y);
+
+/* ------------------------------------------------------------------------
+ * Low-latency dispatch and combine (DeepEP's low-latency mode): an MoE
+ * layer's exchange for a handful of tokens per rank (decoding), where what
+ * counts is the microseconds of a call. One message to and one from every
+ * rank per call, each carrying its own row count (no count exchange round);
+ * on CUDA the messages have a fixed size and the counts stay on the device,
+ * so a call never waits for the stream and can be captured into a CUDA graph.
+ * docs/moe_kernels.md shows the layouts.
+ *
+ *   dispatch: x (T, row_bytes) bytes per token (any dtype, or packed FP8
+ *             rows), indices (T, top_k) -> recv (local experts, W * max_tokens,
+ *             row_bytes): local expert e's rows, source rank by source rank,
+ *             each source's in token order; recv_counts (local experts) int64
+ *   combine:  expert_out (local experts, W * max_tokens, model_dim) of dtype
+ *             (each row the expert's output for that row of recv) -> y (T,
+ *             model_dim) = sum over j in order of gates[t, j] * the output
+ *             for choice (t, j), accumulated in float32 (float64 for float64)
+ *
+ * Experts e of rank r are r * L .. r * L + L - 1 (L = num_experts / W). A
+ * token sends one row to each distinct expert among its choices (a choice
+ * that repeats an expert is combined from the same row); negative indices
+ * are not routed. Every call is collective and checked in band: a rank whose
+ * input is invalid (T > max_tokens, an index >= num_experts) still sends its
+ * messages, marked, so that every other rank fails with A2A_ERROR_REMOTE
+ * naming it, and a call that meets another kind of call (dispatch against
+ * combine) or another call's messages fails with A2A_ERROR_MISMATCH. On
+ * CUDA those checks need the stream: a2a_low_latency_check reads them.
+ * ------------------------------------------------------------------------ */
+
+typedef struct {
+  size_t struct_size;  /* sizeof(a2a_low_latency_config_t) */
+  int64_t max_tokens;  /* T per rank and call, at most */
+  int64_t num_experts; /* E, a multiple of the world size */
+  int64_t top_k;
+  int64_t row_bytes;   /* bytes of a token's row in dispatch (> 0) */
+  int64_t model_dim;   /* elements of an output row in combine (> 0) */
+  a2a_dtype_t dtype;   /* of the outputs and y (float32, float64, float16, bfloat16) */
+} a2a_low_latency_config_t;
+
+#define A2A_LOW_LATENCY_CONFIG_INIT {sizeof(a2a_low_latency_config_t), 0, 0, 0, 0, 0, A2A_FLOAT32}
+
+/* Collective: every rank passes the same config (A2A_ERROR_MISMATCH
+ * otherwise). The handle keeps no buffer: the caller passes the workspace
+ * (a2a_low_latency_workspace_size bytes of the comm's device memory, zeros
+ * before its first use, the same one to a dispatch and the combine that
+ * follows it) and the outputs. On CUDA, exec->stream must be the comm's
+ * stream (a2a_comm_set_stream). The comm must outlive the handle. */
+A2A_API a2a_status_t a2a_low_latency_create(a2a_comm_t comm, const a2a_low_latency_config_t* config,
+                                            a2a_low_latency_t* handle);
+A2A_API a2a_status_t a2a_low_latency_workspace_size(a2a_low_latency_t handle, size_t* bytes);
+/* Rows of recv and of expert_out per local expert: W * max_tokens. */
+A2A_API a2a_status_t a2a_low_latency_expert_capacity(a2a_low_latency_t handle, int64_t* rows);
+A2A_API a2a_status_t a2a_low_latency_dispatch(a2a_low_latency_t handle, const a2a_exec_t* exec, void* workspace,
+                                              size_t workspace_bytes, const void* x, int64_t num_tokens,
+                                              const void* indices, a2a_dtype_t index_dtype, void* recv,
+                                              int64_t* recv_counts);
+/* gates (T, top_k) of float32 or dtype, or NULL for weights of 1. */
+A2A_API a2a_status_t a2a_low_latency_combine(a2a_low_latency_t handle, const a2a_exec_t* exec, void* workspace,
+                                             size_t workspace_bytes, const void* expert_out, const void* gates,
+                                             a2a_dtype_t gate_dtype, void* y);
+/* CUDA: waits for the stream, then fails as the last calls' in-band checks
+ * would have (a no-op on the CPU, where each call checks itself). */
+A2A_API a2a_status_t a2a_low_latency_check(a2a_low_latency_t handle, const a2a_exec_t* exec, const void* workspace,
+                                           size_t workspace_bytes);
+A2A_API a2a_status_t a2a_low_latency_destroy(a2a_low_latency_t handle);
 
 /* ------------------------------------------------------------------------
  * Expert-specific operators (Hexa-MoE, Sections 3.1-3.2): the experts'

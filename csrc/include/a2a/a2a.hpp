@@ -253,6 +253,46 @@ inline void moe_gate_grad(const a2a_exec_t& exec, const a2a_routing_t& routing, 
   check(a2a_moe_gate_grad(&exec, &routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates));
 }
 
+// The low-latency dispatch and combine (see a2a.h). Owns the handle; the
+// communicator must outlive it.
+class LowLatency {
+ public:
+  LowLatency(Communicator& comm, const a2a_low_latency_config_t& config) {
+    check(a2a_low_latency_create(comm.get(), &config, &handle_));
+  }
+  ~LowLatency() {
+    if (handle_ != nullptr) a2a_low_latency_destroy(handle_);
+  }
+  LowLatency(const LowLatency&) = delete;
+  LowLatency& operator=(const LowLatency&) = delete;
+
+  size_t workspace_size() const {
+    size_t bytes = 0;
+    check(a2a_low_latency_workspace_size(handle_, &bytes));
+    return bytes;
+  }
+  int64_t expert_capacity() const {
+    int64_t rows = 0;
+    check(a2a_low_latency_expert_capacity(handle_, &rows));
+    return rows;
+  }
+  void dispatch(const a2a_exec_t& exec, void* workspace, size_t workspace_bytes, const void* x, int64_t num_tokens,
+                const void* indices, a2a_dtype_t index_dtype, void* recv, int64_t* recv_counts) {
+    check(a2a_low_latency_dispatch(handle_, &exec, workspace, workspace_bytes, x, num_tokens, indices, index_dtype,
+                                   recv, recv_counts));
+  }
+  void combine(const a2a_exec_t& exec, void* workspace, size_t workspace_bytes, const void* expert_out,
+               const void* gates, a2a_dtype_t gate_dtype, void* y) {
+    check(a2a_low_latency_combine(handle_, &exec, workspace, workspace_bytes, expert_out, gates, gate_dtype, y));
+  }
+  void check_status(const a2a_exec_t& exec, const void* workspace, size_t workspace_bytes) {
+    check(a2a_low_latency_check(handle_, &exec, workspace, workspace_bytes));
+  }
+
+ private:
+  a2a_low_latency_t handle_ = nullptr;
+};
+
 // FP8 rows with block scales (see a2a.h).
 struct Fp8PackedLayout {
   int64_t scale_offset;
