@@ -24,13 +24,14 @@ from __future__ import annotations
 from typing import Any
 
 from . import _C, _fp8
-from ._arrays import DTYPE_CODES, _torch, view
+from ._arrays import DEVICE_CPU, DTYPE_CODES, _torch, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
 __all__ = ["LowLatencyBuffer"]
 
 _DTYPES = ("float32", "float64", "float16", "bfloat16")
+_HOST = (DEVICE_CPU, 0, 0)  # a2a._C's exec of the CPU kernels
 
 
 class LowLatencyBuffer:
@@ -79,6 +80,8 @@ class LowLatencyBuffer:
 
     def _exec(self, stream_of: Any) -> tuple[int, int, int]:
         """The kernels' execution, with the comm on the same stream (CUDA)."""
+        if self.device.type == "cpu":
+            return _HOST
         v = view(stream_of, "x")
         if v.cuda_device is not None:
             stream = v.stream()
@@ -114,7 +117,7 @@ class LowLatencyBuffer:
         problem = self._problem(x, indices)
         self._num_tokens = None
         if problem is not None:  # the native call still runs, marked: every other rank fails naming this one
-            execution = (0, 0, 0) if self.device.type == "cpu" else self._exec(self._workspace)
+            execution = self._exec(self._workspace)
             try:
                 self._native.dispatch(execution, self._workspace.data_ptr(), self._workspace.numel(), 0, -1, 0,
                                       DTYPE_CODES["int64"], self._recv.data_ptr(), self._counts.data_ptr())

@@ -1,7 +1,7 @@
 """``python -m a2a.bench``: picks the benchmark family from the command line
 (``--layout``, ``--op`` (the MoE kernels, the expert-specific operators
-esmm / ess / estmm, or quantize_fp8 / dequantize_fp8), else the
-collectives sweep) and runs it."""
+esmm / ess / estmm, or quantize_fp8 / dequantize_fp8), ``--low-latency``,
+else the collectives sweep) and runs it."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import argparse
 import sys
 from types import ModuleType
 
-from . import collectives, es_ops, fp8, kernels, layout
+from . import collectives, es_ops, fp8, kernels, layout, low_latency
 
 
 def family(argv: list[str]) -> ModuleType:
     """The benchmark module that argv asks for; each has parse_args(argv) and main(argv)."""
     if layout.is_layout_mode(argv):  # the layout kernels, in this process
         return layout
+    if low_latency.is_low_latency_mode(argv):  # the low-latency dispatch and combine, under mpirun
+        return low_latency
     if es_ops.is_es_mode(argv):  # the expert-specific operators, in this process
         return es_ops
     if fp8.is_fp8_mode(argv):  # the FP8 quantization, in this process

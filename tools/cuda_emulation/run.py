@@ -9,10 +9,14 @@ the file. Today: es_cuda.cu (es_cuda_check.cpp: ESMM / ESS / ESTMM against
 float64), fp8_cuda.cu (fp8_cuda_check.cpp: quantize_fp8 and dequantize_fp8
 bitwise against cpu/fp8_cpu.cpp, and moe/fp8.hpp's encoding over every code),
 layout_cuda.cu (layout_cuda_check.cpp: transpose_chunks and copy_ranges
-bitwise against cpu/cpu_device.cpp) and moe_cuda.cu (moe_cuda_check.cpp:
-route's scan, dispatch, combine and gate_grad against cpu/moe_cpu.cpp); each
-file's header says what it covers. Every kernel a file defines must be
-launched in it and run by its check program, else this fails.
+bitwise against cpu/cpu_device.cpp), low_latency_cuda.cu
+(low_latency_cuda_check.cpp: whole exchanges of 1 to 5 ranks, pack, unpack,
+return and combine bytewise against cpu/low_latency_cpu.cpp and a model of
+the exchange, and the status record against the CPU's errors) and
+moe_cuda.cu (moe_cuda_check.cpp: route's scan, dispatch, combine and
+gate_grad against cpu/moe_cpu.cpp); each file's header says what it covers.
+Every kernel a file defines must be launched in it and run by its check
+program, else this fails.
 
 The kernel file itself is compiled for the host, rewritten only where C++
 cannot read CUDA (each rewrite fails loudly when the source no longer matches):
@@ -31,9 +35,9 @@ programs and the CPU kernels without.
 include/ emulates the CUDA model (emu.hpp, cuda_runtime.h, mma.h): a launch
 runs its blocks one after another, a block one fiber per CUDA thread, each
 until it reaches __syncthreads or a warp collective (__syncwarp,
-__shfl_xor_sync, __match_any_sync; full mask only), in a chosen order; a
-barrier or collective that not every thread reaches is reported as a
-deadlock. __shared__ arrays live in a fresh 48 KiB arena per block, filled
+__shfl_xor_sync, __match_any_sync, __ballot_sync; full mask only), in a
+chosen order; a barrier or collective that not every thread reaches is
+reported as a deadlock. __shared__ arrays live in a fresh 48 KiB arena per block, filled
 with a chosen byte, poisoned for ASan outside the declared arrays; atomics
 are relaxed atomics; WMMA fragments are held whole by every lane; launch
 bounds, grid and block limits and WMMA alignment rules are checked. The
@@ -51,9 +55,9 @@ Two builds of every check program run, in parallel:
   - ThreadSanitizer, over fewer cases: every CUDA thread is a TSan fiber whose
     switches do not synchronize, and the emulation declares only the edges
     CUDA guarantees (launch -> threads, __syncthreads, __syncwarp, threads ->
-    end of launch; shuffles, matches and relaxed atomics order nothing), so
-    two threads of a block, or of successive blocks, touching the same bytes
-    unordered are reported whatever order they ran in.
+    end of launch; shuffles, matches, ballots and relaxed atomics order
+    nothing), so two threads of a block, or of successive blocks, touching
+    the same bytes unordered are reported whatever order they ran in.
 --self-test plants each bug of PLANTS in turn (an off-by-one store, vectors
 wider than the pointers' alignment, a missing __syncthreads, a read of
 unwritten shared memory, a __syncthreads in divergent code, a non-atomic
@@ -98,14 +102,16 @@ KERNEL_DIR = os.path.join(ROOT, "csrc", "cuda")
 
 # Cases per check program (its CASES argument) in the quick run, and in the
 # ThreadSanitizer build.
-CASES = {"es_cuda": 20, "fp8_cuda": 20, "layout_cuda": 100, "moe_cuda": 60}
-TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "moe_cuda": 20}
+CASES = {"es_cuda": 20, "fp8_cuda": 20, "layout_cuda": 100, "low_latency_cuda": 40, "moe_cuda": 60}
+TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "low_latency_cuda": 12, "moe_cuda": 20}
 # CPU twins linked into a check program (paths under csrc/).
 TWINS = {
     "es_cuda": [],
     "fp8_cuda": ["cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
     "layout_cuda": ["cpu/cpu_device.cpp", "core/device.cpp", "cpu/thread_pool.cpp"],
-    "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
+    "low_latency_cuda": ["cpu/low_latency_cpu.cpp"],
+    "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/fp8_cpu.cpp", "cpu/low_latency_cpu.cpp",
+                 "cpu/thread_pool.cpp"],
 }
 # File-specific rewrites: (old, new), each of which must match.
 REWRITES = {
@@ -438,7 +444,8 @@ def main() -> int:
     parser.add_argument("--tsan-scale", type=float, default=None, help="the same for the ThreadSanitizer build")
     parser.add_argument("--long", action="store_true", help="--scale 10 --tsan-scale 5, and ASan's use-after-return")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--only", default="", help="comma-separated stems (es_cuda,fp8_cuda,layout_cuda,moe_cuda)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated stems (es_cuda,fp8_cuda,layout_cuda,low_latency_cuda,moe_cuda)")
     parser.add_argument("--no-tsan", action="store_true", help="skip the ThreadSanitizer build")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--keep", default="", help="build in this directory and keep it (the programs stay there)")
