@@ -1,5 +1,6 @@
 """Builds examples/c against the installed liba2a via find_package(a2a) and
-runs it under mpirun: plain 4 ranks, emulated 2 x 2 nodes, and 3 ranks.
+runs its programs (alltoall, low_latency) under mpirun: plain 4 ranks,
+emulated 2 x 2 nodes, and 3 ranks.
 Called by `make test-c`; prints the program's output and a summary line."""
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from a2a.launch import mpirun_command
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build", "c-example")
 CONFIGS = [(4, None), (4, 2), (3, 1)]  # (ranks, emulated local_size)
+PROGRAMS = ("alltoall", "low_latency")
 
 
 def main() -> int:
     shutil.rmtree(BUILD, ignore_errors=True)
     cmake_build(os.path.join(ROOT, "examples", "c"), BUILD)
     passed = failed = 0
-    for ranks, local_size in CONFIGS:
-        command = mpirun_command(ranks, [os.path.join(BUILD, "alltoall")])
+    for program, (ranks, local_size) in ((p, c) for p in PROGRAMS for c in CONFIGS):
+        command = mpirun_command(ranks, [os.path.join(BUILD, program)])
         code = subprocess.run(command, env=mpirun_env(local_size), timeout=300, check=False).returncode
-        label = f"C program, {ranks} ranks" + (f", local_size {local_size}" if local_size else "")
+        label = f"C program {program}, {ranks} ranks" + (f", local_size {local_size}" if local_size else "")
         print(f"{'PASS' if code == 0 else 'FAIL'}: {label}")
         passed += code == 0
         failed += code != 0
