@@ -107,6 +107,26 @@ def resolve_device(args: Any) -> str | None:
     return missing if args.device == "cuda" else None
 
 
+def start_op_bench(args: Any) -> tuple[Any, Any, list[str]] | None:
+    """What an ``--op`` benchmark of one process does first: its --threads
+    for a2a and torch, its device (args.device filled), torch and a2a
+    imported; (torch, a2a, the ops named by --op), or None after printing why
+    the device cannot run."""
+    if args.threads:
+        os.environ["A2A_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    import a2a
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    missing = resolve_device(args)
+    if missing is not None:
+        print(f"a2a.bench --op {args.op}: {missing}", file=sys.stderr)
+        return None
+    return torch, a2a, [name.strip().lower() for name in args.op.split(",") if name.strip()]
+
+
 def cuda_comm(world: Any, *, local_size: int | None = None, transport: str | None = None) -> Any:
     """``a2a.Comm.from_mpi(world, device="cuda")`` on this rank's GPU: its rank
     on its node modulo the GPUs torch sees, made torch's current device.

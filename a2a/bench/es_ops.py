@@ -176,21 +176,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    ops = [name.strip().lower() for name in args.op.split(",") if name.strip()]
-    import os
-
-    if args.threads:
-        os.environ["A2A_NUM_THREADS"] = str(args.threads)
-    import torch
-
-    import a2a
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    missing = common.resolve_device(args)
-    if missing is not None:
-        print(f"a2a.bench --op {args.op}: {missing}", file=sys.stderr)
+    started = common.start_op_bench(args)
+    if started is None:
         return 2
+    torch, a2a, ops = started
     device = args.device
     clock = common.Clock(torch, device)
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]

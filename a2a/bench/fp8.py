@@ -128,21 +128,10 @@ class _Case:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    ops = [name.strip().lower() for name in args.op.split(",") if name.strip()]
-    import os
-
-    if args.threads:
-        os.environ["A2A_NUM_THREADS"] = str(args.threads)
-    import torch
-
-    import a2a
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    missing = common.resolve_device(args)
-    if missing is not None:
-        print(f"a2a.bench --op {args.op}: {missing}", file=sys.stderr)
+    started = common.start_op_bench(args)
+    if started is None:
         return 2
+    torch, a2a, ops = started
     clock = common.Clock(torch, args.device)
     print(f"# a2a.bench --op {','.join(ops)}: {args.device}, threads {torch.get_num_threads()}, block {args.block}, "
           f"e4m3, {common.command_line(argv)}")

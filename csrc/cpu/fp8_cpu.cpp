@@ -218,28 +218,17 @@ void dequantize_typed(const a2a_fp8_rows_t& r, T* y, int threads) {
   });
 }
 
-// Calls fn with the storage type and the format's struct.
-template <typename Fn>
-void with_types(const char* op, a2a_dtype_t dtype, a2a_fp8_format_t format, Fn&& fn) {
-  with_float_type(op, dtype, [&](auto tag) {
-    if (format == A2A_FP8_E5M2)
-      fn(tag, E5m2{});
-    else
-      fn(tag, E4m3{});
-  });
-}
-
 }  // namespace
 
 void quantize_fp8_cpu(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows, int threads) {
-  with_types("quantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
+  with_fp8_types("quantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
     using T = decltype(tag);
     quantize_typed<T, decltype(format)>(static_cast<const T*>(x), rows, threads);
   });
 }
 
 void dequantize_fp8_cpu(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y, int threads) {
-  with_types("dequantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
+  with_fp8_types("dequantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
     using T = decltype(tag);
     dequantize_typed<T, decltype(format)>(rows, static_cast<T*>(y), threads);
   });

@@ -98,9 +98,7 @@ void low_latency_pack_cpu(const LowLatencyLayout& l, const void* x, int64_t num_
       const int64_t expert = load_index(indices, index_dtype, c);
       choices[c] = -1;
       if (expert < 0) continue;
-      int64_t earlier = -1;  // a choice of this token that named the same expert: its row serves both
-      for (int64_t i = 0; i < j && earlier < 0; ++i)
-        if (load_index(indices, index_dtype, t * l.top_k + i) == expert) earlier = t * l.top_k + i;
+      const int64_t earlier = earlier_same_expert(indices, index_dtype, t, j, l.top_k, expert);
       if (earlier >= 0) {
         choices[c] = choices[earlier];
         continue;

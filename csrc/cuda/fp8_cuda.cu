@@ -76,21 +76,10 @@ __global__ void __launch_bounds__(kThreads) dequantize_fp8_kernel(const a2a_fp8_
   }
 }
 
-// Calls fn with the storage type and the format's struct.
-template <typename Fn>
-void with_types(const char* op, a2a_dtype_t dtype, a2a_fp8_format_t format, Fn&& fn) {
-  with_float_type(op, dtype, [&](auto tag) {
-    if (format == A2A_FP8_E5M2)
-      fn(tag, E5m2{});
-    else
-      fn(tag, E4m3{});
-  });
-}
-
 }  // namespace
 
 void cuda_quantize_fp8(const EsLaunch& launch, const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) {
-  with_types("quantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
+  with_fp8_types("quantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
     using T = decltype(tag);
     const int64_t pairs = rows.rows * fp8_blocks(rows.cols, rows.block);
     quantize_fp8_kernel<T, decltype(format)><<<grid_for(pairs, kThreads / kWarp, launch.max_blocks), kThreads, 0,
@@ -100,7 +89,7 @@ void cuda_quantize_fp8(const EsLaunch& launch, const void* x, a2a_dtype_t dtype,
 }
 
 void cuda_dequantize_fp8(const EsLaunch& launch, const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) {
-  with_types("dequantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
+  with_fp8_types("dequantize_fp8", dtype, rows.format, [&](auto tag, auto format) {
     using T = decltype(tag);
     dequantize_fp8_kernel<T, decltype(format)><<<grid_for(rows.rows * rows.cols, kThreads, launch.max_blocks),
                                                  kThreads, 0, launch.stream>>>(rows, static_cast<T*>(y));

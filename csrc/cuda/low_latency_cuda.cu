@@ -106,9 +106,7 @@ __global__ void __launch_bounds__(1) pack_index_kernel(const LowLatencyLayout l,
         continue;
       }
       if (expert < 0) continue;
-      int64_t earlier = -1;
-      for (int64_t i = 0; i < j && earlier < 0; ++i)
-        if (load_index(indices, index_dtype, t * l.top_k + i) == expert) earlier = t * l.top_k + i;
+      const int64_t earlier = earlier_same_expert(indices, index_dtype, t, j, l.top_k, expert);
       if (earlier >= 0) {
         choices[c] = choices[earlier];
         continue;

@@ -103,6 +103,16 @@ A2A_HD void store_gate(void* grad_gates, bool gate_is_data, int64_t choice, type
     static_cast<float*>(grad_gates)[choice] = static_cast<float>(value);
 }
 
+// The low-latency dispatch sends a token one row per distinct expert of its
+// choices: the first choice of token t before j that names the same expert
+// as choice j (whose row serves both), or -1 when j is the first.
+A2A_HD int64_t earlier_same_expert(const void* indices, a2a_dtype_t index_dtype, int64_t t, int64_t j,
+                                   int64_t top_k, int64_t expert) {
+  for (int64_t i = 0; i < j; ++i)
+    if (load_index(indices, index_dtype, t * top_k + i) == expert) return t * top_k + i;
+  return -1;
+}
+
 // Row of an expert-specific operand that choice c = t * k + j reads: t for
 // an operand by token, c for one by choice.
 A2A_HD int64_t es_row(a2a_es_rows_t rows, int64_t choice, int64_t top_k) {

@@ -14,6 +14,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "moe/elementwise.hpp"
+#include "moe/fp8.hpp"
 
 namespace a2a::moe {
 
@@ -110,6 +111,18 @@ void with_float_type(const char* op, a2a_dtype_t dtype, Fn&& fn) {
   }
   fail(A2A_ERROR_INVALID_ARGUMENT, op, ": data dtype ", dtype_name(dtype),
        " is not supported (float32, float64, float16, bfloat16)");
+}
+
+// Calls fn with the storage type of a float dtype and the struct of an FP8
+// format (moe/fp8.hpp): how both backends pick a quantization kernel.
+template <typename Fn>
+void with_fp8_types(const char* op, a2a_dtype_t dtype, a2a_fp8_format_t format, Fn&& fn) {
+  with_float_type(op, dtype, [&](auto tag) {
+    if (format == A2A_FP8_E5M2)
+      fn(tag, E5m2{});
+    else
+      fn(tag, E4m3{});
+  });
 }
 
 class Kernels {

@@ -118,6 +118,15 @@ LowLatency::LowLatency(Comm& comm, const a2a_low_latency_config_t& config)
   received_.assign(static_cast<size_t>(comm.size()), 0);
 }
 
+// The workspace carries the messages: without it this rank cannot take part
+// (the one error that is this rank's alone).
+void LowLatency::require_workspace(const char* op, const Comm& comm, const void* workspace,
+                                   size_t workspace_bytes) const {
+  require(workspace != nullptr && workspace_bytes >= layout_.workspace_bytes, op, " on rank ", comm.rank(),
+          ": the workspace is ", workspace == nullptr ? "NULL" : cat(workspace_bytes, " bytes"), "; it needs ",
+          layout_.workspace_bytes, " (a2a_low_latency_workspace_size)");
+}
+
 Comm& LowLatency::usable_comm(const char* op) const {
   if (comm_lifetime_.expired())
     fail(A2A_ERROR_INVALID_ARGUMENT, op, ": the communicator of this handle was destroyed; a handle is used with "
@@ -156,10 +165,7 @@ void LowLatency::dispatch(const a2a_exec_t* exec, void* workspace, size_t worksp
   const bool host = e.device_type == A2A_DEVICE_CPU;
   require(e.device_type == comm.device_type(), op, ": exec runs on ", e.device_type == A2A_DEVICE_CPU ? "the CPU" : "CUDA",
           " but the communicator moves ", comm.device_type() == A2A_DEVICE_CPU ? "host" : "CUDA", " memory");
-  // The workspace carries the messages: without it this rank cannot take part.
-  require(workspace != nullptr && workspace_bytes >= l.workspace_bytes, op, " on rank ", comm.rank(),
-          ": the workspace is ", workspace == nullptr ? "NULL" : cat(workspace_bytes, " bytes"), "; it needs ",
-          l.workspace_bytes, " (a2a_low_latency_workspace_size)");
+  require_workspace(op, comm, workspace, workspace_bytes);
   char* ws = static_cast<char*>(workspace);
   const uint32_t sequence = ++sequence_;
   num_tokens_ = -1;
@@ -203,9 +209,7 @@ void LowLatency::combine(const a2a_exec_t* exec, void* workspace, size_t workspa
   const LowLatencyLayout& l = layout_;
   const a2a_exec_t e = exec_of(exec);
   const bool host = e.device_type == A2A_DEVICE_CPU;
-  require(workspace != nullptr && workspace_bytes >= l.workspace_bytes, op, " on rank ", comm.rank(),
-          ": the workspace is ", workspace == nullptr ? "NULL" : cat(workspace_bytes, " bytes"), "; it needs ",
-          l.workspace_bytes, " (a2a_low_latency_workspace_size)");
+  require_workspace(op, comm, workspace, workspace_bytes);
   char* ws = static_cast<char*>(workspace);
   const uint32_t sequence = ++sequence_;
   const int64_t num_tokens = num_tokens_;
@@ -243,7 +247,7 @@ void LowLatency::combine(const a2a_exec_t* exec, void* workspace, size_t workspa
 void LowLatency::check(const a2a_exec_t* exec, const void* workspace, size_t workspace_bytes) {
   const char* op = "low_latency_check";
   Comm& comm = usable_comm(op);
-  require(workspace != nullptr && workspace_bytes >= layout_.workspace_bytes, op, ": the workspace is too small");
+  require_workspace(op, comm, workspace, workspace_bytes);
   const a2a_exec_t e = exec_of(exec);
   const LowLatencyStatus status = make_kernels(&e)->low_latency_status(layout_, static_cast<const char*>(workspace));
   const std::string where = cat(" on rank ", comm.rank(), " of ", comm.size(), ": ");

@@ -29,6 +29,7 @@ class LowLatency {
 
  private:
   Comm& usable_comm(const char* op) const;
+  void require_workspace(const char* op, const Comm& comm, const void* workspace, size_t workspace_bytes) const;
   // One message to and one from every peer: `send_bytes(p)` from send slot p,
   // `recv_bytes(p)` into receive slot p.
   template <typename Send, typename Recv>
