@@ -40,7 +40,7 @@ void check_headers(const LowLatencyLayout& l, char* workspace, uint32_t kind, ui
                    const int64_t* expected, int64_t* counts) {
   for (int64_t peer = 0; peer < l.world; ++peer) {
     const LowLatencyHeader& h = *header_of(slot(l, workspace, l.recv, peer));
-    if (h.kind == kind && h.sequence == sequence && h.count == -1)
+    if (h.kind == kind && h.sequence == sequence && h.source == peer && h.count == -1)
       fail(A2A_ERROR_REMOTE, op, " on rank ", l.rank, " of ", l.world, ": rank(s) ", peer,
            " rejected their input; no rank's results of this call are valid");
   }

@@ -55,9 +55,10 @@ __device__ __forceinline__ LowLatencyStatus* status_of(const LowLatencyLayout& l
   return reinterpret_cast<LowLatencyStatus*>(workspace + l.status);
 }
 
-// Notes the first offender of one kind (value + 1; 0 stays "none").
+// Notes the first offender of one kind (value + 1, in uint64 so that no
+// index overflows; 0 stays "none").
 __device__ __forceinline__ void note(int64_t* entry, int64_t value) {
-  atomicCAS(reinterpret_cast<unsigned long long*>(entry), 0ull, static_cast<unsigned long long>(value + 1));
+  atomicCAS(reinterpret_cast<unsigned long long*>(entry), 0ull, static_cast<unsigned long long>(value) + 1ull);
 }
 
 // The rows of peer's receive slot that this call may read: its count when
@@ -171,7 +172,10 @@ __global__ void __launch_bounds__(kWarp) unpack_index_kernel(const LowLatencyLay
         if (i < count) {
           const int32_t* meta = reinterpret_cast<const int32_t*>(rows + i * l.dispatch_row + l.dispatch_row - 16);
           const bool valid = meta[1] >= 0 && meta[1] < l.local_experts && meta[0] >= 0 && meta[0] < l.max_tokens;
-          if (!valid && expert == 0) note(&status_of(l, workspace)->mismatched_from, peer);
+          if (!valid && expert == 0) {  // no expert takes it: the way back must not read an old arrival
+            note(&status_of(l, workspace)->mismatched_from, peer);
+            arrivals[peer * l.slot_rows + i] = -1;
+          }
           mine = valid && meta[1] == expert;
         }
         const unsigned ballot = __ballot_sync(kFullMask, mine);
@@ -207,6 +211,10 @@ __global__ void __launch_bounds__(kThreads) return_kernel(const LowLatencyLayout
     const int64_t peer = item / l.slot_rows, i = item % l.slot_rows;
     if (i >= checked_count(l, workspace, peer, kLowLatencyDispatch, sequence - 1, false)) continue;
     char* row = slot_at(l, workspace, l.send, peer) + kHeader + i * l.combine_row;
+    if (arrivals[item] < 0) {  // a row unpack refused (noted there): zeros go back
+      for (int64_t b = threadIdx.x; b < l.combine_row; b += blockDim.x) row[b] = 0;
+      continue;
+    }
     copy_row(row, expert_out + arrivals[item] * out_row, out_row, l.combine_row);
   }
   if (blockIdx.x == 0)
@@ -295,12 +303,15 @@ void cuda_low_latency_combine(const EsLaunch& launch, const LowLatencyLayout& l,
 
 LowLatencyStatus cuda_low_latency_status(const EsLaunch& launch, const LowLatencyLayout& l, const char* workspace,
                                          double timeout_s) {
-  LowLatencyStatus status{};
-  check_cuda(cudaMemcpyAsync(&status, workspace + l.status, sizeof status, cudaMemcpyDeviceToHost, launch.stream),
-             "cudaMemcpyAsync (the low-latency status)");
+  // Wait first, bounded: a copy to pageable memory would block behind a stuck stream.
   if (!wait_for_stream(launch.stream, timeout_s))
     fail(A2A_ERROR_TIMEOUT, "low_latency_check: the CUDA stream did not finish within ", timeout_s,
          " s (A2A_TIMEOUT_S); a low-latency call (or work before it) waits for a peer that never came");
+  LowLatencyStatus status{};
+  check_cuda(cudaMemcpyAsync(&status, workspace + l.status, sizeof status, cudaMemcpyDeviceToHost, launch.stream),
+             "cudaMemcpyAsync (the low-latency status)");
+  if (!wait_for_stream(launch.stream, timeout_s))  // the copy alone, on an idle stream
+    fail(A2A_ERROR_TIMEOUT, "low_latency_check: the copy of the status did not finish within ", timeout_s, " s");
   // Read: clear it for the calls that follow.
   check_cuda(cudaMemsetAsync(const_cast<char*>(workspace) + l.status, 0, sizeof status, launch.stream),
              "cudaMemsetAsync (the low-latency status)");

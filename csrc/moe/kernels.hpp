@@ -89,6 +89,7 @@ struct LowLatencyLayout {
   size_t send = 0, recv = 0, choices = 0, arrivals = 0, status = 0, workspace_bytes = 0;
 };
 
+
 // What the CUDA kernels found wrong (the CPU throws instead), each entry the
 // offending value plus one, 0 when none (a zeroed workspace is clear).
 struct LowLatencyStatus {
@@ -97,6 +98,34 @@ struct LowLatencyStatus {
   int64_t bad_choice;       // t * top_k + j of an index >= num_experts (this rank's input)
   int64_t bad_value;        // that index (plus one)
 };
+
+// The layout of a (checked) config on `world` ranks, for rank `rank`.
+inline LowLatencyLayout low_latency_layout(const a2a_low_latency_config_t& c, int world, int rank) {
+  const auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };  // fresh lines, CUDA alignment
+  LowLatencyLayout l;
+  l.world = world;
+  l.rank = rank;
+  l.max_tokens = c.max_tokens;
+  l.top_k = c.top_k;
+  l.num_experts = c.num_experts;
+  l.local_experts = c.num_experts / world;
+  l.row_bytes = c.row_bytes;
+  l.model_dim = c.model_dim;
+  l.dtype = c.dtype;
+  l.dispatch_row = round_up_16(c.row_bytes) + 16;
+  l.combine_row = round_up_16(c.model_dim * static_cast<int64_t>(dtype_size(c.dtype)));
+  l.slot_rows = c.max_tokens * std::min(c.top_k, l.local_experts);
+  l.slot_bytes = static_cast<int64_t>(sizeof(LowLatencyHeader)) + l.slot_rows * std::max(l.dispatch_row, l.combine_row);
+  l.expert_capacity = static_cast<int64_t>(world) * c.max_tokens;
+  const size_t slots = static_cast<size_t>(world) * static_cast<size_t>(l.slot_bytes);
+  l.send = 0;
+  l.recv = aligned(slots);
+  l.choices = l.recv + aligned(slots);
+  l.arrivals = l.choices + aligned(static_cast<size_t>(c.max_tokens * c.top_k) * sizeof(int64_t));
+  l.status = l.arrivals + aligned(static_cast<size_t>(world * l.slot_rows) * sizeof(int64_t));
+  l.workspace_bytes = l.status + aligned(sizeof(LowLatencyStatus));
+  return l;
+}
 
 // Calls fn with a value of the storage type of a float dtype (float, double,
 // half_t, bfloat16_t): how both backends pick a kernel template.

@@ -13,10 +13,6 @@ namespace a2a::moe {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 // The config's own checks ("" when it is valid).
 std::string config_error(const a2a_low_latency_config_t& c, int world) {
   if (c.struct_size < sizeof(a2a_low_latency_config_t))
@@ -36,31 +32,6 @@ std::string config_error(const a2a_low_latency_config_t& c, int world) {
   return "";
 }
 
-LowLatencyLayout layout_of(const a2a_low_latency_config_t& c, int world, int rank) {
-  LowLatencyLayout l;
-  l.world = world;
-  l.rank = rank;
-  l.max_tokens = c.max_tokens;
-  l.top_k = c.top_k;
-  l.num_experts = c.num_experts;
-  l.local_experts = c.num_experts / world;
-  l.row_bytes = c.row_bytes;
-  l.model_dim = c.model_dim;
-  l.dtype = c.dtype;
-  l.dispatch_row = round_up_16(c.row_bytes) + 16;
-  l.combine_row = round_up_16(c.model_dim * static_cast<int64_t>(dtype_size(c.dtype)));
-  l.slot_rows = c.max_tokens * std::min(c.top_k, l.local_experts);
-  l.slot_bytes = static_cast<int64_t>(sizeof(LowLatencyHeader)) + l.slot_rows * std::max(l.dispatch_row, l.combine_row);
-  l.expert_capacity = static_cast<int64_t>(world) * c.max_tokens;
-  const size_t slots = static_cast<size_t>(world) * static_cast<size_t>(l.slot_bytes);
-  l.send = 0;
-  l.recv = aligned(slots);
-  l.choices = l.recv + aligned(slots);
-  l.arrivals = l.choices + aligned(static_cast<size_t>(c.max_tokens * c.top_k) * sizeof(int64_t));
-  l.status = l.arrivals + aligned(static_cast<size_t>(world * l.slot_rows) * sizeof(int64_t));
-  l.workspace_bytes = l.status + aligned(sizeof(LowLatencyStatus));
-  return l;
-}
 
 // Why a call's buffers are unusable ("" when they are fine): `regions` are
 // (name, pointer, bytes, written).
@@ -113,7 +84,7 @@ LowLatency::LowLatency(Comm& comm, const a2a_low_latency_config_t& config)
              {{"max_tokens", config.max_tokens}, {"num_experts", config.num_experts}, {"top_k", config.top_k},
               {"row_bytes", config.row_bytes}, {"model_dim", config.model_dim}, {"dtype", config.dtype}},
              error.empty() ? "" : cat(op, " on rank ", comm.rank(), ": ", error));
-  layout_ = layout_of(config, comm.size(), comm.rank());
+  layout_ = low_latency_layout(config, comm.size(), comm.rank());
   sent_.assign(static_cast<size_t>(comm.size()), 0);
   received_.assign(static_cast<size_t>(comm.size()), 0);
 }
@@ -253,7 +224,8 @@ void LowLatency::check(const a2a_exec_t* exec, const void* workspace, size_t wor
   const std::string where = cat(" on rank ", comm.rank(), " of ", comm.size(), ": ");
   if (status.bad_choice != 0)
     fail(A2A_ERROR_INVALID_ARGUMENT, "low_latency_dispatch", where, "indices[", (status.bad_choice - 1) / layout_.top_k,
-         ", ", (status.bad_choice - 1) % layout_.top_k, "] = ", status.bad_value - 1,
+         ", ", (status.bad_choice - 1) % layout_.top_k, "] = ",
+         static_cast<int64_t>(static_cast<uint64_t>(status.bad_value) - 1u),
          " is out of range for num_experts ", layout_.num_experts, " (the choice was not sent)");
   if (status.rejected_by != 0)
     fail(A2A_ERROR_REMOTE, "low_latency", where, "rank(s) ", status.rejected_by - 1,

@@ -3,46 +3,47 @@
 // return_kernel, combine_kernel), through cuda_low_latency_*, run by the
 // CUDA emulation of include/ (see run.py) against their CPU twins
 // (cpu/low_latency_cpu.cpp: low_latency_*_cpu) and a model of the exchange,
-// over whole low-latency calls of 1 to 5 ranks. Each case builds every rank's
-// workspace (the layout of moe/low_latency.cpp's layout_of, replicated here),
-// two of them per rank (the CUDA side's and the CPU's, over different stale
-// bytes but a clear status record, so that a read of a byte neither side
-// wrote shows), and then:
-//   - pack on every rank (num_tokens 0..max_tokens, top_k 1 to 4, 1 to 3
-//     local experts, row_bytes odd or a multiple of 16, x 16-byte aligned or
-//     not, int32 or int64 indices with unrouted choices (-1, -2, INT32_MIN,
-//     INT64_MIN) and experts repeated within a token): the send slots'
-//     headers, rows, zero padding and (token, local expert) meta and the
-//     choices table bytewise against the CPU, the CPU against the model,
-//     and every other byte of the workspace as it was;
+// over whole low-latency calls of 1 to 5 ranks. Each case builds every
+// rank's workspace (moe/low_latency.cpp's layout_of, replicated here), one
+// per backend and rank (over different stale bytes, so that a read of a
+// byte neither side wrote shows, or all zeros as before a first use; the
+// status record clear), and then:
+//   - pack on every rank (max_tokens 1 to 24, num_tokens 0..max_tokens,
+//     top_k 1 to 4, 1 to 3 local experts, row_bytes odd or a multiple of 16,
+//     x 16-byte aligned or not, int32 or int64 indices with unrouted choices
+//     (-1, -2, INT32_MIN, INT64_MIN) and experts repeated within a token):
+//     the send slots' headers, rows, zero padding and (token, local expert)
+//     meta and the choices table bytewise against the CPU, the CPU against
+//     the model, and every other byte of the workspace as it was;
 //   - the exchange: each rank's send slot p, whole, into rank p's receive
 //     slot of that rank (as NCCL moves them on CUDA);
 //   - unpack: recv_counts, the counted rows of recv and the arrivals of the
 //     counted rows bytewise against the CPU (and the model: local expert e's
 //     rows source by source, each source's in token order), nothing else of
 //     recv or the workspace written;
-//   - return (model_dim 1 to 17 of float32, float64, float16, bfloat16): the
-//     send slots' headers and rows of the way back bytewise against the CPU
-//     and the model, then the exchange back;
+//   - return (model_dim 1 to 129 of float32, float64, float16, bfloat16):
+//     the send slots' headers and rows of the way back bytewise against the
+//     CPU and the model, then the exchange back;
 //   - combine: y bitwise against the CPU and the model (every product
 //     rounded alone, summed in choice order from 0), with no gates, float32
 //     gates or gates of the data's dtype;
-//   - the status record, read from the workspace, clear, and then through
-//     cuda_low_latency_status (the emulated stream is always idle), which
-//     must return it and clear it.
+//   - the status record, read from the workspace, clear; then
+//     cuda_low_latency_status (the emulated stream is always idle) must
+//     return it and clear it.
 // Faults, one per case: indices >= num_experts on some ranks (CUDA only, as
 // the CPU orchestration refuses them before packing: the choice is skipped,
-// so the call is the CPU's over those choices made -1, and bad_choice /
+// so the call is the CPU's with those choices made -1, and bad_choice /
 // bad_value name the first); one or two ranks that reject their dispatch or
-// their combine (reject_kernel), and a receive slot's header of another
+// their combine (reject_kernel); a receive slot's header of another
 // sequence, kind, source or count, or a received row's meta beyond the
-// handle's, where the CPU throws: A2A_ERROR_REMOTE must meet rejected_by
-// (the lowest rejecting rank), A2A_ERROR_MISMATCH mismatched_from (the
+// handle's. Where the CPU throws, A2A_ERROR_REMOTE must meet rejected_by
+// (the lowest rejecting rank) and A2A_ERROR_MISMATCH mismatched_from (the
 // peer), and nothing else may be noted. Each operation runs under two
-// schedules (check.hpp), grids capped at 1 to 3 blocks (EsLaunch::max_blocks)
-// so that the grid-stride loops turn; every output (workspace, recv,
-// recv_counts, y) has guard bytes on both sides, and the inputs must stay as
-// they were. `low_latency_cuda_check CASES [SEED]`; exits 1 on any failure.
+// schedules (check.hpp), with grids capped at 1 to 3 blocks
+// (EsLaunch::max_blocks) so that the grid-stride loops turn; every output
+// (workspace, recv, recv_counts, y) has guard bytes on both sides, and the
+// inputs must stay as they were.
+// `low_latency_cuda_check CASES [SEED]`; exits 1 on any failure.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -68,41 +69,26 @@ namespace {
 
 // Tallies of what the cases covered, printed at the end.
 long long by_world[6], zero_token_ranks, repeated_choices, unrouted_choices, vector_rows, byte_rows, grid_strided;
-long long rows_sent, rows_combined, wrapped_sequences, fresh_workspaces, fault_cases[7], cpu_errors_met;
+long long rows_sent, rows_combined, slots_over_a_warp, wrapped_sequences, fresh_workspaces, fault_cases[7];
+long long cpu_errors_met;
 
 constexpr int64_t kHeader = sizeof(LowLatencyHeader);
 
-// moe/low_latency.cpp's config, and its layout_of (in an anonymous namespace
-// there), replicated.
+// A config (the fields a2a_low_latency_config_t has) and its layout, as
+// moe/low_latency.cpp makes it (moe/kernels.hpp's low_latency_layout).
 struct Config {
   int64_t max_tokens, num_experts, top_k, row_bytes, model_dim;
   a2a_dtype_t dtype;
 };
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 LowLatencyLayout layout_of(const Config& c, int world, int rank) {
-  LowLatencyLayout l;
-  l.world = world;
-  l.rank = rank;
-  l.max_tokens = c.max_tokens;
-  l.top_k = c.top_k;
-  l.num_experts = c.num_experts;
-  l.local_experts = c.num_experts / world;
-  l.row_bytes = c.row_bytes;
-  l.model_dim = c.model_dim;
-  l.dtype = c.dtype;
-  l.dispatch_row = round_up_16(c.row_bytes) + 16;
-  l.combine_row = round_up_16(c.model_dim * static_cast<int64_t>(dtype_size(c.dtype)));
-  l.slot_rows = c.max_tokens * std::min(c.top_k, l.local_experts);
-  l.slot_bytes = kHeader + l.slot_rows * std::max(l.dispatch_row, l.combine_row);
-  l.expert_capacity = static_cast<int64_t>(world) * c.max_tokens;
-  const size_t slots = static_cast<size_t>(world) * static_cast<size_t>(l.slot_bytes);
-  l.send = 0;
-  l.recv = aligned(slots);
-  l.choices = l.recv + aligned(slots);
-  l.arrivals = l.choices + aligned(static_cast<size_t>(c.max_tokens * c.top_k) * sizeof(int64_t));
-  l.status = l.arrivals + aligned(static_cast<size_t>(world * l.slot_rows) * sizeof(int64_t));
-  l.workspace_bytes = l.status + aligned(sizeof(LowLatencyStatus));
-  return l;
+  a2a_low_latency_config_t config = A2A_LOW_LATENCY_CONFIG_INIT;
+  config.max_tokens = c.max_tokens;
+  config.num_experts = c.num_experts;
+  config.top_k = c.top_k;
+  config.row_bytes = c.row_bytes;
+  config.model_dim = c.model_dim;
+  config.dtype = c.dtype;
+  return low_latency_layout(config, world, rank);
 }
 
 enum Fault { kNone, kBadIndex, kRejectDispatch, kDispatchHeader, kBadMeta, kRejectCombine, kCombineHeader };
@@ -176,7 +162,6 @@ struct Rank {
   std::unique_ptr<Guarded> gpu_ws, cpu_ws, gpu_recv, cpu_recv, gpu_counts, cpu_counts, expert_out, y_gpu, y_cpu;
   std::vector<int64_t> sent, received;  // the CPU's
   bool rejects = false;                 // this call (dispatch or combine) is rejected here
-  bool cpu_alive = true;                // the CPU has not thrown on this rank
 
   const void* gpu_indices() const {
     return index_dtype == A2A_INT32 ? static_cast<const void*>(indices32.data()) : indices64.data();
@@ -250,11 +235,12 @@ class Exchange {
     world_ = static_cast<int>(fault_ == kRejectDispatch || fault_ == kRejectCombine ? 2 + below(4) : 1 + below(5));
     ++by_world[world_];
     const int64_t local = 1 + below(3);
-    c_.max_tokens = pick({1, 2, 3, 5, 8});
+    // Now and then more than a warp's rows from one peer (unpack's ballot loop turns).
+    c_.max_tokens = rng() % 4 == 0 ? pick({17, 24}) : pick({1, 2, 3, 5, 8});
     c_.num_experts = local * world_;
     c_.top_k = 1 + below(4);
     c_.row_bytes = rng() % 2 ? pick({1, 3, 7, 13, 17, 33, 101}) : 16 * pick({1, 2, 3, 5, 8});
-    c_.model_dim = pick({1, 2, 3, 5, 8, 17});
+    c_.model_dim = pick({1, 2, 3, 5, 8, 17, 64, 129});
     c_.dtype = dtype_of<T>();
     max_blocks_ = static_cast<int>(1 + below(3));
     sequence_ = static_cast<uint32_t>(rng() % 4 == 0 ? pick({0, 1, 0xfffffffe, 0xffffffff}) : rng());
@@ -286,22 +272,24 @@ class Exchange {
     Rank& k = *rank;
     k.l = layout_of(c_, world_, r);
     const LowLatencyLayout& l = k.l;
-    k.num_tokens = rng() % 6 == 0 ? 0 : rng() % 3 == 0 ? l.max_tokens : below(l.max_tokens + 1);
+    k.num_tokens = rng() % 8 == 0 ? 0 : rng() % 3 == 0 ? l.max_tokens : 1 + below(l.max_tokens);
     zero_token_ranks += k.num_tokens == 0;
     k.index_dtype = rng() % 2 ? A2A_INT32 : A2A_INT64;
     const int64_t choices = k.num_tokens * l.top_k;
     const double unrouted = pick({0, 1, 3}) / 10.0, repeat = pick({0, 2, 4}) / 10.0;
+    const int64_t hot = rng() % 3 == 0 ? below(world_) : -1;  // a peer that gets most rows
     k.indices64.resize(static_cast<size_t>(choices));
     for (int64_t c = 0; c < choices; ++c) {
       const int64_t j = c % l.top_k;
-      int64_t e = below(l.num_experts);
+      int64_t e = hot >= 0 && uniform() < 0.8 ? hot * l.local_experts + below(l.local_experts) : below(l.num_experts);
       if (j > 0 && uniform() < repeat) e = k.indices64[static_cast<size_t>(c - 1 - below(j))];
       if (uniform() < unrouted) e = pick({-1, -1, -2, INT32_MIN, INT64_MIN});
       k.indices64[static_cast<size_t>(c)] = e;
     }
     k.clean64 = k.indices64;
     if (fault_ == kBadIndex && choices > 0 && (r == 0 || rng() % 2)) {
-      // INT64_MAX is left out: note(value + 1) overflows (reported).
+      // Not INT64_MAX: low_latency_cuda.cu's note() stores value + 1, which overflows int64 (signed
+      // overflow, reported by UBSan).
       for (int bad = 0, n = static_cast<int>(1 + below(2)); bad < n; ++bad)
         k.indices64[static_cast<size_t>(below(choices))] =
             pick({l.num_experts, l.num_experts + 3, 2 * l.num_experts, INT32_MAX});
@@ -379,6 +367,7 @@ class Exchange {
       k.arrivals.assign(static_cast<size_t>(world_ * k.l.slot_rows), -1);
       for (int s = 0; s < world_; ++s) {
         const auto& slot = rank(s).slots[static_cast<size_t>(d)];
+        slots_over_a_warp += slot.size() > 32;
         for (size_t i = 0; i < slot.size(); ++i) {
           auto& list = k.experts[static_cast<size_t>(slot[i].second)];
           k.arrivals[static_cast<size_t>(s * k.l.slot_rows) + i] =
@@ -439,8 +428,8 @@ class Exchange {
           const int32_t meta[4] = {static_cast<int32_t>(slot[i].first), static_cast<int32_t>(slot[i].second), 0, 0};
           std::memcpy(want.data() + l.dispatch_row - 16, meta, sizeof meta);
           const int64_t at = first_difference(rows + i * l.dispatch_row, want.data(), want.size());
-          if (!expect(at < 0, "%s pack: the CPU's row %zu to %ld differs from the model at byte %ld", what.c_str(), i, p,
-                      at))
+          if (!expect(at < 0, "%s pack: the CPU's row %zu to %ld differs from the model at byte %ld", what.c_str(), i,
+                      p, at))
             break;
         }
         overlay(expected, *k.cpu_ws, l.send + static_cast<size_t>(p * l.slot_bytes),
@@ -565,10 +554,7 @@ class Exchange {
                message.c_str());
       }
       expect_status(what, k, cpu_status, message, want);
-      if (cpu_status != A2A_SUCCESS) {
-        k.cpu_alive = false;
-        continue;
-      }
+      if (cpu_status != A2A_SUCCESS) continue;
       // recv_counts, the counted rows of recv, and the counted rows' arrivals.
       const int64_t* counts = k.cpu_counts->as<int64_t>();
       for (int64_t e = 0; e < l.local_experts; ++e)
@@ -623,7 +609,8 @@ class Exchange {
     const auto [d, p] = slots[static_cast<size_t>(below(static_cast<int64_t>(slots.size())))];
     const LowLatencyLayout& l = rank(d).l;
     const int64_t row = below(static_cast<int64_t>(rank(p).slots[static_cast<size_t>(d)].size()));
-    const size_t at = l.recv + static_cast<size_t>(p * l.slot_bytes + kHeader + row * l.dispatch_row + l.dispatch_row - 16);
+    const size_t at =
+        l.recv + static_cast<size_t>(p * l.slot_bytes + kHeader + row * l.dispatch_row + l.dispatch_row - 16);
     int32_t meta[2];
     std::memcpy(meta, rank(d).cpu_ws->data() + at, sizeof meta);
     switch (rng() % 4) {
@@ -712,7 +699,9 @@ class Exchange {
         gates32[static_cast<size_t>(c)] = static_cast<float>(std::normal_distribution<double>(0, 1)(rng));
         gates_data[static_cast<size_t>(c)] = normal_value<T>();
       }
-      const void* gates = mode == 0 ? nullptr : mode == 1 ? static_cast<const void*>(gates32.data()) : gates_data.data();
+      const void* gates = mode == 0   ? nullptr
+                          : mode == 1 ? static_cast<const void*>(gates32.data())
+                                      : static_cast<const void*>(gates_data.data());
       const a2a_dtype_t gate_dtype = mode == 2 ? dtype_of<T>() : A2A_FLOAT32;
       const size_t y_bytes = static_cast<size_t>(k.num_tokens * l.model_dim) * sizeof(T);
       const size_t y_shift = sizeof(T) * static_cast<size_t>(pick({0, 0, 1, 5}));
@@ -729,8 +718,8 @@ class Exchange {
       grid_strided += k.num_tokens * l.model_dim > 256 * max_blocks_;
       std::string message;
       const a2a_status_t cpu_status = cpu_op(what, &message, [&] {
-        low_latency_combine_cpu(l, k.num_tokens, gates, gate_dtype, sequence_ + 1, k.cpu_ws->as<char>(), k.y_cpu->data(),
-                                k.sent.data());
+        low_latency_combine_cpu(l, k.num_tokens, gates, gate_dtype, sequence_ + 1, k.cpu_ws->as<char>(),
+                                k.y_cpu->data(), k.sent.data());
       });
       LowLatencyStatus want{};
       if (k.first_bad >= 0) want.bad_choice = k.first_bad + 1, want.bad_value = k.first_bad_value + 1;
@@ -794,8 +783,7 @@ class Exchange {
       LowLatencyStatus got{};
       std::string error;
       try {
-        got = cuda_low_latency_status(EsLaunch{nullptr, max_blocks_}, k.l, reinterpret_cast<const char*>(k.gpu_ws->data()),
-                                      10.0);
+        got = cuda_low_latency_status(EsLaunch{nullptr, max_blocks_}, k.l, k.gpu_ws->as<char>(), 10.0);
       } catch (const Failure& failure) {
         error = failure.what();
       }
@@ -831,11 +819,12 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("ranks per case 1..5: %lld %lld %lld %lld %lld; ranks with no token: %lld; choices unrouted %lld, "
-              "repeating an expert %lld; rows sent %lld, summed %lld; x rows by 16-byte vectors in %lld ranks, by "
-              "bytes in %lld; grid-stride loops %lld; sequences wrapping %lld; fresh workspaces %lld\n",
+              "repeating an expert %lld; rows sent %lld (slots of over 32 rows %lld), summed %lld; x rows by 16-byte "
+              "vectors in %lld ranks, by bytes in %lld; grid-stride loops %lld; sequences wrapping %lld; fresh "
+              "workspaces %lld\n",
               by_world[1], by_world[2], by_world[3], by_world[4], by_world[5], zero_token_ranks, unrouted_choices,
-              repeated_choices, rows_sent, rows_combined, vector_rows, byte_rows, grid_strided, wrapped_sequences,
-              fresh_workspaces);
+              repeated_choices, rows_sent, slots_over_a_warp, rows_combined, vector_rows, byte_rows, grid_strided,
+              wrapped_sequences, fresh_workspaces);
   std::printf("faults: none %lld, bad index %lld, dispatch rejected %lld, dispatch header %lld, bad meta %lld, "
               "combine rejected %lld, combine header %lld; CPU errors met by the CUDA status: %lld\n",
               fault_cases[kNone], fault_cases[kBadIndex], fault_cases[kRejectDispatch], fault_cases[kDispatchHeader],

@@ -40,8 +40,9 @@
 #include "cuda/es_cuda.hpp"
 #include "moe/kernels.hpp"
 
-// moe_cuda.cu's expert-specific overrides only forward to es_cuda.cu, which
-// es_cuda_check runs.
+// moe_cuda.cu's expert-specific, FP8 and low-latency overrides only forward
+// to es_cuda.cu, fp8_cuda.cu and low_latency_cuda.cu, which es_cuda_check,
+// fp8_cuda_check and low_latency_cuda_check run.
 namespace a2a::moe {
 void cuda_es_scatter_slots(const EsLaunch&, const RouteProblem&, const int64_t*, const int64_t*, int64_t, int64_t*) {
   emu::fatal("es operators are checked by es_cuda_check");
@@ -59,6 +60,26 @@ void cuda_quantize_fp8(const EsLaunch&, const void*, a2a_dtype_t, const a2a_fp8_
 }
 void cuda_dequantize_fp8(const EsLaunch&, const a2a_fp8_rows_t&, a2a_dtype_t, void*) {
   emu::fatal("see fp8_cuda_check");
+}
+void cuda_low_latency_pack(const EsLaunch&, const LowLatencyLayout&, const void*, int64_t, const void*, a2a_dtype_t,
+                           uint32_t, char*) {
+  emu::fatal("see low_latency_cuda_check");
+}
+void cuda_low_latency_reject(const EsLaunch&, const LowLatencyLayout&, uint32_t, uint32_t, char*) {
+  emu::fatal("see low_latency_cuda_check");
+}
+void cuda_low_latency_unpack(const EsLaunch&, const LowLatencyLayout&, uint32_t, char*, void*, int64_t*) {
+  emu::fatal("see low_latency_cuda_check");
+}
+void cuda_low_latency_return(const EsLaunch&, const LowLatencyLayout&, const void*, uint32_t, char*) {
+  emu::fatal("see low_latency_cuda_check");
+}
+void cuda_low_latency_combine(const EsLaunch&, const LowLatencyLayout&, int64_t, const void*, a2a_dtype_t, uint32_t,
+                              char*, void*) {
+  emu::fatal("see low_latency_cuda_check");
+}
+LowLatencyStatus cuda_low_latency_status(const EsLaunch&, const LowLatencyLayout&, const char*, double) {
+  emu::fatal("see low_latency_cuda_check");
 }
 }  // namespace a2a::moe
 

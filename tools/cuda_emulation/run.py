@@ -102,8 +102,8 @@ KERNEL_DIR = os.path.join(ROOT, "csrc", "cuda")
 
 # Cases per check program (its CASES argument) in the quick run, and in the
 # ThreadSanitizer build.
-CASES = {"es_cuda": 20, "fp8_cuda": 20, "layout_cuda": 100, "low_latency_cuda": 40, "moe_cuda": 60}
-TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "low_latency_cuda": 12, "moe_cuda": 20}
+CASES = {"es_cuda": 20, "fp8_cuda": 20, "layout_cuda": 100, "low_latency_cuda": 150, "moe_cuda": 60}
+TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "low_latency_cuda": 40, "moe_cuda": 20}
 # CPU twins linked into a check program (paths under csrc/).
 TWINS = {
     "es_cuda": [],

@@ -110,6 +110,11 @@ inline void __stwb(uint4* p, uint4 value) { *p = value; }
 template <class T>
 inline T atomicAdd(T* p, T value) { return __atomic_fetch_add(p, value, __ATOMIC_RELAXED); }
 template <class T>
+inline T atomicCAS(T* p, T compare, T value) {
+  __atomic_compare_exchange_n(p, &compare, value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return compare;
+}
+template <class T>
 inline T atomicMin(T* p, T value) {
   T old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (value < old && !__atomic_compare_exchange_n(p, &old, value, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
@@ -129,6 +134,13 @@ inline unsigned __match_any_sync(unsigned mask, T value) {
   unsigned same = 0;
   for (unsigned l = 0; l < emu::kWarp; ++l) same |= (all[l].get() == bits ? 1u : 0u) << l;
   return same;
+}
+
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  const emu::Cell<uint64_t>* all = emu::runtime.warp_collective(emu::kBallot, mask, predicate != 0);
+  unsigned bits = 0;
+  for (unsigned l = 0; l < emu::kWarp; ++l) bits |= (all[l].get() != 0 ? 1u : 0u) << l;
+  return bits;
 }
 
 template <class T>

@@ -18,10 +18,11 @@
 // fiber switches carry no synchronization: the only happens-before edges are
 // the ones CUDA guarantees, which the emulation declares itself: launch start
 // -> every thread, __syncthreads and __syncwarp between the threads they
-// join, every thread -> launch end. Shuffles and matches exchange values but
-// do not order memory, as on the GPU. So TSan reports two threads of a block,
-// or of two successive blocks, touching the same byte without such an edge
-// (one of them writing, not both atomically), whatever order they ran in.
+// join, every thread -> launch end. Shuffles, matches and ballots exchange
+// values but do not order memory, as on the GPU. So TSan reports two threads
+// of a block, or of two successive blocks, touching the same byte without
+// such an edge (one of them writing, not both atomically), whatever order
+// they ran in.
 // Limitation: fibers are reused every other block, so blocks b and b + 2 are
 // ordered through them (a race between them goes unseen).
 #pragma once
@@ -181,9 +182,12 @@ struct Cell {
 };
 
 enum Wait : int { kRunnable, kAtSyncthreads, kAtWarp, kDone };
-enum Collective : int { kSyncwarp, kShuffle, kMatch };
+enum Collective : int { kSyncwarp, kShuffle, kMatch, kBallot };
 inline const char* collective_name(int op) {
-  return op == kSyncwarp ? "__syncwarp" : op == kShuffle ? "__shfl_*_sync" : "__match_any_sync";
+  return op == kSyncwarp ? "__syncwarp"
+         : op == kShuffle ? "__shfl_*_sync"
+         : op == kMatch   ? "__match_any_sync"
+                          : "__ballot_sync";
 }
 
 struct Lane {
