@@ -69,7 +69,7 @@ class LowLatencyBuffer:
                                          dtype=getattr(torch, dtype), device=device)
             self._sent = _fp8.unpack_views(torch.zeros((self.max_tokens, row_bytes), dtype=torch.uint8, device=device),
                                            self.model_dim, blocks, self.format)
-            self._arrived = _fp8.unpack_views(self._recv, self.model_dim, blocks, self.format)
+        self._blocks = blocks
         self._row_bytes = row_bytes
         self._num_tokens: int | None = None
 
@@ -113,7 +113,6 @@ class LowLatencyBuffer:
         """x (T, M) of dtype, indices (T, top_k) -> (expert_x (L, W * max_tokens,
         M), counts (L,) int64): local expert e's rows are expert_x[e, :counts[e]],
         source rank by source rank, each source's in token order. Collective."""
-        torch = _torch()
         problem = self._problem(x, indices)
         self._num_tokens = None
         if problem is not None:  # the native call still runs, marked: every other rank fails naming this one
@@ -127,30 +126,36 @@ class LowLatencyBuffer:
         tokens = x.shape[0]
         execution = self._exec(x)
         source = x
-        if self.format is not None:
-            sent = _fp8.unpack_views(self._sent.packed[:tokens], self.model_dim, self._sent[1].shape[-1], self.format)
-            source = _fp8.quantize_fp8(x, _fp8.FP8_BLOCK_DEFAULT, format=self.format, out=sent).packed
+        if self.format is not None:  # into the buffer's own packed rows (x was checked above)
+            source = self._sent.packed
+            _C.quantize_fp8(execution, x.data_ptr(), DTYPE_CODES[self.dtype], self._fp8_rows(tokens, source.data_ptr()))
         index_code = DTYPE_CODES[str(indices.dtype).removeprefix("torch.")]
         self._native.dispatch(execution, self._workspace.data_ptr(), self._workspace.numel(), source.data_ptr(),
                               tokens, indices.data_ptr(), index_code, self._recv.data_ptr(), self._counts.data_ptr())
         self._num_tokens = tokens
         if self.format is not None:
-            self._dequantize(torch)
+            self._dequantize()
         return self._expert_x, self._counts
 
-    def _dequantize(self, torch: Any) -> None:
+    def _dequantize(self) -> None:
         """The arrived FP8 rows into expert_x: on the CPU the counted rows of
         each expert (the counts are on the host), on CUDA all of them (the
         counts stay on the device)."""
-        q, scales = self._arrived
-        block = _fp8.FP8_BLOCK_DEFAULT
-        if self.device.type == "cpu":
-            for e, count in enumerate(self._counts.tolist()):
-                if count:
-                    _fp8.dequantize_fp8(q[e, :count], scales[e, :count], block=block, dtype=self.dtype,
-                                        format=self.format, out=self._expert_x[e, :count])
-        else:
-            _fp8.dequantize_fp8(q, scales, block=block, dtype=self.dtype, format=self.format, out=self._expert_x)
+        # The buffers are the handle's own: the core's calls directly, without a2a.dequantize_fp8's checks.
+        execution, code = self._exec(self._recv), DTYPE_CODES[self.dtype]
+        recv, out = self._recv.data_ptr(), self._expert_x.data_ptr()
+        rows = self._counts.tolist() if self.device.type == "cpu" else [self.expert_capacity] * self.local_experts
+        for e, count in enumerate(rows):
+            if count:
+                at = e * self.expert_capacity
+                _C.dequantize_fp8(execution, self._fp8_rows(count, recv + at * self._row_bytes), code,
+                                  out + at * self.model_dim * self._expert_x.element_size())
+
+    def _fp8_rows(self, rows: int, packed: int) -> tuple[int, ...]:
+        """a2a_fp8_rows_t of `rows` packed rows at address `packed`."""
+        scale_offset = _fp8.packed_layout(self.model_dim, self._blocks)[0]
+        return (rows, self.model_dim, _fp8.FP8_BLOCK_DEFAULT, _fp8.FP8_FORMATS[self.format], packed, self._row_bytes,
+                packed + scale_offset, self._row_bytes // 4)
 
     def combine(self, expert_out: Any, gates: Any = None) -> Any:
         """expert_out (L, W * max_tokens, M) of dtype (row i of expert e the

@@ -69,19 +69,17 @@ void combine_typed(const LowLatencyLayout& l, int64_t num_tokens, const void* ga
                    char* workspace, T* y) {
   using Acc = typename Num<T>::Acc;
   const int64_t* choices = choices_of(l, workspace);
-  std::vector<Acc> sum(static_cast<size_t>(l.model_dim));
+  std::vector<const void*> rows(static_cast<size_t>(l.top_k));
+  std::vector<Acc> weights(static_cast<size_t>(l.top_k));
   for (int64_t t = 0; t < num_tokens; ++t) {
-    std::fill(sum.begin(), sum.end(), Acc(0));
+    int64_t kept = 0;
     for (int64_t j = 0; j < l.top_k; ++j) {
       const int64_t c = t * l.top_k + j;
       if (choices[c] < 0) continue;
-      const Acc g = load_gate<T>(gates, gate_is_data, c);
-      const T* row = reinterpret_cast<const T*>(
-          row_of(slot(l, workspace, l.recv, choices[c] >> 32), choices[c] & 0xffffffff, l.combine_row));
-      for (int64_t i = 0; i < l.model_dim; ++i) sum[i] += g * Num<T>::load(row[i]);
+      weights[kept] = load_gate<T>(gates, gate_is_data, c);
+      rows[kept++] = row_of(slot(l, workspace, l.recv, choices[c] >> 32), choices[c] & 0xffffffff, l.combine_row);
     }
-    T* out = y + t * l.model_dim;
-    for (int64_t i = 0; i < l.model_dim; ++i) out[i] = Num<T>::store(sum[i]);
+    weighted_sum_cpu(l.dtype, y + t * l.model_dim, rows.data(), weights.data(), kept, l.model_dim);
   }
 }
 

@@ -537,4 +537,14 @@ class CpuKernels final : public Kernels {
 
 std::unique_ptr<Kernels> make_cpu_kernels(int num_threads) { return std::make_unique<CpuKernels>(num_threads); }
 
+void weighted_sum_cpu(a2a_dtype_t dtype, void* out, const void* const* sources, const void* weights, int64_t count,
+                      int64_t n) {
+  with_float_type("weighted_sum", dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const RowKernels<T> kernels(0);
+    kernels.weighted_sum(static_cast<T*>(out), reinterpret_cast<const T* const*>(sources),
+                         static_cast<const typename Num<T>::Acc*>(weights), count, n);
+  });
+}
+
 }  // namespace a2a::moe

@@ -109,7 +109,9 @@ TWINS = {
     "es_cuda": [],
     "fp8_cuda": ["cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
     "layout_cuda": ["cpu/cpu_device.cpp", "core/device.cpp", "cpu/thread_pool.cpp"],
-    "low_latency_cuda": ["cpu/low_latency_cpu.cpp"],
+    # low_latency_cpu.cpp sums rows with moe_cpu.cpp's weighted sum.
+    "low_latency_cuda": ["cpu/low_latency_cpu.cpp", "cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp",
+                         "cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
     "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/fp8_cpu.cpp", "cpu/low_latency_cpu.cpp",
                  "cpu/thread_pool.cpp"],
 }

@@ -133,6 +133,8 @@ KERNEL_ARGS = ("--op", "all", "--device", "cuda", "--dtype", "bfloat16", "--toke
 ES_ARGS = ("--op", "esmm,ess,estmm", "--device", "cuda", "--tokens", "16384", "--experts", "8", "--top-k", "2",
            "--model-dim", "1024", "--hidden", "1024", "--dtype", "bfloat16,float32", "-r", "5",
            "--json", "{bench}/es_ops.json")
+FP8_ARGS = ("--op", "quantize_fp8,dequantize_fp8", "--device", "cuda", "--rows", "16384", "--model-dim", "1024,7168",
+            "-r", "5", "--json", "{bench}/fp8.json")
 LAYER_ARGS = ("--gpu-step", "--json", "{bench}/layer.json")  # T = 4096, M = H = 1024, E = 8, k = 2, bf16, 1 rank
 NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w", "5", "-c", "1")
 
@@ -162,6 +164,8 @@ STAGES = (
              parse_only("a2a.bench", *KERNEL_ARGS)),
         Step("a2a.bench --op esmm,ess,estmm --device cuda", 12, python_module("a2a.bench", *ES_ARGS),
              parse_only("a2a.bench", *ES_ARGS)),
+        Step("a2a.bench --op quantize_fp8,dequantize_fp8 --device cuda", 8, python_module("a2a.bench", *FP8_ARGS),
+             parse_only("a2a.bench", *FP8_ARGS)),
         Step("moe_runtime.bench --gpu-step", 30, python_module("moe_runtime.bench", *LAYER_ARGS),
              parse_only("moe_runtime.bench", *LAYER_ARGS)),
         *(Step(f"nccl_tests_ext {program} {' '.join(extra)}".rstrip(), 8, nccl_perf(program, *NCCL_ARGS, *extra),
