@@ -21,7 +21,8 @@
 // read out of bounds; once order_check has found a bad entry, histogram and
 // assignment do nothing at all (route fails), so that locations is left as it
 // was, as on the CPU. Then demand and the error record come back to the host
-// in one copy, followed by the only stream synchronization.
+// in one copy, after the one wait for the stream (bounded; the copy itself is
+// waited for too).
 //
 // Data kernels (dispatch, combine, gate_grad). A group of `lanes` threads
 // (a power of two up to a warp, sized to the row) handles one row: a scalar
@@ -593,12 +594,15 @@ class CudaKernels final : public Kernels {
     error_values_kernel<<<1, 1, 0, stream_>>>(p.indices, p.index_dtype, p.token_order, record);
     check_launch("error_values_kernel");
 
-    // The record and (when scanned) the demand, in one copy; then the one sync.
+    // The record and (when scanned) the demand, in one copy. The kernels are
+    // waited for first, bounded: a copy to pageable memory returns only once
+    // it is done, so behind a stuck stream it would block before any timeout.
+    wait("the location scan");
     std::vector<unsigned long long> host(kRecordSize + (layout.tiles > 0 ? static_cast<size_t>(E) : 0));
     check_cuda(cudaMemcpyAsync(host.data(), record, host.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
                                stream_),
                "cudaMemcpyAsync (device to host)");
-    wait("the location scan");
+    wait("the copy of the location scan's counts");
 
     if (host[kBadOrderEntry] != kUnset)
       fail(A2A_ERROR_INVALID_ARGUMENT, route_token_order_message(static_cast<int64_t>(host[kBadOrderEntry]),

@@ -169,7 +169,7 @@ class Kernels {
   // `demand` (resized to E). The workspace holds at least
   // locate_workspace_size() bytes (moe/moe.cpp checks). Throws A2A_ERROR_INVALID_ARGUMENT naming the
   // first offending (t, j) when an index is >= E, or when token_order is not
-  // a permutation. On CUDA this synchronizes the stream once.
+  // a permutation. On CUDA this waits for the stream (bounded), then for its copy of the counts.
   virtual void locate(const RouteProblem& problem, void* workspace, size_t workspace_bytes, int64_t* locations,
                       std::vector<int64_t>& demand) = 0;
 
