@@ -106,17 +106,26 @@ Comm& LowLatency::usable_comm(const char* op) const {
   return comm_;
 }
 
-template <typename Send, typename Recv>
-void LowLatency::exchange(const char* op, char* workspace, Send&& send_bytes, Recv&& recv_bytes) {
+void LowLatency::exchange(const char* op, char* workspace, bool host, bool rejected, int64_t row,
+                          const std::vector<int64_t>& sent) {
   Transport& transport = comm_.transport();
   const LowLatencyLayout& l = layout_;
+  // CPU: a slot's header and its rows and no more (the header alone when this
+  // rank rejected its input); a receive takes up to a whole slot from a peer,
+  // exactly what was sent from itself. CUDA: whole slots, so that no size
+  // depends on counts that stay on the device.
+  const size_t whole = static_cast<size_t>(l.slot_bytes);
+  const size_t header = sizeof(LowLatencyHeader);
+  const auto bytes = [&](int peer) {
+    return !host ? whole : rejected ? header : header + static_cast<size_t>(sent[peer] * row);
+  };
   comm_.run(op, [&] {
     transport.group_start();
     try {
       for (int peer = 0; peer < l.world; ++peer) {
-        const size_t at = static_cast<size_t>(peer) * static_cast<size_t>(l.slot_bytes);
-        transport.recv(Span::contiguous(workspace + l.recv + at, recv_bytes(peer)), peer);
-        transport.send(Span::contiguous(workspace + l.send + at, send_bytes(peer)), peer);
+        const size_t at = static_cast<size_t>(peer) * whole;
+        transport.recv(Span::contiguous(workspace + l.recv + at, host && peer == l.rank ? bytes(peer) : whole), peer);
+        transport.send(Span::contiguous(workspace + l.send + at, bytes(peer)), peer);
       }
     } catch (...) {
       transport.cancel_group();
@@ -160,14 +169,7 @@ void LowLatency::dispatch(const a2a_exec_t* exec, void* workspace, size_t worksp
     kernels->low_latency_pack(l, x, num_tokens, indices, index_dtype, sequence, ws, sent_.data());
   else
     kernels->low_latency_reject(l, kLowLatencyDispatch, sequence, ws);
-  const size_t header = sizeof(LowLatencyHeader);
-  const auto rows = [&](int64_t count) { return header + static_cast<size_t>(count * l.dispatch_row); };
-  // CPU: the rows a slot holds and no more; the receiver takes up to a whole
-  // slot from a peer, exactly the same count from itself. CUDA: whole slots.
-  exchange(op, ws, [&](int p) { return host ? (error.empty() ? rows(sent_[p]) : header) : size_t(l.slot_bytes); },
-           [&](int p) {
-             return host && p == l.rank ? (error.empty() ? rows(sent_[p]) : header) : size_t(l.slot_bytes);
-           });
+  exchange(op, ws, host, !error.empty(), l.dispatch_row, sent_);
   if (!error.empty()) fail(A2A_ERROR_INVALID_ARGUMENT, op, " on rank ", comm.rank(), " of ", comm.size(), ": ", error);
   kernels->low_latency_unpack(l, sequence, ws, recv, recv_counts, received_.data());
   num_tokens_ = num_tokens;
@@ -203,14 +205,7 @@ void LowLatency::combine(const a2a_exec_t* exec, void* workspace, size_t workspa
     kernels->low_latency_return(l, expert_out, sequence, ws);
   else
     kernels->low_latency_reject(l, kLowLatencyCombine, sequence, ws);
-  const size_t header = sizeof(LowLatencyHeader);
-  const auto rows = [&](int64_t count) { return header + static_cast<size_t>(count * l.combine_row); };
-  // CPU: back to each source the rows it sent; from each rank, up to a slot
-  // (exactly what this rank sent it, from itself).
-  exchange(op, ws, [&](int p) { return host ? (error.empty() ? rows(received_[p]) : header) : size_t(l.slot_bytes); },
-           [&](int p) {
-             return host && p == l.rank ? (error.empty() ? rows(sent_[p]) : header) : size_t(l.slot_bytes);
-           });
+  exchange(op, ws, host, !error.empty(), l.combine_row, received_);  // back to each source the rows it sent
   if (!error.empty()) fail(A2A_ERROR_INVALID_ARGUMENT, op, " on rank ", comm.rank(), " of ", comm.size(), ": ", error);
   kernels->low_latency_combine(l, num_tokens, gates, gate_dtype, sequence, ws, y, host ? sent_.data() : nullptr);
 }

@@ -30,10 +30,11 @@ class LowLatency {
  private:
   Comm& usable_comm(const char* op) const;
   void require_workspace(const char* op, const Comm& comm, const void* workspace, size_t workspace_bytes) const;
-  // One message to and one from every peer: `send_bytes(p)` from send slot p,
-  // `recv_bytes(p)` into receive slot p.
-  template <typename Send, typename Recv>
-  void exchange(const char* op, char* workspace, Send&& send_bytes, Recv&& recv_bytes);
+  // One message to and one from every peer, from send slot p into receive
+  // slot p: `sent[p]` rows of `row` bytes after the header (moe/low_latency.cpp
+  // says how much of a slot travels).
+  void exchange(const char* op, char* workspace, bool host, bool rejected, int64_t row,
+                const std::vector<int64_t>& sent);
 
   Comm& comm_;
   std::weak_ptr<const void> comm_lifetime_;
