@@ -10,6 +10,7 @@ import math
 import os
 import select
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -107,6 +108,22 @@ def resolve_device(args: Any) -> str | None:
     return missing if args.device == "cuda" else None
 
 
+def names_only(argv: list[str], ops: tuple[str, ...]) -> bool:
+    """Whether argv's --op names some ops, all of them among `ops` (how
+    ``python -m a2a.bench`` picks the one-process --op family)."""
+    for i, token in enumerate(argv):
+        value = token.split("=", 1)[1] if token.startswith("--op=") else argv[i + 1] if token == "--op" and i + 1 < len(argv) else None
+        if value is not None:
+            names = {name.strip().lower() for name in value.split(",") if name.strip()}
+            return bool(names) and names <= set(ops)
+    return False
+
+
+def int_list(text: str) -> list[int]:
+    """``4096,16384`` -> [4096, 16384] (an argparse type)."""
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
 def start_op_bench(args: Any) -> tuple[Any, Any, list[str]] | None:
     """What an ``--op`` benchmark of one process does first: its --threads
     for a2a and torch, its device (args.device filled), torch and a2a
@@ -159,6 +176,16 @@ def take_turns(timings: list[Callable[[], float]], repeats: int) -> list[list[fl
         for timing, taken in zip(timings, samples):
             taken.append(timing())
     return samples
+
+
+def medians_in_turns(paths: list[Callable[[], Any]], clock: Clock, iters: int, repeats: int) -> list[float]:
+    """Seconds per call of each path: one untimed call each, then the median
+    of `repeats` samples (each `iters` calls on `clock`) taken in turns."""
+    for fn in paths:
+        fn()
+    clock.sync()
+    samples = take_turns([lambda fn=fn: clock.time(fn, iters) for fn in paths], repeats)
+    return [statistics.median(s) for s in samples]
 
 
 # ---------------------------------------------------------------------------

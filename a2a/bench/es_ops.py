@@ -34,7 +34,6 @@ dropless path's beyond the tolerance (fp32 accumulation in both; exit status
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from typing import Any
 
@@ -48,27 +47,18 @@ TOLERANCE = {"float32": 1e-3, "float64": 1e-10, "bfloat16": 5e-2, "float16": 1e-
 
 def is_es_mode(argv: list[str]) -> bool:
     """Whether --op names only expert-specific operators."""
-    for i, token in enumerate(argv):
-        value = token.split("=", 1)[1] if token.startswith("--op=") else argv[i + 1] if token == "--op" and i + 1 < len(argv) else None
-        if value is not None:
-            names = {name.strip().lower() for name in value.split(",") if name.strip()}
-            return bool(names) and names <= set(ES_OPS)
-    return False
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+    return common.names_only(argv, ES_OPS)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m a2a.bench", usage="python -m a2a.bench --op esmm,ess,estmm [options]",
                                 description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--op", required=True, help="esmm, ess, estmm, or a comma list")
-    p.add_argument("--tokens", type=_ints, default=[4096, 16384], help="T, comma list (default 4096,16384)")
-    p.add_argument("--experts", type=_ints, default=[8], help="E, comma list (default 8)")
-    p.add_argument("--top-k", type=_ints, default=[2], help="k, comma list (default 2)")
-    p.add_argument("--model-dim", type=_ints, default=[1024], help="M, comma list (default 1024)")
-    p.add_argument("--hidden", type=_ints, default=[1024], help="H, comma list (default 1024)")
+    p.add_argument("--tokens", type=common.int_list, default=[4096, 16384], help="T, comma list (default 4096,16384)")
+    p.add_argument("--experts", type=common.int_list, default=[8], help="E, comma list (default 8)")
+    p.add_argument("--top-k", type=common.int_list, default=[2], help="k, comma list (default 2)")
+    p.add_argument("--model-dim", type=common.int_list, default=[1024], help="M, comma list (default 1024)")
+    p.add_argument("--hidden", type=common.int_list, default=[1024], help="H, comma list (default 1024)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, float64, comma list")
     p.add_argument("-f", "--capacity-factor", type=float, default=1.25, help="the padded path's factor (default 1.25)")
     p.add_argument("-r", "--repeats", type=int, default=5, help="repetitions, median shown (default 5)")
@@ -202,12 +192,8 @@ def main(argv: list[str]) -> int:
                                          getattr(case, f"{op}_padded"), getattr(case, f"{op}_dropless")]
                                 wrong = _wrong(torch, paths[0](), paths[3](), dtype_name)
                                 failed |= wrong > 0
-                                for fn in paths:
-                                    fn()
-                                clock.sync()
-                                samples = common.take_turns([lambda fn=fn: clock.time(fn, args.iters) for fn in paths],
-                                                            args.repeats)
-                                t, dense, padded, dropless = (statistics.median(s) for s in samples)
+                                t, dense, padded, dropless = common.medians_in_turns(paths, clock, args.iters,
+                                                                                      args.repeats)
                                 flops = _flops(op, case.routed, M, H)
                                 row = {"op": op, "T": T, "E": E, "k": k, "M": M, "H": H, "dtype": dtype_name,
                                        "device": device, "time_us": t * 1e6, "gflops": flops / t / 1e9,

@@ -25,7 +25,6 @@ way; exit status 1 if any).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from typing import Any
 
@@ -38,16 +37,7 @@ FP8_OPS = ("quantize_fp8", "dequantize_fp8")
 
 def is_fp8_mode(argv: list[str]) -> bool:
     """Whether --op names only the FP8 quantization's ops."""
-    for i, token in enumerate(argv):
-        value = token.split("=", 1)[1] if token.startswith("--op=") else argv[i + 1] if token == "--op" and i + 1 < len(argv) else None
-        if value is not None:
-            names = {name.strip().lower() for name in value.split(",") if name.strip()}
-            return bool(names) and names <= set(FP8_OPS)
-    return False
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
+    return common.names_only(argv, FP8_OPS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 usage="python -m a2a.bench --op quantize_fp8,dequantize_fp8 [options]",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--op", required=True, help="quantize_fp8, dequantize_fp8, or both (comma list)")
-    p.add_argument("--rows", type=_ints, default=[4096, 16384], help="rows (tokens), comma list (default 4096,16384)")
-    p.add_argument("--model-dim", type=_ints, default=[1024, 7168], help="M, comma list (default 1024,7168)")
+    p.add_argument("--rows", type=common.int_list, default=[4096, 16384], help="rows (tokens), comma list (default 4096,16384)")
+    p.add_argument("--model-dim", type=common.int_list, default=[1024, 7168], help="M, comma list (default 1024,7168)")
     p.add_argument("--block", type=int, default=128, help="channels per scale (default 128)")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, comma list (default bfloat16)")
     p.add_argument("-r", "--repeats", type=int, default=7, help="repetitions, median shown (default 7)")
@@ -146,12 +136,7 @@ def main(argv: list[str]) -> int:
                 failed |= wrong > 0
                 for op in ops:
                     paths = [getattr(case, op), lambda op=op, case=case: case.memcpy(op), getattr(case, f"{op}_torch")]
-                    for fn in paths:
-                        fn()
-                    clock.sync()
-                    samples = common.take_turns([lambda fn=fn: clock.time(fn, args.iters) for fn in paths],
-                                                args.repeats)
-                    t, copy, torch_t = (statistics.median(s) for s in samples)
+                    t, copy, torch_t = common.medians_in_turns(paths, clock, args.iters, args.repeats)
                     nbytes = case.bytes[op]
                     row = {"op": op, "rows": count, "M": model_dim, "dtype": dtype_name, "device": args.device,
                            "block": args.block, "bytes": nbytes, "time_us": t * 1e6, "gbps": nbytes / t / 1e9,
