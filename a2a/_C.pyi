@@ -264,6 +264,12 @@ class Comm:
         self, x: np.ndarray, out: Any, algo: int, workspace: np.ndarray, /
     ) -> np.ndarray | None:
         """all_to_all in one call for well-formed NumPy arrays; None: take the general path."""
+    def all_to_all_v_numpy(
+        self, x: np.ndarray, send_counts: Any, max_count: int, out: Any, algo: int, workspace: np.ndarray, /
+    ) -> tuple[np.ndarray | None, np.ndarray, VExchange | None] | None:
+        """all_to_all_v in one call for NumPy input and a list of counts: (result, recv_counts, None), or
+        (None, recv_counts, the open exchange) when out= or the workspace do not fit; None: unfit input,
+        nothing sent."""
 
     def all_to_all_flex_workspace_size(
         self, shape: list[int], split_axis: int, concat_axis: int, dtype: int, algo: int, /
@@ -311,6 +317,22 @@ class LowLatency:
         y: int, /,
     ) -> None: ...
     def check(self, exec: _Exec, workspace: int, workspace_bytes: int, /) -> None: ...
+
+class VExchange:
+    """a2a::VExchange: one all-to-all-v in two halves (its creation sends the
+    rows and learns the counts; finish receives them)."""
+
+    def __init__(
+        self, comm: Comm, send: int, send_counts: list[int], row_elements: int, dtype: int, algo: int
+    ) -> None: ...
+    @property
+    def recv_counts(self) -> list[int]: ...
+    @property
+    def workspace_size(self) -> int: ...
+    def finish(self, recv: int, workspace: int, workspace_bytes: int, /) -> None: ...
+    def finish_numpy(self, x: np.ndarray, out: Any, workspace: np.ndarray, /) -> np.ndarray | None:
+        """finish for the NumPy array the exchange was started on; None: out= does not fit."""
+    def drop(self) -> None: ...
 
 class VPlan:
     """a2a::VPlan: an all-to-all-v plan (its creation exchanges the counts)."""

@@ -19,7 +19,6 @@ import numpy as np
 
 from . import _C
 from ._arrays import (
-    NUMPY_CODES,
     ArrayView,
     check_out,
     check_supported,
@@ -243,7 +242,7 @@ def _counts_list(send_counts: Any) -> list[int] | None:
 
 
 def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> tuple[Any, np.ndarray]:
-    """Uneven all-to-all along dim 0 (``MPI_Alltoallv``), counts exchanged inside.
+    """Uneven all-to-all along dim 0 (``MPI_Alltoallv``), counts found inside.
 
     ``send_counts[i]`` rows of ``x`` (consecutive, in rank order) go to rank
     i; ``sum(send_counts) == x.shape[0]``. Returns ``(recv, recv_counts)``:
@@ -251,40 +250,63 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     and the trailing shape of ``x``; ``recv_counts`` is a NumPy int64 array.
     Trailing dims must agree across ranks. Zero counts and empty inputs work.
 
-    Every call exchanges the counts first; when the same counts serve several
-    calls, :func:`plan_v` exchanges them once.
+    With ``algo="linear"`` over MPI the call is one round: the counts travel
+    as the sizes of the data messages. Elsewhere (2DH, NCCL) the counts go
+    first, in a round of their own; when the same counts serve several calls,
+    :func:`plan_v` exchanges them once. An ``out=`` whose rows differ from
+    ``sum(recv_counts)`` fails on this rank alone (the rows are dropped; the
+    other ranks complete), since only the exchange tells the count.
     """
-    if (
-        _numpy_call(x, out, comm, algo)
-        and x.ndim > 0
-        and x.flags.c_contiguous
-        and x.dtype in NUMPY_CODES
-    ):
-        # Latency matters here (a plan per call): well-formed NumPy input
-        # skips the general checks, which would find nothing to report; the
-        # core checks the counts and agrees on the rest.
-        try:
-            counts = _counts_list(send_counts)
-        except Exception:  # noqa: BLE001 (any failure, e.g. ragged counts: the general path reports it to every rank)
-            counts = None
-        if (
-            counts is not None
-            and len(counts) == comm.size
-            and sum(counts) == x.shape[0]
-            and min(counts, default=0) >= 0
-            and max(counts, default=0) <= _MAX_COUNT
-        ):
-            code = NUMPY_CODES[x.dtype]
-            native = _C.VPlan(comm._native, counts, math.prod(x.shape[1:]), code, ALGORITHMS[algo])
-            # Plain Python between the two exchanges: NumPy calls there cost
-            # tens of microseconds at 1 MiB (docs/benchmarks.md).
-            recv_counts = native.recv_counts
-            result = native.execute_numpy(x, out, x.shape[0], sum(recv_counts), code, comm._workspace)
-            if result is None:  # e.g. out= of another shape: the general path reports it
-                result = VPlan(comm, native, view(x, "input"), counts, algo).run(x, out=out)
-            return result, np.array(recv_counts, dtype=np.int64)
-    plan = _plan_v("all_to_all_v", send_counts, x, comm, algo, require_rows=True)
-    return plan.run(x, out=out), plan.recv_counts
+    op = "all_to_all_v"
+    if _numpy_call(x, out, comm, algo) and (out is None or (out.shape[1:] == x.shape[1:] and out.dtype == x.dtype)):
+        # Latency matters here: the native call checks well-formed NumPy
+        # input and its counts itself, and agrees on the rest. out= of other
+        # rows than arrive fails on this rank alone (above); of another row
+        # shape or dtype, on the general path, on every rank.
+        started = comm._native.all_to_all_v_numpy(x, send_counts, _MAX_COUNT, out, ALGORITHMS[algo], comm._workspace)
+        if started is not None:
+            result, recv_counts, exchange = started
+            if exchange is not None:  # out= of other rows, read-only, or a workspace to grow
+                result = _finish_v(comm, op, exchange, view(x, "input"), out)
+            return result, recv_counts
+    _check_comm(comm, op)
+    with _ReportToAllRanks(comm, op):
+        v = _prepare(comm, op, x, algo)
+        counts = _checked_counts(comm, op, v, send_counts, require_rows=True)
+        if out is not None:  # all but its rows, which only the exchange tells
+            shape = tuple(getattr(out, "shape", ()))
+            if hasattr(out, "dtype") and (len(shape) != len(v.shape) or shape[1:] != tuple(v.shape[1:])):
+                expected = ", ".join(["N", *map(str, v.shape[1:])])
+                _reject(comm, op, f"out has shape {shape}; expected shape ({expected}), N the rows that arrive "
+                        f"(input {v.describe()})")
+            _output(comm, op, v, (shape[0] if shape else 0, *v.shape[1:]), out)
+    exchange = _C.VExchange(comm._native, v.address, counts, math.prod(v.shape[1:]), v.dtype_code, ALGORITHMS[algo])
+    return _finish_v(comm, op, exchange, v, out), np.array(exchange.recv_counts, dtype=np.int64)
+
+
+def _finish_v(comm: Comm, op: str, exchange: Any, v: ArrayView, out: Any) -> Any:
+    """Receives an exchange's rows into out= (or a new array). Errors here are
+    this rank's alone: the exchange is dropped, the other ranks complete."""
+    rows = sum(exchange.recv_counts)
+    try:
+        shape = (rows, *v.shape[1:])
+        if out is None:
+            result = empty_like(v, shape)
+            o = view(result, "out")
+        else:
+            o, reason = check_out(out, v, shape)
+            if reason is not None:
+                raise InvalidArgumentError(
+                    f"{op} on rank {comm.rank} of {comm.size}: {reason} (the {rows} rows sent here were dropped; "
+                    "the other ranks completed)"
+                )
+            result = out
+        ws, ws_bytes = comm.workspace(exchange.workspace_size, v)
+    except BaseException:
+        exchange.drop()
+        raise
+    exchange.finish(o.address, ws, ws_bytes)
+    return result
 
 
 def plan_v(send_counts: Any, *, like: Any, comm: Comm, algo: str = "linear") -> VPlan:
@@ -375,21 +397,25 @@ def _plan_v(op: str, send_counts: Any, x: Any, comm: Comm, algo: str, *, require
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
         v = _prepare(comm, op, x, algo)
-        counts = _counts_list(send_counts)
-        _require_rows(comm, op, v)
-        if counts is None or len(counts) != comm.size:
-            _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
-        if any(c < 0 for c in counts):
-            _reject(comm, op, f"send_counts has negative entries: {counts}")
-        if any(c > _MAX_COUNT for c in counts):
-            _reject(comm, op, f"send_counts has entries above {_MAX_COUNT}: {counts}")
-        if require_rows and sum(counts) != v.shape[0]:
-            _reject(
-                comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows"
-            )
-        row_elements = math.prod(v.shape[1:])
-    native = _C.VPlan(comm._native, counts, row_elements, v.dtype_code, ALGORITHMS[algo])
+        counts = _checked_counts(comm, op, v, send_counts, require_rows=require_rows)
+    native = _C.VPlan(comm._native, counts, math.prod(v.shape[1:]), v.dtype_code, ALGORITHMS[algo])
     return VPlan(comm, native, v, counts, algo)
+
+
+def _checked_counts(comm: Comm, op: str, v: ArrayView, send_counts: Any, *, require_rows: bool) -> list[int]:
+    """send_counts as a list of ints, checked against the world and (where x
+    is the input itself) x's rows; a problem fails every rank."""
+    counts = _counts_list(send_counts)
+    _require_rows(comm, op, v)
+    if counts is None or len(counts) != comm.size:
+        _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
+    if any(c < 0 for c in counts):
+        _reject(comm, op, f"send_counts has negative entries: {counts}")
+    if any(c > _MAX_COUNT for c in counts):
+        _reject(comm, op, f"send_counts has entries above {_MAX_COUNT}: {counts}")
+    if require_rows and sum(counts) != v.shape[0]:
+        _reject(comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows")
+    return counts
 
 
 # ---------------------------------------------------------------------------

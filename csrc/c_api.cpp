@@ -37,6 +37,11 @@ struct a2a_v_plan {
   a2a::Comm* comm;  // the plan's communicator, for the call guard
 };
 
+struct a2a_v_exchange {
+  std::unique_ptr<a2a::VExchange> impl;
+  a2a::Comm* comm;  // for the call guard
+};
+
 namespace {
 
 thread_local std::string last_error;
@@ -337,6 +342,51 @@ a2a_status_t a2a_all_to_all_v(a2a_v_plan_t plan, const void* send, void* recv, v
 
 a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan) {
   return guarded([&] { delete plan; });
+}
+
+a2a_status_t a2a_all_to_all_v_start(a2a_comm_t comm, const void* send, const int64_t* send_counts,
+                                    size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo, int64_t* recv_counts,
+                                    a2a_v_exchange_t* exchange) {
+  if (exchange != nullptr) *exchange = nullptr;
+  return on_comm(comm, "all_to_all_v", [&](a2a::Comm& c) {
+    require_out(exchange, "exchange");
+    require_out(recv_counts, "recv_counts");
+    auto handle = std::make_unique<a2a_v_exchange>();
+    handle->impl = std::make_unique<a2a::VExchange>(c, send, send_counts, row_elements, dtype, algo);
+    handle->comm = &c;
+    const auto& counts = handle->impl->recv_counts();
+    std::memcpy(recv_counts, counts.data(), counts.size() * sizeof(int64_t));
+    *exchange = handle.release();
+  });
+}
+
+a2a_status_t a2a_v_exchange_workspace_size(a2a_v_exchange_t exchange, size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = require_handle(exchange, "exchange")->impl->workspace_bytes();
+  });
+}
+
+a2a_status_t a2a_all_to_all_v_finish(a2a_v_exchange_t exchange, void* recv, void* workspace,
+                                     size_t workspace_bytes) {
+  return guarded([&] {
+    std::unique_ptr<a2a_v_exchange> owned(require_handle(exchange, "exchange"));
+    if (!owned->impl->comm_exists())
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "all_to_all_v: the communicator of this exchange was destroyed before "
+                "its finish");
+    const a2a::CallGuard guard(owned->comm->call_gate(), "all_to_all_v", owned->comm->rank());
+    owned->impl->finish(recv, workspace, workspace_bytes);
+  });
+}
+
+a2a_status_t a2a_all_to_all_v_drop(a2a_v_exchange_t exchange) {
+  return guarded([&] {
+    std::unique_ptr<a2a_v_exchange> owned(exchange);
+    if (owned && owned->impl && owned->impl->comm_exists()) {
+      const a2a::CallGuard guard(owned->comm->call_gate(), "all_to_all_v", owned->comm->rank());
+      owned->impl.reset();  // drops the rows
+    }
+  });
 }
 
 a2a_status_t a2a_all_gather(a2a_comm_t comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype) {

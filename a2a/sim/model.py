@@ -243,7 +243,10 @@ def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Ph
     (linear on an MPI communicator); then messages of at most 64 KiB / W bytes carry
     it into a scratch buffer and are copied out, a path that costs ``in_band_cost``
     times the exchange (measured: once more on shared memory, 15% more over
-    TCP, docs/scaling.md); larger ones follow a round of empty messages."""
+    TCP, docs/scaling.md); larger ones follow a round of empty messages.
+    This is the library as the fits' data measured it: since 2026-11-27 the
+    linear exchange receives straight into recv at every size (no scratch,
+    no empty round), which the model will show once refitted on new sweeps."""
     if top.check == "none":
         return []
     if top.check == "round":

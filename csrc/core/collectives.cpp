@@ -377,25 +377,38 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
 
 // ---------------------------------------------------------------------------
 
-VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo)
-    : comm_(comm), comm_lifetime_(comm.lifetime()), dtype_(dtype), algo_(algo) {
-  const char* op = "all_to_all_v (count exchange)";
-  comm.require_control_outside_capture(op);
-  const int world = comm.size();
-  Checker check(comm, op);
+namespace {
+
+// The send side of an uneven all-to-all: dtype, algo and the counts (rows of
+// row_elements). Returns the bytes of one row and adds the total send bytes
+// to *send_total.
+size_t check_send_counts(Checker& check, int world, const int64_t* send_counts, size_t row_elements,
+                         a2a_dtype_t dtype, a2a_algo_t algo, size_t* send_total) {
   check.dtype_and_algo(dtype, algo);
   check.require(send_counts != nullptr, "send_counts is NULL");
   size_t row_bytes = 0;
   check.require(!multiply_overflows(row_elements, dtype_size(dtype), &row_bytes) && row_bytes <= INT64_MAX,
                 "row of ", row_elements, " elements overflows");
-  size_t send_total = 0;
   for (int peer = 0; peer < world && check.error().empty(); ++peer) {
     size_t bytes = 0;
     check.require(send_counts[peer] >= 0, "send count for peer ", peer, " is negative (", send_counts[peer], ")");
     check.require(send_counts[peer] < 0 || !multiply_overflows(static_cast<size_t>(send_counts[peer]), row_bytes, &bytes),
                   "send count for peer ", peer, " (", send_counts[peer], " rows of ", row_bytes, " bytes) overflows");
-    check.require(!__builtin_add_overflow(send_total, bytes, &send_total), "total send size overflows");
+    check.require(!__builtin_add_overflow(*send_total, bytes, send_total), "total send size overflows");
   }
+  return row_bytes;
+}
+
+}  // namespace
+
+VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo,
+             const char* op)
+    : comm_(comm), comm_lifetime_(comm.lifetime()), dtype_(dtype), algo_(algo) {
+  comm.require_control_outside_capture(op);
+  const int world = comm.size();
+  Checker check(comm, op);
+  size_t send_total = 0;
+  const size_t row_bytes = check_send_counts(check, world, send_counts, row_elements, dtype, algo, &send_total);
   // recv_counts: one int64 from every rank, in rows; bytes follow. Counts
   // live on the host: they go over the control transport, and carry the
   // argument check where the comm checks in band.
@@ -452,6 +465,96 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
                   else
                     all_to_all_v_linear(comm_, send, recv, bytes_, in_band);
                 });
+}
+
+// ---------------------------------------------------------------------------
+
+VExchange::VExchange(Comm& comm, const void* send, const int64_t* send_counts, size_t row_elements,
+                     a2a_dtype_t dtype, a2a_algo_t algo)
+    : comm_(comm), comm_lifetime_(comm.lifetime()), send_(send) {
+  const char* op = "all_to_all_v";
+  const int world = comm.size();
+  Checker check(comm, op);
+  size_t send_total = 0;
+  row_bytes_ = check_send_counts(check, world, send_counts, row_elements, dtype, algo, &send_total);
+  if (check.error().empty()) check.buffers(send, nullptr, send_total, 0);
+  send_bytes_ = send_total;
+  // Linear on a comm that checks in band: one round. Any rank with bad input
+  // takes the plan's path, whose check (a round of its own) the others see
+  // as a disagreement: every rank fails alike.
+  if (!check.error().empty() || algo != A2A_ALGO_LINEAR || !comm.checks_in_band() || world == 1) {
+    plan_ = std::make_unique<VPlan>(comm, send_counts, row_elements, dtype, algo, op);
+    recv_counts_ = plan_->recv_counts();
+    return;
+  }
+  std::vector<size_t> offsets(world + 1, 0);
+  for (int peer = 0; peer < world; ++peer)
+    offsets[peer + 1] = offsets[peer] + static_cast<size_t>(send_counts[peer]) * row_bytes_;
+  const char* bytes = static_cast<const char*>(send);
+  log_choice(comm, op, algo, "counts in the messages' sizes (one round)");
+  const std::vector<int64_t> sizes = comm.start_in_band(
+      op, {{"dtype", dtype}, {"algo", algo}, {"row elements", static_cast<int64_t>(row_elements)}},
+      [&](int peer) { return Span::contiguous(bytes + offsets[peer], offsets[peer + 1] - offsets[peer]); },
+      row_bytes_);
+  open_ = true;
+  recv_counts_.resize(world);
+  for (int peer = 0; peer < world; ++peer)
+    recv_counts_[peer] = row_bytes_ == 0 ? 0 : sizes[peer] / static_cast<int64_t>(row_bytes_);
+}
+
+VExchange::~VExchange() {
+  try {
+    drop();
+  } catch (...) {  // the comm retired itself, or the plan's exchange failed: nothing more to drop
+  }
+}
+
+void VExchange::drop() {
+  if (finished_ || comm_lifetime_.expired()) return;
+  finished_ = true;
+  if (open_) {
+    open_ = false;
+    comm_.drop_in_band("all_to_all_v");
+    return;
+  }
+  // The plan's exchange is a collective of its own, which the other ranks
+  // run: it runs here too, into scratch.
+  size_t recv_total = 0;
+  for (int64_t rows : recv_counts_) recv_total += static_cast<size_t>(rows) * row_bytes_;
+  DeviceBuffer rows(comm_.device(), DeviceBuffer::Kind::kDevice), workspace(comm_.device(), DeviceBuffer::Kind::kDevice);
+  const double timeout_s = 60.0;
+  plan_->execute(send_, rows.reserve(recv_total, timeout_s), workspace.reserve(plan_->workspace_bytes(), timeout_s),
+                 plan_->workspace_bytes());
+}
+
+void VExchange::finish(void* recv, void* workspace, size_t workspace_bytes) {
+  const char* op = "all_to_all_v";
+  if (comm_lifetime_.expired())
+    fail(A2A_ERROR_INVALID_ARGUMENT, op, ": the communicator of this exchange was destroyed before its finish");
+  if (finished_)
+    fail(A2A_ERROR_INVALID_ARGUMENT, op, " on rank ", comm_.rank(), ": this exchange was finished or dropped already");
+  finished_ = true;
+  if (plan_) {
+    plan_->execute(send_, recv, workspace, workspace_bytes);
+    return;
+  }
+  const int world = comm_.size();
+  size_t recv_total = 0;
+  for (int64_t rows : recv_counts_) recv_total += static_cast<size_t>(rows) * row_bytes_;
+  Checker check(comm_, op);
+  check.buffers(send_, recv, send_bytes_, recv_total);
+  if (!check.error().empty()) {
+    finished_ = false;
+    drop();
+    fail(A2A_ERROR_INVALID_ARGUMENT, check.error(), "; the rows sent here were dropped");
+  }
+  std::vector<size_t> offsets(world + 1, 0);
+  for (int peer = 0; peer < world; ++peer)
+    offsets[peer + 1] = offsets[peer] + static_cast<size_t>(recv_counts_[peer]) * row_bytes_;
+  char* out = static_cast<char*>(recv);
+  open_ = false;
+  comm_.finish_in_band(
+      op, [&](int peer) { return Span::contiguous(out + offsets[peer], offsets[peer + 1] - offsets[peer]); });
 }
 
 void report_invalid(Comm& comm, const char* op, const std::string& message) {

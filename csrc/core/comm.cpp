@@ -77,6 +77,12 @@ void Comm::check_usable(const char* op) const {
     fail(A2A_ERROR_TRANSPORT, op, " on rank ", rank(),
          ": this communicator is unusable after an earlier failure (", broken_reason_,
          "); create a new one");
+  // A Disagreement, so that run() does not retire the comm for it: nothing was sent.
+  if (!started_op_.empty())
+    throw Disagreement(A2A_ERROR_INVALID_ARGUMENT,
+                       cat(op, " on rank ", rank(), ": the ", started_op_,
+                           " started on this communicator is not finished; finish it (a2a_all_to_all_v_finish) or "
+                           "drop it (a2a_all_to_all_v_drop) first"));
 }
 
 namespace {
@@ -141,16 +147,19 @@ template <typename... Args>
 }
 
 // Every rank holds every signature, so every rank reaches the same verdict.
-// Returns only when all ranks agree and none rejected its input.
+// Returns only when all ranks agree and none rejected its input. `data_moved`:
+// the check travelled with the data (Comm::agree_in_exchange), which the
+// agreeing ranks may already have written to their outputs.
 void verdict(int rank, int size, const char* op, const std::vector<Field>& fields, const std::string& local_error,
-             a2a_status_t local_status, const Signature& mine, const std::vector<Signature>& all) {
+             a2a_status_t local_status, const Signature& mine, const std::vector<Signature>& all, bool data_moved) {
   std::string rejecting;
   for (int r = 0; r < size; ++r)
     if (all[r].rejected) rejecting += cat(rejecting.empty() ? "" : ", ", r);
   if (!local_error.empty()) disagree(local_status, local_error);
   if (!rejecting.empty())
     disagree(A2A_ERROR_REMOTE, op, " on rank ", rank, ": rank(s) ", rejecting,
-         " rejected their input (see the error on those ranks); no data was exchanged");
+         " rejected their input (see the error on those ranks); ",
+             data_moved ? "the output may hold what the other ranks sent" : "no data was exchanged");
   for (int r = 0; r < size; ++r) {
     if (std::strncmp(all[r].op, mine.op, kOpBytes) == 0) continue;
     std::string detail;
@@ -208,7 +217,7 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
   const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
   std::vector<Signature> all(size());
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
-  verdict(rank(), size(), op, fields, local_error, local_status, mine, all);
+  verdict(rank(), size(), op, fields, local_error, local_status, mine, all, false);
 }
 
 // On an in-band comm every collective's first round is a signed exchange,
@@ -225,7 +234,7 @@ void Comm::agree_in_band(const char* op, const std::vector<Field>& fields, const
     mismatched = control_->signed_exchange(
         digest(mine, Form::kSignatures), [&](int) { return nothing; }, [&](int) { return nothing; });
   });
-  if (!mismatched.empty()) explain_disagreement(op, fields, local_error, local_status, mismatched);
+  if (!mismatched.empty()) explain_disagreement(op, fields, local_error, local_status, mismatched, false);
   if (!local_error.empty()) disagree(local_status, local_error);  // every rank rejected its input
 }
 
@@ -233,11 +242,12 @@ void Comm::agree_in_band(const char* op, const std::vector<Field>& fields, const
 // differ, every third rank differs from one of them), so every rank is here:
 // one allgather of Signatures gives all of them the same detailed verdict.
 void Comm::explain_disagreement(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                                a2a_status_t local_status, const std::vector<int>& mismatched_peers) {
+                                a2a_status_t local_status, const std::vector<int>& mismatched_peers,
+                                bool data_moved) {
   const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
   std::vector<Signature> all(size());
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
-  verdict(rank(), size(), op, fields, local_error, local_status, mine, all);
+  verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
   std::string peers;
   for (int peer : mismatched_peers) peers += cat(peers.empty() ? "" : ", ", peer);
   disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", peers,
@@ -245,14 +255,13 @@ void Comm::explain_disagreement(const char* op, const std::vector<Field>& fields
        "damaged message)");
 }
 
-// Messages of at most kInBandBytes / world bytes carry the check and their
-// data in one round, received into scratch, so that a disagreement leaves the
-// caller's buffers untouched ("no data was exchanged") at the cost of one
-// small copy. Larger ones are preceded by an empty labelled message: a round
-// of latency, a small share of their time. The choice depends only on the
-// message's size, which sender and receiver agree on (or the labels differ).
-constexpr size_t kInBandBytes = 64 << 10;
-
+// The labelled messages are the data itself, received straight into the
+// caller's buffers: one round, no copy. A disagreement is found only once the
+// messages arrived, so `recv` may then hold what the agreeing peers sent (as
+// after any failed MPI call); the error still reaches every rank. (Until
+// 2026-11 small messages landed in scratch and large ones waited behind an
+// empty signed round, to leave `recv` untouched: a copy, or a round, on every
+// call; docs/benchmarks.md, "The small-message path".)
 void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, const std::string& local_error,
                              Transport& transport, const std::function<Span(int)>& send_span,
                              const std::function<Span(int)>& recv_span) {
@@ -265,44 +274,47 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
   check_usable(op);
   ++sequence_;
   const Signature mine = make_signature(op, fields, false, sequence_);
-  const size_t carried = kInBandBytes / static_cast<size_t>(size());
-  std::vector<size_t> scratch_offset(size() + 1, 0);
-  bool all_carried = true;
-  for (int r = 0; r < size(); ++r) {
-    const size_t bytes = recv_span(r).bytes();
-    scratch_offset[r + 1] = scratch_offset[r] + (bytes <= carried ? bytes : 0);
-    all_carried &= bytes <= carried && send_span(r).bytes() <= carried;
-  }
-  in_band_scratch_.resize(std::max<size_t>(in_band_scratch_.size(), scratch_offset[size()]));
-  char* scratch = in_band_scratch_.data();
-  // A message in the round it belongs to, an empty one in the other.
-  const Span nothing = Span::contiguous(nullptr, 0);
-  auto in_round = [&](const Span& span, bool first_round) {
-    return (span.bytes() <= carried) == first_round ? span : nothing;
-  };
   std::vector<int> mismatched;
-  run(op, [&] {
-    mismatched = transport.signed_exchange(
-        digest(mine, Form::kData), [&](int r) { return in_round(send_span(r), true); },
-        [&](int r) {
-          const size_t bytes = scratch_offset[r + 1] - scratch_offset[r];
-          return bytes != 0 ? Span::contiguous(scratch + scratch_offset[r], bytes) : nothing;
-        });
-  });
-  if (!mismatched.empty()) explain_disagreement(op, fields, local_error, A2A_ERROR_INVALID_ARGUMENT, mismatched);
-  run(op, [&] {
-    for (int r = 0; r < size(); ++r) {
-      const Span span = recv_span(r);
-      const char* from = scratch + scratch_offset[r];
-      if (scratch_offset[r + 1] == scratch_offset[r]) continue;
-      for (size_t b = 0; b < span.num_blocks; ++b, from += span.block_bytes)
-        device_->copy(static_cast<char*>(span.data) + b * span.stride_bytes, from, span.block_bytes);
-    }
-    if (all_carried) return;
-    exchange(
-        transport, world, [&](int r) { return in_round(send_span(r), false); },
-        [&](int r) { return in_round(recv_span(r), false); });
-  });
+  run(op, [&] { mismatched = transport.signed_exchange(digest(mine, Form::kData), send_span, recv_span); });
+  if (!mismatched.empty())
+    explain_disagreement(op, fields, local_error, A2A_ERROR_INVALID_ARGUMENT, mismatched, true);
+}
+
+std::vector<int64_t> Comm::start_in_band(const char* op, const std::vector<Field>& fields,
+                                         const std::function<Span(int)>& send_span, size_t unit) {
+  if (!in_band_) fail(A2A_ERROR_INTERNAL, op, ": start_in_band on a comm that cannot check in band");
+  check_usable(op);
+  ++sequence_;
+  const Signature mine = make_signature(op, fields, false, sequence_);
+  std::vector<int64_t> sizes;
+  run(op, [&] { sizes = data_->signed_start(digest(mine, Form::kData), send_span); });
+  std::vector<int> mismatched;
+  for (int r = 0; r < size(); ++r)
+    if (sizes[r] < 0 || (unit != 0 && sizes[r] % static_cast<int64_t>(unit) != 0)) mismatched.push_back(r);
+  if (mismatched.empty()) {
+    started_op_ = op;
+    return sizes;
+  }
+  const Span nothing = Span::contiguous(nullptr, 0);
+  run(op, [&] { data_->signed_finish([&](int) { return nothing; }); });
+  if (!cross_check_) {  // the others may not be in this call: no round to explain it
+    std::string peers;
+    for (int peer : mismatched) peers += cat(peers.empty() ? "" : ", ", peer);
+    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", peers,
+             " belong to another call (the cross-rank check is off, so the ranks' arguments were not compared)");
+  }
+  explain_disagreement(op, fields, "", A2A_ERROR_INVALID_ARGUMENT, mismatched, false);
+}
+
+void Comm::finish_in_band(const char* op, const std::function<Span(int)>& recv_span) {
+  if (started_op_.empty()) fail(A2A_ERROR_INTERNAL, op, ": finish_in_band without start_in_band");
+  started_op_.clear();
+  run(op, [&] { data_->signed_finish(recv_span); });
+}
+
+void Comm::drop_in_band(const char* op) {
+  const Span nothing = Span::contiguous(nullptr, 0);
+  finish_in_band(op, [&](int) { return nothing; });
 }
 
 std::unique_ptr<Comm> Comm::split(int color, int key) {

@@ -102,7 +102,7 @@ class Comm {
 
   // Collective. Verifies that every rank called `op` with the same fields, and
   // that no rank rejected its input (local_error non-empty), before any data
-  // moves. On any disagreement every rank throws: the rank with the bad input
+  // moves (agree_in_exchange checks as the data moves). On any disagreement every rank throws: the rank with the bad input
   // A2A_ERROR_INVALID_ARGUMENT with local_error, the others
   // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values. The
   // comm stays usable afterwards.
@@ -112,13 +112,29 @@ class Comm {
   // from every rank over `transport` (the data or the control transport), as
   // exchange() over the world. Where the comm checks in band (below), the
   // check travels with those messages: each is labelled with a digest of
-  // (op, fields, sequence), each rank compares the labels and sizes it
-  // receives, and only a disagreement costs another round (the detailed
-  // verdict, with agree()'s errors). A failure inside the exchange retires
-  // the comm, as run() does.
+  // (op, fields, sequence), lands in its receive span at once, each rank
+  // compares the labels and sizes it received, and only a disagreement costs
+  // another round (the detailed verdict, with agree()'s errors; the receive
+  // spans may then hold the agreeing peers' data). A failure inside the
+  // exchange retires the comm, as run() does.
   void agree_in_exchange(const char* op, const std::vector<Field>& fields, const std::string& local_error,
                          Transport& transport, const std::function<Span(int)>& send_span,
                          const std::function<Span(int)>& recv_span);
+  // The two halves of a first exchange whose receivers learn the sizes from
+  // the messages (the uneven all-to-all in one round; needs checks_in_band()).
+  // start_in_band checks that every rank called `op` with the same fields as
+  // agree_in_exchange does, posts send_span(i) to every rank over the data
+  // transport and returns the bytes each rank sent here, every one a
+  // multiple of `unit`; on any disagreement it drops what arrived and throws
+  // agree()'s errors on every rank. Until finish_in_band receives the
+  // messages into recv_span(r) (or drops them, dropped = true), every other
+  // call on this comm fails.
+  std::vector<int64_t> start_in_band(const char* op, const std::vector<Field>& fields,
+                                     const std::function<Span(int)>& send_span, size_t unit);
+  void finish_in_band(const char* op, const std::function<Span(int)>& recv_span);
+  void drop_in_band(const char* op);
+  bool started_in_band() const { return !started_op_.empty(); }
+
   // True where agree_in_exchange carries the check in band: one transport
   // for data and control, which can label messages (MPI).
   bool checks_in_band() const { return in_band_; }
@@ -170,12 +186,13 @@ class Comm {
   [[noreturn]] void retire(const char* op);
   void abort_transports();
   // The round of signed messages that agree() runs on an in-band comm, and
-  // the detailed verdict after a disagreement that the labels showed.
+  // the detailed verdict after a disagreement that the labels showed
+  // (data_moved: the labelled messages were the data, now in the outputs).
   void agree_in_band(const char* op, const std::vector<Field>& fields, const std::string& local_error,
                      a2a_status_t local_status);
   [[noreturn]] void explain_disagreement(const char* op, const std::vector<Field>& fields,
                                          const std::string& local_error, a2a_status_t local_status,
-                                         const std::vector<int>& mismatched_peers);
+                                         const std::vector<int>& mismatched_peers, bool data_moved);
 
   std::unique_ptr<Device> device_;
   std::vector<std::unique_ptr<Transport>> transports_;
@@ -188,7 +205,7 @@ class Comm {
   bool use_strided_spans_;
   bool in_band_;
   bool cross_check_;
-  std::vector<char> in_band_scratch_;  // agree_in_exchange's small messages
+  std::string started_op_;  // start_in_band's op until finish_in_band
   std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);
   std::string broken_reason_;
   int64_t sequence_ = 0;

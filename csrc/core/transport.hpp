@@ -67,17 +67,29 @@ class Transport {
   // thread). Must not throw.
   virtual void cancel_group() {}
 
-  // --- The in-band argument check (Comm::agree_in_exchange). A transport that
-  // can label each message with a number and let a receive take whatever its
-  // peer sent first (MPI: the tag, and MPI_ANY_TAG) runs a collective's first
-  // exchange and its cross-rank argument check as one round.
+  // --- Labelled messages (Comm::agree_in_exchange, the uneven all-to-all in
+  // one round). A transport that can label each message with a number and
+  // learn the label and size of a peer's next message before receiving it
+  // (MPI: the tag, and MPI_Improbe) runs a collective's first exchange and
+  // its cross-rank argument check as one round, and lets a receiver size
+  // its buffers from the messages themselves.
   virtual bool supports_signed_exchange() const { return false; }
-  // One message to and one receive from every rank (self included, zero
-  // bytes included), every send labelled with `signature`. Each receive
-  // takes the first message from its peer whatever its label and size (a
-  // longer one is cut at the span). Returns the ranks whose message had
-  // another label or another size than recv_span(rank): empty when every
-  // rank called with the same signature. Bounded like group_end.
+  // The first half: posts send_span(i) to every rank i (self included, zero
+  // bytes included), labelled with `signature`, and waits (bounded like
+  // group_end) until the next message of every rank has arrived, whatever its
+  // label. Returns each one's size in bytes, or kOtherLabel where its label
+  // differs. Nothing is received yet.
+  static constexpr int64_t kOtherLabel = -1;
+  virtual std::vector<int64_t> signed_start(uint32_t signature, const std::function<Span(int)>& send_span);
+  // The second half: receives rank r's message into recv_span(r) where its
+  // label matched and recv_span(r) has its size, and any other message into
+  // scratch, dropped (so a longer message never meets a shorter buffer);
+  // then waits for the sends. Bounded like group_end.
+  virtual void signed_finish(const std::function<Span(int)>& recv_span);
+  // Both halves with sizes known to the receiver: returns the ranks whose
+  // message had another label or another size than recv_span(rank), whose
+  // spans are left as they were; empty when every rank called with the same
+  // signature. (A transport may do it faster than the halves do.)
   virtual std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
                                            const std::function<Span(int)>& recv_span);
 

@@ -10,113 +10,10 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/half.hpp"
+#include "cpu/mpi_util.hpp"
 
 namespace a2a {
 
-namespace {
-
-// Messages of the collectives and of allgather never match each other, nor
-// the signed messages, whose tags are kFirstSignedTag and up (see
-// signed_exchange).
-constexpr int kDataTag = 1;
-constexpr int kGatherTag = 2;
-constexpr int kFirstSignedTag = 16;
-
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  return std::string(text, length);
-}
-
-#define A2A_MPI_CHECK(call, ...)                                                            \
-  do {                                                                                      \
-    int a2a_mpi_rc = (call);                                                                \
-    if (a2a_mpi_rc != MPI_SUCCESS)                                                          \
-      fail(A2A_ERROR_TRANSPORT, __VA_ARGS__, ": " #call " failed: ", mpi_error_text(a2a_mpi_rc)); \
-  } while (0)
-
-#define A2A_MPI_TYPE_CHECK(call) A2A_MPI_CHECK(call, "building an MPI datatype")
-
-// A datatype of exactly `bytes` contiguous bytes, built from pieces of at most
-// `unit` bytes so that no int count overflows (the BigMPI construction).
-MPI_Datatype contiguous_bytes_type(size_t bytes, size_t unit) {
-  MPI_Datatype type;
-  if (bytes <= unit) {
-    A2A_MPI_TYPE_CHECK(MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &type));
-    return type;
-  }
-  const size_t full = bytes / unit, rest = bytes % unit;
-  if (full > static_cast<size_t>(INT_MAX)) fail(A2A_ERROR_UNSUPPORTED, "message of ", bytes, " bytes is too large");
-  MPI_Datatype unit_type, full_type;
-  A2A_MPI_TYPE_CHECK(MPI_Type_contiguous(static_cast<int>(unit), MPI_BYTE, &unit_type));
-  const int full_rc = MPI_Type_contiguous(static_cast<int>(full), unit_type, &full_type);
-  MPI_Type_free(&unit_type);
-  A2A_MPI_TYPE_CHECK(full_rc);
-  if (rest == 0) return full_type;
-  MPI_Datatype rest_type;
-  const int rest_rc = MPI_Type_contiguous(static_cast<int>(rest), MPI_BYTE, &rest_type);
-  if (rest_rc != MPI_SUCCESS) MPI_Type_free(&full_type);
-  A2A_MPI_TYPE_CHECK(rest_rc);
-  int lengths[2] = {1, 1};
-  MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(full * unit)};
-  MPI_Datatype types[2] = {full_type, rest_type};
-  const int struct_rc = MPI_Type_create_struct(2, lengths, displacements, types, &type);
-  MPI_Type_free(&full_type);
-  MPI_Type_free(&rest_type);
-  A2A_MPI_TYPE_CHECK(struct_rc);
-  return type;
-}
-
-// The committed datatype of a span that MPI cannot take as a plain byte count
-// (strided, or more bytes than max_count).
-MPI_Datatype span_type(const Span& span, size_t max_count, int rank) {
-  MPI_Datatype type;
-  if (span.is_contiguous()) {
-    type = contiguous_bytes_type(span.bytes(), max_count);
-  } else {
-    if (span.num_blocks > static_cast<size_t>(INT_MAX))
-      fail(A2A_ERROR_UNSUPPORTED, "rank ", rank, ": a layout of ", span.num_blocks, " blocks exceeds MPI's int count");
-    MPI_Datatype block = contiguous_bytes_type(span.block_bytes, max_count);
-    const int rc = MPI_Type_create_hvector(static_cast<int>(span.num_blocks), 1, static_cast<MPI_Aint>(span.stride_bytes),
-                                           block, &type);
-    MPI_Type_free(&block);
-    A2A_MPI_TYPE_CHECK(rc);
-  }
-  const int rc = MPI_Type_commit(&type);
-  if (rc != MPI_SUCCESS) MPI_Type_free(&type);
-  A2A_MPI_TYPE_CHECK(rc);
-  return type;
-}
-
-// Paces the polls of one wait. Back to back for the first kSpinSeconds: a
-// small exchange completes within them, and a yield costs a system call and
-// possibly the core (measured in docs/benchmarks.md). Then a yield after each
-// poll: with more ranks than cores (common in tests and on shared nodes) the
-// peer this rank waits for needs the core. The clock is read every 16 polls.
-class PollPacer {
- public:
-  explicit PollPacer(double timeout_s)
-      : start_(Clock::now()), deadline_(start_ + std::chrono::duration_cast<Clock::duration>(
-                                                     std::chrono::duration<double>(timeout_s))) {}
-  // After a poll that found the wait unfinished: false once the timeout passed.
-  bool keep_waiting() {
-    if (yielding_) std::this_thread::yield();
-    if ((++polls_ & 15) != 0) return true;
-    const auto now = Clock::now();
-    yielding_ = now - start_ > kSpin;
-    return now <= deadline_;
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  static constexpr std::chrono::microseconds kSpin{1000};
-  Clock::time_point start_, deadline_;
-  unsigned polls_ = 0;
-  bool yielding_ = false;
-};
-
-}  // namespace
 
 size_t max_int_count() {
   const char* text = std::getenv("A2A_MPI_MAX_COUNT");
@@ -127,10 +24,6 @@ size_t max_int_count() {
     fail(A2A_ERROR_INVALID_ARGUMENT, "A2A_MPI_MAX_COUNT='", text, "' is not an integer in [1, ", INT_MAX, "]");
   return static_cast<size_t>(value);
 }
-
-namespace {
-
-}  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count)
     : comm_(comm), timeout_s_(timeout_s), max_count_(max_count) {
@@ -327,87 +220,6 @@ void MpiTransport::fail_error(std::vector<MPI_Request>& requests, std::vector<Pe
   fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ",
        failed.empty() ? mpi_error_text(rc) : failed.text(), unfinished.empty() ? "" : "; unfinished: ",
        unfinished.text());
-}
-
-// Receives first (from me - step), then sends (to me + step), as exchange()
-// orders them. A receive takes the first message from its peer whatever its
-// tag (MPI orders the messages of one sender), so ranks that called different
-// collectives, or the same one with other arguments, still pair up here and
-// learn of it from the tag and the size instead of waiting for a message that
-// never comes. MPI_Testsome rather than MPI_Testall: it reports a truncated
-// receive (a longer message than expected) in the status of that request alone.
-std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
-                                               const std::function<Span(int)>& recv_span) {
-  const int tag = kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
-  group_start();
-  std::vector<size_t>& expected = signed_expected_;
-  expected.assign(size_, 0);
-  std::vector<int> mismatched;
-  // This rank's own message is a copy, as in group_end: its label is this
-  // rank's by definition.
-  const Span own_send = send_span(rank_), own_recv = recv_span(rank_);
-  if (own_send.bytes() == own_recv.bytes())
-    copy_span(own_recv, own_send);
-  else
-    mismatched.push_back(rank_);
-  try {
-    for (int step = 1; step < size_; ++step) {
-      const int from = (rank_ - step + size_) % size_;
-      const Span span = recv_span(from);
-      expected[from] = span.bytes();
-      post(span, from, false, MPI_ANY_TAG, true);
-    }
-    for (int step = 1; step < size_; ++step) {
-      const int to = (rank_ + step) % size_;
-      post(send_span(to), to, true, tag, true);
-    }
-  } catch (...) {
-    abandon(requests_, pending_);
-    throw;
-  }
-  const char* what = "argument check with the first exchange";
-  std::vector<int>& indices = signed_indices_;
-  std::vector<MPI_Status>& statuses = signed_statuses_;
-  indices.resize(requests_.size());
-  statuses.resize(requests_.size());
-  PollPacer pacer(timeout_s_);
-  for (;;) {
-    int completed = 0;
-    const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
-                                statuses.data());
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_error(requests_, pending_, what, rc, nullptr);
-    if (completed == MPI_UNDEFINED) break;  // every request is MPI_REQUEST_NULL
-    for (int k = 0; k < completed; ++k) {
-      const size_t i = static_cast<size_t>(indices[k]);
-      // A request that completed with an error (a truncated receive) is
-      // left allocated by some MPIs (Open MPI), and reported again by every
-      // later MPI_Testsome: free it now.
-      if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
-      const MPI_Status& status = statuses[k];
-      const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
-      int error_class = MPI_SUCCESS;
-      if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
-      const bool is_recv = pending_[i].kind[0] == 'r';
-      if (error != MPI_SUCCESS && !(is_recv && error_class == MPI_ERR_TRUNCATE)) {
-        const std::string failed = describe(pending_[i]);
-        abandon(requests_, pending_);
-        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ", failed, ": ",
-             mpi_error_text(error));
-      }
-      if (is_recv) {
-        MPI_Count received = 0;
-        MPI_Get_elements_x(&status, MPI_BYTE, &received);
-        if (error_class == MPI_ERR_TRUNCATE || status.MPI_TAG != tag ||
-            received != static_cast<MPI_Count>(expected[pending_[i].peer]))
-          mismatched.push_back(pending_[i].peer);
-      }
-    }
-    if (completed == 0 && !pacer.keep_waiting()) fail_timeout(requests_, pending_, what);
-  }
-  requests_.clear();
-  pending_.clear();
-  std::sort(mismatched.begin(), mismatched.end());
-  return mismatched;
 }
 
 void MpiTransport::wait_one(MPI_Request request, const char* what) {

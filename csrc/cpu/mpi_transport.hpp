@@ -39,6 +39,9 @@ class MpiTransport final : public Transport {
     own_recvs_.clear();
   }
   bool supports_signed_exchange() const override { return true; }
+  // In mpi_signed.cpp.
+  std::vector<int64_t> signed_start(uint32_t signature, const std::function<Span(int)>& send_span) override;
+  void signed_finish(const std::function<Span(int)>& recv_span) override;
   std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
                                    const std::function<Span(int)>& recv_span) override;
 
@@ -54,7 +57,7 @@ class MpiTransport final : public Transport {
 
  private:
   struct Pending {
-    const char* kind;  // "send to" / "recv from"
+    const char* kind;  // "send to" / "recv from" / "dropped from" (a message of another label)
     int peer;
     size_t bytes;
   };
@@ -90,10 +93,26 @@ class MpiTransport final : public Transport {
   std::vector<Pending> pending_;
   std::vector<MPI_Status> wait_statuses_;  // wait_all's: they alone say which request failed
   std::vector<Span> own_sends_, own_recvs_;  // the group's messages to this rank, copied at group_end
+  // The signed exchange between its halves: each peer's next message, found
+  // by MPI_Improbe and not yet received, and this rank's own.
+  struct Arrival {
+    MPI_Message message = MPI_MESSAGE_NULL;
+    int64_t bytes = 0;
+    bool labelled = false;  // it carries this call's signature
+  };
+  std::vector<Arrival> arrivals_;
+  Span own_send_;
+  std::vector<char> dropped_;  // where messages of another label or size are received
   // signed_exchange's per-call tables, kept to spare allocations.
-  std::vector<size_t> signed_expected_;
   std::vector<int> signed_indices_;
   std::vector<MPI_Status> signed_statuses_;
+  std::vector<size_t> signed_recv_of_;  // peer -> index of its receive in requests_
+  std::vector<std::vector<char>> orphans_;  // drop_arrivals' buffers (MPI may still write there)
+  // Receives a message matched by a probe into `span`.
+  void post_matched(const Span& span, MPI_Message* message, int peer);
+  // Receives the probed messages not yet received into a buffer of their own
+  // (after a failure between the halves); their requests are freed, not awaited.
+  void drop_arrivals();
 };
 
 }  // namespace a2a

@@ -141,6 +141,60 @@ py::object v_plan_execute_numpy(a2a::VPlan& plan, const py::array& x, const py::
 
 void* as_mutable(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+py::object v_exchange_finish_numpy(a2a::VExchange& exchange, const py::array& x, const py::object& out,
+                                   py::array& workspace);
+
+// a2a.all_to_all_v for NumPy input: starts the exchange and finishes it into
+// out= (or a new array). Returns None for input unfit for this path, before
+// anything is sent (counts other than one int per rank in [0, max_count]
+// summing to x's rows, or x not C-contiguous), else (result, recv_counts,
+// exchange): result None and the open exchange when out= or the workspace do
+// not fit what arrived (the Python layer finishes or drops it).
+py::object all_to_all_v_numpy(a2a::Communicator& comm, const py::array& x, const py::object& counts, int64_t max_count,
+                              const py::object& out, int algo, py::array& workspace) {
+  const int code = fast_input_code(x);
+  if (code < 0 || !py::isinstance<py::list>(counts)) return py::none();
+  std::vector<int64_t> send_counts;
+  try {
+    send_counts = counts.cast<std::vector<int64_t>>();
+  } catch (const py::cast_error&) {
+    return py::none();
+  }
+  int64_t rows = 0;
+  for (int64_t count : send_counts) {
+    if (count < 0 || count > max_count) return py::none();
+    rows += count;
+  }
+  if (static_cast<int>(send_counts.size()) != comm.topology().size || rows != x.shape(0)) return py::none();
+  size_t row_elements = 1;
+  for (py::ssize_t i = 1; i < x.ndim(); ++i) row_elements *= static_cast<size_t>(x.shape(i));
+  std::unique_ptr<a2a::VExchange> exchange;
+  {
+    py::gil_scoped_release release;
+    exchange = std::make_unique<a2a::VExchange>(comm, x.data(), send_counts, static_cast<a2a_dtype_t>(code),
+                                                static_cast<a2a_algo_t>(algo), row_elements);
+  }
+  const std::vector<int64_t>& arrived = exchange->recv_counts();
+  py::array_t<int64_t> recv_counts(static_cast<py::ssize_t>(arrived.size()));
+  std::copy(arrived.begin(), arrived.end(), recv_counts.mutable_data());
+  py::object result = v_exchange_finish_numpy(*exchange, x, out, workspace);
+  if (!result.is_none()) return py::make_tuple(result, recv_counts, py::none());
+  return py::make_tuple(py::none(), recv_counts, py::cast(exchange.release(), py::return_value_policy::take_ownership));
+}
+
+// finish() of a VExchange for NumPy input `x` (the array it was started on):
+// the output has sum(recv_counts) rows of x's row shape.
+py::object v_exchange_finish_numpy(a2a::VExchange& exchange, const py::array& x, const py::object& out,
+                                   py::array& workspace) {
+  std::vector<py::ssize_t> out_shape(x.shape(), x.shape() + x.ndim());
+  out_shape[0] = 0;
+  for (int64_t rows : exchange.recv_counts()) out_shape[0] += rows;
+  py::array result;
+  if (!numpy_output(x, out, out_shape, &result)) return py::none();
+  return run_fast(x, result, workspace, exchange.workspace_size(),
+                  [&](const void*, void* recv, void* scratch, size_t bytes) { exchange.finish(recv, scratch, bytes); });
+}
+
 // exec = (device_type, stream address, num_threads) from the Python layer.
 a2a_exec_t make_exec(const std::tuple<int, uintptr_t, int>& exec) {
   a2a_exec_t e = A2A_EXEC_CPU_INIT;
@@ -492,6 +546,7 @@ PYBIND11_MODULE(_C, m) {
           },
           py::call_guard<py::gil_scoped_release>())
       .def("all_to_all_numpy", &all_to_all_numpy)
+      .def("all_to_all_v_numpy", &all_to_all_v_numpy)
       .def("all_to_all_flex_numpy", &all_to_all_flex_numpy)
       .def(
           "all_gather",
@@ -600,6 +655,24 @@ PYBIND11_MODULE(_C, m) {
             ll.check_status(make_exec(exec), as_pointer(workspace), workspace_bytes);
           },
           py::call_guard<py::gil_scoped_release>());
+  py::class_<a2a::VExchange>(m, "VExchange")
+      .def(py::init([](a2a::Communicator& comm, uintptr_t send, const std::vector<int64_t>& send_counts,
+                       size_t row_elements, int dtype, int algo) {
+             return new a2a::VExchange(comm, as_pointer(send), send_counts, static_cast<a2a_dtype_t>(dtype),
+                                       static_cast<a2a_algo_t>(algo), row_elements);
+           }),
+           py::arg("comm"), py::arg("send"), py::arg("send_counts"), py::arg("row_elements"), py::arg("dtype"),
+           py::arg("algo"), py::keep_alive<1, 2>(), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("recv_counts", &a2a::VExchange::recv_counts)
+      .def_property_readonly("workspace_size", &a2a::VExchange::workspace_size)
+      .def("finish_numpy", &v_exchange_finish_numpy)
+      .def(
+          "finish",
+          [](a2a::VExchange& exchange, uintptr_t recv, uintptr_t workspace, size_t workspace_bytes) {
+            exchange.finish(as_mutable(recv), as_mutable(workspace), workspace_bytes);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def("drop", &a2a::VExchange::drop, py::call_guard<py::gil_scoped_release>());
   py::class_<a2a::VPlan>(m, "VPlan")
       .def(py::init([](a2a::Communicator& comm, const std::vector<int64_t>& send_counts, size_t row_elements, int dtype,
                        int algo) {

@@ -5,13 +5,6 @@
 
 namespace a2a {
 
-std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return cat("MPI error code ", code);
-  return std::string(text, static_cast<size_t>(length));
-}
-
 void check_mpi(int rc, const char* call, int rank, const char* what) {
   if (rc != MPI_SUCCESS)
     fail(A2A_ERROR_TRANSPORT, rank >= 0 ? cat("rank ", rank, ": ") : std::string(), what, ": ", call, " failed: ",

@@ -9,10 +9,9 @@
 #include <memory>
 #include <string>
 
-namespace a2a {
+#include "cpu/mpi_util.hpp"  // mpi_error_text
 
-// MPI's text for an error code.
-std::string mpi_error_text(int code);
+namespace a2a {
 
 // Fails with A2A_ERROR_TRANSPORT ("rank R: <what>: <call> failed: <MPI's
 // text>") unless rc is MPI_SUCCESS. rank < 0: not known yet.

@@ -80,6 +80,38 @@ int main(int argc, char** argv) {
   if (rank == 0) printf("a2a_all_to_all_v linear ranks %d  #wrong %ld\n", size, wrong);
   failures += wrong;
 
+  /* The same counts found by the exchange itself (start, size recv, finish):
+   * one round on MPI with linear, the counts first with 2dh. Then one
+   * exchange dropped (its rows discarded, the other ranks complete), and a
+   * call refused while an exchange is open. */
+  for (int a = 0; a < 2; ++a) {
+    a2a_v_exchange_t exchange;
+    CHECK(a2a_all_to_all_v_start(comm, send, send_counts, 1, A2A_FLOAT32, algos[a], recv_counts, &exchange));
+    size_t rows = 0, exchange_workspace_bytes = 0;
+    for (int src = 0; src < size; ++src) rows += (size_t)recv_counts[src];
+    CHECK(a2a_v_exchange_workspace_size(exchange, &exchange_workspace_bytes));
+    float* rows_in = malloc(sizeof(float) * rows + 1);
+    void* exchange_workspace = exchange_workspace_bytes ? malloc(exchange_workspace_bytes) : NULL;
+    CHECK(a2a_all_to_all_v_finish(exchange, rows_in, exchange_workspace, exchange_workspace_bytes));
+    long v_wrong = 0;
+    for (int src = 0, at_row = 0; src < size; ++src) {
+      v_wrong += recv_counts[src] != (src + rank) % 3;
+      for (int64_t i = 0; i < recv_counts[src]; ++i) v_wrong += rows_in[at_row++] != value(src, rank, (size_t)i);
+    }
+    if (a == 0) {
+      CHECK(a2a_all_to_all_v_start(comm, send, send_counts, 1, A2A_FLOAT32, algos[a], recv_counts, &exchange));
+      const a2a_status_t busy = a2a_all_to_all(comm, send, recv, 1, A2A_FLOAT32, A2A_ALGO_LINEAR, NULL, 0);
+      v_wrong += busy != A2A_ERROR_INVALID_ARGUMENT;
+      if (rank == 0) printf("a call while an exchange is open: %s\n", a2a_get_last_error());
+      CHECK(a2a_all_to_all_v_drop(exchange));
+    }
+    free(rows_in);
+    free(exchange_workspace);
+    MPI_Allreduce(MPI_IN_PLACE, &v_wrong, 1, MPI_LONG, MPI_SUM, world);
+    if (rank == 0) printf("a2a_all_to_all_v_start/finish %-6s ranks %d  #wrong %ld\n", a ? "2dh" : "linear", size, v_wrong);
+    failures += v_wrong;
+  }
+
   /* Dense collectives: gather every rank's id, sum ranks in place, and keep
    * this rank's block of a reduce-scatter (block i of rank r holds r + i). */
   {

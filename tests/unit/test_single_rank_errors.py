@@ -136,6 +136,8 @@ def test_bad_out(comm, x, make_out, fragments):
         (lambda out: a2a.all_to_all_v(x, [6], comm=comm, out=out), "all_to_all_v"),
     ):
         out = make_out()
+        if op == "all_to_all_v":  # its rows are known only once they arrive
+            fragments = [f.replace("expected shape (6, 2)", "expected shape (N, 2)") for f in fragments]
         raises_invalid(lambda call=call, out=out: call(out), op, "rank 0", "out", *fragments)
     still_works(comm)
 

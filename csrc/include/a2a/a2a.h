@@ -67,6 +67,7 @@ typedef enum { A2A_SUM = 0, A2A_MAX = 1, A2A_MIN = 2 } a2a_reduce_op_t;
 
 typedef struct a2a_comm* a2a_comm_t;
 typedef struct a2a_v_plan* a2a_v_plan_t;
+typedef struct a2a_v_exchange* a2a_v_exchange_t;
 typedef struct a2a_low_latency* a2a_low_latency_t;
 
 /* Where buffers live: host memory, or device memory of one CUDA device. */
@@ -253,6 +254,31 @@ A2A_API a2a_status_t a2a_v_plan_workspace_size(a2a_v_plan_t plan, size_t* bytes)
 A2A_API a2a_status_t a2a_all_to_all_v(a2a_v_plan_t plan, const void* send, void* recv, void* workspace,
                                       size_t workspace_bytes);
 A2A_API a2a_status_t a2a_v_plan_destroy(a2a_v_plan_t plan);
+
+/* One uneven all-to-all with counts known only to the senders, in two calls.
+ * With the linear algorithm over MPI it is one round: the counts travel as
+ * the sizes of the data messages, which the receiver probes before it
+ * receives. Otherwise (2DH, NCCL) the start exchanges the counts as
+ * a2a_v_plan_create does.
+ * - a2a_all_to_all_v_start (collective): sends send_counts[i] rows of
+ *   row_elements elements from `send` (blocks in rank order; leave it
+ *   unchanged until the finish) to rank i, and writes to recv_counts (size
+ *   entries) how many rows each rank sends here. row_elements, dtype and
+ *   algo must agree across ranks.
+ * - Size recv from recv_counts, then a2a_all_to_all_v_finish receives the
+ *   rows (blocks in rank order) and releases the exchange, also on error.
+ *   workspace: a2a_v_exchange_workspace_size bytes (2DH only; 0 otherwise).
+ * - a2a_all_to_all_v_drop releases an exchange without receiving: its rows
+ *   are discarded, and the other ranks complete normally.
+ * Between the start and the finish or drop, every other call on the comm
+ * fails with A2A_ERROR_INVALID_ARGUMENT. */
+A2A_API a2a_status_t a2a_all_to_all_v_start(a2a_comm_t comm, const void* send, const int64_t* send_counts,
+                                            size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo,
+                                            int64_t* recv_counts, a2a_v_exchange_t* exchange);
+A2A_API a2a_status_t a2a_v_exchange_workspace_size(a2a_v_exchange_t exchange, size_t* bytes);
+A2A_API a2a_status_t a2a_all_to_all_v_finish(a2a_v_exchange_t exchange, void* recv, void* workspace,
+                                             size_t workspace_bytes);
+A2A_API a2a_status_t a2a_all_to_all_v_drop(a2a_v_exchange_t exchange);
 
 /* ------------------------------------------------------------------------
  * MoE routing and dispatch/combine kernels (Tutel's fast encode/decode and the

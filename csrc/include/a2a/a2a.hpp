@@ -207,6 +207,44 @@ class VPlan {
   int size_;
 };
 
+// One uneven all-to-all in two halves (a2a_all_to_all_v_start / _finish):
+// construct it (collective), size the output from recv_counts(), finish().
+// Destroyed unfinished, it drops the rows sent here.
+class VExchange {
+ public:
+  VExchange(Communicator& comm, const void* send, const std::vector<int64_t>& send_counts, a2a_dtype_t dtype,
+            a2a_algo_t algo, size_t row_elements = 1)
+      : recv_counts_(comm.topology().size) {
+    if (send_counts.size() != recv_counts_.size())
+      comm.report_invalid("all_to_all_v", "send_counts has " + std::to_string(send_counts.size()) +
+                                              " entries, the communicator has " +
+                                              std::to_string(recv_counts_.size()) + " ranks");
+    check(a2a_all_to_all_v_start(comm.get(), send, send_counts.data(), row_elements, dtype, algo,
+                                 recv_counts_.data(), &handle_));
+  }
+  ~VExchange() { drop(); }
+  VExchange(const VExchange&) = delete;
+  VExchange& operator=(const VExchange&) = delete;
+
+  const std::vector<int64_t>& recv_counts() const { return recv_counts_; }
+  size_t workspace_size() const {
+    size_t bytes = 0;
+    if (handle_ != nullptr) check(a2a_v_exchange_workspace_size(handle_, &bytes));
+    return bytes;
+  }
+  void finish(void* recv, void* workspace = nullptr, size_t workspace_bytes = 0) {
+    if (handle_ == nullptr) throw Error(A2A_ERROR_INVALID_ARGUMENT, "all_to_all_v: this exchange was finished or dropped");
+    check(a2a_all_to_all_v_finish(std::exchange(handle_, nullptr), recv, workspace, workspace_bytes));
+  }
+  void drop() {
+    if (handle_ != nullptr) a2a_all_to_all_v_drop(std::exchange(handle_, nullptr));
+  }
+
+ private:
+  a2a_v_exchange_t handle_ = nullptr;
+  std::vector<int64_t> recv_counts_;
+};
+
 // MoE routing and kernels (see a2a.h). `comm` may be nullptr for a local call.
 inline size_t route_workspace_size(const a2a_exec_t& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
   size_t bytes = 0;
