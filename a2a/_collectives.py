@@ -258,11 +258,11 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
     other ranks complete), since only the exchange tells the count.
     """
     op = "all_to_all_v"
-    if _numpy_call(x, out, comm, algo) and (out is None or (out.shape[1:] == x.shape[1:] and out.dtype == x.dtype)):
+    if _numpy_call(x, out, comm, algo):
         # Latency matters here: the native call checks well-formed NumPy
-        # input and its counts itself, and agrees on the rest. out= of other
-        # rows than arrive fails on this rank alone (above); of another row
-        # shape or dtype, on the general path, on every rank.
+        # input, its counts and out= itself, and agrees on the rest. out= of
+        # other rows than arrive fails on this rank alone (above); of another
+        # row shape or dtype, on the general path, on every rank.
         started = comm._native.all_to_all_v_numpy(x, send_counts, _MAX_COUNT, out, ALGORITHMS[algo], comm._workspace)
         if started is not None:
             result, recv_counts, exchange = started

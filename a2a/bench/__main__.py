@@ -1,7 +1,7 @@
 """``python -m a2a.bench``: picks the benchmark family from the command line
 (``--layout``, ``--op`` (the MoE kernels, the expert-specific operators
 esmm / ess / estmm, or quantize_fp8 / dequantize_fp8), ``--low-latency``,
-else the collectives sweep) and runs it."""
+``--gaps``, else the collectives sweep) and runs it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 import sys
 from types import ModuleType
 
-from . import collectives, es_ops, fp8, kernels, layout, low_latency
+from . import collectives, es_ops, fp8, gaps, kernels, layout, low_latency
 
 
 def family(argv: list[str]) -> ModuleType:
@@ -18,6 +18,8 @@ def family(argv: list[str]) -> ModuleType:
         return layout
     if low_latency.is_low_latency_mode(argv):  # the low-latency dispatch and combine, under mpirun
         return low_latency
+    if gaps.is_gaps_mode(argv):  # the general path's known gaps against their targets, under mpirun
+        return gaps
     if es_ops.is_es_mode(argv):  # the expert-specific operators, in this process
         return es_ops
     if fp8.is_fp8_mode(argv):  # the FP8 quantization, in this process

@@ -147,9 +147,10 @@ py::object v_exchange_finish_numpy(a2a::VExchange& exchange, const py::array& x,
 // a2a.all_to_all_v for NumPy input: starts the exchange and finishes it into
 // out= (or a new array). Returns None for input unfit for this path, before
 // anything is sent (counts other than one int per rank in [0, max_count]
-// summing to x's rows, or x not C-contiguous), else (result, recv_counts,
-// exchange): result None and the open exchange when out= or the workspace do
-// not fit what arrived (the Python layer finishes or drops it).
+// summing to x's rows, x not C-contiguous, an out= unfit for any rows),
+// else (result, recv_counts, exchange): result None and the open exchange
+// when out='s rows or the workspace do not fit what arrived (the Python
+// layer finishes or drops it).
 py::object all_to_all_v_numpy(a2a::Communicator& comm, const py::array& x, const py::object& counts, int64_t max_count,
                               const py::object& out, int algo, py::array& workspace) {
   const int code = fast_input_code(x);
@@ -166,6 +167,18 @@ py::object all_to_all_v_numpy(a2a::Communicator& comm, const py::array& x, const
     rows += count;
   }
   if (static_cast<int>(send_counts.size()) != comm.topology().size || rows != x.shape(0)) return py::none();
+  // An out= that cannot fit any count (another framework, dtype or row
+  // shape, not C-contiguous, read-only) takes the general path, which fails
+  // every rank; only its rows wait for the exchange.
+  if (!out.is_none()) {
+    if (!py::isinstance<py::array>(out)) return py::none();
+    const auto given = py::reinterpret_borrow<py::array>(out);
+    if (!given.dtype().is(x.dtype()) || given.ndim() != x.ndim() || !(given.flags() & py::array::c_style) ||
+        !given.writeable())
+      return py::none();
+    for (py::ssize_t i = 1; i < x.ndim(); ++i)
+      if (given.shape(i) != x.shape(i)) return py::none();
+  }
   size_t row_elements = 1;
   for (py::ssize_t i = 1; i < x.ndim(); ++i) row_elements *= static_cast<size_t>(x.shape(i));
   std::unique_ptr<a2a::VExchange> exchange;
