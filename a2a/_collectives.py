@@ -405,14 +405,8 @@ def _plan_v(op: str, send_counts: Any, x: Any, comm: Comm, algo: str, *, require
 def _checked_counts(comm: Comm, op: str, v: ArrayView, send_counts: Any, *, require_rows: bool) -> list[int]:
     """send_counts as a list of ints, checked against the world and (where x
     is the input itself) x's rows; a problem fails every rank."""
-    counts = _counts_list(send_counts)
     _require_rows(comm, op, v)
-    if counts is None or len(counts) != comm.size:
-        _reject(comm, op, f"send_counts must be {comm.size} integers (one per rank), got {send_counts!r}")
-    if any(c < 0 for c in counts):
-        _reject(comm, op, f"send_counts has negative entries: {counts}")
-    if any(c > _MAX_COUNT for c in counts):
-        _reject(comm, op, f"send_counts has entries above {_MAX_COUNT}: {counts}")
+    counts = _required_counts(comm, op, send_counts, "send_counts", "one per rank")
     if require_rows and sum(counts) != v.shape[0]:
         _reject(comm, op, f"send_counts sum to {sum(counts)} rows but the input {v.describe()} has {v.shape[0]} rows")
     return counts
@@ -477,17 +471,24 @@ def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> A
     return result
 
 
+def _required_counts(comm: Comm, op: str, given: Any, name: str, meaning: str) -> list[int]:
+    """`given` as one integer in [0, _MAX_COUNT] per rank, or a failure of
+    every rank naming the argument (`name`) and what its entries are."""
+    counts = _counts_list(given)
+    if counts is None or len(counts) != comm.size:
+        _reject(comm, op, f"{name} must be {comm.size} integers ({meaning}), got {given!r}")
+    if any(c < 0 for c in counts):
+        _reject(comm, op, f"{name} has negative entries: {counts}")
+    if any(c > _MAX_COUNT for c in counts):
+        _reject(comm, op, f"{name} has entries above {_MAX_COUNT}: {counts}")
+    return counts
+
+
 def _dense_counts(comm: Comm, op: str, counts: Any, v: ArrayView) -> tuple[list[int], list[int]]:
     """(rows, elements) per rank: ``counts`` checked (one non-negative integer
     per rank) and scaled by ``v``'s row size, every problem reported to every
     rank. Equality across ranks is the core's check."""
-    rows = _counts_list(counts)
-    if rows is None or len(rows) != comm.size:
-        _reject(comm, op, f"counts must be {comm.size} integers (rows of each rank), got {counts!r}")
-    if any(c < 0 for c in rows):
-        _reject(comm, op, f"counts has negative entries: {rows}")
-    if any(c > _MAX_COUNT for c in rows):
-        _reject(comm, op, f"counts has entries above {_MAX_COUNT}: {rows}")
+    rows = _required_counts(comm, op, counts, "counts", "rows of each rank")
     row = math.prod(v.shape[1:])
     elements = [c * row for c in rows]
     if sum(elements) > _MAX_COUNT:

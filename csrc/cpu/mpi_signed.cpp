@@ -27,15 +27,7 @@ std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::f
   group_start();
   arrivals_.assign(size_, Arrival{});
   own_send_ = send_span(rank_);
-  try {
-    for (int step = 1; step < size_; ++step) {
-      const int to = (rank_ + step) % size_;
-      post(send_span(to), to, true, tag, true);
-    }
-  } catch (...) {
-    abandon(requests_, pending_);
-    throw;
-  }
+  post_labelled(tag, send_span, nullptr);
   std::vector<int64_t> sizes(size_, 0);
   sizes[rank_] = static_cast<int64_t>(own_send_.bytes());  // its label is this rank's by definition
   int missing = size_ - 1;
@@ -144,20 +136,7 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
   constexpr size_t kNone = SIZE_MAX;
   std::vector<size_t>& receive_of = signed_recv_of_;  // peer -> its labelled receive in requests_
   receive_of.assign(size_, kNone);
-  try {
-    for (int step = 1; step < size_; ++step) {
-      const int from = (rank_ - step + size_) % size_;
-      receive_of[from] = requests_.size();
-      post(recv_span(from), from, false, tag, true);
-    }
-    for (int step = 1; step < size_; ++step) {
-      const int to = (rank_ + step) % size_;
-      post(send_span(to), to, true, tag, true);
-    }
-  } catch (...) {
-    abandon(requests_, pending_);
-    throw;
-  }
+  post_labelled(tag, send_span, &recv_span);
   const char* what = "exchange with the argument check";
   std::deque<std::vector<char>> dropped;  // the messages of another label, until they are in
   // Probes the peers whose labelled receive still waits. A message of
@@ -232,6 +211,24 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
   std::sort(mismatched.begin(), mismatched.end());
   mismatched.erase(std::unique(mismatched.begin(), mismatched.end()), mismatched.end());
   return mismatched;
+}
+
+void MpiTransport::post_labelled(int tag, const std::function<Span(int)>& send_span,
+                                 const std::function<Span(int)>* recv_span) {
+  try {
+    for (int step = 1; recv_span != nullptr && step < size_; ++step) {
+      const int from = (rank_ - step + size_) % size_;
+      signed_recv_of_[from] = requests_.size();
+      post((*recv_span)(from), from, false, tag, true);
+    }
+    for (int step = 1; step < size_; ++step) {
+      const int to = (rank_ + step) % size_;
+      post(send_span(to), to, true, tag, true);
+    }
+  } catch (...) {
+    abandon(requests_, pending_);
+    throw;
+  }
 }
 
 void MpiTransport::post_matched(const Span& span, MPI_Message* message, int peer) {

@@ -108,6 +108,10 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Status> signed_statuses_;
   std::vector<size_t> signed_recv_of_;  // peer -> index of its receive in requests_
   std::vector<std::vector<char>> orphans_;  // drop_arrivals' buffers (MPI may still write there)
+  // Posts this call's labelled messages to every peer, and where recv_span
+  // is given, first a receive under the same label from every peer (its
+  // index in requests_ in signed_recv_of_); abandons them all if one fails.
+  void post_labelled(int tag, const std::function<Span(int)>& send_span, const std::function<Span(int)>* recv_span);
   // Receives a message matched by a probe into `span`.
   void post_matched(const Span& span, MPI_Message* message, int peer);
   // Receives the probed messages not yet received into a buffer of their own
