@@ -133,7 +133,6 @@ class Comm {
                                      const std::function<Span(int)>& send_span, size_t unit);
   void finish_in_band(const char* op, const std::function<Span(int)>& recv_span);
   void drop_in_band(const char* op);
-  bool started_in_band() const { return !started_op_.empty(); }
 
   // True where agree_in_exchange carries the check in band: one transport
   // for data and control, which can label messages (MPI).
