@@ -399,6 +399,13 @@ size_t check_send_counts(Checker& check, int world, const int64_t* send_counts, 
   return row_bytes;
 }
 
+// Where each rank's block of rows[rank] rows starts, in bytes, and (last) the total.
+std::vector<size_t> block_offsets(const int64_t* rows, int world, size_t row_bytes) {
+  std::vector<size_t> offsets(static_cast<size_t>(world) + 1, 0);
+  for (int peer = 0; peer < world; ++peer) offsets[peer + 1] = offsets[peer] + static_cast<size_t>(rows[peer]) * row_bytes;
+  return offsets;
+}
+
 }  // namespace
 
 VPlan::VPlan(Comm& comm, const int64_t* send_counts, size_t row_elements, a2a_dtype_t dtype, a2a_algo_t algo,
@@ -481,15 +488,15 @@ VExchange::VExchange(Comm& comm, const void* send, const int64_t* send_counts, s
   send_bytes_ = send_total;
   // Linear on a comm that checks in band: one round. Any rank with bad input
   // takes the plan's path, whose check (a round of its own) the others see
-  // as a disagreement: every rank fails alike.
-  if (!check.error().empty() || algo != A2A_ALGO_LINEAR || !comm.checks_in_band() || world == 1) {
+  // as a disagreement: every rank fails alike. Rows of no bytes have counts
+  // that no size tells: they take it too.
+  if (!check.error().empty() || algo != A2A_ALGO_LINEAR || !comm.checks_in_band() || world == 1 ||
+      row_bytes_ == 0) {
     plan_ = std::make_unique<VPlan>(comm, send_counts, row_elements, dtype, algo, op);
     recv_counts_ = plan_->recv_counts();
     return;
   }
-  std::vector<size_t> offsets(world + 1, 0);
-  for (int peer = 0; peer < world; ++peer)
-    offsets[peer + 1] = offsets[peer] + static_cast<size_t>(send_counts[peer]) * row_bytes_;
+  const std::vector<size_t> offsets = block_offsets(send_counts, world, row_bytes_);
   const char* bytes = static_cast<const char*>(send);
   log_choice(comm, op, algo, "counts in the messages' sizes (one round)");
   const std::vector<int64_t> sizes = comm.start_in_band(
@@ -498,8 +505,7 @@ VExchange::VExchange(Comm& comm, const void* send, const int64_t* send_counts, s
       row_bytes_);
   open_ = true;
   recv_counts_.resize(world);
-  for (int peer = 0; peer < world; ++peer)
-    recv_counts_[peer] = row_bytes_ == 0 ? 0 : sizes[peer] / static_cast<int64_t>(row_bytes_);
+  for (int peer = 0; peer < world; ++peer) recv_counts_[peer] = sizes[peer] / static_cast<int64_t>(row_bytes_);
 }
 
 VExchange::~VExchange() {
@@ -519,8 +525,7 @@ void VExchange::drop() {
   }
   // The plan's exchange is a collective of its own, which the other ranks
   // run: it runs here too, into scratch.
-  size_t recv_total = 0;
-  for (int64_t rows : recv_counts_) recv_total += static_cast<size_t>(rows) * row_bytes_;
+  const size_t recv_total = block_offsets(recv_counts_.data(), comm_.size(), row_bytes_).back();
   DeviceBuffer rows(comm_.device(), DeviceBuffer::Kind::kDevice), workspace(comm_.device(), DeviceBuffer::Kind::kDevice);
   const double timeout_s = 60.0;
   plan_->execute(send_, rows.reserve(recv_total, timeout_s), workspace.reserve(plan_->workspace_bytes(), timeout_s),
@@ -539,8 +544,7 @@ void VExchange::finish(void* recv, void* workspace, size_t workspace_bytes) {
     return;
   }
   const int world = comm_.size();
-  size_t recv_total = 0;
-  for (int64_t rows : recv_counts_) recv_total += static_cast<size_t>(rows) * row_bytes_;
+  const size_t recv_total = block_offsets(recv_counts_.data(), world, row_bytes_).back();
   Checker check(comm_, op);
   check.buffers(send_, recv, send_bytes_, recv_total);
   if (!check.error().empty()) {
@@ -548,9 +552,7 @@ void VExchange::finish(void* recv, void* workspace, size_t workspace_bytes) {
     drop();
     fail(A2A_ERROR_INVALID_ARGUMENT, check.error(), "; the rows sent here were dropped");
   }
-  std::vector<size_t> offsets(world + 1, 0);
-  for (int peer = 0; peer < world; ++peer)
-    offsets[peer + 1] = offsets[peer] + static_cast<size_t>(recv_counts_[peer]) * row_bytes_;
+  const std::vector<size_t> offsets = block_offsets(recv_counts_.data(), world, row_bytes_);
   char* out = static_cast<char*>(recv);
   open_ = false;
   comm_.finish_in_band(

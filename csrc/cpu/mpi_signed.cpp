@@ -1,18 +1,20 @@
-// The MPI transport's signed exchange (Transport::signed_start and
-// signed_finish): messages labelled with the call's signature in their tag,
-// each peer's next message found by MPI_Improbe before it is received.
+// The MPI transport's signed exchanges: messages labelled with the call's
+// signature in their MPI tag (Transport::signed_exchange, signed_start,
+// signed_finish).
 //
-// Why probe first: a receive takes the first message from its peer whatever
-// its tag (MPI orders the messages of one sender), so ranks that called
-// different collectives, or the same one with other arguments, still pair up
-// and learn of it from the tag and the size instead of waiting for a message
-// that never comes. Posting that receive blindly would meet a longer message
-// with a shorter buffer, and Open MPI 5 writes a truncated rendezvous message
-// past the buffer (found on 2026-11-27: a count mismatch of 16000 bytes
-// against 12 corrupted the heap). A probed message is received into a buffer
-// of its own size, always: the caller's where label and size match, scratch
-// otherwise. The sizes also let a receiver that knows none in advance (the
-// uneven all-to-all in one round) size its output between the halves.
+// Each peer's first message decides. MPI orders the messages of one sender,
+// so ranks that called different collectives, or the same one with other
+// arguments, still pair up and learn of it from the tag and the size instead
+// of waiting for a message that never comes. And no message ever meets a
+// shorter buffer than itself: Open MPI 5 writes a truncated rendezvous
+// message past the buffer (found on 2026-11-27, when a receive took any tag:
+// a count mismatch of 16000 bytes against 12 corrupted the heap). Two forms:
+// - signed_exchange, sizes known: receives posted under the call's tag, the
+//   peers whose receive waits probed for a message of another tag;
+// - signed_start / signed_finish, sizes unknown (the uneven all-to-all in one
+//   round): each peer's message probed (MPI_Improbe) for its tag and size,
+//   then received (MPI_Imrecv) into the caller's span where both match, into
+//   scratch otherwise; the caller sizes its output between the halves.
 #include <algorithm>
 #include <deque>
 

@@ -10,7 +10,7 @@ from a2a_mpi_util import regular, run_or_expect_rejection
 import a2a
 
 ALGOS = ["linear", "2dh"]
-ROW_SHAPES = {"scalar-rows": (), "rows5": (5,), "rows2x3": (2, 3)}
+ROW_SHAPES = {"scalar-rows": (), "rows5": (5,), "rows2x3": (2, 3), "empty-rows": (0,)}  # empty: the counts travel apart
 
 
 @pytest.mark.parametrize("row", list(ROW_SHAPES))
