@@ -65,15 +65,15 @@ std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::f
       found = true;
     }
     if (found || pacer.keep_waiting()) continue;
-    std::string absent;
+    std::string absent;  // in the words of fail_timeout's list
     for (int peer = 0; peer < size_; ++peer)
       if (peer != rank_ && arrivals_[peer].message == MPI_MESSAGE_NULL)
-        absent += cat(absent.empty() ? "" : ", ", "rank ", peer);
+        absent += cat(absent.empty() ? "" : ", ", "recv from rank ", peer, " (size not yet known)");
     drop_arrivals();
     // The sends stay with MPI (abandon): the comm is retired after a timeout.
     abandon(requests_, pending_);
     fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_,
-         " s (A2A_TIMEOUT_S) waiting for the first message of ", absent,
+         " s (A2A_TIMEOUT_S) in the exchange with the argument check; unfinished: ", absent,
          ". Those peers did not call the same collective, died, or are stuck");
   }
   return sizes;
@@ -162,7 +162,7 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
       MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
       dropped.emplace_back(static_cast<size_t>(bytes));
       post_matched(Span::contiguous(dropped.back().data(), static_cast<size_t>(bytes)), &message, peer);
-      pending_.back().kind = "dropped from";
+      pending_.back().dropped = true;
       MPI_Cancel(&requests_[receive_of[peer]]);
       receive_of[peer] = kNone;
       mismatched.push_back(peer);
@@ -189,7 +189,7 @@ std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::fu
       const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
       int error_class = MPI_SUCCESS;
       if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
-      const bool labelled_recv = pending_[i].kind[0] == 'r';
+      const bool labelled_recv = pending_[i].kind[0] == 'r' && !pending_[i].dropped;
       if (error != MPI_SUCCESS && !(labelled_recv && error_class == MPI_ERR_TRUNCATE)) {
         const std::string failed = describe(pending_[i]);
         abandon(requests_, pending_);

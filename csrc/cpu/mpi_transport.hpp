@@ -57,9 +57,10 @@ class MpiTransport final : public Transport {
 
  private:
   struct Pending {
-    const char* kind;  // "send to" / "recv from" / "dropped from" (a message of another label)
+    const char* kind;  // "send to" / "recv from"
     int peer;
     size_t bytes;
+    bool dropped = false;  // a receive of a message of another label, into scratch (the signed exchange)
   };
   // even_if_empty: post a zero-byte message too (the signed exchange, whose
   // sizes are not yet known to agree).
