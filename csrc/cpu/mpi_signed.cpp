@@ -52,8 +52,8 @@ std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::f
         arrival.message = MPI_MESSAGE_NULL;
         drop_arrivals();
         abandon(requests_, pending_);
-        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": probing for the message of rank ", from,
-             " failed: ", mpi_error_text(rc));
+        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": exchange with the argument check failed: recv from rank ",
+             from, " (probing its message): ", mpi_error_text(rc));
       }
       if (!flag) continue;
       MPI_Count bytes = 0;
@@ -245,7 +245,8 @@ void MpiTransport::post_matched(const Span& span, MPI_Message* message, int peer
     MPI_Type_free(&type);  // released by MPI once the operation completes
   }
   if (rc != MPI_SUCCESS)
-    fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " recv from ", peer, " (", bytes, " bytes): ", mpi_error_text(rc));
+    fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": recv from rank ", peer, " (", bytes, " bytes): ",
+         mpi_error_text(rc));
   requests_.push_back(request);
   pending_.push_back(Pending{"recv from", peer, bytes});
 }
