@@ -266,8 +266,8 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
         started = comm._native.all_to_all_v_numpy(x, send_counts, _MAX_COUNT, out, ALGORITHMS[algo], comm._workspace)
         if started is not None:
             result, recv_counts, exchange = started
-            if exchange is not None:  # out= of other rows, read-only, or a workspace to grow
-                result = _finish_v(comm, op, exchange, view(x, "input"), out)
+            if exchange is not None:  # out= of other rows, or a workspace to grow
+                result = _finish_v(comm, op, exchange, int(recv_counts.sum()), view(x, "input"), out)
             return result, recv_counts
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
@@ -281,13 +281,14 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
                         f"(input {v.describe()})")
             _output(comm, op, v, (shape[0] if shape else 0, *v.shape[1:]), out)
     exchange = _C.VExchange(comm._native, v.address, counts, math.prod(v.shape[1:]), v.dtype_code, ALGORITHMS[algo])
-    return _finish_v(comm, op, exchange, v, out), np.array(exchange.recv_counts, dtype=np.int64)
+    recv_counts = np.array(exchange.recv_counts, dtype=np.int64)
+    return _finish_v(comm, op, exchange, int(recv_counts.sum()), v, out), recv_counts
 
 
-def _finish_v(comm: Comm, op: str, exchange: Any, v: ArrayView, out: Any) -> Any:
-    """Receives an exchange's rows into out= (or a new array). Errors here are
-    this rank's alone: the exchange is dropped, the other ranks complete."""
-    rows = sum(exchange.recv_counts)
+def _finish_v(comm: Comm, op: str, exchange: Any, rows: int, v: ArrayView, out: Any) -> Any:
+    """Receives an exchange's `rows` rows into out= (or a new array). Errors
+    here are this rank's alone: the exchange is dropped, the other ranks
+    complete."""
     try:
         shape = (rows, *v.shape[1:])
         if out is None:

@@ -192,6 +192,14 @@ def medians_in_turns(paths: list[Callable[[], Any]], clock: Clock, iters: int, r
 # Output
 
 
+def add_timing_flags(parser: Any, *, iters: int, repeats: int, warmup: int) -> None:
+    """-n/--iters, -r/--repeats and -w/--warmup_iters, with these defaults."""
+    parser.add_argument("-n", "--iters", type=int, default=iters, help=f"calls per repetition (default {iters})")
+    parser.add_argument("-r", "--repeats", type=int, default=repeats,
+                        help=f"repetitions; rows show the median (default {repeats})")
+    parser.add_argument("-w", "--warmup_iters", type=int, default=warmup, help=f"warm-up calls (default {warmup})")
+
+
 def require_at_least(parser: Any, checks: Iterable[tuple[str, float, float]]) -> None:
     """parser.error for the first (flag, value, low) whose value is below low."""
     for flag, value, low in checks:

@@ -74,9 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(FLAG, action="store_true", required=True, help="this benchmark")
     p.add_argument("--np", type=int, help=f"ranks to launch under mpirun when not under it (default {DEFAULT_NP})")
     p.add_argument("--local-size", type=int, help=f"emulated ranks per node (default {DEFAULT_LOCAL_SIZE})")
-    p.add_argument("-r", "--repeats", type=int, default=9, help="repetitions; rows show the median (default 9)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="calls per repetition (default 20)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="warm-up calls (default 5)")
+    common.add_timing_flags(p, iters=20, repeats=9, warmup=5)
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE (rank 0)")
     return p
 

@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total", type=common.parse_size, default=common.parse_size("256M"), help="bytes per buffer (default 256M)")
     p.add_argument("--chunks", default=DEFAULT_CHUNKS, help=f"chunk sizes, a comma list (default {DEFAULT_CHUNKS})")
     p.add_argument("--cols", type=int, default=8, help="columns of the chunk grid (default 8)")
-    p.add_argument("-n", "--iters", type=int, default=10, help="calls per repetition (default 10)")
-    p.add_argument("-r", "--repeats", type=int, default=5, help="repetitions; rows show the median (default 5)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=3, help="warm-up calls (default 3)")
+    common.add_timing_flags(p, iters=10, repeats=5, warmup=3)
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
     return p
 
@@ -66,9 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.chunk_sizes = [common.parse_size(c) for c in args.chunks.split(",") if c.strip()]
     except ValueError as error:
         parser.error(f"--chunks: {error}")
-    for flag, value in (("--cols", args.cols), ("-n/--iters", args.iters), ("-r/--repeats", args.repeats)):
-        if value < 1:
-            parser.error(f"{flag} must be at least 1, got {value}")
+    common.require_at_least(parser, (("--cols", args.cols, 1), ("-n/--iters", args.iters, 1),
+                                     ("-r/--repeats", args.repeats, 1)))
     if not args.chunk_sizes or min(args.chunk_sizes) < 1:
         parser.error("--chunks must list positive sizes")
     if args.total < args.cols * max(args.chunk_sizes):

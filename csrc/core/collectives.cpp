@@ -543,16 +543,14 @@ void VExchange::finish(void* recv, void* workspace, size_t workspace_bytes) {
     plan_->execute(send_, recv, workspace, workspace_bytes);
     return;
   }
-  const int world = comm_.size();
-  const size_t recv_total = block_offsets(recv_counts_.data(), world, row_bytes_).back();
+  const std::vector<size_t> offsets = block_offsets(recv_counts_.data(), comm_.size(), row_bytes_);
   Checker check(comm_, op);
-  check.buffers(send_, recv, send_bytes_, recv_total);
+  check.buffers(send_, recv, send_bytes_, offsets.back());
   if (!check.error().empty()) {
     finished_ = false;
     drop();
     fail(A2A_ERROR_INVALID_ARGUMENT, check.error(), "; the rows sent here were dropped");
   }
-  const std::vector<size_t> offsets = block_offsets(recv_counts_.data(), world, row_bytes_);
   char* out = static_cast<char*>(recv);
   open_ = false;
   comm_.finish_in_band(

@@ -71,7 +71,6 @@ class VExchange {
   VExchange& operator=(const VExchange&) = delete;
   const std::vector<int64_t>& recv_counts() const { return recv_counts_; }  // rows
   size_t workspace_bytes() const { return plan_ ? plan_->workspace_bytes() : 0; }
-  bool one_round() const { return !plan_; }
   bool comm_exists() const { return !comm_lifetime_.expired(); }
   // recv holds sum(recv_counts) rows. Once only.
   void finish(void* recv, void* workspace, size_t workspace_bytes);

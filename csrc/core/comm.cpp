@@ -146,6 +146,13 @@ template <typename... Args>
   throw Disagreement(status, cat(std::forward<Args>(args)...));
 }
 
+// "1, 3, 4".
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (int rank : ranks) text += cat(text.empty() ? "" : ", ", rank);
+  return text;
+}
+
 // Every rank holds every signature, so every rank reaches the same verdict.
 // Returns only when all ranks agree and none rejected its input. `data_moved`:
 // the check travelled with the data (Comm::agree_in_exchange), which the
@@ -248,9 +255,7 @@ void Comm::explain_disagreement(const char* op, const std::vector<Field>& fields
   std::vector<Signature> all(size());
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
   verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
-  std::string peers;
-  for (int peer : mismatched_peers) peers += cat(peers.empty() ? "" : ", ", peer);
-  disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", peers,
+  disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", rank_list(mismatched_peers),
        " differ in size from what this rank expects, with equal arguments (a 32-bit signature collision or a "
        "damaged message)");
 }
@@ -298,9 +303,7 @@ std::vector<int64_t> Comm::start_in_band(const char* op, const std::vector<Field
   const Span nothing = Span::contiguous(nullptr, 0);
   run(op, [&] { data_->signed_finish([&](int) { return nothing; }); });
   if (!cross_check_) {  // the others may not be in this call: no round to explain it
-    std::string peers;
-    for (int peer : mismatched) peers += cat(peers.empty() ? "" : ", ", peer);
-    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", peers,
+    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", rank_list(mismatched),
              " belong to another call (the cross-rank check is off, so the ranks' arguments were not compared)");
   }
   explain_disagreement(op, fields, "", A2A_ERROR_INVALID_ARGUMENT, mismatched, false);

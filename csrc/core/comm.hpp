@@ -127,7 +127,7 @@ class Comm {
   // transport and returns the bytes each rank sent here, every one a
   // multiple of `unit`; on any disagreement it drops what arrived and throws
   // agree()'s errors on every rank. Until finish_in_band receives the
-  // messages into recv_span(r) (or drops them, dropped = true), every other
+  // messages into recv_span(r) (or drop_in_band drops them), every other
   // call on this comm fails.
   std::vector<int64_t> start_in_band(const char* op, const std::vector<Field>& fields,
                                      const std::function<Span(int)>& send_span, size_t unit);

@@ -86,10 +86,11 @@ class Transport {
   // scratch, dropped (so a longer message never meets a shorter buffer);
   // then waits for the sends. Bounded like group_end.
   virtual void signed_finish(const std::function<Span(int)>& recv_span);
-  // Both halves with sizes known to the receiver: returns the ranks whose
-  // message had another label or another size than recv_span(rank), whose
-  // spans are left as they were; empty when every rank called with the same
-  // signature. (A transport may do it faster than the halves do.)
+  // The exchange with sizes known to the receiver, as the two halves would
+  // run it (receives may be posted before the messages come): returns the
+  // ranks whose message had another label or another size than
+  // recv_span(rank), whose spans are left as they were; empty when every
+  // rank called with the same signature.
   virtual std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
                                            const std::function<Span(int)>& recv_span);
 

@@ -23,8 +23,12 @@
 
 namespace a2a {
 
+int MpiTransport::signed_tag(uint32_t signature) const {
+  return kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
+}
+
 std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::function<Span(int)>& send_span) {
-  const int tag = kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
+  const int tag = signed_tag(signature);
   drop_arrivals();  // a start whose finish never came (the caller failed between them)
   group_start();
   arrivals_.assign(size_, Arrival{});
@@ -81,12 +85,16 @@ std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::f
 
 void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
   if (arrivals_.empty()) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": signed_finish without signed_start");
-  // Messages that do not fit their span land in dropped_, one after another.
+  // A message lands in its span where its label matched and the span has its
+  // size; any other lands in dropped_, one after another.
+  std::vector<Span> spans(size_);
+  auto fits = [&](int peer) {
+    return arrivals_[peer].labelled && spans[peer].bytes() == static_cast<size_t>(arrivals_[peer].bytes);
+  };
   size_t dropped_bytes = 0;
   for (int peer = 0; peer < size_; ++peer) {
-    const Arrival& arrival = arrivals_[peer];
-    if (peer != rank_ && !(arrival.labelled && recv_span(peer).bytes() == static_cast<size_t>(arrival.bytes)))
-      dropped_bytes += static_cast<size_t>(arrival.bytes);
+    spans[peer] = recv_span(peer);
+    if (peer != rank_ && !fits(peer)) dropped_bytes += static_cast<size_t>(arrivals_[peer].bytes);
   }
   if (dropped_.size() < dropped_bytes) dropped_.resize(dropped_bytes);
   try {
@@ -94,10 +102,9 @@ void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
     for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
       Arrival& arrival = arrivals_[from];
-      const Span span = recv_span(from);
       const size_t bytes = static_cast<size_t>(arrival.bytes);
-      if (arrival.labelled && span.bytes() == bytes) {
-        post_matched(span, &arrival.message, from);
+      if (fits(from)) {
+        post_matched(spans[from], &arrival.message, from);
       } else {
         post_matched(Span::contiguous(dropped_.data() + at, bytes), &arrival.message, from);
         at += bytes;
@@ -109,8 +116,7 @@ void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
     throw;
   }
   arrivals_.clear();
-  const Span own_recv = recv_span(rank_);
-  if (own_recv.bytes() == own_send_.bytes()) copy_span(own_recv, own_send_);
+  if (spans[rank_].bytes() == own_send_.bytes()) copy_span(spans[rank_], own_send_);
   wait_all(requests_, pending_, "exchange with the argument check");
 }
 
@@ -126,7 +132,7 @@ void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
 // scratch, and the labelled receive cancelled.
 std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
                                                const std::function<Span(int)>& recv_span) {
-  const int tag = kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
+  const int tag = signed_tag(signature);
   drop_arrivals();
   group_start();
   std::vector<int> mismatched;

@@ -109,6 +109,8 @@ class MpiTransport final : public Transport {
   std::vector<MPI_Status> signed_statuses_;
   std::vector<size_t> signed_recv_of_;  // peer -> index of its receive in requests_
   std::vector<std::vector<char>> orphans_;  // drop_arrivals' buffers (MPI may still write there)
+  // The MPI tag that carries a signature: kFirstSignedTag and up.
+  int signed_tag(uint32_t signature) const;
   // Posts this call's labelled messages to every peer, and where recv_span
   // is given, first a receive under the same label from every peer (its
   // index in requests_ in signed_recv_of_); abandons them all if one fails.

@@ -141,8 +141,18 @@ py::object v_plan_execute_numpy(a2a::VPlan& plan, const py::array& x, const py::
 
 void* as_mutable(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
+// finish() of a VExchange for NumPy input `x` (the array it was started on):
+// the output has sum(recv_counts) rows of x's row shape.
 py::object v_exchange_finish_numpy(a2a::VExchange& exchange, const py::array& x, const py::object& out,
-                                   py::array& workspace);
+                                   py::array& workspace) {
+  std::vector<py::ssize_t> out_shape(x.shape(), x.shape() + x.ndim());
+  out_shape[0] = 0;
+  for (int64_t rows : exchange.recv_counts()) out_shape[0] += rows;
+  py::array result;
+  if (!numpy_output(x, out, out_shape, &result)) return py::none();
+  return run_fast(x, result, workspace, exchange.workspace_size(),
+                  [&](const void*, void* recv, void* scratch, size_t bytes) { exchange.finish(recv, scratch, bytes); });
+}
 
 // a2a.all_to_all_v for NumPy input: starts the exchange and finishes it into
 // out= (or a new array). Returns None for input unfit for this path, before
@@ -171,13 +181,11 @@ py::object all_to_all_v_numpy(a2a::Communicator& comm, const py::array& x, const
   // shape, not C-contiguous, read-only) takes the general path, which fails
   // every rank; only its rows wait for the exchange.
   if (!out.is_none()) {
-    if (!py::isinstance<py::array>(out)) return py::none();
-    const auto given = py::reinterpret_borrow<py::array>(out);
-    if (!given.dtype().is(x.dtype()) || given.ndim() != x.ndim() || !(given.flags() & py::array::c_style) ||
-        !given.writeable())
-      return py::none();
-    for (py::ssize_t i = 1; i < x.ndim(); ++i)
-      if (given.shape(i) != x.shape(i)) return py::none();
+    if (!py::isinstance<py::array>(out) || py::reinterpret_borrow<py::array>(out).ndim() != x.ndim()) return py::none();
+    std::vector<py::ssize_t> any_rows(x.shape(), x.shape() + x.ndim());
+    any_rows[0] = py::reinterpret_borrow<py::array>(out).shape(0);  // its own: only the exchange tells the count
+    py::array unused;
+    if (!numpy_output(x, out, any_rows, &unused)) return py::none();
   }
   size_t row_elements = 1;
   for (py::ssize_t i = 1; i < x.ndim(); ++i) row_elements *= static_cast<size_t>(x.shape(i));
@@ -195,18 +203,6 @@ py::object all_to_all_v_numpy(a2a::Communicator& comm, const py::array& x, const
   return py::make_tuple(py::none(), recv_counts, py::cast(exchange.release(), py::return_value_policy::take_ownership));
 }
 
-// finish() of a VExchange for NumPy input `x` (the array it was started on):
-// the output has sum(recv_counts) rows of x's row shape.
-py::object v_exchange_finish_numpy(a2a::VExchange& exchange, const py::array& x, const py::object& out,
-                                   py::array& workspace) {
-  std::vector<py::ssize_t> out_shape(x.shape(), x.shape() + x.ndim());
-  out_shape[0] = 0;
-  for (int64_t rows : exchange.recv_counts()) out_shape[0] += rows;
-  py::array result;
-  if (!numpy_output(x, out, out_shape, &result)) return py::none();
-  return run_fast(x, result, workspace, exchange.workspace_size(),
-                  [&](const void*, void* recv, void* scratch, size_t bytes) { exchange.finish(recv, scratch, bytes); });
-}
 
 // exec = (device_type, stream address, num_threads) from the Python layer.
 a2a_exec_t make_exec(const std::tuple<int, uintptr_t, int>& exec) {
@@ -678,7 +674,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("algo"), py::keep_alive<1, 2>(), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("recv_counts", &a2a::VExchange::recv_counts)
       .def_property_readonly("workspace_size", &a2a::VExchange::workspace_size)
-      .def("finish_numpy", &v_exchange_finish_numpy)
       .def(
           "finish",
           [](a2a::VExchange& exchange, uintptr_t recv, uintptr_t workspace, size_t workspace_bytes) {
