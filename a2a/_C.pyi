@@ -22,6 +22,9 @@ UNDEFINED: int
 def build_config() -> str:
     """a2a_build_config(): "key=value;..." (version, mpi, cuda, nccl, ...)."""
 
+def process_counters() -> dict[str, int]:
+    """a2a_counters(NULL): the process's counters by name (a2a.Counters' fields)."""
+
 def numpy_layout(array: np.ndarray, /) -> tuple[int, bool, bool]:
     """(address, C-contiguous, writeable) of a NumPy array."""
 
@@ -243,6 +246,9 @@ class Comm:
     @property
     def cross_check(self) -> bool:
         """Whether collectives check that every rank called them alike (a2a_comm_cross_check)."""
+
+    def counters(self) -> dict[str, int]:
+        """a2a_counters(comm): this communicator's counters by name (a2a.Counters' fields)."""
 
     @property
     def topology(self) -> tuple[int, int, int, int, int, int]:

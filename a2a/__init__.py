@@ -29,6 +29,9 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
 - Autograd: :mod:`a2a.torch` has torch.autograd versions of the collectives
   and the MoE kernels; the functions above use them by themselves when a
   torch input requires grad while grad mode is on.
+- Costs: ``counters(comm)`` (a :class:`Counters`) and ``counting(comm)``:
+  rounds and messages per path, the check's own rounds, host waits, device
+  operations and allocations, counted on every device.
 - Errors: :class:`A2AError` and its subclasses, each with the core's status.
 - The build: ``config()`` (what it contains, NCCL and CUDA included),
   ``get_include()`` and ``get_cmake_dir()`` for C and C++ users.
@@ -55,6 +58,7 @@ from . import _collectives
 from ._collective_api import *  # the collectives, named in _collectives.COLLECTIVES
 from ._collectives import ALGORITHMS, REDUCE_OPS, VPlan, plan_v
 from ._comm import Comm
+from ._counters import Counters, counters, counting
 from ._errors import (
     A2AError,
     A2ATimeoutError,
@@ -90,6 +94,7 @@ __all__ = [
     "A2AError",
     "A2ATimeoutError",
     "Comm",
+    "Counters",
     "ESIndex",
     "Fp8Pair",
     "InvalidArgumentError",
@@ -101,6 +106,8 @@ __all__ = [
     "UnsupportedError",
     "VPlan",
     "config",
+    "counters",
+    "counting",
     "dequantize_fp8",
     "es_index",
     "esmm",

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
+from ._counters import note_allocation
 from ._errors import InvalidArgumentError
 
 # a2a_dtype_t codes of csrc/include/a2a/a2a.h.
@@ -265,6 +266,7 @@ def argument_view(x: Any, what: str, op: str) -> ArrayView:
 def empty_like(v: ArrayView, shape: tuple[int, ...], dtype: str | None = None) -> Any:
     """A new uninitialised array of `shape` in the framework and memory of `v`,
     of v's dtype or the dtype named (e.g. "uint8" for workspaces)."""
+    note_allocation()
     if v.framework == "torch":
         torch = _torch()
         return torch.empty(shape, dtype=v.obj.dtype if dtype is None else getattr(torch, dtype), device=v.obj.device)

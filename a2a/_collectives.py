@@ -28,6 +28,7 @@ from ._arrays import (
     view,
 )
 from ._comm import Comm
+from ._counters import note_allocation
 from ._errors import A2AError, InvalidArgumentError, MismatchError
 
 # The collectives by name, written once: defined here (plain), in
@@ -151,6 +152,8 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
     if _numpy_call(x, out, comm, algo):
         result = comm._native.all_to_all_numpy(x, out, ALGORITHMS[algo], comm._workspace)
         if result is not None:
+            if out is None:
+                note_allocation()
             return result
     # The general path: any framework, and every error reported to every rank.
     _check_comm(comm, op)
@@ -199,6 +202,8 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
             x, out, split_axis % x.ndim, concat_axis % x.ndim, ALGORITHMS[algo], comm._workspace
         )
         if result is not None:
+            if out is None:
+                note_allocation()
             return result
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
@@ -266,6 +271,8 @@ def all_to_all_v(x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", 
         started = comm._native.all_to_all_v_numpy(x, send_counts, _MAX_COUNT, out, ALGORITHMS[algo], comm._workspace)
         if started is not None:
             result, recv_counts, exchange = started
+            if out is None:
+                note_allocation(2)  # the rows and their counts
             if exchange is not None:  # out= of other rows, or a workspace to grow
                 result = _finish_v(comm, op, exchange, int(recv_counts.sum()), view(x, "input"), out)
             return result, recv_counts
@@ -359,6 +366,8 @@ class VPlan:
                 x, out, self._rows_in, self._rows_out, self._dtype_code, comm._workspace
             )
             if result is not None:
+                if out is None:
+                    note_allocation()
                 return result
         op = "all_to_all_v"
         with _ReportToAllRanks(comm, op):

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _C
 from ._arrays import ArrayView, address_of, empty_like
+from ._counters import note_allocation
 
 DEVICES = ("cpu", "cuda")
 TRANSPORTS = ("mpi", "nccl")
@@ -286,6 +287,7 @@ class Comm:
         if like is None or like.cuda_device is None:
             if self._workspace.nbytes < nbytes:
                 self._workspace = np.empty(nbytes, dtype=np.uint8)
+                note_allocation()
             return self._workspace.ctypes.data, self._workspace.nbytes
         buffer = self._device_workspaces.get(like.framework)
         if buffer is None or buffer.nbytes < nbytes:

@@ -11,6 +11,7 @@
 #include "a2a/a2a.h"
 #include "a2a/a2a_testing.h"
 #include "core/collectives.hpp"
+#include "core/counters.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "moe/es_ops.hpp"
@@ -48,6 +49,7 @@ thread_local std::string last_error;
 
 template <typename Fn>
 a2a_status_t guarded(Fn&& fn) {
+  a2a::process_counters().add(a2a::Count::kCalls);
   try {
     fn();
     last_error.clear();
@@ -269,6 +271,20 @@ a2a_status_t a2a_comm_cross_check(a2a_comm_t comm, int* on) {
   return guarded([&] {
     if (on == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "on must not be NULL");
     *on = require_handle(comm, "comm")->impl->cross_checks() ? 1 : 0;
+  });
+}
+
+a2a_status_t a2a_counters(a2a_comm_t comm, a2a_counters_t* counters) {
+  return guarded([&] {
+    if (counters == nullptr || counters->struct_size < sizeof(a2a_counters_t))
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "counters must point to an a2a_counters_t whose struct_size is set "
+                "(A2A_COUNTERS_INIT)");
+    const size_t struct_size = counters->struct_size;
+    if (comm == nullptr)
+      a2a::process_counters().read(counters);
+    else
+      require_handle(comm, "comm")->impl->counters().read(counters);
+    counters->struct_size = struct_size;
   });
 }
 

@@ -18,17 +18,19 @@ PeerGroup rail_group(const Topology& topo) {
   return PeerGroup{topo.local_rank, topo.local_size, topo.num_nodes, topo.node};
 }
 
-void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
+void exchange(Comm& comm, InBandCheck* check, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span) {
-  exchange(comm.transport(), group, send_span, recv_span);
+  exchange_pieces(
+      comm, check, group, 1, [&](int i, size_t) { return send_span(i); }, [&](int j, size_t) { return recv_span(j); });
 }
 
-void world_exchange(Comm& comm, const InBandCheck* check, const std::function<Span(int)>& send_span,
-                    const std::function<Span(int)>& recv_span) {
+void exchange_pieces(Comm& comm, InBandCheck* check, const PeerGroup& group, size_t pieces,
+                     const std::function<Span(int, size_t)>& send_piece,
+                     const std::function<Span(int, size_t)>& recv_piece) {
   if (check != nullptr)
-    comm.agree_in_exchange(check->op, check->fields, "", comm.transport(), send_span, recv_span);
+    comm.exchange_in_band(*check, comm.transport(), group, pieces, send_piece, recv_piece);
   else
-    exchange(comm, world_group(comm.topology()), send_span, recv_span);
+    exchange_pieces(comm.transport(), group, pieces, send_piece, recv_piece);
 }
 
 void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
@@ -64,11 +66,11 @@ void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces
 // ---------------------------------------------------------------------------
 // Uniform all-to-all
 
-void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes, const InBandCheck* check) {
+void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes, InBandCheck* check) {
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
-  world_exchange(
-      comm, check, [&](int i) { return Span::contiguous(in + i * chunk_bytes, chunk_bytes); },
+  exchange(
+      comm, check, world_group(comm.topology()), [&](int i) { return Span::contiguous(in + i * chunk_bytes, chunk_bytes); },
       [&](int j) { return Span::contiguous(out + j * chunk_bytes, chunk_bytes); });
 }
 
@@ -86,10 +88,16 @@ size_t all_to_all_2dh_workspace(const Topology& topo, size_t chunk_bytes) {
 //   phase 3     ws   [N][L]  = transpose(recv): row m goes to (node m, my l)
 //   phase 4     recv [N][L]  row m received from (node m, my l): data of ranks (m, l'')
 // The final layout is ordered by source rank m * L + l'', as MPI_Alltoall's.
-void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes, void* workspace) {
+//
+// With the check in band, both exchanges carry it: the node's ranks agree in
+// phase 2, the rail's in phase 4, and a rank that disagrees with a node peer
+// ends the call before phase 4 with a notice to every rank, so that its rail
+// peers (and everyone) learn of it too.
+void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes, void* workspace,
+                    InBandCheck* check) {
   const Topology& topo = comm.topology();
   if (topo.num_nodes == 1 || topo.local_size == 1) {
-    all_to_all_linear(comm, send, recv, chunk_bytes);
+    all_to_all_linear(comm, send, recv, chunk_bytes, check);
     return;
   }
   const size_t nodes = topo.num_nodes, locals = topo.local_size;
@@ -100,11 +108,11 @@ void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes
 
   comm.device().transpose_chunks(ws, send, nodes, locals, chunk_bytes);
   exchange(
-      comm, node_group(topo), [&](int l) { return Span::contiguous(ws + l * row_to_local, row_to_local); },
+      comm, check, node_group(topo), [&](int l) { return Span::contiguous(ws + l * row_to_local, row_to_local); },
       [&](int l) { return Span::contiguous(out + l * row_to_local, row_to_local); });
   comm.device().transpose_chunks(ws, out, locals, nodes, chunk_bytes);
   exchange(
-      comm, rail_group(topo), [&](int m) { return Span::contiguous(ws + m * row_to_node, row_to_node); },
+      comm, check, rail_group(topo), [&](int m) { return Span::contiguous(ws + m * row_to_node, row_to_node); },
       [&](int m) { return Span::contiguous(out + m * row_to_node, row_to_node); });
 }
 
@@ -207,7 +215,7 @@ size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a
 }
 
 void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout& layout, a2a_algo_t algo,
-                     void* workspace, const InBandCheck* check) {
+                     void* workspace, InBandCheck* check) {
   const Topology& topo = comm.topology();
   const size_t world = topo.size, chunk = layout.chunk_bytes();
   const char* in = static_cast<const char*>(send);
@@ -216,14 +224,14 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout&
 
   if (path == FlexPath::kContiguous) {
     if (algo == A2A_ALGO_2DH)
-      all_to_all_2dh(comm, send, recv, chunk, workspace);
+      all_to_all_2dh(comm, send, recv, chunk, workspace, check);
     else
       all_to_all_linear(comm, send, recv, chunk, check);
     return;
   }
   if (path == FlexPath::kDatatypes) {
-    world_exchange(
-        comm, check,
+    exchange(
+        comm, check, world_group(topo),
         [&](int i) {
           return Span::strided(in + i * layout.split_inner, layout.split_inner, layout.split_outer,
                                world * layout.split_inner);
@@ -245,10 +253,7 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout&
       const size_t at = k * piece, block = at / layout.concat_inner;
       return Span::contiguous(out + (block * world + j) * layout.concat_inner + at % layout.concat_inner, piece);
     };
-    // Pieces are large (kMinPieceBytes): the check goes first, as a round
-    // of empty messages, and every piece follows in one group.
-    if (check != nullptr) comm.agree(check->op, check->fields);
-    exchange_pieces(comm.transport(), world_group(topo), pieces, send_piece, recv_piece);
+    exchange_pieces(comm, check, world_group(topo), pieces, send_piece, recv_piece);
     return;
   }
 
@@ -266,7 +271,7 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout&
     ws += chunk * world;
   }
   if (algo == A2A_ALGO_2DH)
-    all_to_all_2dh(comm, send_chunks, recv_chunks, chunk, ws);
+    all_to_all_2dh(comm, send_chunks, recv_chunks, chunk, ws, check);
   else
     all_to_all_linear(comm, send_chunks, recv_chunks, chunk, check);
   if (layout.concat_outer > 1)
@@ -290,12 +295,12 @@ size_t relay_bytes(const VCounts& counts) {
 
 }  // namespace
 
-void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts, const InBandCheck* check) {
+void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts, InBandCheck* check) {
   const auto send_off = prefix_offsets(counts.send), recv_off = prefix_offsets(counts.recv);
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
-  world_exchange(
-      comm, check,
+  exchange(
+      comm, check, world_group(comm.topology()),
       [&](int i) { return Span::contiguous(in + send_off[i], static_cast<size_t>(counts.send[i])); },
       [&](int j) { return Span::contiguous(out + recv_off[j], static_cast<size_t>(counts.recv[j])); });
 }
@@ -313,10 +318,11 @@ size_t all_to_all_v_2dh_workspace(const Topology& topo, const VCounts& counts) {
 //   phase 2  relay   [L][N]: from local peer l'', its data for (m, my l), sizes counts.relay
 //   phase 3  staging [N][L]: relay regrouped by destination node
 //   phase 4  recv    [N][L]: from (m, my l), the data of ranks (m, l''), in source-rank order
-void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& counts, void* workspace) {
+void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& counts, void* workspace,
+                      InBandCheck* check) {
   const Topology& topo = comm.topology();
   if (topo.num_nodes == 1 || topo.local_size == 1) {
-    all_to_all_v_linear(comm, send, recv, counts);
+    all_to_all_v_linear(comm, send, recv, counts, check);
     return;
   }
   const int nodes = topo.num_nodes, locals = topo.local_size;
@@ -340,7 +346,7 @@ void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& c
   // relay chunk (l'', m) sits at relay_off[l'' * N + m]
   const auto relay_off = prefix_offsets(counts.relay);
   exchange(
-      comm, node_group(topo), [&](int l) { return Span::contiguous(staging + to_local[l], to_local[l + 1] - to_local[l]); },
+      comm, check, node_group(topo), [&](int l) { return Span::contiguous(staging + to_local[l], to_local[l + 1] - to_local[l]); },
       [&](int l) {
         return Span::contiguous(relay + relay_off[l * nodes], relay_off[(l + 1) * nodes] - relay_off[l * nodes]);
       });
@@ -359,11 +365,32 @@ void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& c
 
   char* out = static_cast<char*>(recv);
   exchange(
-      comm, rail_group(topo), [&](int m) { return Span::contiguous(staging + to_node[m], to_node[m + 1] - to_node[m]); },
+      comm, check, rail_group(topo), [&](int m) { return Span::contiguous(staging + to_node[m], to_node[m + 1] - to_node[m]); },
       [&](int m) {
         const int first = topo.global_rank(m, 0), end = first + locals;
         return Span::contiguous(out + recv_off[first], recv_off[end] - recv_off[first]);
       });
+}
+
+// ---------------------------------------------------------------------------
+// All-gather as one exchange over the world
+
+void all_gather_exchange(Comm& comm, const void* send, void* recv, size_t block_bytes, InBandCheck* check) {
+  char* out = static_cast<char*>(recv);
+  exchange(
+      comm, check, world_group(comm.topology()), [&](int) { return Span::contiguous(send, block_bytes); },
+      [&](int j) { return Span::contiguous(out + j * block_bytes, block_bytes); });
+}
+
+void all_gather_v_exchange(Comm& comm, const void* send, void* recv, const std::vector<size_t>& bytes,
+                           InBandCheck* check) {
+  std::vector<size_t> offset(bytes.size() + 1, 0);
+  for (size_t r = 0; r < bytes.size(); ++r) offset[r + 1] = offset[r] + bytes[r];
+  char* out = static_cast<char*>(recv);
+  const size_t mine = bytes[comm.rank()];
+  exchange(
+      comm, check, world_group(comm.topology()), [&](int) { return Span::contiguous(send, mine); },
+      [&](int j) { return Span::contiguous(out + offset[j], bytes[j]); });
 }
 
 }  // namespace a2a

@@ -13,17 +13,6 @@
 
 namespace a2a {
 
-// A set of ranks exchanging with each other: member i is first + i * stride,
-// and this rank is member `me`. All ranks (linear), the ranks of one node
-// (2DH intra-node phase), or the ranks with one local_rank (2DH inter-node).
-struct PeerGroup {
-  int first;
-  int stride;
-  int count;
-  int me;
-  int member(int i) const { return first + i * stride; }
-};
-
 PeerGroup world_group(const Topology& topo);
 PeerGroup node_group(const Topology& topo);  // my node's ranks, indexed by local_rank
 PeerGroup rail_group(const Topology& topo);  // my local_rank on every node, indexed by node
@@ -33,31 +22,27 @@ PeerGroup rail_group(const Topology& topo);  // my local_rank on every node, ind
 // shifted order me+1, me+2, ... so that not every rank starts at rank 0.
 void exchange(Transport& transport, const PeerGroup& group, const std::function<Span(int)>& send_span,
               const std::function<Span(int)>& recv_span);
-// The same over the comm's data transport (the collectives' buffers).
-void exchange(Comm& comm, const PeerGroup& group, const std::function<Span(int)>& send_span,
-              const std::function<Span(int)>& recv_span);
 // `pieces` messages to and from every member, piece k of one pair after
 // piece k - 1 (the flexible all-to-all's "pieces" path).
 void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces,
                      const std::function<Span(int, size_t)>& send_piece,
                      const std::function<Span(int, size_t)>& recv_piece);
 
-// The cross-rank argument check of one call when it travels with the
-// algorithm's first world exchange (Comm::agree_in_exchange). Algorithms take
-// a pointer to it: nullptr means agree() already ran.
-struct InBandCheck {
-  const char* op;
-  std::vector<Field> fields;
-};
-
-// exchange() over the world, carrying `check` when there is one.
-void world_exchange(Comm& comm, const InBandCheck* check, const std::function<Span(int)>& send_span,
-                    const std::function<Span(int)>& recv_span);
+// An algorithm's exchanges go over the comm's data transport and carry the
+// call's cross-rank check where it travels in band (check non-null:
+// Comm::exchange_in_band); nullptr means agree() already ran, or the check
+// is off. Algorithms take the pointer and pass it to every exchange they run.
+void exchange(Comm& comm, InBandCheck* check, const PeerGroup& group, const std::function<Span(int)>& send_span,
+              const std::function<Span(int)>& recv_span);
+void exchange_pieces(Comm& comm, InBandCheck* check, const PeerGroup& group, size_t pieces,
+                     const std::function<Span(int, size_t)>& send_piece,
+                     const std::function<Span(int, size_t)>& recv_piece);
 
 // Uniform all-to-all of chunk_bytes per peer.
 void all_to_all_linear(Comm& comm, const void* send, void* recv, size_t chunk_bytes,
-                       const InBandCheck* check = nullptr);
-void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes, void* workspace);
+                       InBandCheck* check = nullptr);
+void all_to_all_2dh(Comm& comm, const void* send, void* recv, size_t chunk_bytes, void* workspace,
+                    InBandCheck* check = nullptr);
 size_t all_to_all_2dh_workspace(const Topology& topo, size_t chunk_bytes);
 
 // The flexible all-to-all's geometry: the input is viewed as
@@ -89,7 +74,7 @@ std::string flex_path_setting_error();
 
 size_t all_to_all_flex_workspace(const Comm& comm, const FlexLayout& layout, a2a_algo_t algo);
 void all_to_all_flex(Comm& comm, const void* send, void* recv, const FlexLayout& layout, a2a_algo_t algo,
-                     void* workspace, const InBandCheck* check = nullptr);
+                     void* workspace, InBandCheck* check = nullptr);
 
 // Uneven all-to-all. Counts are in bytes, one entry per rank; blocks are
 // packed in rank order on both sides.
@@ -101,7 +86,14 @@ struct VCounts {
 
 size_t all_to_all_v_2dh_workspace(const Topology& topo, const VCounts& counts);
 void all_to_all_v_linear(Comm& comm, const void* send, void* recv, const VCounts& counts,
-                         const InBandCheck* check = nullptr);
-void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& counts, void* workspace);
+                         InBandCheck* check = nullptr);
+void all_to_all_v_2dh(Comm& comm, const void* send, void* recv, const VCounts& counts, void* workspace,
+                      InBandCheck* check = nullptr);
+// Every rank's block of block_bytes, gathered in rank order (the dense
+// all_gather as one exchange over the world, so that it carries the check).
+void all_gather_exchange(Comm& comm, const void* send, void* recv, size_t block_bytes, InBandCheck* check);
+// The same with blocks of bytes[r] bytes, packed in rank order.
+void all_gather_v_exchange(Comm& comm, const void* send, void* recv, const std::vector<size_t>& bytes,
+                           InBandCheck* check);
 
 }  // namespace a2a

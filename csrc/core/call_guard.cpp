@@ -25,6 +25,7 @@ const char* mpi_thread_level_name(int level) {
 }
 
 CallGuard::CallGuard(CallGate& gate, const char* op, int rank, bool communicates) : gate_(gate) {
+  if (gate.counters_ != nullptr) gate.counters_->add(Count::kCalls);
   const char* other = nullptr;
   if (!gate.inside_.compare_exchange_strong(other, op))
     fail(A2A_ERROR_UNSUPPORTED, op, " on rank ", rank, ": another thread is inside ", other,

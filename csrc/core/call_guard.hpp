@@ -8,6 +8,8 @@
 
 #include <atomic>
 
+#include "core/counters.hpp"
+
 namespace a2a {
 
 // MPI's thread support for the process, as creation found it
@@ -23,9 +25,12 @@ class CallGate {
  public:
   void set_mpi_thread_level(int level) { mpi_thread_level_ = level; }
   int mpi_thread_level() const { return mpi_thread_level_; }
+  // Where each call through this gate is counted (Count::kCalls): its comm's.
+  void set_counters(Counters* counters) { counters_ = counters; }
 
  private:
   friend class CallGuard;
+  Counters* counters_ = nullptr;
   std::atomic<const char*> inside_{nullptr};  // the op of the call inside, if any
   int mpi_thread_level_ = kNoMpi;
 };

@@ -53,17 +53,18 @@ class Checker {
 
 bool multiply_overflows(size_t a, size_t b, size_t* product) { return __builtin_mul_overflow(a, b, product); }
 
-// The linear algorithms' first exchange is over the whole world, so the
-// argument check can travel with it (Comm::agree_in_exchange).
-bool in_band(const Comm& comm, a2a_algo_t algo) { return algo == A2A_ALGO_LINEAR && comm.checks_in_band(); }
+// Where the comm checks in band, every exchange of the algorithms carries the
+// check (Comm::begin_in_band): no round of its own.
+bool in_band(const Comm& comm) { return comm.checks_in_band() && comm.cross_checks() && comm.size() > 1; }
 
 // Agrees on `fields` and runs the algorithm: with the check in band (handed
-// to the algorithm, whose first world exchange carries it) where the comm and
-// the algorithm allow it and this rank's input is valid; else after agree().
-void agree_and_run(Comm& comm, const char* op, a2a_algo_t algo, std::vector<Field> fields, const std::string& error,
-                   const std::function<void(const InBandCheck*)>& algorithm) {
-  if (in_band(comm, algo) && error.empty()) {
-    const InBandCheck check{op, std::move(fields)};
+// to the algorithm, whose exchanges carry it) where the comm allows it and
+// this rank's input is valid; else after agree(), which on an in-band comm
+// tells every rank of this rank's rejected input.
+void agree_and_run(Comm& comm, const char* op, std::vector<Field> fields, const std::string& error,
+                   const std::function<void(InBandCheck*)>& algorithm) {
+  if (in_band(comm) && error.empty()) {
+    InBandCheck check = comm.begin_in_band(op, std::move(fields));
     comm.run(op, [&] { algorithm(&check); });
     return;
   }
@@ -78,7 +79,7 @@ void log_choice(const Comm& comm, const char* op, a2a_algo_t algo, const std::st
   static std::mutex mutex;
   static std::set<std::string> seen;
   const std::string choice =
-      cat(op, ": algo ", algo_name(algo), ", ", path, ", argument check ", in_band(comm, algo) ? "in band" : "by round");
+      cat(op, ": algo ", algo_name(algo), ", ", path, ", argument check ", in_band(comm) ? "in band" : "by round");
   std::lock_guard<std::mutex> lock(mutex);
   if (seen.insert(choice).second) debug::info(choice, " (", comm.size(), " ranks)");
 }
@@ -106,10 +107,10 @@ void all_to_all(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
     check.workspace(workspace, workspace_bytes, all_to_all_workspace_size(comm, count, dtype, algo));
   }
   log_choice(comm, op, algo, algo == A2A_ALGO_2DH ? "intra-node then inter-node" : "one message per peer");
-  agree_and_run(comm, op, algo, {{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}},
-                check.error(), [&](const InBandCheck* in_band) {
+  agree_and_run(comm, op, {{"dtype", dtype}, {"algo", algo}, {"count per peer", static_cast<int64_t>(count)}},
+                check.error(), [&](InBandCheck* in_band) {
                   if (algo == A2A_ALGO_2DH)
-                    all_to_all_2dh(comm, send, recv, chunk_bytes, workspace);
+                    all_to_all_2dh(comm, send, recv, chunk_bytes, workspace, in_band);
                   else
                     all_to_all_linear(comm, send, recv, chunk_bytes, in_band);
                 });
@@ -122,10 +123,10 @@ namespace {
 
 enum class Dense { kAllGather, kAllReduce, kReduceScatter };
 
-// Checks and agrees on one dense collective; returns the bytes of one
-// rank's block (count elements).
+// Checks one dense collective; returns the bytes of one rank's block (count
+// elements) and leaves the first local problem in *error.
 size_t check_dense(Comm& comm, const char* op, Dense kind, const void* send, void* recv, size_t count,
-                   a2a_dtype_t dtype, int reduce_op) {
+                   a2a_dtype_t dtype, int reduce_op, std::string* error) {
   Checker check(comm, op);
   check.require(dtype_size(dtype) != 0, "unsupported dtype code ", static_cast<int>(dtype),
                 " (supported: float32, float64, float16, bfloat16, int8, int32, int64, uint8)");
@@ -145,23 +146,37 @@ size_t check_dense(Comm& comm, const char* op, Dense kind, const void* send, voi
       check.buffers(send, recv, send_bytes, recv_bytes);
     check.require(recv_bytes == 0 || recv != nullptr, "recv buffer is NULL but must hold ", recv_bytes, " bytes");
   }
-  comm.agree(op, {{"dtype", dtype}, {"count", static_cast<int64_t>(count)}, {"reduce_op", reduce_op}}, check.error());
+  *error = check.error();
   return block;
+}
+
+std::vector<Field> dense_fields(a2a_dtype_t dtype, size_t count, int reduce_op) {
+  return {{"dtype", dtype}, {"count", static_cast<int64_t>(count)}, {"reduce_op", reduce_op}};
 }
 
 }  // namespace
 
+// In band, the gather is one exchange over the world that carries the check;
+// else the transport's own (NCCL's), after agree().
 void all_gather(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype) {
   const char* op = "all_gather";
-  const size_t block = check_dense(comm, op, Dense::kAllGather, send, recv, count, dtype, A2A_SUM);
-  comm.run(op, [&] {
-    if (block != 0) comm.transport().allgather(send, recv, block);
+  std::string error;
+  const size_t block = check_dense(comm, op, Dense::kAllGather, send, recv, count, dtype, A2A_SUM, &error);
+  agree_and_run(comm, op, dense_fields(dtype, count, A2A_SUM), error, [&](InBandCheck* in_band) {
+    if (in_band != nullptr)
+      all_gather_exchange(comm, send, recv, block, in_band);
+    else if (block != 0)
+      comm.transport().allgather(send, recv, block);
   });
 }
 
+// The reductions are the transport's (MPI's, NCCL's), whose messages carry no
+// label: the check is a round of its own (agree()).
 void all_reduce(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t reduce) {
   const char* op = "all_reduce";
-  check_dense(comm, op, Dense::kAllReduce, send, recv, count, dtype, reduce);
+  std::string error;
+  check_dense(comm, op, Dense::kAllReduce, send, recv, count, dtype, reduce, &error);
+  comm.agree(op, dense_fields(dtype, count, reduce), error);
   comm.run(op, [&] {
     if (count != 0) comm.transport().allreduce(send, recv, count, dtype, static_cast<ReduceOp>(reduce));
   });
@@ -169,7 +184,9 @@ void all_reduce(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
 
 void reduce_scatter(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t reduce) {
   const char* op = "reduce_scatter";
-  check_dense(comm, op, Dense::kReduceScatter, send, recv, count, dtype, reduce);
+  std::string error;
+  check_dense(comm, op, Dense::kReduceScatter, send, recv, count, dtype, reduce, &error);
+  comm.agree(op, dense_fields(dtype, count, reduce), error);
   comm.run(op, [&] {
     if (count != 0) comm.transport().reduce_scatter(send, recv, count, dtype, static_cast<ReduceOp>(reduce));
   });
@@ -193,9 +210,12 @@ uint64_t counts_digest(const std::vector<int64_t>& counts) {
   return hash;
 }
 
-// Every rank holds every digest, so every rank comes here when one differs:
-// one allgather of the counts lets them all name the same entry.
-[[noreturn]] void explain_counts(Comm& comm, const char* op, const std::vector<int64_t>& mine) {
+constexpr const char* kCountsDigest = "counts digest";
+
+// Every rank holds every digest (or the same verdict on them), so every rank
+// comes here when one differs: one allgather of the counts lets them all name
+// the same entry.
+[[noreturn]] void explain_counts(Comm& comm, const char* op, const std::vector<int64_t>& mine, bool data_moved) {
   const int world = comm.size();
   std::vector<int64_t> table(static_cast<size_t>(world) * world);
   comm.run(op, [&] { comm.control().allgather(mine.data(), table.data(), world * sizeof(int64_t)); });
@@ -206,18 +226,17 @@ uint64_t counts_digest(const std::vector<int64_t>& counts) {
                            cat(op, " on rank ", comm.rank(), ": 'counts' differ across ranks: rank ", r,
                                " passed counts[", i, "] = ", table[static_cast<size_t>(r) * world + i],
                                " where rank 0 passed ", table[i], " (elements); every rank must pass the same ", world,
-                               " counts (counts[i]: rank i's block); no data was exchanged"));
+                               " counts (counts[i]: rank i's block); ",
+                               data_moved ? "the output may hold what the other ranks sent" : "no data was exchanged"));
   fail(A2A_ERROR_INTERNAL, op, " on rank ", comm.rank(), ": the digests of the counts differ but the counts do not");
 }
 
-// Checks one uneven dense collective and agrees on it, counts included: each
-// rank sends the digest of its counts to every rank in the argument check's
-// round (in band where the comm allows), so counts that differ on one rank
-// fail every rank alike. Returns counts[i] in elements.
+// One uneven dense collective's own checks: returns counts[i] in elements,
+// this rank's counts (zeros where it rejected them) and the first local
+// problem in *error.
 std::vector<size_t> check_dense_v(Comm& comm, const char* op, Dense kind, const void* send, void* recv,
-                                  const int64_t* counts, a2a_dtype_t dtype, int reduce_op) {
-  // The digests travel over the control transport, as all-to-all-v counts do.
-  comm.require_control_outside_capture(op);
+                                  const int64_t* counts, a2a_dtype_t dtype, int reduce_op, std::vector<int64_t>* mine,
+                                  std::string* error) {
   const int world = comm.size();
   const size_t item = dtype_size(dtype);
   Checker check(comm, op);
@@ -237,39 +256,71 @@ std::vector<size_t> check_dense_v(Comm& comm, const char* op, Dense kind, const 
     check.require(!__builtin_add_overflow(total, bytes, &total), "the counts sum to more than the address space");
     sizes[i] = static_cast<size_t>(counts[i]);
   }
-  std::vector<int64_t> mine(world, 0);
+  mine->assign(world, 0);
   if (check.error().empty()) {
-    mine.assign(counts, counts + world);
+    mine->assign(counts, counts + world);
     const size_t block = sizes[comm.rank()] * item;
     check.buffers(send, recv, kind == Dense::kAllGather ? block : total, kind == Dense::kAllGather ? total : block);
   }
+  *error = check.error();
+  return sizes;
+}
+
+// Agrees on an uneven dense collective by round, counts included: each rank
+// sends the digest of its counts to every rank (over the control transport,
+// as all-to-all-v counts go; in band where the comm allows), so counts that
+// differ on one rank fail every rank alike.
+void agree_dense_v(Comm& comm, const char* op, std::vector<Field> fields, const std::string& error,
+                   const std::vector<int64_t>& mine) {
+  comm.require_control_outside_capture(op);
   const uint64_t digest = counts_digest(mine);
-  std::vector<uint64_t> digests(world, 0);
+  std::vector<uint64_t> digests(comm.size(), 0);
   comm.agree_in_exchange(
-      op, {{"dtype", dtype}, {"reduce_op", reduce_op}}, check.error(), comm.control(),
-      [&](int) { return Span::contiguous(&digest, sizeof digest); },
+      op, fields, error, comm.control(), [&](int) { return Span::contiguous(&digest, sizeof digest); },
       [&](int r) { return Span::contiguous(&digests[r], sizeof(uint64_t)); });
   for (uint64_t other : digests)
-    if (other != digest) explain_counts(comm, op, mine);
-  return sizes;
+    if (other != digest) explain_counts(comm, op, mine, false);
 }
 
 }  // namespace
 
+// In band, one exchange over the world moves the blocks and carries the
+// check, the counts' digest as one of its fields; else the digests' round,
+// then the transport's gather.
 void all_gather_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype) {
   const char* op = "all_gather_v";
-  std::vector<size_t> bytes = check_dense_v(comm, op, Dense::kAllGather, send, recv, counts, dtype, A2A_SUM);
+  std::vector<int64_t> mine;
+  std::string error;
+  std::vector<size_t> bytes = check_dense_v(comm, op, Dense::kAllGather, send, recv, counts, dtype, A2A_SUM, &mine,
+                                            &error);
   size_t total = 0;
   for (size_t& b : bytes) total += (b *= dtype_size(dtype));
-  comm.run(op, [&] {
-    if (total != 0) comm.transport().allgather_v(send, recv, bytes);
-  });
+  std::vector<Field> fields{{"dtype", dtype}, {"reduce_op", A2A_SUM}};
+  if (!in_band(comm) || !error.empty()) {
+    agree_dense_v(comm, op, fields, error, mine);
+    comm.run(op, [&] {
+      if (total != 0) comm.transport().allgather_v(send, recv, bytes);
+    });
+    return;
+  }
+  fields.push_back({kCountsDigest, static_cast<int64_t>(counts_digest(mine))});
+  try {
+    InBandCheck check = comm.begin_in_band(op, fields);
+    comm.run(op, [&] { all_gather_v_exchange(comm, send, recv, bytes, &check); });
+  } catch (const FieldDisagreement& e) {
+    if (std::string(e.field()) != kCountsDigest) throw;
+    explain_counts(comm, op, mine, true);
+  }
 }
 
 void reduce_scatter_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype,
                       a2a_reduce_op_t reduce) {
   const char* op = "reduce_scatter_v";
-  const std::vector<size_t> sizes = check_dense_v(comm, op, Dense::kReduceScatter, send, recv, counts, dtype, reduce);
+  std::vector<int64_t> mine;
+  std::string error;
+  const std::vector<size_t> sizes =
+      check_dense_v(comm, op, Dense::kReduceScatter, send, recv, counts, dtype, reduce, &mine, &error);
+  agree_dense_v(comm, op, {{"dtype", dtype}, {"reduce_op", reduce}}, error, mine);
   size_t total = 0;
   for (size_t count : sizes) total += count;
   comm.run(op, [&] {
@@ -371,8 +422,8 @@ void all_to_all_flex(Comm& comm, const void* send, void* recv, const int64_t* sh
     // and packed interoperate): ranks must agree on which (A2A_FLEX_PATH).
     fields.push_back({"pieces path", path == FlexPath::kPieces ? 1 : 0});
   }
-  agree_and_run(comm, op, algo, std::move(fields), check.error(),
-                [&](const InBandCheck* in_band) { all_to_all_flex(comm, send, recv, layout, algo, workspace, in_band); });
+  agree_and_run(comm, op, std::move(fields), check.error(),
+                [&](InBandCheck* in_band) { all_to_all_flex(comm, send, recv, layout, algo, workspace, in_band); });
 }
 
 // ---------------------------------------------------------------------------
@@ -465,10 +516,10 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.buffers(send, recv, send_total, recv_total);
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
-  agree_and_run(comm_, op, algo_, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}}, check.error(),
-                [&](const InBandCheck* in_band) {
+  agree_and_run(comm_, op, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}}, check.error(),
+                [&](InBandCheck* in_band) {
                   if (algo_ == A2A_ALGO_2DH)
-                    all_to_all_v_2dh(comm_, send, recv, bytes_, workspace);
+                    all_to_all_v_2dh(comm_, send, recv, bytes_, workspace, in_band);
                   else
                     all_to_all_v_linear(comm_, send, recv, bytes_, in_band);
                 });

@@ -33,16 +33,22 @@ Comm::Comm(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device,
 Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
     : device_(std::move(parts.device)),
       transports_(std::move(parts.transports)),
-      data_(parts.data),
-      control_(parts.control),
+      counted_data_(std::make_unique<CountingTransport>(*parts.data, counters_, CountingTransport::Path::kData)),
+      counted_control_(
+          std::make_unique<CountingTransport>(*parts.control, counters_, CountingTransport::Path::kControl)),
+      data_(counted_data_.get()),
+      control_(counted_control_.get()),
       control_waits_for_stream_(parts.control_waits_for_stream),
       device_type_(parts.device_type),
       transport_kind_(parts.transport),
       topology_(std::move(topology)),
       use_strided_spans_(use_strided_spans && data_->supports_strided()),
-      in_band_(data_ == control_ && data_->supports_signed_exchange()),
+      in_band_(parts.data == parts.control && data_->supports_signed_exchange()),
       cross_check_(parts.cross_check),
-      splitter_(std::move(parts.splitter)) {}
+      splitter_(std::move(parts.splitter)) {
+  device_->attach_counters(&counters_);
+  call_gate_.set_counters(&counters_);
+}
 
 Comm::~Comm() {
   // Work still on the stream may be a NCCL kernel waiting for a peer that
@@ -53,6 +59,8 @@ Comm::~Comm() {
   } catch (...) {
     abort_transports();
   }
+  counted_data_.reset();
+  counted_control_.reset();
   while (!transports_.empty()) transports_.pop_back();  // wrappers before what they wrap
 }
 
@@ -122,35 +130,36 @@ Signature make_signature(const char* op, const std::vector<Field>& fields, bool 
   return mine;
 }
 
-// The label of a signed exchange: a 64-bit multiply-xorshift hash over the
-// signature's 64-bit words, folded to 32 bits. Equal labels mean equal
-// (op, fields, sequence) but for a collision of 32 bits. `form` tells a round
-// of Signatures from a collective's own data, so that ranks that sent
-// different kinds of message never look alike.
-enum class Form : uint64_t { kSignatures = 1, kData = 2 };
-
-uint32_t digest(const Signature& signature, Form form) {
+// The digest of a signature: a 64-bit multiply-xorshift hash over its 64-bit
+// words. Equal digests mean equal (op, fields, rejected, sequence) but for a
+// collision.
+uint64_t signature_digest(const Signature& signature) {
   static_assert(sizeof(Signature) % sizeof(uint64_t) == 0, "Signature is hashed as 64-bit words");
   uint64_t words[sizeof(Signature) / sizeof(uint64_t)];
   std::memcpy(words, &signature, sizeof words);
-  uint64_t hash = 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(form);
+  uint64_t hash = 0x9e3779b97f4a7c15ull;
   for (uint64_t word : words) {
     hash = (hash ^ word) * 0xff51afd7ed558ccdull;
     hash ^= hash >> 32;
   }
+  return hash;
+}
+
+// The label of one labelled exchange: the call's digest and the exchange's
+// index (kCheckRound for agree()'s empty round), folded to 32 bits, so that
+// the exchanges of one call, and an empty round and a call's data, never
+// look alike.
+constexpr uint64_t kCheckRound = 1ull << 32;
+
+uint32_t exchange_label(uint64_t signature, uint64_t index) {
+  uint64_t hash = (signature ^ ((index + 1) * 0x9e3779b97f4a7c15ull)) * 0xff51afd7ed558ccdull;
+  hash ^= hash >> 32;
   return static_cast<uint32_t>(hash ^ (hash >> 29));
 }
 
 template <typename... Args>
 [[noreturn]] void disagree(a2a_status_t status, Args&&... args) {
   throw Disagreement(status, cat(std::forward<Args>(args)...));
-}
-
-// "1, 3, 4".
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string text;
-  for (int rank : ranks) text += cat(text.empty() ? "" : ", ", rank);
-  return text;
 }
 
 // Every rank holds every signature, so every rank reaches the same verdict.
@@ -183,8 +192,10 @@ void verdict(int rank, int size, const char* op, const std::vector<Field>& field
       detail += cat(r > 0 ? ", " : "", "rank ", r, ": ", describe(fields[i].name, all[r].fields[i]));
     std::string context;
     for (const auto& f : fields) context += cat(" ", f.name, "=", describe(f.name, f.value));
-    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank, ": '", fields[i].name, "' differs across ranks (", detail,
-         "); this rank has", context);
+    throw FieldDisagreement(A2A_ERROR_MISMATCH,
+                            cat(op, " on rank ", rank, ": '", fields[i].name, "' differs across ranks (", detail,
+                                "); this rank has", context),
+                            fields[i].name);
   }
   for (int r = 0; r < size; ++r) {
     if (all[r].sequence == mine.sequence) continue;
@@ -200,6 +211,7 @@ void verdict(int rank, int size, const char* op, const std::vector<Field>& field
 void Comm::agree(const char* op, const std::vector<Field>& fields, const std::string& input_error) {
   check_usable(op);
   ++sequence_;
+  count(&counters_, Count::kCollectives);
   std::string local_error = input_error;
   // Asked of the device only where it matters (a CUDA query per call).
   const bool capturing = (!data_->supports_capture() || control_waits_for_stream_) && device_->capturing();
@@ -218,46 +230,81 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
     return;
   }
   if (in_band_) {
-    agree_in_band(op, fields, local_error, local_status);
+    // A rank that rejected its input sends nothing but the notices of the
+    // settle, which end the other ranks' exchanges.
+    if (!local_error.empty()) settle_and_explain(op, fields, local_error, local_status, -1, false);
+    agree_in_band(op, fields);
     return;
   }
   const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
   std::vector<Signature> all(size());
+  count(&counters_, Count::kCheckRounds);
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
   verdict(rank(), size(), op, fields, local_error, local_status, mine, all, false);
 }
 
-// On an in-band comm every collective's first round is a signed exchange,
-// whether its messages are empty (here) or carry the collective's data
-// (agree_in_exchange): ranks in different collectives still pair up. Equal
-// labels mean equal signatures, rejected flag included, so the labels alone
-// decide; the signatures travel only to explain a disagreement.
-void Comm::agree_in_band(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                         a2a_status_t local_status) {
-  const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
+// On an in-band comm a call whose messages cannot carry the check (the dense
+// reductions, route, split) runs one round of empty labelled messages over
+// the world; a rank in another call sees the label of its first message, or
+// its notice.
+void Comm::agree_in_band(const char* op, const std::vector<Field>& fields) {
+  const uint64_t signature = signature_digest(make_signature(op, fields, false, sequence_));
   const Span nothing = Span::contiguous(nullptr, 0);
-  std::vector<int> mismatched;
+  bool agreed = false;
+  int disagreeing = -1;
+  count(&counters_, Count::kCheckRounds);
   run(op, [&] {
-    mismatched = control_->signed_exchange(
-        digest(mine, Form::kSignatures), [&](int) { return nothing; }, [&](int) { return nothing; });
+    agreed = control_->signed_exchange(
+        world_group(topology_), exchange_label(signature, kCheckRound), 1, [&](int, size_t) { return nothing; },
+        [&](int, size_t) { return nothing; }, &disagreeing);
   });
-  if (!mismatched.empty()) explain_disagreement(op, fields, local_error, local_status, mismatched, false);
-  if (!local_error.empty()) disagree(local_status, local_error);  // every rank rejected its input
+  if (!agreed) settle_and_explain(op, fields, "", A2A_ERROR_INVALID_ARGUMENT, disagreeing, false);
 }
 
-// Every rank saw at least one label or size unlike its own (if two ranks
-// differ, every third rank differs from one of them), so every rank is here:
-// one allgather of Signatures gives all of them the same detailed verdict.
-void Comm::explain_disagreement(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                                a2a_status_t local_status, const std::vector<int>& mismatched_peers,
-                                bool data_moved) {
+InBandCheck Comm::begin_in_band(const char* op, std::vector<Field> fields) {
+  if (!in_band_ || !cross_check_) fail(A2A_ERROR_INTERNAL, op, ": begin_in_band on a comm that does not check in band");
+  check_usable(op);
+  ++sequence_;
+  count(&counters_, Count::kCollectives);
+  InBandCheck check{op, std::move(fields)};
+  check.signature = signature_digest(make_signature(op, check.fields, false, sequence_));
+  return check;
+}
+
+void Comm::exchange_in_band(InBandCheck& check, Transport& transport, const PeerGroup& group, size_t pieces,
+                            const std::function<Span(int, size_t)>& send_piece,
+                            const std::function<Span(int, size_t)>& recv_piece) {
+  const uint32_t label = exchange_label(check.signature, static_cast<uint64_t>(check.exchanges++));
+  bool agreed = false;
+  int member = -1;
+  run(check.op, [&] { agreed = transport.signed_exchange(group, label, pieces, send_piece, recv_piece, &member); });
+  if (!agreed)
+    settle_and_explain(check.op, check.fields, "", A2A_ERROR_INVALID_ARGUMENT, member < 0 ? -1 : group.member(member),
+                       true);
+}
+
+// Every rank comes here: one that found a disagreement, and every other,
+// which finds one in the notices of the first (no rank completes a call in
+// which two ranks disagree: begin_in_band). The settle leaves no message of
+// the call anywhere; then one allgather of Signatures gives every rank the
+// same detailed verdict.
+void Comm::settle_and_explain(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                              a2a_status_t local_status, int disagreeing_rank, bool data_moved) {
+  count(&counters_, Count::kCheckRounds);
+  run(op, [&] { control_->settle_disagreement(); });
+  explain(op, fields, local_error, local_status, disagreeing_rank, data_moved);
+}
+
+void Comm::explain(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                   a2a_status_t local_status, int disagreeing_rank, bool data_moved) {
   const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
   std::vector<Signature> all(size());
+  count(&counters_, Count::kCheckRounds);
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
   verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
-  disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", rank_list(mismatched_peers),
-       " differ in size from what this rank expects, with equal arguments (a 32-bit signature collision or a "
-       "damaged message)");
+  disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank ", disagreeing_rank,
+           " differ in size from what this rank expects, with equal arguments (a 32-bit signature collision or a "
+           "damaged message)");
 }
 
 // The labelled messages are the data itself, received straight into the
@@ -276,13 +323,10 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
     run(op, [&] { exchange(transport, world, send_span, recv_span); });
     return;
   }
-  check_usable(op);
-  ++sequence_;
-  const Signature mine = make_signature(op, fields, false, sequence_);
-  std::vector<int> mismatched;
-  run(op, [&] { mismatched = transport.signed_exchange(digest(mine, Form::kData), send_span, recv_span); });
-  if (!mismatched.empty())
-    explain_disagreement(op, fields, local_error, A2A_ERROR_INVALID_ARGUMENT, mismatched, true);
+  InBandCheck check = begin_in_band(op, fields);
+  exchange_in_band(
+      check, transport, world, 1, [&](int i, size_t) { return send_span(i); },
+      [&](int j, size_t) { return recv_span(j); });
 }
 
 std::vector<int64_t> Comm::start_in_band(const char* op, const std::vector<Field>& fields,
@@ -290,23 +334,27 @@ std::vector<int64_t> Comm::start_in_band(const char* op, const std::vector<Field
   if (!in_band_) fail(A2A_ERROR_INTERNAL, op, ": start_in_band on a comm that cannot check in band");
   check_usable(op);
   ++sequence_;
-  const Signature mine = make_signature(op, fields, false, sequence_);
+  count(&counters_, Count::kCollectives);
+  const uint64_t signature = signature_digest(make_signature(op, fields, false, sequence_));
   std::vector<int64_t> sizes;
-  run(op, [&] { sizes = data_->signed_start(digest(mine, Form::kData), send_span); });
-  std::vector<int> mismatched;
-  for (int r = 0; r < size(); ++r)
-    if (sizes[r] < 0 || (unit != 0 && sizes[r] % static_cast<int64_t>(unit) != 0)) mismatched.push_back(r);
-  if (mismatched.empty()) {
+  run(op, [&] { sizes = data_->signed_start(exchange_label(signature, 0), send_span); });
+  int disagreeing = -1;
+  for (int r = 0; r < size() && disagreeing < 0; ++r)
+    if (sizes[r] == Transport::kOtherLabel || (unit != 0 && sizes[r] % static_cast<int64_t>(unit) != 0))
+      disagreeing = r;
+  if (disagreeing < 0) {
     started_op_ = op;
     return sizes;
   }
-  const Span nothing = Span::contiguous(nullptr, 0);
-  run(op, [&] { data_->signed_finish([&](int) { return nothing; }); });
-  if (!cross_check_) {  // the others may not be in this call: no round to explain it
-    disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank(s) ", rank_list(mismatched),
-             " belong to another call (the cross-rank check is off, so the ranks' arguments were not compared)");
+  if (!cross_check_) {
+    // The other ranks may not be in this call, or in any settle: what this
+    // one sent and received may be left anywhere, so the comm is retired.
+    run(op, [&] {
+      fail(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the message of rank ", disagreeing, " belongs to another "
+           "call (the cross-rank check is off, so the ranks' arguments were not compared)");
+    });
   }
-  explain_disagreement(op, fields, "", A2A_ERROR_INVALID_ARGUMENT, mismatched, false);
+  settle_and_explain(op, fields, "", A2A_ERROR_INVALID_ARGUMENT, disagreeing, false);
 }
 
 void Comm::finish_in_band(const char* op, const std::function<Span(int)>& recv_span) {

@@ -10,6 +10,8 @@
 
 #include "a2a/a2a.h"
 #include "core/call_guard.hpp"
+#include "core/counters.hpp"
+#include "core/counting_transport.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
 #include "core/topology.hpp"
@@ -26,6 +28,16 @@ struct Field {
 };
 
 class Comm;
+
+// The cross-rank check of one call where it travels in the call's own
+// messages (Comm::begin_in_band): the call's signature, and how many of its
+// exchanges have carried it (each has a label of its own).
+struct InBandCheck {
+  const char* op;
+  std::vector<Field> fields;
+  uint64_t signature = 0;  // a digest of (op, fields, sequence)
+  int exchanges = 0;
+};
 
 // The backend half of Comm::split, which setup/ gives every communicator it
 // builds: it knows how that communicator was made (its MPI or NCCL
@@ -73,6 +85,20 @@ class Disagreement : public Failure {
   using Failure::Failure;
 };
 
+// The verdict that one field of the signature differs across ranks (every
+// rank throws it for the same field), so that a collective may explain that
+// field further (the uneven dense collectives name the entry of the counts
+// whose digest differs).
+class FieldDisagreement : public Disagreement {
+ public:
+  FieldDisagreement(a2a_status_t status, const std::string& message, const char* field)
+      : Disagreement(status, message), field_(field) {}
+  const char* field() const { return field_; }
+
+ private:
+  const char* field_;
+};
+
 class Comm {
  public:
   Comm(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device, Topology topology,
@@ -102,31 +128,45 @@ class Comm {
 
   // Collective. Verifies that every rank called `op` with the same fields, and
   // that no rank rejected its input (local_error non-empty), before any data
-  // moves (agree_in_exchange checks as the data moves). On any disagreement every rank throws: the rank with the bad input
+  // moves. On any disagreement every rank throws: the rank with the bad input
   // A2A_ERROR_INVALID_ARGUMENT with local_error, the others
   // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values. The
-  // comm stays usable afterwards.
+  // comm stays usable afterwards. On a comm that checks in band this is a
+  // round of empty labelled messages, for the calls whose own messages cannot
+  // carry the check (begin_in_band is the way for those that can).
   void agree(const char* op, const std::vector<Field>& fields, const std::string& local_error = "");
 
-  // agree() and then the collective's first exchange, one message to and one
-  // from every rank over `transport` (the data or the control transport), as
-  // exchange() over the world. Where the comm checks in band (below), the
-  // check travels with those messages: each is labelled with a digest of
-  // (op, fields, sequence), lands in its receive span at once, each rank
-  // compares the labels and sizes it received, and only a disagreement costs
-  // another round (the detailed verdict, with agree()'s errors; the receive
-  // spans may then hold the agreeing peers' data). A failure inside the
-  // exchange retires the comm, as run() does.
+  // Where the check travels in the call's own messages (checks_in_band()
+  // and cross_checks(), and this rank's input valid): counts the call, like
+  // agree(), and returns its check, which every exchange of the call then
+  // carries (exchange_in_band). The call's exchanges must, together, connect
+  // every rank to every other through agreeing labels: one over the world,
+  // or one inside each node followed by one along each rail (2DH), so that
+  // no rank completes a call in which two ranks disagree.
+  InBandCheck begin_in_band(const char* op, std::vector<Field> fields);
+  // One exchange of such a call inside `group` over `transport` (the data or
+  // the control transport), as exchange_pieces() runs it, every message
+  // labelled with the check's signature and this exchange's index. Where any
+  // rank's labels or sizes disagree, every rank settles the call's messages
+  // (Transport::settle_disagreement) and throws agree()'s errors; the
+  // receive spans may then hold what agreeing peers sent. A failure inside
+  // the exchange retires the comm, as run() does.
+  void exchange_in_band(InBandCheck& check, Transport& transport, const PeerGroup& group, size_t pieces,
+                        const std::function<Span(int, size_t)>& send_piece,
+                        const std::function<Span(int, size_t)>& recv_piece);
+  // agree() and then one exchange over the world on `transport`, as one
+  // round where the comm checks in band and this rank's input is valid (the
+  // check carried by the exchange), else as agree() followed by the exchange.
   void agree_in_exchange(const char* op, const std::vector<Field>& fields, const std::string& local_error,
                          Transport& transport, const std::function<Span(int)>& send_span,
                          const std::function<Span(int)>& recv_span);
   // The two halves of a first exchange whose receivers learn the sizes from
   // the messages (the uneven all-to-all in one round; needs checks_in_band()).
   // start_in_band checks that every rank called `op` with the same fields as
-  // agree_in_exchange does, posts send_span(i) to every rank over the data
+  // begin_in_band does, posts send_span(i) to every rank over the data
   // transport and returns the bytes each rank sent here, every one a
-  // multiple of `unit`; on any disagreement it drops what arrived and throws
-  // agree()'s errors on every rank. Until finish_in_band receives the
+  // multiple of `unit`; on any disagreement it settles what arrived and
+  // throws agree()'s errors on every rank. Until finish_in_band receives the
   // messages into recv_span(r) (or drop_in_band drops them), every other
   // call on this comm fails.
   std::vector<int64_t> start_in_band(const char* op, const std::vector<Field>& fields,
@@ -134,8 +174,8 @@ class Comm {
   void finish_in_band(const char* op, const std::function<Span(int)>& recv_span);
   void drop_in_band(const char* op);
 
-  // True where agree_in_exchange carries the check in band: one transport
-  // for data and control, which can label messages (MPI).
+  // True where the check travels in the collectives' own messages: one
+  // transport for data and control, which can label messages (MPI).
   bool checks_in_band() const { return in_band_; }
   // False: collectives skip the cross-rank check (agree() checks this rank's input alone).
   bool cross_checks() const { return cross_check_; }
@@ -179,22 +219,36 @@ class Comm {
   // creation records MPI's thread support in it.
   CallGate& call_gate() { return call_gate_; }
 
+  // What this communicator's calls cost (core/counters.hpp): its two paths
+  // are counted by the CountingTransports around them, its device by itself.
+  Counters& counters() { return counters_; }
+
  private:
   // Called with an exception in flight: marks the comm broken and rethrows
   // the error with op's name.
   [[noreturn]] void retire(const char* op);
   void abort_transports();
-  // The round of signed messages that agree() runs on an in-band comm, and
-  // the detailed verdict after a disagreement that the labels showed
-  // (data_moved: the labelled messages were the data, now in the outputs).
-  void agree_in_band(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                     a2a_status_t local_status);
-  [[noreturn]] void explain_disagreement(const char* op, const std::vector<Field>& fields,
-                                         const std::string& local_error, a2a_status_t local_status,
-                                         const std::vector<int>& mismatched_peers, bool data_moved);
+  // The round of empty labelled messages that agree() runs on an in-band
+  // comm.
+  void agree_in_band(const char* op, const std::vector<Field>& fields);
+  // After a disagreement of the labels (or a rank's rejected input) on an
+  // in-band comm, on every rank: settles the call's messages, then one
+  // allgather of the signatures gives every rank the same detailed verdict.
+  // data_moved: the labelled messages were the data, now in the outputs;
+  // disagreeing_rank: whose message this rank found unlike its own, or -1.
+  [[noreturn]] void settle_and_explain(const char* op, const std::vector<Field>& fields,
+                                       const std::string& local_error, a2a_status_t local_status,
+                                       int disagreeing_rank, bool data_moved);
+  // The allgather of signatures and the verdict (no settle).
+  [[noreturn]] void explain(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                            a2a_status_t local_status, int disagreeing_rank, bool data_moved);
 
+  Counters counters_;
   std::unique_ptr<Device> device_;
   std::vector<std::unique_ptr<Transport>> transports_;
+  // The data and control transports as the collectives see them: the
+  // counting wrappers around the backends' (counted_data_, counted_control_).
+  std::unique_ptr<CountingTransport> counted_data_, counted_control_;
   Transport* data_;
   Transport* control_;
   bool control_waits_for_stream_;

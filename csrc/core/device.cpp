@@ -5,13 +5,13 @@
 
 namespace a2a {
 
-void* Device::allocate_host(size_t bytes) {
+void* Device::allocate_host_impl(size_t bytes) {
   void* pointer = std::malloc(bytes == 0 ? 1 : bytes);
   if (pointer == nullptr) throw std::bad_alloc();
   return pointer;
 }
 
-void Device::free_host(void* pointer) { std::free(pointer); }
+void Device::free_host_impl(void* pointer) { std::free(pointer); }
 
 DeviceBuffer::~DeviceBuffer() {
   try {

@@ -12,13 +12,15 @@ namespace {
 
 }  // namespace
 
+bool Transport::signed_exchange(const PeerGroup&, uint32_t, size_t, const std::function<Span(int, size_t)>&,
+                                const std::function<Span(int, size_t)>&, int*) {
+  no_signed_exchange(name());
+}
+
 std::vector<int64_t> Transport::signed_start(uint32_t, const std::function<Span(int)>&) { no_signed_exchange(name()); }
 
 void Transport::signed_finish(const std::function<Span(int)>&) { no_signed_exchange(name()); }
 
-std::vector<int> Transport::signed_exchange(uint32_t, const std::function<Span(int)>&,
-                                            const std::function<Span(int)>&) {
-  no_signed_exchange(name());
-}
+void Transport::settle_disagreement() { no_signed_exchange(name()); }
 
 }  // namespace a2a

@@ -31,6 +31,17 @@ struct Span {
   bool is_contiguous() const { return num_blocks <= 1 || stride_bytes == block_bytes; }
 };
 
+// A set of ranks exchanging with each other: member i is first + i * stride,
+// and this rank is member `me`. All ranks (linear), the ranks of one node
+// (2DH intra-node phase), or the ranks with one local_rank (2DH inter-node).
+struct PeerGroup {
+  int first;
+  int stride;
+  int count;
+  int me;
+  int member(int i) const { return first + i * stride; }
+};
+
 enum class ReduceOp { kSum, kMax, kMin };
 
 class Transport {
@@ -67,32 +78,50 @@ class Transport {
   // thread). Must not throw.
   virtual void cancel_group() {}
 
-  // --- Labelled messages (Comm::agree_in_exchange, the uneven all-to-all in
-  // one round). A transport that can label each message with a number and
-  // learn the label and size of a peer's next message before receiving it
-  // (MPI: the tag, and MPI_Improbe) runs a collective's first exchange and
-  // its cross-rank argument check as one round, and lets a receiver size
-  // its buffers from the messages themselves.
+  // --- Labelled messages: the cross-rank check inside a collective's own
+  // messages (Comm::exchange_in_band, docs/algorithms.md "The argument
+  // check"). A transport that can label each message with a number and learn
+  // the label and size of a peer's next message before receiving it (MPI:
+  // the tag, and MPI_Improbe) carries the check in every exchange of a call:
+  // each message is labelled with a digest of the call's signature and the
+  // exchange's index, and a peer whose next message carries another label, or
+  // is a notice (settle_disagreement), disagrees. No message ever meets a
+  // shorter buffer than itself. The three operations below stop at the first
+  // disagreement and leave what they posted to settle_disagreement, which
+  // the caller runs next on every rank.
   virtual bool supports_signed_exchange() const { return false; }
-  // The first half: posts send_span(i) to every rank i (self included, zero
-  // bytes included), labelled with `signature`, and waits (bounded like
-  // group_end) until the next message of every rank has arrived, whatever its
-  // label. Returns each one's size in bytes, or kOtherLabel where its label
-  // differs. Nothing is received yet.
+  // One exchange inside `group` (member i is group.member(i)): `pieces`
+  // messages to and from every member (self included, zero bytes included),
+  // piece k of a pair after piece k - 1, every one labelled `label`; the
+  // spans are indexed by member. Receives are posted before the messages
+  // come. Returns true when every member's messages carried the label and
+  // had the size of their receive; false at the first that did not (its
+  // member's index in *disagreeing when given): then the spans may hold what
+  // the agreeing members sent. Bounded like group_end.
+  virtual bool signed_exchange(const PeerGroup& group, uint32_t label, size_t pieces,
+                               const std::function<Span(int, size_t)>& send_piece,
+                               const std::function<Span(int, size_t)>& recv_piece, int* disagreeing = nullptr);
+  // The exchange over the world whose receivers learn the sizes from the
+  // messages (the uneven all-to-all in one round), in two halves. The first
+  // posts send_span(r) to every rank r, labelled, and waits (bounded) until
+  // the next message of every rank has arrived; nothing is received yet.
+  // Returns each one's size in bytes; kOtherLabel marks the first peer whose
+  // message had another label, and then the others may be kNotArrived.
   static constexpr int64_t kOtherLabel = -1;
-  virtual std::vector<int64_t> signed_start(uint32_t signature, const std::function<Span(int)>& send_span);
-  // The second half: receives rank r's message into recv_span(r) where its
-  // label matched and recv_span(r) has its size, and any other message into
-  // scratch, dropped (so a longer message never meets a shorter buffer);
-  // then waits for the sends. Bounded like group_end.
+  static constexpr int64_t kNotArrived = -2;
+  virtual std::vector<int64_t> signed_start(uint32_t label, const std::function<Span(int)>& send_span);
+  // The second half, after a start that found every label equal: receives
+  // rank r's message into recv_span(r) where that span has its size, into
+  // scratch otherwise (dropped), then waits for the sends.
   virtual void signed_finish(const std::function<Span(int)>& recv_span);
-  // The exchange with sizes known to the receiver, as the two halves would
-  // run it (receives may be posted before the messages come): returns the
-  // ranks whose message had another label or another size than
-  // recv_span(rank), whose spans are left as they were; empty when every
-  // rank called with the same signature.
-  virtual std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
-                                           const std::function<Span(int)>& recv_span);
+  // Collective: every rank calls it once any labelled operation of the call
+  // disagreed on any rank (its own operation returned false, or it rejected
+  // its input and ran none). Tells every peer (a notice, which ends a wait
+  // for this rank's messages), then receives every message that peers sent
+  // here and nothing consumed, and waits for its own sends: the next call
+  // starts with no message of this one left anywhere. Bounded like
+  // group_end; a timeout or an error leaves the transport unusable.
+  virtual void settle_disagreement();
 
   // Dense collectives, bounded by the same timeout. allgather is also how
   // Comm::agree() checks arguments, so a timeout in it must name the ranks

@@ -30,7 +30,7 @@ void over_bytes(int num_threads, size_t total, const Body& body) {
 
 }  // namespace
 
-void CpuDevice::copy(void* dst, const void* src, size_t bytes) {
+void CpuDevice::copy_impl(void* dst, const void* src, size_t bytes) {
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
   over_bytes(num_threads_, bytes, [&](size_t begin, size_t end) {
@@ -42,7 +42,7 @@ void CpuDevice::copy(void* dst, const void* src, size_t bytes) {
 // (c, r) = (q / rows, q % rows) of the cols x rows output and comes from chunk
 // (r, c) of the input. Each thread writes one stretch of the destination in
 // order: sequential writes, `rows` read streams.
-void CpuDevice::transpose_chunks(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) {
+void CpuDevice::transpose_chunks_impl(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) {
   if (chunk_bytes == 0) return;
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
@@ -59,7 +59,7 @@ void CpuDevice::transpose_chunks(void* dst, const void* src, size_t rows, size_t
 
 // The ranges laid end to end make one stream of bytes; each thread copies one
 // stretch of it, starting in the range that holds its first byte.
-void CpuDevice::copy_ranges(void* dst, const void* src, const CopyRange* ranges, size_t count) {
+void CpuDevice::copy_ranges_impl(void* dst, const void* src, const CopyRange* ranges, size_t count) {
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(src);
   std::vector<size_t> starts(count + 1, 0);

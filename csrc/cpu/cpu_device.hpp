@@ -12,9 +12,11 @@ class CpuDevice final : public Device {
   // (A2A_NUM_THREADS, else every core).
   explicit CpuDevice(int num_threads = 0) : num_threads_(num_threads) {}
   const char* name() const override { return "cpu"; }
-  void copy(void* dst, const void* src, size_t bytes) override;
-  void transpose_chunks(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) override;
-  void copy_ranges(void* dst, const void* src, const CopyRange* ranges, size_t count) override;
+
+ protected:
+  void copy_impl(void* dst, const void* src, size_t bytes) override;
+  void transpose_chunks_impl(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) override;
+  void copy_ranges_impl(void* dst, const void* src, const CopyRange* ranges, size_t count) override;
 
  private:
   int num_threads_;

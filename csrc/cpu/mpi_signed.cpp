@@ -1,40 +1,179 @@
-// The MPI transport's signed exchanges: messages labelled with the call's
-// signature in their MPI tag (Transport::signed_exchange, signed_start,
-// signed_finish).
+// The MPI transport's labelled messages: the cross-rank check inside the
+// collectives' own messages (Transport::signed_exchange, signed_start,
+// signed_finish, settle_disagreement).
 //
-// Each peer's first message decides. MPI orders the messages of one sender,
-// so ranks that called different collectives, or the same one with other
-// arguments, still pair up and learn of it from the tag and the size instead
-// of waiting for a message that never comes. And no message ever meets a
+// Every message of a checked call carries, in its MPI tag, a digest of the
+// call's signature and of the exchange's index in the call. Each peer's first
+// message in an exchange decides: MPI orders the messages of one sender, so a
+// peer that called another collective, or the same one with other arguments,
+// is known by the tag of its first message (or by a notice, kNoticeTag)
+// instead of by a message that never comes. And no message ever meets a
 // shorter buffer than itself: Open MPI 5 writes a truncated rendezvous
 // message past the buffer (found on 2026-11-27, when a receive took any tag:
-// a count mismatch of 16000 bytes against 12 corrupted the heap). Two forms:
-// - signed_exchange, sizes known: receives posted under the call's tag, the
-//   peers whose receive waits probed for a message of another tag;
+// a count mismatch of 16000 bytes against 12 corrupted the heap).
+//
+// A disagreement ends the operation where it is found; what it had posted
+// stays open until settle_disagreement, which every rank runs next: a notice
+// to every peer (whose wait for this rank ends on it), then an all-to-all of
+// how many messages each rank sent each peer since the last settle, then each
+// rank receives, into scratch, what was sent to it and not yet taken. So the
+// ranks of one call may send in different patterns (2DH's node then rail
+// exchanges beside a linear one over the world) and still leave no message
+// behind for the next call.
+//
+// The forms:
+// - signed_exchange, sizes known: receives posted under the label, the
+//   members whose first receive waits probed for a message of another tag;
 // - signed_start / signed_finish, sizes unknown (the uneven all-to-all in one
 //   round): each peer's message probed (MPI_Improbe) for its tag and size,
-//   then received (MPI_Imrecv) into the caller's span where both match, into
-//   scratch otherwise; the caller sizes its output between the halves.
+//   then received (MPI_Imrecv) into the caller's span where its size fits,
+//   into scratch otherwise; the caller sizes its output between the halves.
 #include <algorithm>
-#include <deque>
 
 #include "cpu/mpi_transport.hpp"
 #include "cpu/mpi_util.hpp"
 
 namespace a2a {
 
-int MpiTransport::signed_tag(uint32_t signature) const {
-  return kFirstSignedTag + static_cast<int>(signature % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
+namespace {
+
+constexpr const char* kExchange = "exchange with the argument check";
+constexpr const char* kSettle = "settling a disagreement of the argument check";
+
+bool is_receive(const char* kind) { return kind[0] == 'r'; }
+
+// The size of a probed or received message.
+size_t message_bytes(const MPI_Status& status) {
+  MPI_Count bytes = 0;
+  MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
+  return static_cast<size_t>(bytes);
 }
 
-std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::function<Span(int)>& send_span) {
-  const int tag = signed_tag(signature);
+}  // namespace
+
+int MpiTransport::signed_tag(uint32_t label) const {
+  return kFirstSignedTag + static_cast<int>(label % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
+}
+
+bool MpiTransport::signed_exchange(const PeerGroup& group, uint32_t label, size_t pieces,
+                                   const std::function<Span(int, size_t)>& send_piece,
+                                   const std::function<Span(int, size_t)>& recv_piece, int* disagreeing) {
+  if (pieces == 0) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": a signed exchange of no pieces");
+  const int tag = signed_tag(label);
   drop_arrivals();  // a start whose finish never came (the caller failed between them)
+  group_start();
+  auto disagree = [&](int member) {
+    if (disagreeing != nullptr) *disagreeing = member;
+    leave_unsettled();
+    return false;
+  };
+  for (size_t k = 0; k < pieces; ++k)
+    if (send_piece(group.me, k).bytes() != recv_piece(group.me, k).bytes()) return disagree(group.me);
+  for (size_t k = 0; k < pieces; ++k) copy_span(recv_piece(group.me, k), send_piece(group.me, k));
+
+  constexpr size_t kNone = SIZE_MAX;
+  first_recv_of_.assign(group.count, kNone);
+  try {
+    for (int step = 1; step < group.count; ++step) {
+      const int from = (group.me - step + group.count) % group.count;
+      first_recv_of_[from] = requests_.size();
+      for (size_t k = 0; k < pieces; ++k) post(recv_piece(from, k), group.member(from), false, tag, true);
+    }
+    for (int step = 1; step < group.count; ++step) {
+      const int to = (group.me + step) % group.count;
+      for (size_t k = 0; k < pieces; ++k) post(send_piece(to, k), group.member(to), true, tag, true);
+    }
+  } catch (...) {
+    abandon(requests_, pending_);
+    throw;
+  }
+  auto member_of = [&](int peer) { return (peer - group.first) / group.stride; };
+
+  // A member whose first receive still waits is probed: a message of another
+  // tag decides only while that receive has not completed (MPI delivers one
+  // sender's messages in order, so a later message is seen only after the
+  // receive of an earlier one completed). Returns the member, or -1.
+  auto probe_waiting_members = [&]() -> int {
+    for (int member = 0; member < group.count; ++member) {
+      if (first_recv_of_[member] == kNone) continue;
+      MPI_Request& receive = requests_[first_recv_of_[member]];
+      const int peer = group.member(member);
+      int flag = 0, done = 0;
+      MPI_Status status;
+      if (receive == MPI_REQUEST_NULL || MPI_Iprobe(peer, MPI_ANY_TAG, comm_, &flag, &status) != MPI_SUCCESS ||
+          !flag || status.MPI_TAG == tag)
+        continue;
+      if (MPI_Request_get_status(receive, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) continue;
+      MPI_Message message = MPI_MESSAGE_NULL;
+      if (MPI_Improbe(peer, MPI_ANY_TAG, comm_, &flag, &message, &status) != MPI_SUCCESS || !flag) continue;
+      post_into_scratch(&message, peer, message_bytes(status));
+      return member;
+    }
+    return -1;
+  };
+
+  std::vector<int>& indices = signed_indices_;
+  std::vector<MPI_Status>& statuses = signed_statuses_;
+  PollPacer pacer(timeout_s_);
+  for (unsigned idle = 1;; ++idle) {
+    indices.resize(requests_.size());
+    statuses.resize(requests_.size());
+    int completed = 0;
+    const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
+                                statuses.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_error(requests_, pending_, kExchange, rc, nullptr);
+    if (completed == MPI_UNDEFINED) break;  // every request is MPI_REQUEST_NULL
+    int disagreeing_member = -1;
+    for (int k = 0; k < completed; ++k) {
+      const size_t i = static_cast<size_t>(indices[k]);
+      // A request that completed with an error (a truncated receive) is
+      // left allocated by some MPIs (Open MPI), and reported again by every
+      // later MPI_Testsome: free it now.
+      if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
+      const MPI_Status& status = statuses[k];
+      const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+      int error_class = MPI_SUCCESS;
+      if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
+      const bool labelled_recv = is_receive(pending_[i].kind) && !pending_[i].dropped;
+      if (error != MPI_SUCCESS && !(labelled_recv && error_class == MPI_ERR_TRUNCATE)) {
+        const std::string failed = describe(pending_[i]);
+        abandon(requests_, pending_);
+        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", kExchange, " failed: ", failed, ": ",
+             mpi_error_text(error));
+      }
+      // A labelled message of another size: a collision of labels.
+      if (labelled_recv && (error_class == MPI_ERR_TRUNCATE || message_bytes(status) != pending_[i].bytes))
+        disagreeing_member = member_of(pending_[i].peer);
+    }
+    if (disagreeing_member >= 0) return disagree(disagreeing_member);
+    if (completed != 0) continue;
+    if ((idle & 15) == 0) {
+      const int member = probe_waiting_members();
+      if (member >= 0) return disagree(member);
+    }
+    if (!pacer.keep_waiting()) fail_timeout(requests_, pending_, kExchange);
+  }
+  requests_.clear();
+  pending_.clear();
+  return true;
+}
+
+std::vector<int64_t> MpiTransport::signed_start(uint32_t label, const std::function<Span(int)>& send_span) {
+  const int tag = signed_tag(label);
+  drop_arrivals();
   group_start();
   arrivals_.assign(size_, Arrival{});
   own_send_ = send_span(rank_);
-  post_labelled(tag, send_span, nullptr);
-  std::vector<int64_t> sizes(size_, 0);
+  try {
+    for (int step = 1; step < size_; ++step) {
+      const int to = (rank_ + step) % size_;
+      post(send_span(to), to, true, tag, true);
+    }
+  } catch (...) {
+    abandon(requests_, pending_);
+    throw;
+  }
+  std::vector<int64_t> sizes(size_, kNotArrived);
   sizes[rank_] = static_cast<int64_t>(own_send_.bytes());  // its label is this rank's by definition
   int missing = size_ - 1;
   PollPacer pacer(timeout_s_);
@@ -56,15 +195,18 @@ std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::f
         arrival.message = MPI_MESSAGE_NULL;
         drop_arrivals();
         abandon(requests_, pending_);
-        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": exchange with the argument check failed: recv from rank ",
-             from, " (probing its message): ", mpi_error_text(rc));
+        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", kExchange, " failed: recv from rank ", from,
+             " (probing its message): ", mpi_error_text(rc));
       }
       if (!flag) continue;
-      MPI_Count bytes = 0;
-      MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
-      arrival.bytes = static_cast<int64_t>(bytes);
+      arrival.bytes = static_cast<int64_t>(message_bytes(status));
       arrival.labelled = status.MPI_TAG == tag;
-      sizes[from] = arrival.labelled ? arrival.bytes : kOtherLabel;
+      if (!arrival.labelled) {
+        sizes[from] = kOtherLabel;
+        leave_unsettled();  // the arrivals wait for settle_disagreement
+        return sizes;
+      }
+      sizes[from] = arrival.bytes;
       --missing;
       found = true;
     }
@@ -76,21 +218,18 @@ std::vector<int64_t> MpiTransport::signed_start(uint32_t signature, const std::f
     drop_arrivals();
     // The sends stay with MPI (abandon): the comm is retired after a timeout.
     abandon(requests_, pending_);
-    fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_,
-         " s (A2A_TIMEOUT_S) in the exchange with the argument check; unfinished: ", absent,
-         ". Those peers did not call the same collective, died, or are stuck");
+    fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s (A2A_TIMEOUT_S) in the ",
+         kExchange, "; unfinished: ", absent, ". Those peers did not call the same collective, died, or are stuck");
   }
   return sizes;
 }
 
 void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
   if (arrivals_.empty()) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": signed_finish without signed_start");
-  // A message lands in its span where its label matched and the span has its
-  // size; any other lands in dropped_, one after another.
+  // A message lands in its span where the span has its size; any other
+  // lands in dropped_, one after another.
   std::vector<Span> spans(size_);
-  auto fits = [&](int peer) {
-    return arrivals_[peer].labelled && spans[peer].bytes() == static_cast<size_t>(arrivals_[peer].bytes);
-  };
+  auto fits = [&](int peer) { return spans[peer].bytes() == static_cast<size_t>(arrivals_[peer].bytes); };
   size_t dropped_bytes = 0;
   for (int peer = 0; peer < size_; ++peer) {
     spans[peer] = recv_span(peer);
@@ -117,126 +256,123 @@ void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
   }
   arrivals_.clear();
   if (spans[rank_].bytes() == own_send_.bytes()) copy_span(spans[rank_], own_send_);
-  wait_all(requests_, pending_, "exchange with the argument check");
+  wait_all(requests_, pending_, kExchange);
 }
 
-// With the sizes known, the receives are posted before the messages come,
-// labelled with this call's tag, so that MPI delivers each message straight
-// into its span; probing first would leave small messages to MPI's queue of
-// unexpected ones (the linear all-to-all measured 1.13-1.37x MPI_Alltoall's
-// time at 8-64 KiB that way, against 1.10-1.22x; docs/benchmarks.md). A
-// labelled receive matches only a message of the same signature, hence of
-// the same size (but for a 32-bit collision, which a truncated receive
-// reports). A peer whose next message carries another label is found by
-// probing it while its receive waits: that message is received into
-// scratch, and the labelled receive cancelled.
-std::vector<int> MpiTransport::signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
-                                               const std::function<Span(int)>& recv_span) {
-  const int tag = signed_tag(signature);
-  drop_arrivals();
-  group_start();
-  std::vector<int> mismatched;
-  const Span own_send = send_span(rank_), own_recv = recv_span(rank_);
-  if (own_send.bytes() == own_recv.bytes())
-    copy_span(own_recv, own_send);
-  else
-    mismatched.push_back(rank_);
-  constexpr size_t kNone = SIZE_MAX;
-  std::vector<size_t>& receive_of = signed_recv_of_;  // peer -> its labelled receive in requests_
-  receive_of.assign(size_, kNone);
-  post_labelled(tag, send_span, &recv_span);
-  const char* what = "exchange with the argument check";
-  std::deque<std::vector<char>> dropped;  // the messages of another label, until they are in
-  // Probes the peers whose labelled receive still waits. A message of
-  // another label decides only while that receive has not completed: once it
-  // has, the probed message is the peer's next call's (MPI delivers one
-  // sender's messages in order, so a later message is seen only after the
-  // receive of an earlier one completed).
-  auto probe_waiting_peers = [&] {
-    for (int peer = 0; peer < size_; ++peer) {
-      if (receive_of[peer] == kNone) continue;
-      MPI_Request& receive = requests_[receive_of[peer]];
-      int flag = 0, done = 0;
-      MPI_Status status;
-      if (receive == MPI_REQUEST_NULL || MPI_Iprobe(peer, MPI_ANY_TAG, comm_, &flag, &status) != MPI_SUCCESS || !flag ||
-          status.MPI_TAG == tag)
-        continue;
-      if (MPI_Request_get_status(receive, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) continue;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      if (MPI_Improbe(peer, MPI_ANY_TAG, comm_, &flag, &message, &status) != MPI_SUCCESS || !flag) continue;
-      MPI_Count bytes = 0;
-      MPI_Get_elements_x(&status, MPI_BYTE, &bytes);
-      dropped.emplace_back(static_cast<size_t>(bytes));
-      post_matched(Span::contiguous(dropped.back().data(), static_cast<size_t>(bytes)), &message, peer);
-      pending_.back().dropped = true;
-      MPI_Cancel(&requests_[receive_of[peer]]);
-      receive_of[peer] = kNone;
-      mismatched.push_back(peer);
-    }
-  };
-  std::vector<int>& indices = signed_indices_;
-  std::vector<MPI_Status>& statuses = signed_statuses_;
-  PollPacer pacer(timeout_s_);
-  for (unsigned idle = 1;; ++idle) {
-    indices.resize(requests_.size());
-    statuses.resize(requests_.size());
-    int completed = 0;
-    const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
-                                statuses.data());
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_error(requests_, pending_, what, rc, nullptr);
-    if (completed == MPI_UNDEFINED) break;  // every request is MPI_REQUEST_NULL
-    for (int k = 0; k < completed; ++k) {
-      const size_t i = static_cast<size_t>(indices[k]);
-      // A request that completed with an error (a truncated receive) is
-      // left allocated by some MPIs (Open MPI), and reported again by every
-      // later MPI_Testsome: free it now.
-      if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
-      const MPI_Status& status = statuses[k];
-      const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
-      int error_class = MPI_SUCCESS;
-      if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
-      const bool labelled_recv = pending_[i].kind[0] == 'r' && !pending_[i].dropped;
-      if (error != MPI_SUCCESS && !(labelled_recv && error_class == MPI_ERR_TRUNCATE)) {
-        const std::string failed = describe(pending_[i]);
-        abandon(requests_, pending_);
-        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ", failed, ": ",
-             mpi_error_text(error));
-      }
-      int cancelled = 0;
-      if (labelled_recv) MPI_Test_cancelled(&status, &cancelled);
-      if (!labelled_recv || cancelled) continue;
-      MPI_Count received = 0;
-      MPI_Get_elements_x(&status, MPI_BYTE, &received);
-      if (error_class == MPI_ERR_TRUNCATE || received != static_cast<MPI_Count>(pending_[i].bytes))
-        mismatched.push_back(pending_[i].peer);  // a collision of labels, with another size
-    }
-    if (completed != 0) continue;
-    if ((idle & 15) == 0) probe_waiting_peers();
-    if (!pacer.keep_waiting()) fail_timeout(requests_, pending_, what);
-  }
-  requests_.clear();
-  pending_.clear();
-  std::sort(mismatched.begin(), mismatched.end());
-  mismatched.erase(std::unique(mismatched.begin(), mismatched.end()), mismatched.end());
-  return mismatched;
-}
-
-void MpiTransport::post_labelled(int tag, const std::function<Span(int)>& send_span,
-                                 const std::function<Span(int)>* recv_span) {
+void MpiTransport::settle_disagreement() {
+  leave_unsettled();
+  drop_arrivals(true);
+  // 1. The notices: a peer that still waits for a message of this rank takes
+  // this one instead, and knows.
   try {
-    for (int step = 1; recv_span != nullptr && step < size_; ++step) {
-      const int from = (rank_ - step + size_) % size_;
-      signed_recv_of_[from] = requests_.size();
-      post((*recv_span)(from), from, false, tag, true);
-    }
-    for (int step = 1; step < size_; ++step) {
-      const int to = (rank_ + step) % size_;
-      post(send_span(to), to, true, tag, true);
-    }
+    for (int step = 1; step < size_; ++step)
+      post(Span::contiguous(nullptr, 0), (rank_ + step) % size_, true, kNoticeTag, true);
   } catch (...) {
     abandon(requests_, pending_);
     throw;
   }
+  leave_unsettled();
+  // 2. Every receive resolved (matched, or cancelled and taken back), so
+  // that taken_ is final.
+  complete_unsettled(true, kSettle);
+  // 3. How many messages each peer sent here.
+  std::vector<int64_t> owed(size_, 0);
+  MPI_Request request;
+  A2A_MPI_CHECK(MPI_Ialltoall(sent_.data(), 1, MPI_INT64_T, owed.data(), 1, MPI_INT64_T, comm_, &request), "rank ",
+                rank_, " ", kSettle);
+  wait_one(request, kSettle);
+  // 4. Those not yet taken, in the order they were sent, into scratch.
+  PollPacer pacer(timeout_s_);
+  for (;;) {
+    std::string owing;
+    for (int peer = 0; peer < size_; ++peer) {
+      while (peer != rank_ && taken_[peer] < owed[peer]) {
+        int flag = 0;
+        MPI_Message message = MPI_MESSAGE_NULL;
+        MPI_Status status;
+        const int rc = MPI_Improbe(peer, MPI_ANY_TAG, comm_, &flag, &message, &status);
+        if (rc != MPI_SUCCESS) {
+          leave_unsettled();
+          abandon(unsettled_, unsettled_pending_);
+          fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", kSettle, " failed: recv from rank ", peer,
+               " (probing its message): ", mpi_error_text(rc));
+        }
+        if (!flag) {
+          owing += cat(owing.empty() ? "" : ", ", "recv from rank ", peer, " (", owed[peer] - taken_[peer],
+                       " message(s))");
+          break;
+        }
+        post_into_scratch(&message, peer, message_bytes(status));
+      }
+      if (taken_[peer] > owed[peer])
+        fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": took ", taken_[peer], " messages from rank ", peer, ", which sent ",
+             owed[peer]);
+    }
+    leave_unsettled();
+    if (owing.empty()) break;
+    if (!pacer.keep_waiting()) {
+      abandon(unsettled_, unsettled_pending_);
+      fail(A2A_ERROR_TIMEOUT, "rank ", rank_, " of ", size_, ": timed out after ", timeout_s_, " s (A2A_TIMEOUT_S) ",
+           kSettle, "; unfinished: ", owing, ". Those peers died or are stuck");
+    }
+  }
+  // 5. This rank's sends, taken by now or soon.
+  complete_unsettled(false, kSettle);
+  std::fill(sent_.begin(), sent_.end(), 0);
+  std::fill(taken_.begin(), taken_.end(), 0);
+  scratch_.clear();
+}
+
+void MpiTransport::leave_unsettled() {
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    if (requests_[i] == MPI_REQUEST_NULL) continue;
+    if (is_receive(pending_[i].kind) && !pending_[i].dropped) {
+      MPI_Cancel(&requests_[i]);
+      pending_[i].withdrawn = true;
+    }
+    unsettled_.push_back(requests_[i]);
+    unsettled_pending_.push_back(pending_[i]);
+  }
+  requests_.clear();
+  pending_.clear();
+}
+
+void MpiTransport::complete_unsettled(bool receives_only, const char* what) {
+  PollPacer pacer(timeout_s_);
+  for (;;) {
+    bool open = false;
+    for (size_t i = 0; i < unsettled_.size(); ++i) {
+      MPI_Request& request = unsettled_[i];
+      const Pending& pending = unsettled_pending_[i];
+      const bool receive = is_receive(pending.kind);
+      if (request == MPI_REQUEST_NULL || (receives_only && !receive)) continue;
+      int done = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&request, &done, &status);
+      if (rc != MPI_SUCCESS) {
+        int error_class = MPI_SUCCESS;
+        MPI_Error_class(rc, &error_class);
+        if (request != MPI_REQUEST_NULL) MPI_Request_free(&request);
+        if (receive && error_class == MPI_ERR_TRUNCATE) continue;  // it took the message, cut short
+        const std::string failed = describe(pending);
+        abandon(unsettled_, unsettled_pending_);
+        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ", failed, ": ",
+             mpi_error_text(rc));
+      }
+      if (!done) {
+        open = true;
+        continue;
+      }
+      int cancelled = 0;
+      if (pending.withdrawn) MPI_Test_cancelled(&status, &cancelled);
+      if (cancelled) --taken_[pending.peer];
+    }
+    if (!open) break;
+    if (!pacer.keep_waiting()) fail_timeout(unsettled_, unsettled_pending_, what);
+  }
+  if (receives_only) return;
+  unsettled_.clear();
+  unsettled_pending_.clear();
 }
 
 void MpiTransport::post_matched(const Span& span, MPI_Message* message, int peer) {
@@ -255,32 +391,41 @@ void MpiTransport::post_matched(const Span& span, MPI_Message* message, int peer
          mpi_error_text(rc));
   requests_.push_back(request);
   pending_.push_back(Pending{"recv from", peer, bytes});
+  ++taken_[peer];
 }
 
-void MpiTransport::drop_arrivals() {
+void MpiTransport::post_into_scratch(MPI_Message* message, int peer, size_t bytes) {
+  scratch_.emplace_back(bytes);  // a moved vector keeps its storage: earlier buffers stay where MPI writes
+  post_matched(Span::contiguous(scratch_.back().data(), bytes), message, peer);
+  pending_.back().dropped = true;
+}
+
+void MpiTransport::drop_arrivals(bool settle) {
   if (arrivals_.empty()) return;
   std::vector<MPI_Request> requests;
   std::vector<Pending> pending;
   requests.swap(requests_);
   pending.swap(pending_);
-  size_t total = 0;
-  for (const Arrival& arrival : arrivals_)
-    if (arrival.message != MPI_MESSAGE_NULL) total += static_cast<size_t>(arrival.bytes);
-  // MPI may still write there after the requests are freed: the buffer stays
-  // with this transport, never reused.
-  orphans_.emplace_back(total);
-  size_t at = 0;
   for (int peer = 0; peer < static_cast<int>(arrivals_.size()); ++peer) {
     Arrival& arrival = arrivals_[peer];
     if (arrival.message == MPI_MESSAGE_NULL) continue;
+    const size_t bytes = static_cast<size_t>(arrival.bytes);
     try {
-      post_matched(Span::contiguous(orphans_.back().data() + at, static_cast<size_t>(arrival.bytes)),
-                   &arrival.message, peer);
+      if (settle) {
+        post_into_scratch(&arrival.message, peer, bytes);
+      } else {
+        // MPI may still write there after the requests are freed: the buffer
+        // stays with this transport, never reused.
+        orphans_.emplace_back(bytes);
+        post_matched(Span::contiguous(orphans_.back().data(), bytes), &arrival.message, peer);
+      }
     } catch (...) {  // nothing more to do for it
     }
-    at += static_cast<size_t>(arrival.bytes);
   }
-  abandon(requests_, pending_);  // frees the receives just posted
+  if (settle)
+    leave_unsettled();
+  else
+    abandon(requests_, pending_);  // frees the receives just posted
   requests_.swap(requests);
   pending_.swap(pending);
   arrivals_.clear();

@@ -31,6 +31,8 @@ MpiTransport::MpiTransport(MPI_Comm comm, double timeout_s, size_t max_count)
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  sent_.assign(size_, 0);
+  taken_.assign(size_, 0);
   // The largest tag: the signed exchange's signatures live in
   // [kFirstSignedTag, tag_ub_] (at least 32767 by the standard; 2^31 - 1 in
   // Open MPI and MPICH, where a signature keeps almost all of its 32 bits).
@@ -46,6 +48,7 @@ MpiTransport::~MpiTransport() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   abandon(requests_, pending_);
+  abandon(unsettled_, unsettled_pending_);
   MPI_Comm_free(&comm_);
 }
 
@@ -80,6 +83,7 @@ void MpiTransport::post(const Span& span, int peer, bool is_send, int tag, bool 
   }
   requests_.push_back(request);
   pending_.push_back(Pending{is_send ? "send to" : "recv from", peer, bytes});
+  ++(is_send ? sent_ : taken_)[peer];
 }
 
 // A message to oneself is a copy at group_end (as MPI's own collectives make

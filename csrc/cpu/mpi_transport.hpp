@@ -40,10 +40,12 @@ class MpiTransport final : public Transport {
   }
   bool supports_signed_exchange() const override { return true; }
   // In mpi_signed.cpp.
-  std::vector<int64_t> signed_start(uint32_t signature, const std::function<Span(int)>& send_span) override;
+  bool signed_exchange(const PeerGroup& group, uint32_t label, size_t pieces,
+                       const std::function<Span(int, size_t)>& send_piece,
+                       const std::function<Span(int, size_t)>& recv_piece, int* disagreeing) override;
+  std::vector<int64_t> signed_start(uint32_t label, const std::function<Span(int)>& send_span) override;
   void signed_finish(const std::function<Span(int)>& recv_span) override;
-  std::vector<int> signed_exchange(uint32_t signature, const std::function<Span(int)>& send_span,
-                                   const std::function<Span(int)>& recv_span) override;
+  void settle_disagreement() override;
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
@@ -60,7 +62,8 @@ class MpiTransport final : public Transport {
     const char* kind;  // "send to" / "recv from"
     int peer;
     size_t bytes;
-    bool dropped = false;  // a receive of a message of another label, into scratch (the signed exchange)
+    bool dropped = false;    // a receive of a message of another label, into scratch (the signed exchange)
+    bool withdrawn = false;  // a labelled receive cancelled after a disagreement: it may still have matched
   };
   // even_if_empty: post a zero-byte message too (the signed exchange, whose
   // sizes are not yet known to agree).
@@ -99,27 +102,44 @@ class MpiTransport final : public Transport {
   struct Arrival {
     MPI_Message message = MPI_MESSAGE_NULL;
     int64_t bytes = 0;
-    bool labelled = false;  // it carries this call's signature
+    bool labelled = false;  // it carries this call's label
   };
   std::vector<Arrival> arrivals_;
   Span own_send_;
-  std::vector<char> dropped_;  // where messages of another label or size are received
+  std::vector<char> dropped_;  // signed_finish's: where messages of another size are received
   // signed_exchange's per-call tables, kept to spare allocations.
   std::vector<int> signed_indices_;
   std::vector<MPI_Status> signed_statuses_;
-  std::vector<size_t> signed_recv_of_;  // peer -> index of its receive in requests_
+  std::vector<size_t> first_recv_of_;  // member -> index in requests_ of the receive of its first piece
   std::vector<std::vector<char>> orphans_;  // drop_arrivals' buffers (MPI may still write there)
-  // The MPI tag that carries a signature: kFirstSignedTag and up.
-  int signed_tag(uint32_t signature) const;
-  // Posts this call's labelled messages to every peer, and where recv_span
-  // is given, first a receive under the same label from every peer (its
-  // index in requests_ in signed_recv_of_); abandons them all if one fails.
-  void post_labelled(int tag, const std::function<Span(int)>& send_span, const std::function<Span(int)>* recv_span);
+  // The messages of this transport's point-to-point context since the last
+  // settle_disagreement, per peer: posted to it, and taken from it (a receive
+  // posted, or a probed message; a receive cancelled before it matched is
+  // taken back). settle_disagreement exchanges `sent_`, so that every rank
+  // receives what its peers sent it and nothing took.
+  std::vector<int64_t> sent_, taken_;
+  // What a disagreement left open (sends, withdrawn receives, messages of
+  // another label being received) until settle_disagreement, and the
+  // buffers those messages land in.
+  std::vector<MPI_Request> unsettled_;
+  std::vector<Pending> unsettled_pending_;
+  std::vector<std::vector<char>> scratch_;
+  // The MPI tag that carries a label: kFirstSignedTag and up.
+  int signed_tag(uint32_t label) const;
   // Receives a message matched by a probe into `span`.
   void post_matched(const Span& span, MPI_Message* message, int peer);
-  // Receives the probed messages not yet received into a buffer of their own
-  // (after a failure between the halves); their requests are freed, not awaited.
-  void drop_arrivals();
+  // Receives a probed message into a scratch buffer of its own size (kept until settled).
+  void post_into_scratch(MPI_Message* message, int peer, size_t bytes);
+  // Receives the probed messages not yet received into scratch; with
+  // `settle`, their requests join unsettled_, else they are freed (after a
+  // failure between the halves, MPI may still write to orphans_).
+  void drop_arrivals(bool settle = false);
+  // After a disagreement: cancels the labelled receives still open and moves
+  // every open request of the current group to unsettled_.
+  void leave_unsettled();
+  // Waits (bounded) until the unsettled receives, or all unsettled requests,
+  // have completed, taking back the receives whose cancellation succeeded.
+  void complete_unsettled(bool receives_only, const char* what);
 };
 
 }  // namespace a2a

@@ -14,10 +14,11 @@
 namespace a2a {
 
 // Messages of the collectives and of allgather never match each other, nor
-// the signed messages, whose tags are kFirstSignedTag and up (see
-// mpi_signed.cpp).
+// the notices of a disagreement, nor the signed messages, whose tags are
+// kFirstSignedTag and up (see mpi_signed.cpp).
 inline constexpr int kDataTag = 1;
 inline constexpr int kGatherTag = 2;
+inline constexpr int kNoticeTag = 3;
 inline constexpr int kFirstSignedTag = 16;
 
 // MPI's text for an error code.

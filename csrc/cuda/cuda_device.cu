@@ -48,26 +48,28 @@ class CudaDevice final : public Device {
     stream_set_ = true;
   }
 
-  void copy(void* dst, const void* src, size_t bytes) override {
+
+ protected:
+  void copy_impl(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     const CurrentDevice active = activate();
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (device to device)");
   }
-  void transpose_chunks(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) override {
+  void transpose_chunks_impl(void* dst, const void* src, size_t rows, size_t cols, size_t chunk_bytes) override {
     const CurrentDevice active = activate();
     check_cuda(static_cast<cudaError_t>(cuda_transpose_chunks(dst, src, rows, cols, chunk_bytes, stream_)),
                "transpose_chunks kernel");
   }
-  void copy_ranges(void* dst, const void* src, const CopyRange* ranges, size_t count) override {
+  void copy_ranges_impl(void* dst, const void* src, const CopyRange* ranges, size_t count) override {
     const CurrentDevice active = activate();
     check_cuda(static_cast<cudaError_t>(cuda_copy_ranges(dst, src, ranges, count, stream_)), "copy_ranges kernel");
   }
-  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+  void copy_to_host_impl(void* host_dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     const CurrentDevice active = activate();
     check_cuda(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (to host)");
   }
-  void copy_from_host(void* dst, const void* host_src, size_t bytes) override {
+  void copy_from_host_impl(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
     const CurrentDevice active = activate();
     check_cuda(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (from host)");
@@ -75,13 +77,15 @@ class CudaDevice final : public Device {
 
   // Polls instead of cudaStreamSynchronize, which could wait forever for a
   // NCCL kernel whose peer never comes.
-  void synchronize(double timeout_s, const std::function<void()>& poll) override {
+  void synchronize_impl(double timeout_s, const std::function<void()>& poll) override {
     if (cuda_is_unloading()) return;  // process exit: nothing can run any more
     const CurrentDevice active = activate();
     if (!wait_for_stream(stream_, timeout_s, poll))
       fail(A2A_ERROR_TIMEOUT, "CUDA device ", device_, ": the stream did not finish within ", timeout_s,
            " s (A2A_TIMEOUT_S)");
   }
+
+ public:
   bool capturing() const override { return is_capturing(stream_); }
   static bool is_capturing(cudaStream_t stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -95,20 +99,22 @@ class CudaDevice final : public Device {
     return status != cudaStreamCaptureStatusNone;
   }
 
-  void* allocate_host(size_t bytes) override {
+
+ protected:
+  void* allocate_host_impl(size_t bytes) override {
     const CurrentDevice active = activate();
     void* pointer = nullptr;
     check_cuda(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable), "cudaHostAlloc (staging buffer)");
     return pointer;
   }
-  void free_host(void* pointer) override { (void)cudaFreeHost(pointer); }
-  void* allocate_device(size_t bytes) override {
+  void free_host_impl(void* pointer) override { (void)cudaFreeHost(pointer); }
+  void* allocate_device_impl(size_t bytes) override {
     const CurrentDevice active = activate();
     void* pointer = nullptr;
     check_cuda(cudaMalloc(&pointer, bytes), "cudaMalloc (control buffer)");
     return pointer;
   }
-  void free_device(void* pointer) override { (void)cudaFree(pointer); }
+  void free_device_impl(void* pointer) override { (void)cudaFree(pointer); }
 
  private:
   // Makes the communicator's device current for one call.

@@ -1,3 +1,4 @@
+#include "core/counters.hpp"
 #include "moe/es_ops.hpp"
 
 #include <string>
@@ -113,6 +114,8 @@ int64_t es_index(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_
   const RouteProblem problem{indices, index_dtype, num_tokens, top_k, num_experts, nullptr};
   std::vector<int64_t> demand;
   try {
+    count(nullptr, Count::kKernelCalls);
+    count(nullptr, Count::kHostWaits);  // the demand comes back to the host
     kernels->locate(problem, workspace, scan_bytes, locations, demand);
   } catch (const Failure& failure) {
     // The scan words its errors as route's; this call is es_index.
@@ -125,6 +128,7 @@ int64_t es_index(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_
   const int64_t num_slots = starts[experts];
   require(num_slots <= max_slots, op, ": the re-index vector needs ", num_slots, " slots but slots holds ",
           max_slots, " (allocate a2a_es_index_capacity)");
+  count(nullptr, Count::kKernelCalls, 3);
   kernels->upload(expert_starts, starts.data(), starts.size() * sizeof(int64_t));
   kernels->upload(counts, demand.data(), demand.size() * sizeof(int64_t));
   kernels->es_scatter_slots(problem, locations, expert_starts, num_slots, slots);
@@ -163,6 +167,7 @@ void esmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2
       .output("y", y, matrix_bytes(operand_rows(r, y_rows), n, dtype))
       .output("workspace", workspace, needed);
   if (n == 0 || operand_rows(r, y_rows) == 0) return;
+  count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->esmm(r, EsMatmul{{x, x_rows, k}, w, w_layout, bias, {gates, gate_dtype == dtype}, dtype, n, y,
                                        y_rows, needed ? workspace : nullptr});
 }
@@ -180,6 +185,7 @@ void ess(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2a
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
       .output("out", out, matrix_bytes(r.num_experts, n, dtype));
   if (n == 0) return;
+  count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->ess(r, {x, x_rows, n}, {gates, gate_dtype == dtype}, dtype, out);
 }
 
@@ -200,6 +206,7 @@ void estmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* a, a
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
       .output("out", out, data_bytes(outputs, 1, dtype));
   if (outputs == 0) return;
+  count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->estmm(r, {a, a_rows, a_dim}, {b, b_rows, b_dim}, {gates, gate_dtype == dtype}, dtype, out);
 }
 

@@ -1,3 +1,4 @@
+#include "core/counters.hpp"
 #include "moe/fp8_ops.hpp"
 
 #include <tuple>
@@ -80,12 +81,18 @@ Fp8Packed fp8_packed_layout(int64_t cols, int64_t block) {
 
 void quantize_fp8(const a2a_exec_t* exec, const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t* out) {
   check_rows("quantize_fp8", out, dtype, "x", x, true);
-  if (out->rows > 0 && out->cols > 0) make_kernels(exec)->quantize_fp8(x, dtype, *out);
+  if (out->rows > 0 && out->cols > 0) {
+    count(nullptr, Count::kKernelCalls);
+    make_kernels(exec)->quantize_fp8(x, dtype, *out);
+  }
 }
 
 void dequantize_fp8(const a2a_exec_t* exec, const a2a_fp8_rows_t* in, a2a_dtype_t dtype, void* y) {
   check_rows("dequantize_fp8", in, dtype, "y", y, false);
-  if (in->rows > 0 && in->cols > 0) make_kernels(exec)->dequantize_fp8(*in, dtype, y);
+  if (in->rows > 0 && in->cols > 0) {
+    count(nullptr, Count::kKernelCalls);
+    make_kernels(exec)->dequantize_fp8(*in, dtype, y);
+  }
 }
 
 }  // namespace a2a::moe

@@ -164,6 +164,7 @@ void LowLatency::dispatch(const a2a_exec_t* exec, void* workspace, size_t worksp
   }
   if (error.empty() && host) error = indices_error(indices, index_dtype, num_tokens, l.top_k, l.num_experts);
   auto kernels = make_kernels(&e);
+  count(&comm.counters(), Count::kKernelCalls, 2);  // pack (or reject), unpack
   std::fill(sent_.begin(), sent_.end(), 0);
   if (error.empty())
     kernels->low_latency_pack(l, x, num_tokens, indices, index_dtype, sequence, ws, sent_.data());
@@ -201,6 +202,7 @@ void LowLatency::combine(const a2a_exec_t* exec, void* workspace, size_t workspa
              {"y", y, tokens * static_cast<size_t>(l.model_dim) * element, true}});
   }
   auto kernels = make_kernels(&e);
+  count(&comm.counters(), Count::kKernelCalls, 2);  // return (or reject), combine
   if (error.empty())
     kernels->low_latency_return(l, expert_out, sequence, ws);
   else

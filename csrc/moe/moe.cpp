@@ -1,3 +1,4 @@
+#include "core/counters.hpp"
 #include "moe/moe.hpp"
 
 #include <algorithm>
@@ -139,6 +140,9 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
         .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
     if (request.final_capacities != nullptr)  // host; may be the capacities themselves (read above)
       buffers.output("final_capacities", request.final_capacities, experts * sizeof(int64_t));
+    // The demand comes back to the host: on a GPU the host waits for the scan.
+    count(comm == nullptr ? nullptr : &comm->counters(), Count::kKernelCalls);
+    count(comm == nullptr ? nullptr : &comm->counters(), Count::kHostWaits);
     kernels->locate({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace, workspace_bytes,
                     locations, demand);
     const int64_t max_demand = *std::max_element(demand.begin(), demand.end());
@@ -187,6 +191,7 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
     num_dropped += demand[e] - kept[e];
     offsets[e + 1] = offsets[e] + rows;
   }
+  count(comm == nullptr ? nullptr : &comm->counters(), Count::kKernelCalls, 2);
   kernels->upload(counts, kept.data(), kept.size() * sizeof(int64_t));
   kernels->upload(expert_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
   if (per_expert && request.final_capacities != nullptr)
@@ -226,12 +231,14 @@ void dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* 
     model_dim /= 4;
   }
   check_gated_kernel("dispatch", routing, dtype, model_dim, gates, gate_dtype, "x", x, "rows", rows, true);
+  if (model_dim > 0) count(nullptr, Count::kKernelCalls);
   if (model_dim > 0) make_kernels(exec)->dispatch(*routing, x, dtype, model_dim, gates, gate_dtype, rows);
 }
 
 void combine(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* rows, a2a_dtype_t dtype,
              int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* y) {
   check_gated_kernel("combine", routing, dtype, model_dim, gates, gate_dtype, "rows", rows, "y", y, false);
+  if (model_dim > 0) count(nullptr, Count::kKernelCalls);
   if (model_dim > 0) make_kernels(exec)->combine(*routing, rows, dtype, model_dim, gates, gate_dtype, y);
 }
 
@@ -245,6 +252,7 @@ void gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing, const void*
       .input("rows", rows, data_bytes(r.num_rows, model_dim, dtype))
       .output("grad_gates", grad_gates, static_cast<size_t>(r.num_tokens * r.top_k) * dtype_size(gate_dtype));
   // With model_dim 0 every dot product is 0, which the kernel also writes.
+  count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->gate_grad(r, tokens, rows, dtype, model_dim, gate_dtype, grad_gates);
 }
 

@@ -21,6 +21,22 @@ namespace {
 
 const void* as_pointer(uintptr_t address) { return reinterpret_cast<const void*>(address); }
 
+// An a2a_counters_t by name (a2a._counters.Counters' fields).
+py::dict counters_dict(const a2a_counters_t& c) {
+  py::dict d;
+  d["calls"] = c.calls;
+  d["collectives"] = c.collectives;
+  d["data_rounds"] = c.data_rounds;
+  d["data_messages"] = c.data_messages;
+  d["control_rounds"] = c.control_rounds;
+  d["control_messages"] = c.control_messages;
+  d["check_rounds"] = c.check_rounds;
+  d["host_waits"] = c.host_waits;
+  d["kernel_calls"] = c.kernel_calls;
+  d["allocations"] = c.allocations;
+  return d;
+}
+
 // a2a_dtype_t of a NumPy dtype, or -1 (including ml_dtypes' bfloat16, which
 // the general path handles by name).
 int numpy_dtype_code(const py::dtype& dtype) {
@@ -324,6 +340,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("UNDEFINED") = A2A_UNDEFINED;
   m.def("build_config", [] { return std::string(a2a_build_config()); });
+  m.def("process_counters", [] { return counters_dict(a2a::process_counters()); });
   // (address, C-contiguous, writeable) of a NumPy array in one call: reading
   // them as Python attributes costs several microseconds per collective.
   m.def("numpy_layout", [](const py::array& array) {
@@ -536,6 +553,7 @@ PYBIND11_MODULE(_C, m) {
                              })
       .def_property_readonly("mpi_thread_level", &a2a::Communicator::mpi_thread_level)
       .def_property_readonly("irregular_reason", &a2a::Communicator::irregular_reason)
+      .def("counters", [](const a2a::Communicator& c) { return counters_dict(c.counters()); })
       .def_property_readonly("cross_check", &a2a::Communicator::cross_check)
       .def_property_readonly("topology",
                              [](const a2a::Communicator& c) {

@@ -108,7 +108,7 @@ TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "low_latency_cuda"
 TWINS = {
     "es_cuda": [],
     "fp8_cuda": ["cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
-    "layout_cuda": ["cpu/cpu_device.cpp", "core/device.cpp", "cpu/thread_pool.cpp"],
+    "layout_cuda": ["cpu/cpu_device.cpp", "core/device.cpp", "core/counters.cpp", "cpu/thread_pool.cpp"],
     # low_latency_cpu.cpp sums rows with moe_cpu.cpp's weighted sum.
     "low_latency_cuda": ["cpu/low_latency_cpu.cpp", "cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp",
                          "cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],

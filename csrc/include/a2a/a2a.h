@@ -143,6 +143,47 @@ A2A_API a2a_status_t a2a_comm_irregular_reason(a2a_comm_t comm, const char** rea
  * them alike (a2a_comm_config_t.cross_check), else 0. */
 A2A_API a2a_status_t a2a_comm_cross_check(a2a_comm_t comm, int* on);
 
+/* What calls cost (docs/api.md, "Counters"): counted where the cost is paid,
+ * on every device; the CPU path counts the host waits a GPU would pay at the
+ * same places, since it runs the same code. Monotonic from creation (of the
+ * communicator, or of the process for the totals): take differences.
+ *   calls            entries into the library (per communicator: calls on it)
+ *   collectives      collectives and checked calls started on it
+ *   data_rounds      exchanges (one group of point-to-point messages) and the
+ *                    transport's own collectives on the data path
+ *   data_messages    point-to-point messages this rank posted to other ranks
+ *                    on the data path (a transport's own collective counts a
+ *                    round and no message)
+ *   control_rounds, control_messages
+ *                    the same on the control path (host values: counts, the
+ *                    cross-rank check where it goes by round)
+ *   check_rounds     rounds run for the cross-rank check alone (counted in
+ *                    the control rounds too); 0 where the check travels in
+ *                    the collectives' own messages
+ *   host_waits       times the host waited for the device (a stream
+ *                    synchronization, a value read back)
+ *   kernel_calls     device operations enqueued: copies, layout transposes,
+ *                    MoE kernels
+ *   allocations      buffers the library allocated itself */
+typedef struct {
+  size_t struct_size; /* sizeof(a2a_counters_t) */
+  int64_t calls;
+  int64_t collectives;
+  int64_t data_rounds;
+  int64_t data_messages;
+  int64_t control_rounds;
+  int64_t control_messages;
+  int64_t check_rounds;
+  int64_t host_waits;
+  int64_t kernel_calls;
+  int64_t allocations;
+} a2a_counters_t;
+#define A2A_COUNTERS_INIT {sizeof(a2a_counters_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+/* A communicator's counters, or with comm NULL the process's (every
+ * communicator and the calls made without one). counters->struct_size must
+ * be set (A2A_COUNTERS_INIT). */
+A2A_API a2a_status_t a2a_counters(a2a_comm_t comm, a2a_counters_t* counters);
+
 /* The color of a rank that joins no new communicator in a2a_comm_split (the
  * value of MPI_UNDEFINED in Open MPI and MPICH). */
 #define A2A_UNDEFINED (-32766)

@@ -80,6 +80,13 @@ class Communicator {
     return on != 0;
   }
 
+  // See a2a_counters: what this communicator's calls cost so far.
+  a2a_counters_t counters() const {
+    a2a_counters_t counters = A2A_COUNTERS_INIT;
+    check(a2a_counters(handle_, &counters));
+    return counters;
+  }
+
   // See a2a_comm_split: collective; std::nullopt for color A2A_UNDEFINED.
   std::optional<Communicator> split(int color, int key) {
     a2a_comm_t child = nullptr;
@@ -246,6 +253,14 @@ class VExchange {
 };
 
 // MoE routing and kernels (see a2a.h). `comm` may be nullptr for a local call.
+// See a2a_counters: the process's totals, over every communicator and the
+// calls made without one.
+inline a2a_counters_t process_counters() {
+  a2a_counters_t counters = A2A_COUNTERS_INIT;
+  check(a2a_counters(nullptr, &counters));
+  return counters;
+}
+
 inline size_t route_workspace_size(const a2a_exec_t& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
   size_t bytes = 0;
   check(a2a_route_workspace_size(&exec, num_tokens, top_k, num_experts, &bytes));
