@@ -1,4 +1,4 @@
-"""What calls cost: ``a2a.counters()`` and ``a2a.counting()`` (docs/api.md, "Counters").
+"""What calls cost: ``a2a.counters()`` and ``a2a.counting()`` (README, "What calls cost: counters").
 
 The core counts, per communicator and for the process, where each cost is
 paid (a2a.h, ``a2a_counters_t``): rounds and point-to-point messages on the

@@ -29,6 +29,7 @@ def extract(sweep: str, to: str, note: str) -> list[str]:
         match = NAME.match(os.path.basename(path))
         if match:
             groups.setdefault(match["group"], []).append(path)
+    os.makedirs(to, exist_ok=True)
     written = []
     for group, paths in sorted(groups.items()):
         commands, rows = [], []

@@ -110,7 +110,7 @@ from .collectives_options import (
     build_parser,
     check_cluster,
 )
-from .collectives_table import footer_lines, form_lines, format_row, header_lines, nodes_lines
+from .collectives_table import counters_line, footer_lines, form_lines, format_row, header_lines, nodes_lines
 
 __all__ = [
     "DTYPES",
@@ -508,7 +508,7 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
     for line in form_lines(args, nranks):
         say(line)
     if args.device == "cuda":
-        say(f"# device: CUDA ({_gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
+        say(f"# device: CUDA ({common.gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
     for base in args.baselines:
         say(f"# baseline: {describe(base)}")
     say("# time: max over ranks of the mean over -n calls; busbw = algbw * (ranks-1)/ranks; GB = 1e9 B")
@@ -533,6 +533,9 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
                 _row(case, requested, dtype, seconds, _check(case, args), nranks)
                 for case, seconds in zip(cases, _measure_group(cases, args))
             ]
+            for case, row in zip(cases, group):
+                if args.counters and not row["baseline"]:
+                    row["counters"] = common.per_call_counters(case.run, case.synchronize)
             del cases  # frees the buffers before the next size
             base_algbw = {row["algo"]: row["algbw"] for row in group if row["baseline"]}
             for row in group:
@@ -552,6 +555,8 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
             for row in [r for r in group if not r["baseline"]] + [r for r in group if r["baseline"]]:
                 say(format_row(row, args.ratio_columns))
                 rows.append(row)
+            for row in (r for r in group if "counters" in r):
+                say(counters_line(row))
     for line in footer_lines(rows, args.algos, args.ratio_columns):
         say(line)
     total_wrong = sum(r["wrong"] or 0 for r in rows)
@@ -588,9 +593,3 @@ def _row(case: Case, requested: int, dtype: DType, seconds: float, wrong: int | 
         "requested_size": requested,
         "shape": list(case.shape),
     }
-
-
-def _gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name()

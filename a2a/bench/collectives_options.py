@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baseline", action="store_true", help="skip the baseline rows (the same as --baseline none)")
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON to FILE (rank 0)")
     p.add_argument(
+        "--counters",
+        action="store_true",
+        help="after each a2a row, what one call costs (a2a.counters, rank 0's, the mean of 3 calls): rounds and "
+        "messages on the data and control paths, the cross-rank check's own rounds, host waits, device "
+        "operations, allocations; also in the JSON rows (counters)",
+    )
+    p.add_argument(
         "--plot",
         metavar="FILE.png",
         help=f"draw busbw against size per algorithm and baseline, and the ratios, to FILE.png (rank 0; needs "

@@ -63,7 +63,7 @@ from typing import Any
 from . import common
 from .collectives_baselines import BASELINE, D2D_BASELINE, GLOO_BASELINE
 
-__all__ = ["baseline_label", "footer_lines", "format_row", "header_lines", "nodes_lines"]
+__all__ = ["baseline_label", "counters_line", "footer_lines", "format_row", "header_lines", "nodes_lines"]
 
 # nccl-tests' columns, then algo, then one ratio column per baseline.
 _COLUMNS = "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}"
@@ -110,6 +110,19 @@ def format_row(row: dict, baselines: Sequence[str] = (BASELINE,)) -> str:
         row["algo"],
         *("-" if ratio is None else f"{ratio:.2f}x" for ratio in ratios),
     )
+
+
+def counters_line(row: dict) -> str:
+    """--counters: what one call of the row's case costs (a2a.Counters per call, rank 0's)."""
+    c = row["counters"]
+
+    def n(value: float) -> str:
+        return f"{value:.3g}"
+
+    return (f"#   {row['algo']} per call: data {n(c['data_rounds'])} round(s) {n(c['data_messages'])} message(s), "
+            f"control {n(c['control_rounds'])} round(s) {n(c['control_messages'])} message(s), check "
+            f"{n(c['check_rounds'])} round(s), host waits {n(c['host_waits'])}, device ops {n(c['kernel_calls'])}, "
+            f"allocations {n(c['allocations'])}, native calls {n(c['calls'])}")
 
 
 def footer_lines(rows: list[dict], algos: list[str], baselines: Sequence[str] = (BASELINE,)) -> list[str]:

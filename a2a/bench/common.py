@@ -167,6 +167,26 @@ def cuda_comm(world: Any, *, local_size: int | None = None, transport: str | Non
     return a2a.Comm.from_mpi(world, local_size=local_size, device="cuda", transport=transport)
 
 
+def per_call_counters(run: Callable[[], Any], synchronize: Callable[[], Any], calls: int = 3) -> dict[str, float]:
+    """--counters: what one call of `run` costs on this rank (a2a.counters over the
+    process: a call may use communicators of its own), the mean of `calls` after one."""
+    import a2a
+
+    run()
+    with a2a.counting() as cost:
+        for _ in range(calls):
+            run()
+    synchronize()
+    return cost.counters.per(calls)
+
+
+def gpu_name() -> str:
+    """The name of the current CUDA device (torch's)."""
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def take_turns(timings: list[Callable[[], float]], repeats: int) -> list[list[float]]:
     """`repeats` samples of each timing, taken in rounds in which they take
     turns: a busy moment on a shared machine hits all of them alike, so

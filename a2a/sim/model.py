@@ -4,8 +4,9 @@ on a :class:`Topology`.
 The phases are those of ``csrc/core/algorithms.cpp`` (docs/algorithms.md), one
 :class:`Phase` each, so a predicted phase is what the code does:
 
-* ``linear``: ``check`` (the argument check, when it is a round of its own),
-  ``exchange`` (one all-to-all over the world).
+* ``linear``: ``check`` (the argument check: in band, the cost of carrying
+  it in the exchange; by round, a round of its own), ``exchange`` (one
+  all-to-all over the world).
 * ``2dh``: ``check``, ``copy1`` (stride copy ``[N][L] -> [L][N]``), ``intra``
   (all-to-all inside the node), ``copy2`` (``[L][N] -> [N][L]``), ``inter``
   (all-to-all along the rail). One node or one rank per node: the linear phases.
@@ -25,7 +26,6 @@ pays its link's latency once. docs/scaling.md has every formula.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +55,6 @@ ALGOS = ("linear", "2dh")
 FORMS = ("linear", "2dh", "flex", "combine", "v", "v-plan")  # the rows a2a.bench writes (and the model predicts)
 
 # Constants of the implementation (csrc/core/comm.cpp, csrc/core/algorithms.cpp).
-IN_BAND_BYTES = 64 << 10  # messages of at most this / W bytes carry the argument check
 MIN_PIECE_BYTES = 64 << 10  # flex pieces path: pieces at least this big...
 MAX_PIECES_PER_PEER = 64  # ...and at most this many per peer
 MIN_DATATYPE_CHUNK_BYTES = 64 << 10  # flex datatypes path from this many bytes per peer
@@ -226,39 +225,28 @@ def _uniform_traffic(top: Topology, group: str, nbytes: int) -> _Traffic:
         kinds = {"self": (1, nbytes), "intra": (local - 1, (local - 1) * nbytes)}
     else:
         kinds = {"self": (1, nbytes), "rail": (nodes - 1, (nodes - 1) * nbytes)}
-    if nbytes == 0:  # zero-byte messages are skipped, except the check's empty round
+    if nbytes == 0:  # zero-byte messages are skipped (a labelled exchange posts them, at no modelled cost)
         kinds = {kind: (0, 0) for kind in kinds}
     return _Traffic.symmetric(kinds)
 
 
-def _empty_round(top: Topology) -> _Traffic:
-    """The signed round of empty messages: one to and one from every rank."""
-    nodes, local = top.nodes, top.local_size
-    return _Traffic.symmetric({"self": (1, 0), "intra": (local - 1, 0), "rail": (nodes - 1, 0),
-                               "cross": ((nodes - 1) * (local - 1), 0)})
-
-
-def _check_phases(top: Topology, in_band: bool, largest_message: int) -> list[Phase]:
-    """The argument check of one call. `in_band`: the call's first round can carry it
-    (linear on an MPI communicator); then messages of at most 64 KiB / W bytes carry
-    it into a scratch buffer and are copied out, a path that costs ``in_band_cost``
-    times the exchange (measured: once more on shared memory, 15% more over
-    TCP, docs/scaling.md); larger ones follow a round of empty messages.
-    This is the library as the fits' data measured it: since 2026-11-27 the
-    linear exchange receives straight into recv at every size (no scratch,
-    no empty round), which the model will show once refitted on new sweeps."""
+def _check_phases(top: Topology, carried_by: Sequence[_Traffic]) -> list[Phase]:
+    """The argument check of one call. ``in_band`` (MPI communicators): it travels
+    in the call's own exchanges, `carried_by` (every labelled exchange: linear's
+    one, 2DH's two), and costs ``in_band_cost`` times their CPU time (the labels,
+    the probes of waiting peers: no byte more on a wire). ``round`` (NCCL): an
+    allgather of the signatures, ``ceil(log2 W)`` latencies. ``none``: nothing.
+    Until 2026-11-28 2DH paid a round of empty messages over the world for it
+    (the fits' data before then, docs/scaling.md)."""
     if top.check == "none":
         return []
     if top.check == "round":
         rounds = max(1, math.ceil(math.log2(top.ranks))) if top.ranks > 1 else 0
         latency = top.inter_latency if top.nodes > 1 and not top.emulated else top.intra_latency
         return [Phase("check", rounds * latency * _sharing(top), 0, rounds)]
-    if in_band and largest_message <= IN_BAND_BYTES // top.ranks:
-        # What the path adds is CPU work (the signatures, the copy out of scratch), no more bytes on a wire.
-        cpu = top.replace(link_rate=0.0)
-        carried = _exchange_phase(cpu, "check", _uniform_traffic(cpu, "world", largest_message))
-        return [dataclasses.replace(carried, time_s=carried.time_s * top.in_band_cost)]
-    return [_exchange_phase(top, "check", _empty_round(top))]
+    cpu = top.replace(link_rate=0.0)
+    carried = sum(_exchange_phase(cpu, "check", traffic).time_s for traffic in carried_by)
+    return [Phase("check", carried * top.in_band_cost, 0, 0)]
 
 
 # ---------------------------------------------------------------------------
@@ -276,19 +264,20 @@ def _check_size(name: str, value: Any) -> int:
     return int(value)
 
 
-def _uniform_phases(top: Topology, algo: str, chunk: int, *, in_band_allowed: bool = True) -> list[Phase]:
+def _uniform_phases(top: Topology, algo: str, chunk: int) -> list[Phase]:
     """The phases of a uniform all-to-all of `chunk` bytes per peer, its check included."""
-    in_band = algo == "linear" and top.transport == "mpi" and in_band_allowed
-    phases = _check_phases(top, in_band, chunk)
     if algo == "linear" or not top.two_level:
-        return [*phases, _exchange_phase(top, "exchange", _uniform_traffic(top, "world", chunk))]
+        exchange = _uniform_traffic(top, "world", chunk)
+        return [*_check_phases(top, [exchange]), _exchange_phase(top, "exchange", exchange)]
     size = chunk * top.ranks
+    intra = _uniform_traffic(top, "node", chunk * top.nodes)
+    inter = _uniform_traffic(top, "rail", chunk * top.local_size)
     return [
-        *phases,
+        *_check_phases(top, [intra, inter]),
         _copy_phase(top, "copy1", size, top.ranks),
-        _exchange_phase(top, "intra", _uniform_traffic(top, "node", chunk * top.nodes)),
+        _exchange_phase(top, "intra", intra),
         _copy_phase(top, "copy2", size, top.ranks),
-        _exchange_phase(top, "inter", _uniform_traffic(top, "rail", chunk * top.local_size)),
+        _exchange_phase(top, "inter", inter),
     ]
 
 
@@ -374,7 +363,7 @@ def predict_flex(topology: Topology, algo: str, layout: FlexLayout, path: str | 
         pieces = chunk // piece
         kinds = _uniform_traffic(top, "world", chunk).sends
         traffic = _Traffic.symmetric({kind: (messages * pieces, nbytes) for kind, (messages, nbytes) in kinds.items()})
-        phases = [*_check_phases(top, False, chunk), _exchange_phase(top, "exchange", traffic)]
+        phases = [*_check_phases(top, [traffic]), _exchange_phase(top, "exchange", traffic)]
     elif path == "datatypes":
         phases = [*pack, *_uniform_phases(top, "linear", chunk), *unpack]
     elif path == "packed":
@@ -440,12 +429,9 @@ def predict_v(topology: Topology, algo: str, counts: Any = None, *, size_bytes: 
     matrix = _v_matrix(top, counts)
     phases = _v_plan_phases(top, algo) if plan else []
     rank_ids = np.arange(ranks)
-    largest = int(matrix.max(initial=0))
-    in_band = algo == "linear" and top.transport == "mpi"
-    phases += _check_phases(top, in_band, largest)
     if algo == "linear" or not top.two_level:
-        phases.append(_exchange_phase(top, "exchange", _matrix_traffic(top, matrix, _kinds_between(top, rank_ids,
-                                                                                                     rank_ids))))
+        exchange = _matrix_traffic(top, matrix, _kinds_between(top, rank_ids, rank_ids))
+        phases += [*_check_phases(top, [exchange]), _exchange_phase(top, "exchange", exchange)]
     else:
         nodes, local = top.nodes, top.local_size
         grid = matrix.reshape(nodes, local, nodes, local)  # [n, a, m, b]: bytes (n, a) -> (m, b)
@@ -462,11 +448,13 @@ def predict_v(topology: Topology, algo: str, counts: Any = None, *, size_bytes: 
                 inter[m * local + rank_ids[:local], n * local + rank_ids[:local]] = rows_to_node[m, n]
         kinds = _kinds_between(top, rank_ids, rank_ids)
         relay = intra.sum(axis=0)  # what each rank received in phase 2 and regroups in phase 3
+        intra_traffic, inter_traffic = _matrix_traffic(top, intra, kinds), _matrix_traffic(top, inter, kinds)
         phases += [
+            *_check_phases(top, [intra_traffic, inter_traffic]),
             _copy_phase(top, "copy1", matrix.sum(axis=1), ranks),
-            _exchange_phase(top, "intra", _matrix_traffic(top, intra, kinds)),
+            _exchange_phase(top, "intra", intra_traffic),
             _copy_phase(top, "copy2", relay, ranks),
-            _exchange_phase(top, "inter", _matrix_traffic(top, inter, kinds)),
+            _exchange_phase(top, "inter", inter_traffic),
         ]
     mean = int(matrix.sum() // ranks)
     return _prediction(phases, "v" if plan else "v-plan", mean, ranks)

@@ -57,8 +57,8 @@ class Topology:
     ``copy_memory_bandwidth``: the fraction ``cache / (cache + working set)``
     of its bytes at ``copy_bandwidth``, the rest at ``copy_memory_bandwidth``.
     ``check``: how the argument check runs: ``"in_band"`` (MPI communicators:
-    on the data's first round, costing ``in_band_cost`` times the exchange it
-    rides on, or a round of empty messages), ``"round"``
+    in every exchange of the call, costing ``in_band_cost`` times their CPU
+    time), ``"round"``
     (NCCL: an allgather of the signatures over the host, ``ceil(log2 W)``
     latencies), ``"none"`` (not this library: nccl-tests' own all-to-all, as
     in Tutel's figures). ``transport``: ``"mpi"`` or ``"nccl"`` (whether the

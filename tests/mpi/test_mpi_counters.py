@@ -1,4 +1,4 @@
-"""Budgets of what a call costs (a2a.counters, docs/api.md "Counters"), held
+"""Budgets of what a call costs (a2a.counters, README "What calls cost: counters"), held
 in steady state (the same call repeated): on MPI communicators the
 cross-rank check travels in the algorithms' own messages, so it adds no
 round and no message to linear, 2DH, flex (every path), all_to_all_v (one

@@ -70,13 +70,19 @@ def test_size_is_rounded_down_to_whole_chunks_and_busbw():
     assert p.busbw == pytest.approx(960 / p.time_s * 63 / 64)
 
 
-def test_in_band_check_rides_on_small_linear_messages():
+def test_in_band_check_rides_on_every_exchange():
+    """On MPI the check travels in the call's own exchanges, at every size and for
+    2DH too: no message and no byte of its own, `in_band_cost` times the CPU time
+    of the exchanges that carry it (linear's one, 2DH's two)."""
     top = sim.preset("local", ranks=4, local_size=2)
-    small = sim.predict(top, "linear", 4 * (16 << 10))  # 16 KiB per peer = 64 KiB / W: carried
-    large = sim.predict(top, "linear", 4 * (16 << 10) + 4)
-    assert small.phases[0].messages == 4 and small.phases[0].bytes == 64 << 10  # a copy out of scratch
-    assert large.phases[0].bytes == 0 and large.phases[0].messages == 4  # an empty round
-    assert sim.predict(top, "2dh", 1024).phases[0].bytes == 0  # 2DH: always the round
+    for size in (1024, 4 * (16 << 10) + 4, 16 << 20):
+        linear = sim.predict(top, "linear", size)
+        check, exchange = linear.phases[0], linear.phases[1]
+        assert (check.name, check.bytes, check.messages) == ("check", 0, 0)
+        assert check.time_s == pytest.approx(top.in_band_cost * exchange.time_s)
+        two_dh = sim.predict(top, "2dh", size).phase_times()
+        assert two_dh["check"] == pytest.approx(top.in_band_cost * (two_dh["intra"] + two_dh["inter"]))
+    assert "check" not in sim.predict(top.replace(check="none"), "2dh", 1024).phase_times()
 
 
 def test_flex_layout_and_paths_follow_the_library():

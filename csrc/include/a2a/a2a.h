@@ -143,7 +143,7 @@ A2A_API a2a_status_t a2a_comm_irregular_reason(a2a_comm_t comm, const char** rea
  * them alike (a2a_comm_config_t.cross_check), else 0. */
 A2A_API a2a_status_t a2a_comm_cross_check(a2a_comm_t comm, int* on);
 
-/* What calls cost (docs/api.md, "Counters"): counted where the cost is paid,
+/* What calls cost (README, "What calls cost: counters"): counted where the cost is paid,
  * on every device; the CPU path counts the host waits a GPU would pay at the
  * same places, since it runs the same code. Monotonic from creation (of the
  * communicator, or of the process for the totals): take differences.
