@@ -274,16 +274,21 @@ a2a_status_t a2a_comm_cross_check(a2a_comm_t comm, int* on) {
   });
 }
 
+// Written up to the caller's struct_size: a caller built against an older
+// header, with fewer fields, gets those it knows.
 a2a_status_t a2a_counters(a2a_comm_t comm, a2a_counters_t* counters) {
   return guarded([&] {
-    if (counters == nullptr || counters->struct_size < sizeof(a2a_counters_t))
+    const size_t first_field = offsetof(a2a_counters_t, calls) + sizeof(int64_t);
+    if (counters == nullptr || counters->struct_size < first_field)
       a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "counters must point to an a2a_counters_t whose struct_size is set "
                 "(A2A_COUNTERS_INIT)");
-    const size_t struct_size = counters->struct_size;
+    a2a_counters_t all = A2A_COUNTERS_INIT;
     if (comm == nullptr)
-      a2a::process_counters().read(counters);
+      a2a::process_counters().read(&all);
     else
-      require_handle(comm, "comm")->impl->counters().read(counters);
+      require_handle(comm, "comm")->impl->counters().read(&all);
+    const size_t struct_size = counters->struct_size;
+    std::memcpy(counters, &all, std::min(struct_size, sizeof all));
     counters->struct_size = struct_size;
   });
 }

@@ -45,7 +45,20 @@ int main(int argc, char** argv) {
     size_t workspace_bytes = 0;
     CHECK(a2a_all_to_all_workspace_size(comm, count, A2A_FLOAT32, algos[a], &workspace_bytes));
     void* workspace = workspace_bytes ? malloc(workspace_bytes) : NULL;
+    /* What the call costs (a2a_counters): one exchange (2DH: two, inside the node then along the
+     * rail), and no round for the cross-rank check, which travels in those exchanges' messages. */
+    a2a_counters_t before = A2A_COUNTERS_INIT, after = A2A_COUNTERS_INIT;
+    CHECK(a2a_counters(comm, &before));
     CHECK(a2a_all_to_all(comm, send, recv, count, A2A_FLOAT32, algos[a], workspace, workspace_bytes));
+    CHECK(a2a_counters(comm, &after));
+    const int64_t rounds = size == 1 ? 0 : algos[a] == A2A_ALGO_2DH && num_nodes > 1 && local_size > 1 ? 2 : 1;
+    if (after.collectives - before.collectives != 1 || after.check_rounds != before.check_rounds ||
+        after.data_rounds - before.data_rounds != rounds) {
+      fprintf(stderr, "rank %d: a2a_all_to_all %s cost %lld round(s) and %lld check round(s), expected %lld and 0\n",
+              rank, a ? "2dh" : "linear", (long long)(after.data_rounds - before.data_rounds),
+              (long long)(after.check_rounds - before.check_rounds), (long long)rounds);
+      ++failures;
+    }
     long wrong = 0;
     for (int src = 0; src < size; ++src)
       for (size_t i = 0; i < count; ++i) wrong += recv[src * count + i] != value(src, rank, i);

@@ -1,8 +1,10 @@
 """What a layer's training step costs in rounds and waits (a2a.counters, over
 the process: the layer's flows use communicators of their own), held as
-budgets: on an MPI communicator no check round in the forward or the
-backward (the call agreement's all-gather and the exchanges carry their
-check), at most one host wait per step (route's scan, where a GPU waits for
+budgets: with whole experts on every rank (E >= W), on an MPI communicator
+no check round in the forward or the backward (the call agreement's
+all-gather and the exchanges carry their check; experts sharded over ranks,
+E < W, reduce their gradients with a2a.all_reduce / reduce_scatter, whose
+check is a round of its own), at most one host wait per step (route's scan, where a GPU waits for
 its counts; counted on the CPU at the same place), and the same costs step
 after step. On CUDA (the staged transport) every call pays its check by
 round and the staged waits: there the budget is the count of collectives."""
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_util import DEVICE, experts_cases, random_rows, two_level
+from runtime_util import DEVICE, random_rows, two_level, whole_expert_cases
 from test_runtime_layer import make_layer
 
 import a2a
@@ -29,7 +31,7 @@ def step_costs(layer, x, algo):
 def test_a_training_step_pays_no_round_for_the_check(comm, algo):
     if algo == "2dh" and not two_level(comm):
         pytest.skip("2dh differs from linear with more than one node and rank per node")
-    layer = make_layer(comm, experts_cases(comm.size)[0], torch.float32, parallel_type="adaptive:1")
+    layer = make_layer(comm, whole_expert_cases(comm)[0], torch.float32, parallel_type="adaptive:1")
     x = random_rows(16, seed=comm.rank, dtype=torch.float32).requires_grad_()
     layer(x, algo=algo)  # the first step sets up what later steps reuse
     costs = [step_costs(layer, x, algo) for _ in range(3)]
