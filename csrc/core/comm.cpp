@@ -236,11 +236,16 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
     agree_in_band(op, fields);
     return;
   }
+  gather_verdict(op, fields, local_error, local_status, false);
+}
+
+void Comm::gather_verdict(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                          a2a_status_t local_status, bool data_moved) {
   const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
   std::vector<Signature> all(size());
   count(&counters_, Count::kCheckRounds);
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
-  verdict(rank(), size(), op, fields, local_error, local_status, mine, all, false);
+  verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
 }
 
 // On an in-band comm a call whose messages cannot carry the check (the dense
@@ -292,16 +297,7 @@ void Comm::settle_and_explain(const char* op, const std::vector<Field>& fields, 
                               a2a_status_t local_status, int disagreeing_rank, bool data_moved) {
   count(&counters_, Count::kCheckRounds);
   run(op, [&] { control_->settle_disagreement(); });
-  explain(op, fields, local_error, local_status, disagreeing_rank, data_moved);
-}
-
-void Comm::explain(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                   a2a_status_t local_status, int disagreeing_rank, bool data_moved) {
-  const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
-  std::vector<Signature> all(size());
-  count(&counters_, Count::kCheckRounds);
-  run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
-  verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
+  gather_verdict(op, fields, local_error, local_status, data_moved);
   disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank(), ": the messages of rank ", disagreeing_rank,
            " differ in size from what this rank expects, with equal arguments (a 32-bit signature collision or a "
            "damaged message)");

@@ -239,9 +239,11 @@ class Comm {
   [[noreturn]] void settle_and_explain(const char* op, const std::vector<Field>& fields,
                                        const std::string& local_error, a2a_status_t local_status,
                                        int disagreeing_rank, bool data_moved);
-  // The allgather of signatures and the verdict (no settle).
-  [[noreturn]] void explain(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                            a2a_status_t local_status, int disagreeing_rank, bool data_moved);
+  // One allgather of the signatures over the control transport and the
+  // verdict, the same on every rank: returns only when every rank agrees and
+  // none rejected its input (agree() by round, and after a settle).
+  void gather_verdict(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                      a2a_status_t local_status, bool data_moved);
 
   Counters counters_;
   std::unique_ptr<Device> device_;

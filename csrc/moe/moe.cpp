@@ -106,6 +106,7 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
   const int64_t capacity = per_expert ? A2A_CAPACITY_PER_EXPERT : request.capacity;
   const double capacity_setting = per_expert ? 0.0 : request.setting;
   const bool dropless = capacity == A2A_CAPACITY_DROPLESS;
+  Counters* const counters = comm == nullptr ? nullptr : &comm->counters();  // the process's are counted too
   std::unique_ptr<Kernels> kernels;
   std::vector<int64_t> demand;
   // The capacity of every expert: one value, or E values (per-expert).
@@ -141,8 +142,8 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
     if (request.final_capacities != nullptr)  // host; may be the capacities themselves (read above)
       buffers.output("final_capacities", request.final_capacities, experts * sizeof(int64_t));
     // The demand comes back to the host: on a GPU the host waits for the scan.
-    count(comm == nullptr ? nullptr : &comm->counters(), Count::kKernelCalls);
-    count(comm == nullptr ? nullptr : &comm->counters(), Count::kHostWaits);
+    count(counters, Count::kKernelCalls);
+    count(counters, Count::kHostWaits);
     kernels->locate({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace, workspace_bytes,
                     locations, demand);
     const int64_t max_demand = *std::max_element(demand.begin(), demand.end());
@@ -191,7 +192,7 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
     num_dropped += demand[e] - kept[e];
     offsets[e + 1] = offsets[e] + rows;
   }
-  count(comm == nullptr ? nullptr : &comm->counters(), Count::kKernelCalls, 2);
+  count(counters, Count::kKernelCalls, 2);
   kernels->upload(counts, kept.data(), kept.size() * sizeof(int64_t));
   kernels->upload(expert_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
   if (per_expert && request.final_capacities != nullptr)
