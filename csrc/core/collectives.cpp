@@ -8,6 +8,7 @@
 #include "core/debug.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/reduce_exchanges.hpp"
 
 namespace a2a {
 
@@ -170,15 +171,19 @@ void all_gather(Comm& comm, const void* send, void* recv, size_t count, a2a_dtyp
   });
 }
 
-// The reductions are the transport's (MPI's, NCCL's), whose messages carry no
-// label: the check is a round of its own (agree()).
+// In band, the reductions are a2a's own exchanges, which carry the check
+// (core/reduce_exchanges.hpp: two rounds for all_reduce, one for
+// reduce_scatter); else the transport's (MPI's, NCCL's) after agree().
 void all_reduce(Comm& comm, const void* send, void* recv, size_t count, a2a_dtype_t dtype, a2a_reduce_op_t reduce) {
   const char* op = "all_reduce";
   std::string error;
   check_dense(comm, op, Dense::kAllReduce, send, recv, count, dtype, reduce, &error);
-  comm.agree(op, dense_fields(dtype, count, reduce), error);
-  comm.run(op, [&] {
-    if (count != 0) comm.transport().allreduce(send, recv, count, dtype, static_cast<ReduceOp>(reduce));
+  const auto reduce_op = static_cast<ReduceOp>(reduce);
+  agree_and_run(comm, op, dense_fields(dtype, count, reduce), error, [&](InBandCheck* in_band) {
+    if (in_band != nullptr)
+      all_reduce_exchanges(comm, send, recv, count, dtype, reduce_op, in_band);
+    else if (count != 0)
+      comm.transport().allreduce(send, recv, count, dtype, reduce_op);
   });
 }
 
@@ -186,9 +191,12 @@ void reduce_scatter(Comm& comm, const void* send, void* recv, size_t count, a2a_
   const char* op = "reduce_scatter";
   std::string error;
   check_dense(comm, op, Dense::kReduceScatter, send, recv, count, dtype, reduce, &error);
-  comm.agree(op, dense_fields(dtype, count, reduce), error);
-  comm.run(op, [&] {
-    if (count != 0) comm.transport().reduce_scatter(send, recv, count, dtype, static_cast<ReduceOp>(reduce));
+  const auto reduce_op = static_cast<ReduceOp>(reduce);
+  agree_and_run(comm, op, dense_fields(dtype, count, reduce), error, [&](InBandCheck* in_band) {
+    if (in_band != nullptr)
+      reduce_scatter_exchange(comm, send, recv, std::vector<size_t>(comm.size(), count), dtype, reduce_op, in_band);
+    else if (count != 0)
+      comm.transport().reduce_scatter(send, recv, count, dtype, reduce_op);
   });
 }
 
@@ -282,11 +290,30 @@ void agree_dense_v(Comm& comm, const char* op, std::vector<Field> fields, const 
     if (other != digest) explain_counts(comm, op, mine, false);
 }
 
+// Agrees on an uneven dense collective and runs it: in band, its own
+// exchanges carry the check, the counts' digest as one of its fields; else
+// the digests' round (agree_dense_v), then the transport's collective.
+void agree_and_run_v(Comm& comm, const char* op, std::vector<Field> fields, const std::string& error,
+                     const std::vector<int64_t>& mine, const std::function<void(InBandCheck*)>& algorithm) {
+  if (!in_band(comm) || !error.empty()) {
+    agree_dense_v(comm, op, fields, error, mine);
+    comm.run(op, [&] { algorithm(nullptr); });
+    return;
+  }
+  fields.push_back({kCountsDigest, static_cast<int64_t>(counts_digest(mine))});
+  try {
+    InBandCheck check = comm.begin_in_band(op, fields);
+    comm.run(op, [&] { algorithm(&check); });
+  } catch (const FieldDisagreement& e) {
+    if (std::string(e.field()) != kCountsDigest) throw;
+    explain_counts(comm, op, mine, true);
+  }
+}
+
 }  // namespace
 
 // In band, one exchange over the world moves the blocks and carries the
-// check, the counts' digest as one of its fields; else the digests' round,
-// then the transport's gather.
+// check; else the transport's gather after the check's round.
 void all_gather_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype) {
   const char* op = "all_gather_v";
   std::vector<int64_t> mine;
@@ -295,24 +322,16 @@ void all_gather_v(Comm& comm, const void* send, void* recv, const int64_t* count
                                             &error);
   size_t total = 0;
   for (size_t& b : bytes) total += (b *= dtype_size(dtype));
-  std::vector<Field> fields{{"dtype", dtype}, {"reduce_op", A2A_SUM}};
-  if (!in_band(comm) || !error.empty()) {
-    agree_dense_v(comm, op, fields, error, mine);
-    comm.run(op, [&] {
-      if (total != 0) comm.transport().allgather_v(send, recv, bytes);
-    });
-    return;
-  }
-  fields.push_back({kCountsDigest, static_cast<int64_t>(counts_digest(mine))});
-  try {
-    InBandCheck check = comm.begin_in_band(op, fields);
-    comm.run(op, [&] { all_gather_v_exchange(comm, send, recv, bytes, &check); });
-  } catch (const FieldDisagreement& e) {
-    if (std::string(e.field()) != kCountsDigest) throw;
-    explain_counts(comm, op, mine, true);
-  }
+  agree_and_run_v(comm, op, {{"dtype", dtype}, {"reduce_op", A2A_SUM}}, error, mine, [&](InBandCheck* in_band) {
+    if (in_band != nullptr)
+      all_gather_v_exchange(comm, send, recv, bytes, in_band);
+    else if (total != 0)
+      comm.transport().allgather_v(send, recv, bytes);
+  });
 }
 
+// In band, one exchange of the blocks that carries the check, reduced here
+// (core/reduce_exchanges.hpp); else the transport's after the check's round.
 void reduce_scatter_v(Comm& comm, const void* send, void* recv, const int64_t* counts, a2a_dtype_t dtype,
                       a2a_reduce_op_t reduce) {
   const char* op = "reduce_scatter_v";
@@ -320,11 +339,14 @@ void reduce_scatter_v(Comm& comm, const void* send, void* recv, const int64_t* c
   std::string error;
   const std::vector<size_t> sizes =
       check_dense_v(comm, op, Dense::kReduceScatter, send, recv, counts, dtype, reduce, &mine, &error);
-  agree_dense_v(comm, op, {{"dtype", dtype}, {"reduce_op", reduce}}, error, mine);
   size_t total = 0;
   for (size_t count : sizes) total += count;
-  comm.run(op, [&] {
-    if (total != 0) comm.transport().reduce_scatter_v(send, recv, sizes, dtype, static_cast<ReduceOp>(reduce));
+  const auto reduce_op = static_cast<ReduceOp>(reduce);
+  agree_and_run_v(comm, op, {{"dtype", dtype}, {"reduce_op", reduce}}, error, mine, [&](InBandCheck* in_band) {
+    if (in_band != nullptr)
+      reduce_scatter_exchange(comm, send, recv, sizes, dtype, reduce_op, in_band);
+    else if (total != 0)
+      comm.transport().reduce_scatter_v(send, recv, sizes, dtype, reduce_op);
   });
 }
 

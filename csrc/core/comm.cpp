@@ -76,6 +76,14 @@ void Comm::set_stream(void* stream) {
   for (auto& transport : transports_) transport->set_stream(stream);
 }
 
+char* Comm::host_scratch(size_t bytes) {
+  if (host_scratch_.size() < bytes) {
+    count(&counters_, Count::kAllocations);
+    host_scratch_ = std::vector<char>(bytes);
+  }
+  return host_scratch_.data();
+}
+
 void Comm::mark_broken(const std::string& why) {
   if (broken_reason_.empty()) broken_reason_ = why;
 }
@@ -378,11 +386,12 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   if (color < 0 && color != A2A_UNDEFINED)
     local_error = cat(op, " on rank ", rank(), " of ", size(), ": color ", color, " is negative; pass a color >= 0, "
                       "or A2A_UNDEFINED (", A2A_UNDEFINED, ") for a rank that joins no new communicator");
-  agree(op, {}, local_error);
-
+  // Every rank's (color, key, node), gathered in the round of the check.
   const SplitEntry mine{color, key, topology_.node};
   std::vector<SplitEntry> entries(size());
-  run(op, [&] { control_->allgather(&mine, entries.data(), sizeof(SplitEntry)); });
+  agree_in_exchange(
+      op, {}, local_error, *control_, [&](int) { return Span::contiguous(&mine, sizeof mine); },
+      [&](int r) { return Span::contiguous(&entries[r], sizeof(SplitEntry)); });
   const Topology topology = color == A2A_UNDEFINED ? Topology() : split_topology(entries, rank());
 
   // The backends' split makes the same collective calls on every rank before

@@ -219,6 +219,11 @@ class Comm {
   // creation records MPI's thread support in it.
   CallGate& call_gate() { return call_gate_; }
 
+  // Host memory for one call's temporaries (the blocks a reduction receives,
+  // core/reduce_exchanges.cpp): at least `bytes`, kept and grown as needed,
+  // valid until the next call on this comm asks for it.
+  char* host_scratch(size_t bytes);
+
   // What this communicator's calls cost (core/counters.hpp): its two paths
   // are counted by the CountingTransports around them, its device by itself.
   Counters& counters() { return counters_; }
@@ -261,6 +266,7 @@ class Comm {
   bool in_band_;
   bool cross_check_;
   std::string started_op_;  // start_in_band's op until finish_in_band
+  std::vector<char> host_scratch_;
   std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);
   std::string broken_reason_;
   int64_t sequence_ = 0;

@@ -9,7 +9,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "core/half.hpp"
+#include "core/elementwise_reduce.hpp"
 #include "cpu/mpi_util.hpp"
 
 namespace a2a {
@@ -250,24 +250,12 @@ void MpiTransport::allgather(const void* send, void* recv, size_t bytes_per_rank
 
 namespace {
 
-// float16 / bfloat16 reductions, which MPI lacks: element-wise in float32,
-// rounded back (the conversions of core/half.hpp).
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float), ReduceOp Op>
+// float16 / bfloat16 reductions, which MPI lacks: core/elementwise_reduce.hpp's, as
+// user operations.
+template <a2a_dtype_t Dtype, ReduceOp Op>
 void reduce_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) {
-    const float x = ToFloat(a[i]), y = ToFloat(b[i]);
-    float r = x + y;  // NaN in, NaN out, whatever the order
-    if (Op != ReduceOp::kSum && x == x && y == y) r = Op == ReduceOp::kMax ? (x > y ? x : y) : (x < y ? x : y);
-    b[i] = FromFloat(r);
-  }
+  reduce_into(inout, in, static_cast<size_t>(*len), Dtype, Op);
 }
-
-float half_in(uint16_t h) { return half_to_float(h); }
-uint16_t half_out(float f) { return float_to_half(f); }
-float bf16_in(uint16_t b) { return bfloat16_to_float(b); }
-uint16_t bf16_out(float f) { return float_to_bfloat16(f); }
 
 // The MPI datatype and operation of a reduction. The 16-bit float ops are
 // created once per process (MPI_Op_create is local and cheap to keep).
@@ -290,10 +278,10 @@ std::pair<MPI_Datatype, MPI_Op> mpi_reduction(a2a_dtype_t dtype, ReduceOp op) {
     int rc = MPI_SUCCESS;
     Ops() {
       MPI_User_function* const functions[2][3] = {
-          {reduce_16bit<half_in, half_out, ReduceOp::kSum>, reduce_16bit<half_in, half_out, ReduceOp::kMax>,
-           reduce_16bit<half_in, half_out, ReduceOp::kMin>},
-          {reduce_16bit<bf16_in, bf16_out, ReduceOp::kSum>, reduce_16bit<bf16_in, bf16_out, ReduceOp::kMax>,
-           reduce_16bit<bf16_in, bf16_out, ReduceOp::kMin>}};
+          {reduce_16bit<A2A_FLOAT16, ReduceOp::kSum>, reduce_16bit<A2A_FLOAT16, ReduceOp::kMax>,
+           reduce_16bit<A2A_FLOAT16, ReduceOp::kMin>},
+          {reduce_16bit<A2A_BFLOAT16, ReduceOp::kSum>, reduce_16bit<A2A_BFLOAT16, ReduceOp::kMax>,
+           reduce_16bit<A2A_BFLOAT16, ReduceOp::kMin>}};
       for (int kind = 0; kind < 2; ++kind)
         for (int which = 0; which < 3; ++which)
           if (rc == MPI_SUCCESS) rc = MPI_Op_create(functions[kind][which], 1, &op[kind][which]);

@@ -164,18 +164,27 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
   if (comm != nullptr) {
     int64_t setting_bits = 0;
     std::memcpy(&setting_bits, &capacity_setting, sizeof setting_bits);
+    const std::vector<Field> fields{{"num_experts", num_experts}, {"top_k", top_k}, {"capacity", capacity},
+                                    {"capacity_setting", setting_bits}};
+    // Every rank's layout must be the same: each capacity is the maximum over
+    // the ranks, gathered in the round of the check (on MPI the gather's
+    // labelled messages carry it: one round in all).
+    const size_t width = dropless ? 0 : capacities.size();
+    std::vector<int64_t> table(width * static_cast<size_t>(comm->size()));
     try {
-      comm->agree(op, {{"num_experts", num_experts}, {"top_k", top_k}, {"capacity", capacity},
-                       {"capacity_setting", setting_bits}}, local_error);
+      if (dropless)
+        comm->agree(op, fields, local_error);
+      else
+        comm->agree_in_exchange(
+            op, fields, local_error, comm->control(),
+            [&](int) { return Span::contiguous(capacities.data(), width * sizeof(int64_t)); },
+            [&](int r) { return Span::contiguous(table.data() + r * width, width * sizeof(int64_t)); });
     } catch (const Failure& failure) {
       if (local_failure) std::rethrow_exception(local_failure);  // keep this rank's own status and message
       throw;
     }
-    // Every rank's layout must be the same: each capacity is the maximum over the ranks.
-    if (!dropless)
-      comm->run(op, [&] {
-        comm->control().allreduce_int64(capacities.data(), static_cast<int>(capacities.size()), ReduceOp::kMax);
-      });
+    for (size_t i = 0; i < width; ++i)
+      for (int r = 0; r < comm->size(); ++r) capacities[i] = std::max(capacities[i], table[r * width + i]);
   }
 
   // Counts and offsets of the layout, on the host, then to the device.

@@ -2,10 +2,11 @@
 in steady state (the same call repeated): on MPI communicators the
 cross-rank check travels in the algorithms' own messages, so it adds no
 round and no message to linear, 2DH, flex (every path), all_to_all_v (one
-round, and planned) and all_gather: a checked call costs exactly what the
-same call costs with cross_check=False. The dense reductions (MPI's own
-collectives, whose messages carry no label) and every call on the staged
-and control-over-device communicators still pay one round for the check.
+round, and planned), all_gather and the reductions (a2a's own exchanges
+there): a checked call costs exactly what the same call costs with
+cross_check=False, or, for the reductions, no round beyond their own. Every
+call on the staged and control-over-device communicators still pays one
+round for the check.
 """
 
 from __future__ import annotations
@@ -141,12 +142,48 @@ def test_all_gather_v_carries_the_check(comm):
         assert cost.data_rounds == (1 if comm.size > 1 else 0), cost
 
 
-def test_the_reductions_pay_a_round_for_the_check(comm):
-    """MPI's own reductions carry no label: the check is a round of its own."""
-    x = np.ones(7, np.float32)
-    cost = steady_cost(comm, lambda: a2a.all_reduce(x, comm=comm))
-    assert cost.check_rounds == (1 if comm.size > 1 else 0), cost
-    assert cost.data_rounds == (1 if comm.size > 1 else 0), cost
+@pytest.mark.parametrize(
+    "name, call, rounds",
+    [
+        ("all_reduce", lambda x, c: a2a.all_reduce(x, comm=c), 2),  # reduce-scatter, then all-gather
+        ("reduce_scatter", lambda x, c: a2a.reduce_scatter(x, comm=c), 1),
+        ("reduce_scatter_v", lambda x, c: a2a.reduce_scatter_v(x, [7] * c.size, comm=c), 1),
+    ],
+)
+def test_the_reductions_carry_the_check(comm, name, call, rounds):
+    """In band the reductions are a2a's own exchanges, which carry the check;
+    staged, the transport's reduction after a round of the check."""
+    x = np.ones(7 * comm.size, np.float32)
+    cost = steady_cost(comm, lambda: call(x, comm))
+    if comm.size == 1:
+        assert cost.check_rounds == 0, cost
+    elif IN_BAND:
+        assert (cost.check_rounds, cost.control_rounds, cost.data_rounds) == (0, 0, rounds), (name, cost)
+        assert cost.data_messages == rounds * (comm.size - 1) and cost.allocations == 0, (name, cost)
+    else:
+        assert cost.check_rounds == 1, (name, cost)
+
+
+@pytest.mark.parametrize("capacity", [{"capacity": 3}, {"capacity_setting": 0}, {"capacity": [3, 0, 2]}],
+                         ids=["fixed", "fitted", "per-expert"])
+def test_route_gathers_its_capacities_in_the_check(comm, capacity):
+    """route(comm=) agrees on its capacities (each the maximum over the ranks)
+    in one round that also carries the check."""
+    indices = np.arange(8, dtype=np.int64).reshape(4, 2) % 3
+    cost = steady_cost(comm, lambda: a2a.route(indices, num_experts=3, comm=comm, **capacity))
+    if comm.size == 1:
+        return
+    if IN_BAND:
+        assert (cost.check_rounds, cost.control_rounds) == (0, 1), cost
+    else:  # the check's round, then the capacities'
+        assert (cost.check_rounds, cost.control_rounds) == (1, 2), cost
+
+
+def test_split_gathers_its_colors_in_the_check(comm):
+    with a2a.counting(comm) as cost:
+        a2a.Comm.split(comm, comm.rank % 2)
+    if comm.size > 1 and IN_BAND:
+        assert cost.counters.check_rounds == 0, cost.counters
 
 
 def test_a_mismatch_costs_the_settle_and_the_verdict(comm):

@@ -1,6 +1,6 @@
 """The check inside the algorithms' own messages (docs/algorithms.md, "The
 argument check"): on MPI communicators 2DH's two exchanges, flex, v and
-all_gather carry the cross-rank check, so a rank in another call, or with
+all_gather and the reductions carry the cross-rank check, so a rank in another call, or with
 other arguments, may send in another pattern than its peers (node then rail,
 or the whole world) and every rank still raises, nobody waits for a message
 that never comes, and no message of the failed call is left behind for the
@@ -113,7 +113,7 @@ def test_2dh_against_another_collective(comm, two, which, other):
     odd = odd_rank(comm, which)
     x = x_for(comm)
     others = {
-        "all_reduce": lambda: a2a.all_reduce(x, comm=comm),  # an empty labelled round, then MPI's reduction
+        "all_reduce": lambda: a2a.all_reduce(x, comm=comm),  # its reduce-scatter exchange over the world
         "all_gather": lambda: a2a.all_gather(x, comm=comm),  # the data over the world
         "all_to_all_v": lambda: a2a.all_to_all_v(x, [2] * comm.size, comm=comm),  # sizes probed (one round)
         "plan_v": lambda: a2a.plan_v([2] * comm.size, like=x, comm=comm),  # counts over the world
@@ -188,3 +188,57 @@ def test_all_gather_v_counts_differ(comm, two):
     x = np.zeros(counts[comm.rank], np.float32)
     mismatch_everywhere(comm, lambda: a2a.all_gather_v(x, counts, comm=comm), "'counts' differ across ranks",
                         "counts[0] = 2")
+
+
+@pytest.mark.parametrize("which", ODD)
+def test_all_reduce_count_differs(comm, two, which):
+    """all_reduce's pieces follow from its count: a rank with another count
+    would send pieces of other sizes, and its labels differ instead."""
+    odd = odd_rank(comm, which)
+    x = np.ones(9 if comm.rank == odd else 8, np.float32)
+    mismatch_everywhere(comm, lambda: a2a.all_reduce(x, comm=comm), "all_reduce", "'count' differs", f"rank {odd}: 9")
+
+
+@pytest.mark.parametrize("which", ODD)
+def test_reduce_scatter_against_all_reduce(comm, two, which):
+    """Both start with an exchange of the same sizes (one block of 2 per rank),
+    told apart by their labels."""
+    odd = odd_rank(comm, which)
+    x = np.ones(2 * comm.size, np.float32)
+    call = (lambda: a2a.reduce_scatter(x, comm=comm)) if comm.rank == odd else lambda: a2a.all_reduce(x, comm=comm)
+    mismatch_everywhere(comm, call, "ranks called different collectives", f"rank {odd}: reduce_scatter")
+
+
+def test_reduce_scatter_v_counts_differ(comm, two):
+    counts = [2] * comm.size
+    if comm.rank == comm.size - 1:
+        counts[1] = 3
+    x = np.ones(sum(counts), np.float32)
+    mismatch_everywhere(comm, lambda: a2a.reduce_scatter_v(x, counts, comm=comm), "'counts' differ across ranks",
+                        "counts[1] = 3")
+
+
+def test_reductions_of_odd_counts_in_place(comm, two):
+    """Counts below, at and above the world size, so that some pieces are
+    empty and the first count % W are one longer; in place and out of place;
+    the float32 sums (rounded differently in another order) equal on every
+    rank, bit for bit: each piece is reduced by one rank."""
+
+    def inputs(tag, count, dtype):
+        return [np.random.default_rng([count, r, len(tag)]).standard_normal(count).astype(dtype)
+                for r in range(comm.size)]
+
+    for count in (1, comm.size - 1, comm.size, 3 * comm.size + 1):
+        values = inputs("max", count, np.float16)
+        x = values[comm.rank].copy()
+        assert a2a.all_reduce(x, comm=comm, out=x, op="max") is x
+        np.testing.assert_array_equal(x, np.max(np.stack(values), axis=0))
+        summed = a2a.all_reduce(inputs("sum", count, np.float32)[comm.rank], comm=comm)
+        every = a2a.all_gather(summed, comm=comm).reshape(comm.size, count)
+        assert (every.view(np.uint32) == summed.view(np.uint32)).all(), every
+        np.testing.assert_allclose(summed, np.sum(np.stack(inputs("sum", count, np.float64)), axis=0),
+                                   rtol=1e-5, atol=1e-5)
+        rows = inputs("rows", comm.size * count, np.float64)
+        got = a2a.reduce_scatter(rows[comm.rank], comm=comm)
+        np.testing.assert_allclose(got, np.sum(np.stack(rows), axis=0)[comm.rank * count : (comm.rank + 1) * count],
+                                   rtol=1e-12)
