@@ -386,12 +386,15 @@ std::unique_ptr<Comm> Comm::split(int color, int key) {
   if (color < 0 && color != A2A_UNDEFINED)
     local_error = cat(op, " on rank ", rank(), " of ", size(), ": color ", color, " is negative; pass a color >= 0, "
                       "or A2A_UNDEFINED (", A2A_UNDEFINED, ") for a rank that joins no new communicator");
-  // Every rank's (color, key, node), gathered in the round of the check.
+  // The check's round and the gather stay two: a rank whose check timed out
+  // has sent its first round, so a rank that comes late would complete a
+  // gather folded into it and then wait in the backends' split (unbounded)
+  // for a rank that gave up; the second round times out there instead.
+  agree(op, {}, local_error);
+
   const SplitEntry mine{color, key, topology_.node};
   std::vector<SplitEntry> entries(size());
-  agree_in_exchange(
-      op, {}, local_error, *control_, [&](int) { return Span::contiguous(&mine, sizeof mine); },
-      [&](int r) { return Span::contiguous(&entries[r], sizeof(SplitEntry)); });
+  run(op, [&] { control_->allgather(&mine, entries.data(), sizeof(SplitEntry)); });
   const Topology topology = color == A2A_UNDEFINED ? Topology() : split_topology(entries, rank());
 
   // The backends' split makes the same collective calls on every rank before

@@ -179,13 +179,6 @@ def test_route_gathers_its_capacities_in_the_check(comm, capacity):
         assert (cost.check_rounds, cost.control_rounds) == (1, 2), cost
 
 
-def test_split_gathers_its_colors_in_the_check(comm):
-    with a2a.counting(comm) as cost:
-        a2a.Comm.split(comm, comm.rank % 2)
-    if comm.size > 1 and IN_BAND:
-        assert cost.counters.check_rounds == 0, cost.counters
-
-
 def test_a_mismatch_costs_the_settle_and_the_verdict(comm):
     if comm.size < 2 or not IN_BAND:
         pytest.skip("the in-band check between ranks")
