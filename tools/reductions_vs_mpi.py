@@ -17,20 +17,15 @@ import statistics
 import sys
 import time
 
-SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def size_of(text: str) -> int:
-    text = text.strip().upper()
-    return int(text[:-1]) * SUFFIX[text[-1]] if text[-1] in SUFFIX else int(text)
+from a2a._sweep import parse_size
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--local-size", type=int, default=0, help="emulated ranks per node (A2A_LOCAL_SIZE)")
-    parser.add_argument("-b", type=size_of, default=8, help="smallest buffer, bytes per rank (default 8)")
-    parser.add_argument("-e", type=size_of, default=16 << 20, help="largest buffer, bytes per rank (default 16M)")
+    parser.add_argument("-b", type=parse_size, default=8, help="smallest buffer, bytes per rank (default 8)")
+    parser.add_argument("-e", type=parse_size, default=16 << 20, help="largest buffer, bytes per rank (default 16M)")
     parser.add_argument("-f", type=int, default=8, help="size step factor (default 8)")
     parser.add_argument("--calls", type=int, default=50, help="calls per timed repetition")
     parser.add_argument("--repetitions", type=int, default=7)

@@ -384,8 +384,7 @@ void all_gather_exchange(Comm& comm, const void* send, void* recv, size_t block_
 
 void all_gather_v_exchange(Comm& comm, const void* send, void* recv, const std::vector<size_t>& bytes,
                            InBandCheck* check) {
-  std::vector<size_t> offset(bytes.size() + 1, 0);
-  for (size_t r = 0; r < bytes.size(); ++r) offset[r + 1] = offset[r] + bytes[r];
+  const std::vector<size_t> offset = packed_offsets(bytes);
   char* out = static_cast<char*>(recv);
   const size_t mine = bytes[comm.rank()];
   exchange(

@@ -13,7 +13,8 @@ namespace a2a {
 
 namespace {
 
-// How long destroying a communicator waits for its stream before aborting.
+// How long destroying a communicator (or growing its scratch) waits for its
+// stream before aborting.
 constexpr double kDestroyWaitS = 30.0;
 
 CommParts single_transport(std::unique_ptr<Transport> transport, std::unique_ptr<Device> device) {
@@ -45,6 +46,7 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       use_strided_spans_(use_strided_spans && data_->supports_strided()),
       in_band_(parts.data == parts.control && data_->supports_signed_exchange()),
       cross_check_(parts.cross_check),
+      host_scratch_(*device_, DeviceBuffer::Kind::kHost),
       splitter_(std::move(parts.splitter)) {
   device_->attach_counters(&counters_);
   call_gate_.set_counters(&counters_);
@@ -76,13 +78,7 @@ void Comm::set_stream(void* stream) {
   for (auto& transport : transports_) transport->set_stream(stream);
 }
 
-char* Comm::host_scratch(size_t bytes) {
-  if (host_scratch_.size() < bytes) {
-    count(&counters_, Count::kAllocations);
-    host_scratch_ = std::vector<char>(bytes);
-  }
-  return host_scratch_.data();
-}
+char* Comm::host_scratch(size_t bytes) { return host_scratch_.reserve(bytes, kDestroyWaitS); }
 
 void Comm::mark_broken(const std::string& why) {
   if (broken_reason_.empty()) broken_reason_ = why;

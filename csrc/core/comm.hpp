@@ -220,8 +220,9 @@ class Comm {
   CallGate& call_gate() { return call_gate_; }
 
   // Host memory for one call's temporaries (the blocks a reduction receives,
-  // core/reduce_exchanges.cpp): at least `bytes`, kept and grown as needed,
-  // valid until the next call on this comm asks for it.
+  // core/reduce_exchanges.cpp, on CPU communicators): at least `bytes`, a
+  // DeviceBuffer kept and grown as needed, valid until the next call on this
+  // comm asks for it.
   char* host_scratch(size_t bytes);
 
   // What this communicator's calls cost (core/counters.hpp): its two paths
@@ -266,7 +267,7 @@ class Comm {
   bool in_band_;
   bool cross_check_;
   std::string started_op_;  // start_in_band's op until finish_in_band
-  std::vector<char> host_scratch_;
+  DeviceBuffer host_scratch_;
   std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);
   std::string broken_reason_;
   int64_t sequence_ = 0;

@@ -11,13 +11,6 @@ namespace a2a {
 
 namespace {
 
-// offsets[r]: where block r starts, in elements (offsets[W]: the total).
-std::vector<size_t> offsets_of(const std::vector<size_t>& counts) {
-  std::vector<size_t> offsets(counts.size() + 1, 0);
-  for (size_t r = 0; r < counts.size(); ++r) offsets[r + 1] = offsets[r] + counts[r];
-  return offsets;
-}
-
 // The blocks this rank receives land side by side in host memory.
 void require_host(Comm& comm, const char* what) {
   if (comm.device_type() != A2A_DEVICE_CPU)
@@ -28,7 +21,7 @@ void require_host(Comm& comm, const char* what) {
 void scatter_and_reduce(Comm& comm, const char* send, void* out, const std::vector<size_t>& counts,
                         a2a_dtype_t dtype, ReduceOp op, InBandCheck* check) {
   const size_t item = dtype_size(dtype);
-  const std::vector<size_t> offsets = offsets_of(counts);
+  const std::vector<size_t> offsets = packed_offsets(counts);
   const size_t mine = counts[comm.rank()] * item;
   char* received = comm.host_scratch(mine * comm.size());
   exchange(
@@ -55,7 +48,7 @@ void all_reduce_exchanges(Comm& comm, const void* send, void* recv, size_t count
   const size_t item = dtype_size(dtype);
   std::vector<size_t> pieces(world, count / world);
   for (size_t r = 0; r < count % world; ++r) ++pieces[r];
-  const std::vector<size_t> offsets = offsets_of(pieces);
+  const std::vector<size_t> offsets = packed_offsets(pieces);
   char* out = static_cast<char*>(recv);
   char* reduced = out + offsets[me] * item;
   // In place, the first exchange has sent every piece before this rank's is overwritten.

@@ -31,6 +31,14 @@ struct Span {
   bool is_contiguous() const { return num_blocks <= 1 || stride_bytes == block_bytes; }
 };
 
+// Where each of blocks packed back to back starts: offsets[r] is the sum of
+// sizes[0..r), offsets[sizes.size()] the total (in the sizes' unit).
+inline std::vector<size_t> packed_offsets(const std::vector<size_t>& sizes) {
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  for (size_t r = 0; r < sizes.size(); ++r) offsets[r + 1] = offsets[r] + sizes[r];
+  return offsets;
+}
+
 // A set of ranks exchanging with each other: member i is first + i * stride,
 // and this rank is member `me`. All ranks (linear), the ranks of one node
 // (2DH intra-node phase), or the ranks with one local_rank (2DH inter-node).

@@ -344,8 +344,7 @@ void MpiTransport::reduce_scatter(const void* send, void* recv, size_t count_per
 // travels as a Span (a derived datatype when it is that large), and a timeout
 // names the ranks whose block never arrived.
 void MpiTransport::allgather_v(const void* send, void* recv, const std::vector<size_t>& bytes_per_rank) {
-  std::vector<size_t> offset(size_ + 1, 0);
-  for (int r = 0; r < size_; ++r) offset[r + 1] = offset[r] + bytes_per_rank[r];
+  const std::vector<size_t> offset = packed_offsets(bytes_per_rank);
   auto* out = static_cast<char*>(recv);
   const size_t mine = bytes_per_rank[rank_];
   if (mine != 0) std::memcpy(out + offset[rank_], send, mine);
