@@ -20,7 +20,7 @@ The house, bottom to top (a package imports only those below it):
 - gating/      gates, auxiliary losses, Tutel's capacity rules
 - experts/     expert layouts (Tutel's whole or shared experts), FFN kernels, moving experts
 - tuning/      the dictionary floor(c / R) -> configuration, its step protocol and prior
-- flows/       the Flow interface, the per-call agreement, Tutel's capacity flow (r, d, algorithm)
+- flows/       the Flow interface, the per-call agreement (kept while rows repeat), Tutel's capacity flow (r, d, algorithm)
 - deployment/ dynamic/ flex/ hexa/
                one package per paper: dropless and its caches, placement; per-expert capacity;
                FlexMoE's vExpert replicas; Hexa-MoE's data- and model-centric flows

@@ -10,6 +10,7 @@ import a2a
 
 from .common.overlap import Overlap
 from .flows.base import Context, Flow
+from .flows.kept import KeptAgreement
 from .registry import FLOWS
 
 __all__ = ["bind_flows", "check_rebind"]
@@ -24,10 +25,12 @@ def bind_flows(layer: Any, comm: a2a.Comm, flow_class: type[Flow], settings: Any
     own, and the dictionary's others over the same experts), on `comm`. The
     exchanges get their own communicator (``Comm.split``), so that a
     communication thread never shares one with the caller."""
-    context = Context(comm, comm.split(0, comm.rank), Overlap(comm.device, comm.cuda_device), layer._pool,
+    exchange_comm = comm.split(0, comm.rank)
+    context = Context(comm, exchange_comm, Overlap(comm.device, comm.cuda_device), layer._pool,
                       layer.experts, layer.num_global_experts, layer.model_dim, "2dh" if layer.use_2dh else "linear",
                       1.0 / comm.size if layer.expert_gradient == "mean" else 1.0, layer.is_postscore,
-                      layer.batch_prioritized_routing, layer.timer, layer.dispatch_format)
+                      layer.batch_prioritized_routing, layer.timer, layer.dispatch_format,
+                      KeptAgreement(comm, exchange_comm))
     flow = flow_class(context, settings)
     flows = {flow.name: flow}
     flows.update((name, FLOWS[name](context, others[name])) for name in others)

@@ -9,6 +9,7 @@
               (max over ranks) of a flow that routes with one, every rank's
               token count, the previous step's time for the dictionary, and
               a check that every rank passed the same arguments and tokens
+              (none while every rank's row repeats at f > 0: flows/kept.py)
     flow   -> the layer's flow (chosen at construction) or the one the
               dictionary picks among the layer's flows= (moe_runtime.registry);
               Flow.configure, then Flow.run: y (T, M) and the call's Plan
@@ -20,6 +21,7 @@ docs/runtime.md draws the data of each flow at every step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,7 +45,7 @@ from .experts.relocation import Moved
 from .experts.replicas import copy_replicas_from_rank0
 from .flex.scheduler import Decision
 from .flex.vexperts import Primitive
-from .flows.agreement import CallRow, agree_call
+from .flows.agreement import Agreed, CallRow
 from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.gates import decide, make_gate
@@ -307,29 +309,40 @@ class MoELayer(torch.nn.Module):
                                           "layer's collectives)")
         tokens, stop = self.tuning.start(tokens, recording and not call.error)
         decision, prepared = self._gate(tokens, gate_index, k, request, sample_ids, call)
-        capacity = 0
+        capacity, fixed = 0, False
         if decision is not None and named.uses_capacity:
             factor = self.gates[gate_index].capacity_factor if capacity_factor is None else float(capacity_factor)
             capacity = call.attempt(self._local_capacity, named, decision, factor) or 0
+            fixed = factor > 0  # the capacity follows from the factor and the token count alone
         self.flow.settle()  # the flow's own communication in flight (a prefetch) ends before the agreement
         step_seconds = self.tuning.step_seconds  # the previous step's, for FlexMoE; the agreement clears it
         row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(),
-                      [] if self.adaptive is not None else self.flow.refused(request), call, recording)
-        agreed = agree_call(row, self.comm, "MoELayer", self.flow)
+                      [] if self.adaptive is not None else self.flow.refused(request), call, recording, fixed)
+        call_of = functools.partial(Call, tokens, decision, recording=recording, step_seconds=step_seconds,
+                                    prepared=prepared)
+        run = functools.partial(self._run, request, call_of, x.dtype, k)
+        y, self.last_plan = self.flow.context.kept.agree_and_run(row, "MoELayer", self.flow, run)
+        y = y.view(x.shape).to(x.dtype)
+        stop()
+        y.l_aux = self.l_aux = decision.l_aux
+        return y
+
+    def _run(self, request: Request, call_of: Callable[..., Call], dtype: torch.dtype, k: int, agreed: Agreed,
+             values: np.ndarray | None) -> tuple[torch.Tensor, Plan]:
+        """The flow at `agreed` and its run; `values`: this rank's row of a fresh agreement (None: kept)."""
         self.tuning.agreed(agreed.seconds)
-        chosen = self._choose(agreed.capacity, x.dtype, k)
+        chosen = self.tuning.choose_for(self, agreed.capacity, dtype, k)
         name = request.flow or (self.flow.name if chosen is None or request.pins else chosen.flow)
         runner = self._flows[name]
         if self.flows:  # the factor was checked to be 0, which every flow computes alike
             request = dataclasses.replace(request, capacity_factor=None)
         choice = runner.configure(request, chosen if chosen is not None and chosen.flow == name else None)
+        if values is not None:
+            keeps = self.adaptive is None and runner is self.flow and runner.keeps_agreement(choice)
+            self.flow.context.kept.record(values, agreed, keeps)
         self.tuning.trial(agreed.capacity, choice.config, choice.timed)
-        y, self.last_plan = runner.run(Call(tokens, decision, choice, agreed.capacity, agreed.token_counts,
-                                            recording, step_seconds, prepared, agreed.recording_anywhere))
-        y = y.view(x.shape).to(x.dtype)
-        stop()
-        y.l_aux = self.l_aux = decision.l_aux
-        return y
+        return runner.run(call_of(choice, agreed.capacity, agreed.token_counts,
+                                  recording_anywhere=agreed.recording_anywhere))
 
     def _checked_call(self, gate_index: int, top_k: int | None, request: Request) -> int:
         """This rank's own checks of a call's arguments; the call's k."""
@@ -376,18 +389,6 @@ class MoELayer(torch.nn.Module):
         """This rank's capacity for `flow`; with flows=, a factor that may drop is refused."""
         check_capacity_factor(self.flows, factor)
         return flow.local_capacity(decision, factor, self.capacity_rule)
-
-    def _choose(self, capacity: int, dtype: torch.dtype, top_k: int):
-        """The dictionary's configuration at the agreed capacity (None without one)."""
-        if self.adaptive is None:
-            return None
-        comm = self.comm
-        signature = {"world": comm.size, "local_size": comm.local_size, "num_nodes": comm.num_nodes,
-                     "experts": self.num_global_experts, "model_dim": self.model_dim,
-                     "hidden": self.experts.hidden_size, "top_k": top_k, "dtype": str(dtype).removeprefix("torch."),
-                     "device": comm.device}
-        self.tuning.bind(signature, self.valid_rs, comm, self.flows)
-        return self.tuning.choose(capacity)
 
     def extra_repr(self) -> str:
         if self.parallel != "expert":

@@ -3,6 +3,8 @@
 - base.py: Flow, its Plan, Request, Choice, Context and Call (read first), and
   WholeExpertFlow, what the r = 1, d = 1 flows share;
 - agreement.py: the per-call agreement every flow relies on (one all-gather);
+- kept.py: that agreement kept, without the all-gather, while every rank's
+  row repeats at f > 0 (the flow's first exchange checks it);
 - expert.py: Tutel's capacity flow (r, d, algorithm): encode, the pipelined
   exchange -> experts -> exchange segment, decode.
 

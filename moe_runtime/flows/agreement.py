@@ -13,6 +13,10 @@ others in a collective of another size::
                                        equal on every rank, else MismatchError
     refused    zero on every rank      per-call arguments the layer's flow
                                        does not take
+    recording  any rank's              some rank's autograd records the call
+    fixed      all ranks' 1            the capacity follows from f > 0 and the
+                                       tokens alone (flows/kept.py keeps the
+                                       agreement only then)
     model dim, dtype, failed           the tokens' (common.agreement.CallFields):
                                        equal, else MismatchError; a rank whose
                                        own checks or gate failed raises its
@@ -32,12 +36,13 @@ from ..common.host_values import all_gather_values
 from ..tuning.dictionary import FLOWS
 from .base import CALL_ARGUMENTS, Flow, Request
 
-__all__ = ["Agreed", "CallRow", "agree_call"]
+__all__ = ["SECONDS", "Agreed", "CallRow", "agree_call"]
 
 NOT_GIVEN = -1
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 _COLUMNS = ("capacity", "top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow", "tokens",
-            "seconds", "refused", "recording")  # then CallFields' columns
+            "seconds", "refused", "recording", "fixed")  # then CallFields' columns
+SECONDS = _COLUMNS.index("seconds")
 _EQUAL = ("top_k", "gate_index", "adaptive_r", "a2a_ffn_overlap_degree", "algo", "flow")
 
 
@@ -54,6 +59,7 @@ class CallRow:
     refused: list[str]
     call: CallFields  # the tokens' model dim and dtype, and this rank's own error
     recording: bool = False  # autograd records this rank's call
+    fixed_capacity: bool = False  # the capacity follows from the factor (f > 0) and the tokens alone
 
     def values(self) -> np.ndarray:
         r, d, algo, flow = self.request.r, self.request.d, self.request.algo, self.request.flow
@@ -61,7 +67,7 @@ class CallRow:
             self.capacity, self.top_k, self.gate_index, _code(r), _code(d),
             ALGORITHMS.index(algo) if algo in ALGORITHMS else NOT_GIVEN,
             FLOWS.index(flow) if flow in FLOWS else NOT_GIVEN, self.tokens, self.seconds, len(self.refused),
-            int(self.recording), *self.call.columns()], dtype=np.int64)
+            int(self.recording), int(self.fixed_capacity), *self.call.columns()], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class Agreed:
     token_counts: list[int]
     seconds: np.ndarray  # every rank's previous step (ns; NOT_GIVEN where not measured)
     recording_anywhere: bool = False  # some rank's autograd records this call
+    fixed_capacity: bool = False  # every rank's capacity follows from f > 0 and its tokens alone
+    table: np.ndarray | None = None  # every rank's row (W, columns), as gathered
 
 
 def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
@@ -94,7 +102,7 @@ def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
             raise a2a.MismatchError(f"{where}: the ranks passed different {name} ({shown}); every rank must call "
                                     "the layer with the same arguments")
     return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"],
-                  bool(column["recording"].any()))
+                  bool(column["recording"].any()), bool(column["fixed"].all()), table)
 
 
 def _code(value: int | None) -> int:

@@ -128,6 +128,7 @@ class Context:
     batch_prioritized_routing: bool
     timer: Callable[[], float]
     dispatch_format: str | None = None  # FP8 dispatch's a2a format (MoELayer(dispatch_dtype=)); None: the tokens'
+    kept: Any = None  # the layer's KeptAgreement over comm and exchange_comm (flows/kept.py; binding makes it)
 
 
 @dataclass
@@ -183,6 +184,13 @@ class Flow:
     def local_capacity(self, decision: GateDecision, factor: float, rule: str) -> int:
         """This rank's capacity (rows per expert) before the agreement; 0 without one."""
         return 0
+
+    def keeps_agreement(self, choice: Choice) -> bool:
+        """Whether a call of `choice` may run on a kept agreement (flows/kept.py):
+        its first collective is an exchange on ``context.exchange_comm`` made on
+        the caller's thread, and nothing else of the call waits for a peer
+        before it, so that a rank which did not keep the agreement is met there."""
+        return False
 
     def configure(self, request: Request, chosen: Config | None) -> Choice:
         """The call's configuration (flows other than the expert flow have one)."""

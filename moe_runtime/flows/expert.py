@@ -414,6 +414,12 @@ class ExpertFlow(Flow):
             d, algo = 1, "linear"  # no exchange to split or to route
         return Choice(Config(r, d, algo), algo)
 
+    def keeps_agreement(self, choice: Choice) -> bool:
+        # r = 0 exchanges nothing; sharded experts are gathered (or their bias
+        # summed) first, on other communicators; d > 1 exchanges on a thread,
+        # whose next chunk may start before the first one's error reaches the caller.
+        return choice.config.r == 1 and choice.config.d == 1 and self.sharded_count == 1
+
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         """Routing, encode, the segment of (r, d, algo), decode."""
         context, config = self.context, call.choice.config

@@ -95,6 +95,19 @@ class StepTuning:
             self.dictionary.bind(signature, valid_rs, two_level, writer=comm.rank == 0, flows=tuple(flows))
             self.signature = signature
 
+    def choose_for(self, layer: Any, capacity: int, dtype: torch.dtype, top_k: int) -> Config | None:
+        """The dictionary's configuration for a call of `layer` at the agreed
+        capacity (None without one), bound to the table of the layer's signature."""
+        if self.dictionary is None:
+            return None
+        comm = layer.comm
+        signature = {"world": comm.size, "local_size": comm.local_size, "num_nodes": comm.num_nodes,
+                     "experts": layer.num_global_experts, "model_dim": layer.model_dim,
+                     "hidden": layer.experts.hidden_size, "top_k": top_k, "dtype": str(dtype).removeprefix("torch."),
+                     "device": comm.device}
+        self.bind(signature, layer.valid_rs, comm, layer.flows)
+        return self.choose(capacity)
+
     def choose(self, capacity: int) -> Config | None:
         """The dictionary's configuration at `capacity` (None without a dictionary)."""
         return None if self.dictionary is None else self.dictionary.choose(capacity)
