@@ -80,9 +80,22 @@ class Overlap:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-exchange")
         grad_mode = torch.is_grad_enabled()  # thread-local in torch: carry the caller's to the thread
+        failed: list[BaseException] = []
+
+        def guarded(step: Callable[[int], None], i: int) -> None:
+            # Once an exchange failed, the exchanges queued behind it do not start: the caller raises that
+            # error, and another exchange would wait for peers that raised it too (a layer whose kept
+            # agreement a rank did not keep gathers on this communicator next: flows/kept.py).
+            if failed:
+                return
+            try:
+                _with_grad_mode(grad_mode, step, i)
+            except BaseException as error:
+                failed.append(error)
+                raise
 
         def submit(step: Callable[[int], None], i: int) -> Future:
-            return self._executor.submit(_with_grad_mode, grad_mode, step, i)
+            return self._executor.submit(guarded, step, i)
 
         befores: list[Future] = [submit(before, 0), submit(before, 1)]
         afters: list[Future] = []

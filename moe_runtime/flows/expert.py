@@ -416,9 +416,10 @@ class ExpertFlow(Flow):
 
     def keeps_agreement(self, choice: Choice) -> bool:
         # r = 0 exchanges nothing; sharded experts are gathered (or their bias
-        # summed) first, on other communicators; d > 1 exchanges on a thread,
-        # whose next chunk may start before the first one's error reaches the caller.
-        return choice.config.r == 1 and choice.config.d == 1 and self.sharded_count == 1
+        # summed) first, on other communicators. With d > 1 the first chunk's
+        # exchange comes first (on the CPU on a thread that starts no other
+        # once one failed: common/overlap.py).
+        return choice.config.r == 1 and self.sharded_count == 1
 
     def run(self, call: Call) -> tuple[torch.Tensor, Plan]:
         """Routing, encode, the segment of (r, d, algo), decode."""

@@ -5,8 +5,9 @@ cross-rank check (which never keeps it); a rank whose tokens change is met
 by the others' first exchange, and the call still computes the right thing;
 a rank whose arguments or input differ once the agreement is kept still
 raises on every rank, naming the cause; where the flow cannot be met in its
-first exchange (d > 1, sharded experts, a capacity from the routing) every
-call gathers."""
+first exchange (sharded experts, a capacity from the routing) every call
+gathers; with d = 2 the agreement is kept too (the first chunk's exchange
+meets a changed rank, and the chunks behind it do not start)."""
 
 from __future__ import annotations
 
@@ -44,11 +45,15 @@ def needs_two_ranks(comm):
         pytest.skip("a kept agreement needs two ranks (one rank agrees with nobody)")
 
 
-def test_from_the_third_equal_call_no_all_gather_and_the_same_training(comm, unchecked_comm):
+DEGREES = pytest.mark.parametrize("degree", [1, 2])  # a2a_ffn_overlap_degree: one chunk, or a pipeline
+
+
+@DEGREES
+def test_from_the_third_equal_call_no_all_gather_and_the_same_training(comm, unchecked_comm, degree):
     needs_two_ranks(comm)
     num_experts = whole_expert_cases(comm)[0]
-    layer = make_layer(comm, num_experts)
-    twin = make_layer(unchecked_comm, num_experts)  # the same seeds; never keeps the agreement
+    layer = make_layer(comm, num_experts, a2a_ffn_overlap_degree=degree)
+    twin = make_layer(unchecked_comm, num_experts, a2a_ffn_overlap_degree=degree)  # never keeps the agreement
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (layer, twin)]
     x = random_rows(12, seed=comm.rank)
     counts = []
@@ -61,10 +66,12 @@ def test_from_the_third_equal_call_no_all_gather_and_the_same_training(comm, unc
     assert counts[-1] == counts[-2] == counts[0] - 1, counts
 
 
-def test_a_rank_whose_tokens_change_is_met_and_the_call_is_right(comm, unchecked_comm):
+@DEGREES
+def test_a_rank_whose_tokens_change_is_met_and_the_call_is_right(comm, unchecked_comm, degree):
     needs_two_ranks(comm)
     num_experts = whole_expert_cases(comm)[0]
-    layer, twin = make_layer(comm, num_experts), make_layer(unchecked_comm, num_experts)
+    layer = make_layer(comm, num_experts, a2a_ffn_overlap_degree=degree)
+    twin = make_layer(unchecked_comm, num_experts, a2a_ffn_overlap_degree=degree)
     x = random_rows(10, seed=comm.rank)
     for _ in range(3):
         layer(x), twin(x)
@@ -84,9 +91,10 @@ def test_a_rank_whose_tokens_change_is_met_and_the_call_is_right(comm, unchecked
     ("top_k", lambda rank: 1 + rank % 2),
     ("algo", lambda rank: ("linear", "2dh")[rank % 2]),
 ])
-def test_a_rank_that_differs_once_the_agreement_is_kept_raises_on_every_rank(comm, argument, values):
+@DEGREES
+def test_a_rank_that_differs_once_the_agreement_is_kept_raises_on_every_rank(comm, argument, values, degree):
     needs_two_ranks(comm)
-    layer = make_layer(comm, whole_expert_cases(comm)[0])
+    layer = make_layer(comm, whole_expert_cases(comm)[0], a2a_ffn_overlap_degree=degree)
     x = random_rows(8, seed=comm.rank)
     for _ in range(3):
         layer(x)
@@ -107,14 +115,12 @@ def test_a_rank_with_a_bad_argument_once_the_agreement_is_kept_fails_on_every_ra
     assert layer(x).shape == x.shape
 
 
-@pytest.mark.parametrize("case", ["d=2", "sharded", "dropless capacity", "unchecked"])
+@pytest.mark.parametrize("case", ["sharded", "dropless capacity", "unchecked"])
 def test_where_the_first_exchange_cannot_meet_a_changed_rank_every_call_gathers(comm, unchecked_comm, case):
     needs_two_ranks(comm)
     num_experts = whole_expert_cases(comm)[0]
     options = {}
-    if case == "d=2":
-        options["a2a_ffn_overlap_degree"] = 2
-    elif case == "sharded":
+    if case == "sharded":
         num_experts = next((e for e in experts_cases(comm.size) if e < comm.size), None)
         if num_experts is None:
             pytest.skip("no expert can be sharded here")
