@@ -39,6 +39,8 @@ CLUSTER_TOOL = os.path.join(ROOT, "tools", "cluster.py")
 CLUSTER_CONFIGS = ("2x2", "4x2", "3x1", "moe-2x2")
 MPI_TESTS = os.path.join("tests", "mpi")
 TIMEOUT_TESTS = os.path.join("tests", "mpi", "test_mpi_timeout.py")
+# The layer's kept agreement's window (a rank that skips its call): a timeout, in the same mpiruns.
+KEPT_TIMEOUT_TESTS = os.path.join("tests", "mpi_runtime", "test_runtime_kept_timeout.py")
 THREAD_TESTS = os.path.join("tests", "mpi", "test_mpi_threads.py")
 FLEX_TESTS = os.path.join("tests", "mpi", "test_mpi_flex.py")
 RUNTIME_TESTS = os.path.join("tests", "mpi_runtime")  # moe_runtime: its own configurations
@@ -164,10 +166,12 @@ CONFIGS = [
     Config("gpu-moe-2x2", 4, 2, paths=[RUNTIME_TESTS], env={"A2A_TEST_DEVICE": "cuda"},
            note="moe_runtime on CUDA, 2 nodes x 2 ranks on one GPU", timeout=300, gpu=True),
     Config(
-        "timeout-np2", 2, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
+        "timeout-np2", 2, paths=[TIMEOUT_TESTS, KEPT_TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"},
+        note="timeouts", timeout=300,
     ),
     Config(
-        "timeout-np3", 3, paths=[TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"}, note="timeouts", timeout=300
+        "timeout-np3", 3, paths=[TIMEOUT_TESTS, KEPT_TIMEOUT_TESTS], env={"A2A_TEST_TIMEOUT": "1"},
+        note="timeouts", timeout=300,
     ),
     # Calls from two threads at once, with MPI_THREAD_MULTIPLE (mpi4py's
     # default) and with MPI_THREAD_SERIALIZED (tests/mpi/_rank_pytest.py

@@ -28,7 +28,7 @@ What a kept agreement does not see: a rank that skips the layer's call and
 makes another collective on the layer's communicator meets the others'
 exchange on another communicator, and every rank's wait ends at the
 communicator's timeout (A2A_TIMEOUT_S, naming the ranks that did not come)
-instead of a MismatchError. A communicator without the cross-rank check
+instead of a MismatchError (tests/mpi_runtime/test_runtime_kept_timeout.py). A communicator without the cross-rank check
 (cross_check=False) never keeps the agreement: a changed row would go unseen.
 """
 
