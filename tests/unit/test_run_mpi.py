@@ -28,7 +28,7 @@ def test_matrix_covers_the_required_sizes_and_topologies():
     emulated = {(c.np // c.local_size, c.local_size) for c in full if c.local_size and c.np % c.local_size == 0}
     assert {(2, 2), (4, 2), (2, 4), (3, 1)} <= emulated
     assert any(c.np % c.local_size for c in full if c.local_size), "no irregular topology (2dh rejection)"
-    timeout_runs = [c for c in run_mpi.CONFIGS if c.paths == [run_mpi.TIMEOUT_TESTS]]
+    timeout_runs = [c for c in run_mpi.CONFIGS if run_mpi.TIMEOUT_TESTS in c.paths]
     assert timeout_runs and all(c.env.get("A2A_TEST_TIMEOUT") == "1" for c in timeout_runs)
     assert len({c.name for c in run_mpi.CONFIGS}) == len(run_mpi.CONFIGS)
 
