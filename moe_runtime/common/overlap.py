@@ -21,6 +21,7 @@ sample-assignment cache's predicted dispatch, overlapping the gate.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
@@ -80,18 +81,18 @@ class Overlap:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-exchange")
         grad_mode = torch.is_grad_enabled()  # thread-local in torch: carry the caller's to the thread
-        failed: list[BaseException] = []
+        failed = threading.Event()
 
         def guarded(step: Callable[[int], None], i: int) -> None:
             # Once an exchange failed, the exchanges queued behind it do not start: the caller raises that
             # error, and another exchange would wait for peers that raised it too (a layer whose kept
             # agreement a rank did not keep gathers on this communicator next: flows/kept.py).
-            if failed:
+            if failed.is_set():
                 return
             try:
                 _with_grad_mode(grad_mode, step, i)
-            except BaseException as error:
-                failed.append(error)
+            except BaseException:
+                failed.set()
                 raise
 
         def submit(step: Callable[[int], None], i: int) -> Future:

@@ -28,8 +28,9 @@ What a kept agreement does not see: a rank that skips the layer's call and
 makes another collective on the layer's communicator meets the others'
 exchange on another communicator, and every rank's wait ends at the
 communicator's timeout (A2A_TIMEOUT_S, naming the ranks that did not come)
-instead of a MismatchError (tests/mpi_runtime/test_runtime_kept_timeout.py). A communicator without the cross-rank check
-(cross_check=False) never keeps the agreement: a changed row would go unseen.
+instead of a MismatchError (tests/mpi_runtime/test_runtime_kept_timeout.py).
+A communicator without the cross-rank check (cross_check=False) never keeps
+the agreement: a changed row would go unseen.
 """
 
 from __future__ import annotations
@@ -70,17 +71,15 @@ class KeptAgreement:
             except a2a.MismatchError:
                 pass  # a rank's row changed: its all-gather met this call's first exchange on every rank
             self.forget()  # (after the except: the failed attempt's buffers are back in the layer's pool)
-            agreed = agree_call(row, comm, owner, flow)  # with every rank
-        else:
-            try:
-                agreed = agree_call(row, comm, owner, flow)
-            except a2a.MismatchError:
-                if comm is self.comm:
-                    raise
-                # This rank's row changed; the other ranks' first exchange (or all-gather) met this one:
-                # every rank gathers once more, those that tried to keep the agreement for the first time.
-                self.forget()
-                agreed = agree_call(row, comm, owner, flow)
+        try:
+            agreed = agree_call(row, comm, owner, flow)  # after a failed kept call: with every rank
+        except a2a.MismatchError:
+            if comm is self.comm or kept is not None:
+                raise
+            # This rank's row changed; the other ranks' first exchange (or all-gather) met this one: every
+            # rank gathers once more, those that tried to keep the agreement for the first time.
+            self.forget()
+            agreed = agree_call(row, comm, owner, flow)
         return run(agreed, values)
 
     def _for_row(self, values: np.ndarray) -> Agreed | None:
@@ -102,8 +101,7 @@ class KeptAgreement:
         and configuration allow it: the same on every rank)."""
         table = _without_seconds(agreed.table)
         repeated = self._table is not None and np.array_equal(table, self._table)
-        fixed = bool(agreed.fixed_capacity)
-        usable = keeps and repeated and fixed and self.comm.size > 1 and self.comm.cross_check
+        usable = keeps and repeated and agreed.fixed_capacity and self.comm.size > 1 and self.comm.cross_check
         self.kept = agreed if usable else None
         self._row = _without_seconds(values) if usable else None
         self._table = table
