@@ -247,6 +247,13 @@ class Comm:
     def cross_check(self) -> bool:
         """Whether collectives check that every rank called them alike (a2a_comm_cross_check)."""
 
+    @property
+    def predicts_check(self) -> bool:
+        """Whether calls that every rank predicted post their check (a2a_comm_predicts_check)."""
+
+    def check(self) -> None:
+        """Completes the posted check of the last call (a2a_comm_check)."""
+
     def counters(self) -> dict[str, int]:
         """a2a_counters(comm): this communicator's counters by name (a2a.Counters' fields)."""
 

@@ -58,6 +58,9 @@ class Comm:
         self.irregular_reason: str = native.irregular_reason
         # False: collectives do not check that every rank called them alike (cross_check=False).
         self.cross_check: bool = native.cross_check
+        # True: once the calls repeat, a call that every rank predicted posts its check and goes on; the
+        # check completes at the next call or at check() (MPI with NCCL; docs/algorithms.md).
+        self.predicts_check: bool = native.predicts_check
         device_type, transport, cuda_device = native.device
         self.device = DEVICES[device_type]
         self.transport = TRANSPORTS[transport]
@@ -256,6 +259,16 @@ class Comm:
             _C.UNDEFINED if color is None else int(color), self.rank if key is None else int(key)
         )
         return None if native is None else Comm(native)
+
+    def check(self) -> None:
+        """Completes the cross-rank check of the last call where it was posted
+        rather than waited for (``predicts_check``: a communicator of MPI and
+        NCCL, once its calls repeat); otherwise does nothing. Where a rank
+        left the call that every rank predicted, raises on every rank, as that
+        call would have, and the communicator is retired. The next call
+        completes it too: call this at the end of a loop. Collective where a
+        check is posted."""
+        self._native.check()
 
     def _bind(self, v: ArrayView) -> str | None:
         """Checks that v lives where this communicator moves memory; on CUDA,

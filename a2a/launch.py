@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 
 __all__ = ["find_mpirun", "mpirun_command", "run", "under_mpirun"]
 
@@ -61,6 +62,16 @@ def under_mpirun() -> bool:
     """True when this process was started by mpirun/mpiexec (Open MPI, MPICH, Slurm PMI)."""
     keys = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "PMI_RANK")
     return any(key in os.environ for key in keys)
+
+
+def main_on_ranks(np: int, body: Callable[[], None]) -> int:
+    """For a script that measures under mpirun: runs `body` where this process
+    is one of mpirun's ranks; else starts this script again on `np` ranks (the
+    same argv) and returns mpirun's exit code."""
+    if under_mpirun():
+        body()
+        return 0
+    return run(np, [sys.executable, *sys.argv])
 
 
 def run(np: int, command: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None) -> int:

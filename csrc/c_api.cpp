@@ -223,6 +223,17 @@ a2a_status_t a2a_comm_split(a2a_comm_t comm, int color, int key, a2a_comm_t* out
   });
 }
 
+a2a_status_t a2a_comm_check(a2a_comm_t comm) {
+  return on_comm(comm, "check", [&](a2a::Comm& c) { c.check_posted("check"); });
+}
+
+a2a_status_t a2a_comm_predicts_check(a2a_comm_t comm, int* on) {
+  return guarded([&] {
+    if (on == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "on must not be NULL");
+    *on = require_handle(comm, "comm")->impl->predicts_check() ? 1 : 0;
+  });
+}
+
 a2a_status_t a2a_comm_set_stream(a2a_comm_t comm, void* stream) {
   return on_comm(comm, "set_stream", [&](a2a::Comm& c) { c.set_stream(stream); }, false);
 }

@@ -126,8 +126,15 @@ CONFIGS = [
         env={"A2A_TEST_STAGING": "staged"},
         note="staged data path",
     ),
+    # The same, with the check of every call that the ranks predicted posted
+    # instead of run as a round, as on a communicator of MPI and NCCL
+    # (docs/algorithms.md, "The predicted check").
     Config(
-        "staged-np3", 3, paths=COLLECTIVE_TESTS, env={"A2A_TEST_STAGING": "staged"}, note="staged data path"
+        "predicted-np3",
+        3,
+        paths=COLLECTIVE_TESTS,
+        env={"A2A_TEST_STAGING": "predicted"},
+        note="staged, predicted check",
     ),
     Config(
         "control-2x2",

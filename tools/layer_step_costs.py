@@ -70,14 +70,9 @@ def measure(args: argparse.Namespace) -> None:
 
 def main() -> int:
     args = parse()
-    from a2a.launch import mpirun_command, under_mpirun
+    from a2a.launch import main_on_ranks
 
-    if under_mpirun():
-        measure(args)
-        return 0
-    import subprocess
-
-    return subprocess.run(mpirun_command(args.np, [sys.executable, *sys.argv]), check=False).returncode
+    return main_on_ranks(args.np, lambda: measure(args))
 
 
 if __name__ == "__main__":

@@ -538,7 +538,7 @@ void VPlan::execute(const void* send, void* recv, void* workspace, size_t worksp
   check.buffers(send, recv, send_total, recv_total);
   check.workspace(workspace, workspace_bytes, workspace_bytes_);
   // dtype and algo were agreed at planning; the call itself must still match.
-  agree_and_run(comm_, op, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_}}, check.error(),
+  agree_and_run(comm_, op, {{"dtype", dtype_}, {"algo", algo_}, {"plan", id_, true}}, check.error(),
                 [&](InBandCheck* in_band) {
                   if (algo_ == A2A_ALGO_2DH)
                     all_to_all_v_2dh(comm_, send, recv, bytes_, workspace, in_band);

@@ -46,6 +46,7 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       use_strided_spans_(use_strided_spans && data_->supports_strided()),
       in_band_(parts.data == parts.control && data_->supports_signed_exchange()),
       cross_check_(parts.cross_check),
+      predicts_(parts.predicts_check && !in_band_ && cross_check_ && control_->supports_signed_exchange()),
       host_scratch_(*device_, DeviceBuffer::Kind::kHost),
       splitter_(std::move(parts.splitter)) {
   device_->attach_counters(&counters_);
@@ -60,6 +61,19 @@ Comm::~Comm() {
     device_->synchronize(kDestroyWaitS, [this] { data_->check_async_error(); });
   } catch (...) {
     abort_transports();
+  }
+  // The posted check's messages must not outlive the comm: Open MPI reuses a
+  // freed context for the next communicator, where a late message of this
+  // one would be taken for one of its own (found on 2026-11-29: a
+  // communicator made after one freed with its check posted received one
+  // message out of place). Every rank posted one for its last call, so the
+  // wait is short; a disagreement found now has no call left to raise in.
+  if (posted_.open && broken_reason_.empty()) {
+    posted_.open = false;
+    try {
+      control_->complete_check(nullptr);
+    } catch (...) {
+    }
   }
   counted_data_.reset();
   counted_control_.reset();
@@ -120,6 +134,7 @@ constexpr size_t kOpBytes = 40;
 struct Signature {
   int64_t rejected;  // 1 when this rank rejected its own input
   int64_t sequence;  // Comm::sequence() of this call
+  int64_t enqueued;  // 1 when this rank predicted the call and enqueued its data (set for the verdict only)
   int64_t fields[kMaxFields];
   char op[kOpBytes];
 };
@@ -154,6 +169,7 @@ uint64_t signature_digest(const Signature& signature) {
 // the exchanges of one call, and an empty round and a call's data, never
 // look alike.
 constexpr uint64_t kCheckRound = 1ull << 32;
+constexpr uint64_t kPostedCheck = kCheckRound + 1;  // the posted check of a predicted call
 
 uint32_t exchange_label(uint64_t signature, uint64_t index) {
   uint64_t hash = (signature ^ ((index + 1) * 0x9e3779b97f4a7c15ull)) * 0xff51afd7ed558ccdull;
@@ -214,6 +230,7 @@ void verdict(int rank, int size, const char* op, const std::vector<Field>& field
 
 void Comm::agree(const char* op, const std::vector<Field>& fields, const std::string& input_error) {
   check_usable(op);
+  check_posted(op);
   ++sequence_;
   count(&counters_, Count::kCollectives);
   std::string local_error = input_error;
@@ -240,16 +257,100 @@ void Comm::agree(const char* op, const std::vector<Field>& fields, const std::st
     agree_in_band(op, fields);
     return;
   }
+  if (predicts_) {
+    agree_predicted(op, fields, local_error, local_status);
+    return;
+  }
   gather_verdict(op, fields, local_error, local_status, false);
 }
 
 void Comm::gather_verdict(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                          a2a_status_t local_status, bool data_moved) {
-  const Signature mine = make_signature(op, fields, !local_error.empty(), sequence_);
+                          a2a_status_t local_status, bool data_moved, const PostedCall* posted) {
+  Signature mine = make_signature(op, fields, !local_error.empty(), posted ? posted->sequence : sequence_);
+  mine.enqueued = posted ? 1 : 0;
   std::vector<Signature> all(size());
   count(&counters_, Count::kCheckRounds);
   run(op, [&] { control_->allgather(&mine, all.data(), sizeof(Signature)); });
-  verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
+  bool enqueued = false;
+  for (const Signature& signature : all) enqueued |= signature.enqueued != 0;
+  if (!enqueued) {
+    verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
+    return;
+  }
+  // Ranks that predicted the call enqueued its data, which waits for the
+  // ranks that left it and can never be withdrawn: the verdict retires the
+  // comm on every rank (the NCCL communicator is aborted).
+  std::string message;
+  a2a_status_t status = A2A_ERROR_MISMATCH;
+  try {
+    verdict(rank(), size(), op, fields, local_error, local_status, mine, all, data_moved);
+    message = cat(op, " on rank ", rank(), ": a peer's check differed from this rank's with equal arguments (a "
+                  "32-bit signature collision or a damaged message)");
+  } catch (const Failure& e) {
+    status = e.status();
+    message = e.what();
+  }
+  message += cat(posted ? posted->found : "",
+                 "; the ranks that predicted this call had enqueued its data, which waits for the ranks that left it: "
+                 "this communicator is retired on every rank, create a new one");
+  abort_transports();
+  mark_broken(message);
+  throw Failure(status, message);
+}
+
+void Comm::agree_predicted(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                           a2a_status_t local_status) {
+  // A call made by the call just before (a one-shot all_to_all_v's plan) is
+  // known as such, so that the key repeats; any other by its number. Both
+  // name one call on every rank: each call starts after the check of the
+  // one before completed, so every rank is at the same sequence.
+  std::vector<Field> keyed = fields;
+  for (Field& field : keyed)
+    if (field.is_call && field.value == sequence_ - 1) field.value = -1;
+  const uint64_t key = signature_digest(make_signature(op, keyed, false, 0));
+  uint64_t predicted = 0;
+  if (local_error.empty() && predictor_.predict(&predicted) && predicted == key) {
+    // Every rank predicted this call. One that calls another makes a round
+    // of its own label instead, finds this one there, and raises; this rank
+    // finds its label here at its next call (or in a wait before).
+    const uint32_t label = exchange_label(signature_digest(make_signature(op, fields, false, sequence_)), kPostedCheck);
+    run(op, [&] { control_->post_check(world_group(topology_), label); });
+    posted_ = PostedCall{op, fields, sequence_, true};
+    predictor_.push(key);
+    return;
+  }
+  // A round: a call that was not predicted (or rejected its input) waits for
+  // every rank's label, so that nothing is enqueued unless all agree.
+  if (!local_error.empty()) settle_and_explain(op, fields, local_error, local_status, -1, false);
+  agree_in_band(op, fields);
+  predictor_.push(key);
+}
+
+void Comm::check_posted(const char* op) {
+  if (!posted_.open) return;
+  posted_.open = false;
+  bool agreed = false;
+  int member = -1;
+  try {
+    agreed = control_->complete_check(&member);
+  } catch (const PostedCheckFailed& e) {
+    member = e.member();
+  } catch (...) {
+    retire(op);
+  }
+  if (!agreed) explain_posted(op, member, cat("at the next call on this communicator, ", op));
+}
+
+void Comm::explain_posted(const char* op, int member, const std::string& when) {
+  count(&counters_, Count::kCheckRounds);
+  PostedCall posted = posted_;
+  posted_.open = false;
+  posted.found = cat(" (found ", when, ")");
+  const char* posted_op = posted.op.c_str();
+  run(posted_op, [&] { control_->settle_disagreement(); });
+  gather_verdict(posted_op, posted.fields, "", A2A_ERROR_INVALID_ARGUMENT, false, &posted);
+  fail(A2A_ERROR_INTERNAL, op, ": the posted check of ", posted_op, " found rank ", member,
+       " outside the call, and no verdict was reached");
 }
 
 // On an in-band comm a call whose messages cannot carry the check (the dense

@@ -10,6 +10,7 @@
 
 #include "a2a/a2a.h"
 #include "core/call_guard.hpp"
+#include "core/call_predictor.hpp"
 #include "core/counters.hpp"
 #include "core/counting_transport.hpp"
 #include "core/device.hpp"
@@ -25,6 +26,10 @@ namespace a2a {
 struct Field {
   const char* name;
   int64_t value;
+  // The value is a call's sequence number (a plan's): the predicted check
+  // (CallPredictor) knows the call just before as such, so that a one-shot
+  // plan's repeats.
+  bool is_call = false;
 };
 
 class Comm;
@@ -75,6 +80,11 @@ struct CommParts {
   std::unique_ptr<Splitter> splitter;
   // Every collective checks that all ranks called it alike (a2a_comm_config_t.cross_check).
   bool cross_check = true;
+  // The data transport returns before the data moved (NCCL): the check of a
+  // call that every rank predicted is posted on the control transport and
+  // completed at the next call (Comm::agree, docs/algorithms.md "The
+  // predicted check"). Needs a control transport that labels messages.
+  bool predicts_check = false;
 };
 
 // The argument check's verdict (Comm::agree): every rank throws one, nothing
@@ -133,7 +143,10 @@ class Comm {
   // A2A_ERROR_REMOTE / A2A_ERROR_MISMATCH naming the ranks and values. The
   // comm stays usable afterwards. On a comm that checks in band this is a
   // round of empty labelled messages, for the calls whose own messages cannot
-  // carry the check (begin_in_band is the way for those that can).
+  // carry the check (begin_in_band is the way for those that can). On a comm
+  // that predicts (predicts_check()) it first completes the last call's
+  // posted check; then a call that every rank predicted posts its own and
+  // returns at once, and any other checks by a labelled round.
   void agree(const char* op, const std::vector<Field>& fields, const std::string& local_error = "");
 
   // Where the check travels in the call's own messages (checks_in_band()
@@ -177,6 +190,13 @@ class Comm {
   // True where the check travels in the collectives' own messages: one
   // transport for data and control, which can label messages (MPI).
   bool checks_in_band() const { return in_band_; }
+  // True where a call that every rank predicted alike posts its check and
+  // goes on (CommParts::predicts_check): the check completes at the next
+  // call on this comm, or at check_posted().
+  bool predicts_check() const { return predicts_; }
+  // Completes the posted check of the last call, if any (bounded): where a
+  // rank left the predicted call, every rank raises, and the comm is retired.
+  void check_posted(const char* op);
   // False: collectives skip the cross-rank check (agree() checks this rank's input alone).
   bool cross_checks() const { return cross_check_; }
 
@@ -202,6 +222,8 @@ class Comm {
       algorithm();
     } catch (const Disagreement&) {
       throw;
+    } catch (const PostedCheckFailed& e) {
+      explain_posted(op, e.member(), "while this call waited for its peers");
     } catch (...) {
       retire(op);
     }
@@ -230,6 +252,14 @@ class Comm {
   Counters& counters() { return counters_; }
 
  private:
+  // The last call, while its check is posted and not yet completed.
+  struct PostedCall {
+    std::string op;
+    std::vector<Field> fields;
+    int64_t sequence = 0;
+    bool open = false;
+    std::string found;  // where its disagreement was found, for the error
+  };
   // Called with an exception in flight: marks the comm broken and rethrows
   // the error with op's name.
   [[noreturn]] void retire(const char* op);
@@ -248,8 +278,18 @@ class Comm {
   // One allgather of the signatures over the control transport and the
   // verdict, the same on every rank: returns only when every rank agrees and
   // none rejected its input (agree() by round, and after a settle).
+  // posted: the call being explained is the posted check of an earlier one
+  // (its sequence, and its data enqueued on this rank).
   void gather_verdict(const char* op, const std::vector<Field>& fields, const std::string& local_error,
-                      a2a_status_t local_status, bool data_moved);
+                      a2a_status_t local_status, bool data_moved, const PostedCall* posted = nullptr);
+  // agree() where the comm predicts: posts the check of a predicted call, or
+  // checks by a labelled round (agree_in_band on the control transport).
+  void agree_predicted(const char* op, const std::vector<Field>& fields, const std::string& local_error,
+                       a2a_status_t local_status);
+  // After the posted check of the last call found a peer outside it (member
+  // of the world, or -1) `when` (words for the error): settles, and raises
+  // the verdict on every rank.
+  [[noreturn]] void explain_posted(const char* op, int member, const std::string& when);
 
   Counters counters_;
   std::unique_ptr<Device> device_;
@@ -266,6 +306,9 @@ class Comm {
   bool use_strided_spans_;
   bool in_band_;
   bool cross_check_;
+  bool predicts_;
+  CallPredictor predictor_;
+  PostedCall posted_;
   std::string started_op_;  // start_in_band's op until finish_in_band
   DeviceBuffer host_scratch_;
   std::shared_ptr<const void> lifetime_ = std::make_shared<char>(0);

@@ -51,6 +51,13 @@ std::vector<int64_t> CountingTransport::signed_start(uint32_t label, const std::
   return inner_.signed_start(label, send_span);
 }
 
+// Posted, not waited for: its messages count, and no round (the host waits
+// for them, if at all, at a later call, while they have long arrived).
+void CountingTransport::post_check(const PeerGroup& group, uint32_t label) {
+  if (size() > 1) count(&counters_, messages_, group.count - 1);
+  inner_.post_check(group, label);
+}
+
 void CountingTransport::settle_disagreement() {
   round(size() - 1);  // the notices, then what the settle takes
   inner_.settle_disagreement();

@@ -38,6 +38,8 @@ class CountingTransport final : public Transport {
   std::vector<int64_t> signed_start(uint32_t label, const std::function<Span(int)>& send_span) override;
   void signed_finish(const std::function<Span(int)>& recv_span) override { inner_.signed_finish(recv_span); }
   void settle_disagreement() override;
+  void post_check(const PeerGroup& group, uint32_t label) override;
+  bool complete_check(int* disagreeing) override { return inner_.complete_check(disagreeing); }
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;

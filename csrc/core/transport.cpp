@@ -23,4 +23,8 @@ void Transport::signed_finish(const std::function<Span(int)>&) { no_signed_excha
 
 void Transport::settle_disagreement() { no_signed_exchange(name()); }
 
+void Transport::post_check(const PeerGroup&, uint32_t) { no_signed_exchange(name()); }
+
+bool Transport::complete_check(int*) { no_signed_exchange(name()); }
+
 }  // namespace a2a

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "a2a/a2a.h"
+#include "core/error.hpp"
 
 namespace a2a {
 
@@ -51,6 +52,19 @@ struct PeerGroup {
 };
 
 enum class ReduceOp { kSum, kMax, kMin };
+
+// Thrown by a transport's wait that stopped because the posted check
+// (Transport::post_check) found a peer outside the predicted call: what the
+// wait posted, and the check's messages, are left for settle_disagreement.
+class PostedCheckFailed : public Failure {
+ public:
+  explicit PostedCheckFailed(int member)
+      : Failure(A2A_ERROR_MISMATCH, "a peer left the predicted call"), member_(member) {}
+  int member() const { return member_; }
+
+ private:
+  int member_;
+};
 
 class Transport {
  public:
@@ -130,6 +144,21 @@ class Transport {
   // starts with no message of this one left anywhere. Bounded like
   // group_end; a timeout or an error leaves the transport unusable.
   virtual void settle_disagreement();
+
+  // --- The posted check: the cross-rank check of a call whose data goes
+  // over another transport that returns before the data moved (NCCL), and
+  // which every rank predicted alike (Comm's CallPredictor,
+  // docs/algorithms.md "The predicted check"). post_check posts one empty
+  // message labelled `label` to every member of `group` and the receives of
+  // theirs, and returns at once; complete_check waits (bounded) until they
+  // completed: true when every member's message carried the label, false at
+  // the first that did not (its member's index in *disagreeing), which the
+  // caller then settles (settle_disagreement) like a signed exchange's. While
+  // one is posted the transport's own waits watch it: where it has disagreed
+  // they stop with PostedCheckFailed, since a peer that left the predicted
+  // call will never send what they wait for. At most one is posted at a time.
+  virtual void post_check(const PeerGroup& group, uint32_t label);
+  virtual bool complete_check(int* disagreeing);
 
   // Dense collectives, bounded by the same timeout. allgather is also how
   // Comm::agree() checks arguments, so a timeout in it must name the ranks

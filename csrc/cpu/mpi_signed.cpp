@@ -39,6 +39,7 @@ namespace {
 
 constexpr const char* kExchange = "exchange with the argument check";
 constexpr const char* kSettle = "settling a disagreement of the argument check";
+constexpr const char* kPosted = "the posted argument check";
 
 bool is_receive(const char* kind) { return kind[0] == 'r'; }
 
@@ -55,28 +56,18 @@ int MpiTransport::signed_tag(uint32_t label) const {
   return kFirstSignedTag + static_cast<int>(label % static_cast<uint32_t>(tag_ub_ - kFirstSignedTag + 1));
 }
 
-bool MpiTransport::signed_exchange(const PeerGroup& group, uint32_t label, size_t pieces,
-                                   const std::function<Span(int, size_t)>& send_piece,
-                                   const std::function<Span(int, size_t)>& recv_piece, int* disagreeing) {
-  if (pieces == 0) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": a signed exchange of no pieces");
-  const int tag = signed_tag(label);
+void MpiTransport::post_round(const PeerGroup& group, int tag, size_t pieces,
+                              const std::function<Span(int, size_t)>& send_piece,
+                              const std::function<Span(int, size_t)>& recv_piece, SignedRound& round) {
   drop_arrivals();  // a start whose finish never came (the caller failed between them)
   group_start();
-  auto disagree = [&](int member) {
-    if (disagreeing != nullptr) *disagreeing = member;
-    leave_unsettled();
-    return false;
-  };
-  for (size_t k = 0; k < pieces; ++k)
-    if (send_piece(group.me, k).bytes() != recv_piece(group.me, k).bytes()) return disagree(group.me);
-  for (size_t k = 0; k < pieces; ++k) copy_span(recv_piece(group.me, k), send_piece(group.me, k));
-
-  constexpr size_t kNone = SIZE_MAX;
-  first_recv_of_.assign(group.count, kNone);
+  round.group = group;
+  round.tag = tag;
+  round.first_recv_of.assign(group.count, kNoReceive);
   try {
     for (int step = 1; step < group.count; ++step) {
       const int from = (group.me - step + group.count) % group.count;
-      first_recv_of_[from] = requests_.size();
+      round.first_recv_of[from] = requests_.size();
       for (size_t k = 0; k < pieces; ++k) post(recv_piece(from, k), group.member(from), false, tag, true);
     }
     for (int step = 1; step < group.count; ++step) {
@@ -87,75 +78,145 @@ bool MpiTransport::signed_exchange(const PeerGroup& group, uint32_t label, size_
     abandon(requests_, pending_);
     throw;
   }
-  auto member_of = [&](int peer) { return (peer - group.first) / group.stride; };
-
-  // A member whose first receive still waits is probed: a message of another
-  // tag decides only while that receive has not completed (MPI delivers one
-  // sender's messages in order, so a later message is seen only after the
-  // receive of an earlier one completed). Returns the member, or -1.
-  auto probe_waiting_members = [&]() -> int {
-    for (int member = 0; member < group.count; ++member) {
-      if (first_recv_of_[member] == kNone) continue;
-      MPI_Request& receive = requests_[first_recv_of_[member]];
-      const int peer = group.member(member);
-      int flag = 0, done = 0;
-      MPI_Status status;
-      if (receive == MPI_REQUEST_NULL || MPI_Iprobe(peer, MPI_ANY_TAG, comm_, &flag, &status) != MPI_SUCCESS ||
-          !flag || status.MPI_TAG == tag)
-        continue;
-      if (MPI_Request_get_status(receive, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) continue;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      if (MPI_Improbe(peer, MPI_ANY_TAG, comm_, &flag, &message, &status) != MPI_SUCCESS || !flag) continue;
-      post_into_scratch(&message, peer, message_bytes(status));
-      return member;
-    }
-    return -1;
-  };
-
-  std::vector<int>& indices = signed_indices_;
-  std::vector<MPI_Status>& statuses = signed_statuses_;
-  PollPacer pacer(timeout_s_);
-  for (unsigned idle = 1;; ++idle) {
-    indices.resize(requests_.size());
-    statuses.resize(requests_.size());
-    int completed = 0;
-    const int rc = MPI_Testsome(static_cast<int>(requests_.size()), requests_.data(), &completed, indices.data(),
-                                statuses.data());
-    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_error(requests_, pending_, kExchange, rc, nullptr);
-    if (completed == MPI_UNDEFINED) break;  // every request is MPI_REQUEST_NULL
-    int disagreeing_member = -1;
-    for (int k = 0; k < completed; ++k) {
-      const size_t i = static_cast<size_t>(indices[k]);
-      // A request that completed with an error (a truncated receive) is
-      // left allocated by some MPIs (Open MPI), and reported again by every
-      // later MPI_Testsome: free it now.
-      if (requests_[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests_[i]);
-      const MPI_Status& status = statuses[k];
-      const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
-      int error_class = MPI_SUCCESS;
-      if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
-      const bool labelled_recv = is_receive(pending_[i].kind) && !pending_[i].dropped;
-      if (error != MPI_SUCCESS && !(labelled_recv && error_class == MPI_ERR_TRUNCATE)) {
-        const std::string failed = describe(pending_[i]);
-        abandon(requests_, pending_);
-        fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", kExchange, " failed: ", failed, ": ",
-             mpi_error_text(error));
-      }
-      // A labelled message of another size: a collision of labels.
-      if (labelled_recv && (error_class == MPI_ERR_TRUNCATE || message_bytes(status) != pending_[i].bytes))
-        disagreeing_member = member_of(pending_[i].peer);
-    }
-    if (disagreeing_member >= 0) return disagree(disagreeing_member);
-    if (completed != 0) continue;
-    if ((idle & 15) == 0) {
-      const int member = probe_waiting_members();
-      if (member >= 0) return disagree(member);
-    }
-    if (!pacer.keep_waiting()) fail_timeout(requests_, pending_, kExchange);
-  }
+  // The round's requests move out of the current group (a posted check
+  // stays open beside the groups of later operations).
+  round.requests.swap(requests_);
+  round.pending.swap(pending_);
   requests_.clear();
   pending_.clear();
-  return true;
+}
+
+// A member whose first receive still waits is probed: a message of another
+// tag decides only while that receive has not completed (MPI delivers one
+// sender's messages in order, so a later message is seen only after the
+// receive of an earlier one completed). Returns the member, or -1.
+int MpiTransport::probe_waiting_members(SignedRound& round) {
+  const PeerGroup& group = round.group;
+  for (int member = 0; member < group.count; ++member) {
+    if (round.first_recv_of[member] == kNoReceive) continue;
+    MPI_Request& receive = round.requests[round.first_recv_of[member]];
+    const int peer = group.member(member);
+    int flag = 0, done = 0;
+    MPI_Status status;
+    if (receive == MPI_REQUEST_NULL || MPI_Iprobe(peer, MPI_ANY_TAG, comm_, &flag, &status) != MPI_SUCCESS || !flag ||
+        status.MPI_TAG == round.tag)
+      continue;
+    if (MPI_Request_get_status(receive, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) continue;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    if (MPI_Improbe(peer, MPI_ANY_TAG, comm_, &flag, &message, &status) != MPI_SUCCESS || !flag) continue;
+    // Taken into the current group, then left with the round's for the settle.
+    post_into_scratch(&message, peer, message_bytes(status));
+    round.requests.push_back(requests_.back());
+    round.pending.push_back(pending_.back());
+    requests_.pop_back();
+    pending_.pop_back();
+    return member;
+  }
+  return -1;
+}
+
+int MpiTransport::poll_round(SignedRound& round, bool probe, const char* what) {
+  std::vector<int>& indices = signed_indices_;
+  std::vector<MPI_Status>& statuses = signed_statuses_;
+  std::vector<MPI_Request>& requests = round.requests;
+  indices.resize(requests.size());
+  statuses.resize(requests.size());
+  int completed = 0;
+  const int rc =
+      MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &completed, indices.data(), statuses.data());
+  if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_error(requests, round.pending, what, rc, nullptr);
+  if (completed == MPI_UNDEFINED) {  // every request is MPI_REQUEST_NULL
+    requests.clear();
+    round.pending.clear();
+    return kRoundDone;
+  }
+  auto member_of = [&](int peer) { return (peer - round.group.first) / round.group.stride; };
+  int disagreeing = -1;
+  for (int k = 0; k < completed; ++k) {
+    const size_t i = static_cast<size_t>(indices[k]);
+    // A request that completed with an error (a truncated receive) is left
+    // allocated by some MPIs (Open MPI), and reported again by every later
+    // MPI_Testsome: free it now.
+    if (requests[i] != MPI_REQUEST_NULL) MPI_Request_free(&requests[i]);
+    const MPI_Status& status = statuses[k];
+    const int error = rc == MPI_ERR_IN_STATUS ? status.MPI_ERROR : MPI_SUCCESS;
+    int error_class = MPI_SUCCESS;
+    if (error != MPI_SUCCESS) MPI_Error_class(error, &error_class);
+    const Pending& pending = round.pending[i];
+    const bool labelled_recv = is_receive(pending.kind) && !pending.dropped;
+    if (error != MPI_SUCCESS && !(labelled_recv && error_class == MPI_ERR_TRUNCATE)) {
+      const std::string failed = describe(pending);
+      abandon(requests, round.pending);
+      fail(A2A_ERROR_TRANSPORT, "rank ", rank_, " of ", size_, ": ", what, " failed: ", failed, ": ",
+           mpi_error_text(error));
+    }
+    // A labelled message of another size: a collision of labels.
+    if (labelled_recv && (error_class == MPI_ERR_TRUNCATE || message_bytes(status) != pending.bytes))
+      disagreeing = member_of(pending.peer);
+  }
+  if (disagreeing < 0 && completed == 0 && probe) disagreeing = probe_waiting_members(round);
+  if (disagreeing < 0) return completed != 0 ? kRoundProgress : kRoundIdle;
+  leave_unsettled(requests, round.pending);
+  return disagreeing;
+}
+
+int MpiTransport::await_round(SignedRound& round, const char* what) {
+  PollPacer pacer(timeout_s_);
+  for (unsigned idle = 1;; ++idle) {
+    const int state = poll_round(round, (idle & 15) == 0, what);
+    if (state == kRoundDone || state >= 0) return state;
+    if (state == kRoundProgress) continue;
+    if (!pacer.keep_waiting()) fail_timeout(round.requests, round.pending, what);
+  }
+}
+
+bool MpiTransport::signed_exchange(const PeerGroup& group, uint32_t label, size_t pieces,
+                                   const std::function<Span(int, size_t)>& send_piece,
+                                   const std::function<Span(int, size_t)>& recv_piece, int* disagreeing) {
+  if (pieces == 0) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": a signed exchange of no pieces");
+  auto disagree = [&](int member) {
+    if (disagreeing != nullptr) *disagreeing = member;
+    return false;
+  };
+  for (size_t k = 0; k < pieces; ++k)
+    if (send_piece(group.me, k).bytes() != recv_piece(group.me, k).bytes()) {
+      drop_arrivals();
+      group_start();
+      return disagree(group.me);
+    }
+  for (size_t k = 0; k < pieces; ++k) copy_span(recv_piece(group.me, k), send_piece(group.me, k));
+  post_round(group, signed_tag(label), pieces, send_piece, recv_piece, exchange_round_);
+  const int state = await_round(exchange_round_, kExchange);
+  return state == kRoundDone || disagree(state);
+}
+
+void MpiTransport::post_check(const PeerGroup& group, uint32_t label) {
+  if (posted_open_) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": a check is posted while another is open");
+  const Span nothing = Span::contiguous(nullptr, 0);
+  auto none = [&](int, size_t) { return nothing; };
+  post_round(group, signed_tag(label), 1, none, none, posted_);
+  posted_open_ = true;
+  posted_state_ = kRoundIdle;
+}
+
+bool MpiTransport::complete_check(int* disagreeing) {
+  if (!posted_open_) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": complete_check without a posted check");
+  posted_open_ = false;
+  // A wait that watched it may have found it complete, or disagreeing.
+  const int state = posted_state_ == kRoundDone || posted_state_ >= 0 ? posted_state_ : await_round(posted_, kPosted);
+  if (state == kRoundDone) return true;
+  if (disagreeing != nullptr) *disagreeing = state;
+  return false;
+}
+
+void MpiTransport::watch_posted_check(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
+  if (!posted_open_ || posted_state_ == kRoundDone) return;
+  if (posted_state_ < 0) posted_state_ = poll_round(posted_, true, kPosted);
+  if (posted_state_ < 0) return;
+  // A peer left the predicted call: what this wait posted may never
+  // complete; it is settled with the check's messages.
+  leave_unsettled(requests, pending);
+  throw PostedCheckFailed(posted_state_);
 }
 
 std::vector<int64_t> MpiTransport::signed_start(uint32_t label, const std::function<Span(int)>& send_span) {
@@ -262,6 +323,9 @@ void MpiTransport::signed_finish(const std::function<Span(int)>& recv_span) {
 void MpiTransport::settle_disagreement() {
   leave_unsettled();
   drop_arrivals(true);
+  // A posted check not yet completed (a failure elsewhere ended its call).
+  leave_unsettled(posted_.requests, posted_.pending);
+  posted_open_ = false;
   // 1. The notices: a peer that still waits for a message of this rank takes
   // this one instead, and knows.
   try {
@@ -323,18 +387,18 @@ void MpiTransport::settle_disagreement() {
   scratch_.clear();
 }
 
-void MpiTransport::leave_unsettled() {
-  for (size_t i = 0; i < requests_.size(); ++i) {
-    if (requests_[i] == MPI_REQUEST_NULL) continue;
-    if (is_receive(pending_[i].kind) && !pending_[i].dropped) {
-      MPI_Cancel(&requests_[i]);
-      pending_[i].withdrawn = true;
+void MpiTransport::leave_unsettled(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == MPI_REQUEST_NULL) continue;
+    if (is_receive(pending[i].kind) && !pending[i].dropped) {
+      MPI_Cancel(&requests[i]);
+      pending[i].withdrawn = true;
     }
-    unsettled_.push_back(requests_[i]);
-    unsettled_pending_.push_back(pending_[i]);
+    unsettled_.push_back(requests[i]);
+    unsettled_pending_.push_back(pending[i]);
   }
-  requests_.clear();
-  pending_.clear();
+  requests.clear();
+  pending.clear();
 }
 
 void MpiTransport::complete_unsettled(bool receives_only, const char* what) {

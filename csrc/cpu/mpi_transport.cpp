@@ -48,6 +48,7 @@ MpiTransport::~MpiTransport() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   abandon(requests_, pending_);
+  abandon(posted_.requests, posted_.pending);
   abandon(unsettled_, unsettled_pending_);
   MPI_Comm_free(&comm_);
 }
@@ -151,10 +152,11 @@ void MpiTransport::abandon(std::vector<MPI_Request>& requests, std::vector<Pendi
   pending.clear();
 }
 
-void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what) {
+void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what,
+                            bool watch) {
   PollPacer pacer(timeout_s_);
   wait_statuses_.resize(requests.size());
-  for (;;) {
+  for (unsigned idle = 1;; ++idle) {
     int done = 0;
     int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, wait_statuses_.data());
     if (rc != MPI_SUCCESS) fail_error(requests, pending, what, rc, wait_statuses_.data());
@@ -163,6 +165,7 @@ void MpiTransport::wait_all(std::vector<MPI_Request>& requests, std::vector<Pend
       pending.clear();
       return;
     }
+    if (watch && (idle & 15) == 0) watch_posted_check(requests, pending);
     if (!pacer.keep_waiting()) break;
   }
   // MPI_Testall leaves finished requests in place when not all are done;
@@ -229,7 +232,7 @@ void MpiTransport::fail_error(std::vector<MPI_Request>& requests, std::vector<Pe
 void MpiTransport::wait_one(MPI_Request request, const char* what) {
   std::vector<MPI_Request> requests{request};
   std::vector<Pending> pending{Pending{"a collective over all ranks", -1, 0}};
-  wait_all(requests, pending, what);
+  wait_all(requests, pending, what, false);
 }
 
 // Direct sends to every rank rather than MPI_Iallgather: one round of small

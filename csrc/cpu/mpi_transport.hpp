@@ -46,6 +46,8 @@ class MpiTransport final : public Transport {
   std::vector<int64_t> signed_start(uint32_t label, const std::function<Span(int)>& send_span) override;
   void signed_finish(const std::function<Span(int)>& recv_span) override;
   void settle_disagreement() override;
+  void post_check(const PeerGroup& group, uint32_t label) override;
+  bool complete_check(int* disagreeing) override;
 
   void allgather(const void* send, void* recv, size_t bytes_per_rank) override;
   void allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) override;
@@ -70,7 +72,11 @@ class MpiTransport final : public Transport {
   void post(const Span& span, int peer, bool is_send, int tag, bool even_if_empty = false);
   // Waits for `requests` with the timeout; on expiry abandons them and throws
   // A2A_ERROR_TIMEOUT listing the unfinished operations.
-  void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
+  // While a check is posted it watches that check (watch_posted_check);
+  // not a nonblocking collective's wait (`watch` false), whose request can
+  // be neither cancelled nor settled.
+  void wait_all(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what,
+                bool watch = true);
   // Throws A2A_ERROR_TIMEOUT naming the requests still open, after abandoning them.
   [[noreturn]] void fail_timeout(std::vector<MPI_Request>& requests, std::vector<Pending>& pending, const char* what);
   // "recv from rank 3 (16384 bytes)"; a nonblocking collective has no peer.
@@ -110,7 +116,35 @@ class MpiTransport final : public Transport {
   // signed_exchange's per-call tables, kept to spare allocations.
   std::vector<int> signed_indices_;
   std::vector<MPI_Status> signed_statuses_;
-  std::vector<size_t> first_recv_of_;  // member -> index in requests_ of the receive of its first piece
+  // A labelled round in flight: signed_exchange's, or the posted check's.
+  struct SignedRound {
+    PeerGroup group{0, 1, 0, 0};
+    int tag = 0;
+    std::vector<MPI_Request> requests;
+    std::vector<Pending> pending;
+    std::vector<size_t> first_recv_of;  // member -> index in requests of the receive of its first piece
+  };
+  static constexpr size_t kNoReceive = SIZE_MAX;
+  // poll_round's verdicts besides a disagreeing member (>= 0).
+  static constexpr int kRoundDone = -1;      // every message came, labelled and of its size
+  static constexpr int kRoundProgress = -2;  // some completed
+  static constexpr int kRoundIdle = -3;      // none did
+  SignedRound exchange_round_, posted_;
+  bool posted_open_ = false;  // post_check's round, until complete_check
+  int posted_state_ = kRoundIdle;  // its verdict once a watching wait found one
+  // Posts the round's receives, then its sends, into `round`.
+  void post_round(const PeerGroup& group, int tag, size_t pieces, const std::function<Span(int, size_t)>& send_piece,
+                  const std::function<Span(int, size_t)>& recv_piece, SignedRound& round);
+  // One look at the round (probing the members whose first receive waits
+  // when `probe`): kRoundDone, kRoundProgress, kRoundIdle, or the first
+  // disagreeing member, whose round's open requests are then left unsettled.
+  int poll_round(SignedRound& round, bool probe, const char* what);
+  // Polls until done or a disagreement (bounded): kRoundDone or the member.
+  int await_round(SignedRound& round, const char* what);
+  int probe_waiting_members(SignedRound& round);
+  // Called by the waits while a posted check is open: throws
+  // PostedCheckFailed, leaving `requests` unsettled, once it has disagreed.
+  void watch_posted_check(std::vector<MPI_Request>& requests, std::vector<Pending>& pending);
   std::vector<std::vector<char>> orphans_;  // drop_arrivals' buffers (MPI may still write there)
   // The messages of this transport's point-to-point context since the last
   // settle_disagreement, per peer: posted to it, and taken from it (a receive
@@ -136,7 +170,8 @@ class MpiTransport final : public Transport {
   void drop_arrivals(bool settle = false);
   // After a disagreement: cancels the labelled receives still open and moves
   // every open request of the current group to unsettled_.
-  void leave_unsettled();
+  void leave_unsettled() { leave_unsettled(requests_, pending_); }
+  void leave_unsettled(std::vector<MPI_Request>& requests, std::vector<Pending>& pending);
   // Waits (bounded) until the unsettled receives, or all unsettled requests,
   // have completed, taking back the receives whose cancellation succeeded.
   void complete_unsettled(bool receives_only, const char* what);

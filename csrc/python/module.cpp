@@ -555,6 +555,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("irregular_reason", &a2a::Communicator::irregular_reason)
       .def("counters", [](const a2a::Communicator& c) { return counters_dict(c.counters()); })
       .def_property_readonly("cross_check", &a2a::Communicator::cross_check)
+      .def_property_readonly("predicts_check", &a2a::Communicator::predicts_check)
+      .def("check", &a2a::Communicator::check_posted, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("topology",
                              [](const a2a::Communicator& c) {
                                a2a::Topology t = c.topology();

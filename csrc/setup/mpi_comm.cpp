@@ -132,6 +132,9 @@ std::unique_ptr<Comm> assemble(std::unique_ptr<MpiTransport> mpi, std::unique_pt
   parts.transports.push_back(std::move(mpi));
   if (nccl) {
     parts.data = parts.transports.emplace_back(std::move(nccl)).get();
+    // NCCL returns before the data moved: a predicted call posts its check
+    // on MPI instead of waiting for a round.
+    parts.predicts_check = true;
   } else if (cuda) {
     parts.data =
         parts.transports.emplace_back(std::make_unique<StagedTransport>(host, *parts.device, recipe.timeout_s)).get();

@@ -16,8 +16,10 @@
 namespace a2a {
 
 // staging: "staged" (data through StagedTransport, as transport="mpi",
-// device="cuda" does) or "control" (control values through
-// DeviceControlTransport, as a communicator made from a NCCL unique id does).
+// device="cuda" does), "predicted" (the same, with the check of predicted
+// calls posted, as transport="nccl", device="cuda" under MPI does) or
+// "control" (control values through DeviceControlTransport, as a
+// communicator made from a NCCL unique id does).
 // Collective over `parent`, like create_mpi_comm; a host device only.
 std::unique_ptr<Comm> create_staged_host_comm(MPI_Comm parent, const a2a_comm_config_t& config, const char* staging);
 

@@ -30,7 +30,11 @@ exchange on another communicator, and every rank's wait ends at the
 communicator's timeout (A2A_TIMEOUT_S, naming the ranks that did not come)
 instead of a MismatchError (tests/mpi_runtime/test_runtime_kept_timeout.py).
 A communicator without the cross-rank check (cross_check=False) never keeps
-the agreement: a changed row would go unseen.
+the agreement: a changed row would go unseen. Nor does one whose exchanges
+predict their check (Comm.predicts_check, MPI with NCCL): there the others'
+exchange is predicted and enqueued when the changed rank's all-gather meets
+it, so the mismatch retires the communicator instead of costing a round; the
+all-gather, the same call every time, is predicted itself.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class KeptAgreement:
         table = _without_seconds(agreed.table)
         repeated = self._table is not None and np.array_equal(table, self._table)
         usable = keeps and repeated and agreed.fixed_capacity and self.comm.size > 1 and self.comm.cross_check
+        usable = usable and not self.exchange_comm.predicts_check
         self.kept = agreed if usable else None
         self._row = _without_seconds(values) if usable else None
         self._table = table

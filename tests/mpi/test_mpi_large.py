@@ -19,13 +19,14 @@ MIB64 = 64 * 2**20
 
 
 @pytest.fixture(scope="module")
-def big_a2a(comm):
+def big_a2a(world):
+    rank, size = world.Get_rank(), world.Get_size()  # the comm's (from COMM_WORLD), which may be made per test
     row = 1024  # float32 elements: 4 KiB rows
-    rows_per_peer = MIB64 // (4 * row) // comm.size
-    shape = (comm.size * rows_per_peer, row)
-    x = ref.a2a_input("big", comm.rank, comm.size, shape, "float32")
-    expected = ref.a2a_expected("big", comm.rank, comm.size, shape, "float32")
-    assert x.nbytes > MIB64 - comm.size * 4 * row
+    rows_per_peer = MIB64 // (4 * row) // size
+    shape = (size * rows_per_peer, row)
+    x = ref.a2a_input("big", rank, size, shape, "float32")
+    expected = ref.a2a_expected("big", rank, size, shape, "float32")
+    assert x.nbytes > MIB64 - size * 4 * row
     return x, expected
 
 

@@ -161,3 +161,11 @@ def whole_expert_runs(comm, flow, dtype, tolerance, k):
             assert_matches(run_layer(layer, comm, dtype, algo=algo), want, tolerance, what)
             yield layer, what
 
+
+def train_step(layer, x, optimizer):
+    """One SGD step on the loss sum(y^2) + l_aux; returns y, detached."""
+    optimizer.zero_grad()
+    y = layer(x)
+    (y.square().sum() + layer.l_aux).backward()
+    optimizer.step()
+    return y.detach()

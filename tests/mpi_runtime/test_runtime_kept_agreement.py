@@ -15,7 +15,7 @@ import gc
 
 import pytest
 import torch
-from runtime_util import experts_cases, make_layer, random_rows, suite_comm, whole_expert_cases
+from runtime_util import experts_cases, make_layer, random_rows, suite_comm, train_step, whole_expert_cases
 
 import a2a
 
@@ -30,14 +30,6 @@ def forward_collectives(layer, x, **options):
     with a2a.counting() as cost:
         y = layer(x, **options)
     return y, cost.counters.collectives
-
-
-def train_step(layer, x, optimizer):
-    optimizer.zero_grad()
-    y = layer(x)
-    (y.square().sum() + layer.l_aux).backward()
-    optimizer.step()
-    return y.detach()
 
 
 def needs_two_ranks(comm):

@@ -204,6 +204,18 @@ A2A_API a2a_status_t a2a_counters(a2a_comm_t comm, a2a_counters_t* counters);
  * with A2A_ERROR_REMOTE), and *out stays NULL everywhere. */
 A2A_API a2a_status_t a2a_comm_split(a2a_comm_t comm, int color, int key, a2a_comm_t* out);
 
+/* Completes the cross-rank check of the last call on comm where that check
+ * was posted rather than waited for (a communicator of MPI and NCCL, once
+ * its calls repeat: docs/algorithms.md, "The predicted check"); otherwise
+ * does nothing. Where a rank left the call that every rank predicted, fails
+ * on every rank, as that call would have, and retires comm. The next call
+ * on comm completes it too: this is for the end of a loop. Collective where
+ * a check is posted (every rank's last call posted one, or none did). */
+A2A_API a2a_status_t a2a_comm_check(a2a_comm_t comm);
+/* *on = 1 where comm posts the check of calls that every rank predicted
+ * (a2a_comm_check), else 0. */
+A2A_API a2a_status_t a2a_comm_predicts_check(a2a_comm_t comm, int* on);
+
 /* Threads. Calls on one communicator must not overlap: a call made while
  * another thread is inside a call on the same communicator fails at once
  * with A2A_ERROR_UNSUPPORTED (MPI forbids concurrent collectives on one

@@ -80,6 +80,15 @@ class Communicator {
     return on != 0;
   }
 
+  // See a2a_comm_check (collective where a check is posted).
+  void check_posted() { check(a2a_comm_check(handle_)); }
+  // See a2a_comm_predicts_check.
+  bool predicts_check() const {
+    int on = 0;
+    check(a2a_comm_predicts_check(handle_, &on));
+    return on != 0;
+  }
+
   // See a2a_counters: what this communicator's calls cost so far.
   a2a_counters_t counters() const {
     a2a_counters_t counters = A2A_COUNTERS_INIT;
