@@ -46,7 +46,9 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       use_strided_spans_(use_strided_spans && data_->supports_strided()),
       in_band_(parts.data == parts.control && data_->supports_signed_exchange()),
       cross_check_(parts.cross_check),
-      predicts_(parts.predicts_check && !in_band_ && cross_check_ && control_->supports_signed_exchange()),
+      // One rank has nobody to disagree with: it checks nothing (agree()).
+      predicts_(parts.predicts_check && !in_band_ && cross_check_ && control_->supports_signed_exchange() &&
+                topology_.size > 1),
       host_scratch_(*device_, DeviceBuffer::Kind::kHost),
       splitter_(std::move(parts.splitter)) {
   device_->attach_counters(&counters_);
@@ -348,7 +350,8 @@ void Comm::explain_posted(const char* op, int member, const std::string& when) {
   posted.found = cat(" (found ", when, ")");
   const char* posted_op = posted.op.c_str();
   run(posted_op, [&] { control_->settle_disagreement(); });
-  gather_verdict(posted_op, posted.fields, "", A2A_ERROR_INVALID_ARGUMENT, false, &posted);
+  // Its data was enqueued: what the agreeing peers sent may have arrived.
+  gather_verdict(posted_op, posted.fields, "", A2A_ERROR_INVALID_ARGUMENT, true, &posted);
   fail(A2A_ERROR_INTERNAL, op, ": the posted check of ", posted_op, " found rank ", member,
        " outside the call, and no verdict was reached");
 }
