@@ -98,6 +98,7 @@ char* Comm::host_scratch(size_t bytes) { return host_scratch_.reserve(bytes, kDe
 
 void Comm::mark_broken(const std::string& why) {
   if (broken_reason_.empty()) broken_reason_ = why;
+  posted_.open = false;  // its transports were aborted: nothing to complete
 }
 
 void Comm::check_usable(const char* op) const {
@@ -329,6 +330,7 @@ void Comm::agree_predicted(const char* op, const std::vector<Field>& fields, con
 }
 
 void Comm::check_posted(const char* op) {
+  check_usable(op);
   if (!posted_.open) return;
   posted_.open = false;
   bool agreed = false;

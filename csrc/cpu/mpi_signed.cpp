@@ -61,6 +61,7 @@ void MpiTransport::post_round(const PeerGroup& group, int tag, size_t pieces,
                               const std::function<Span(int, size_t)>& recv_piece, SignedRound& round) {
   drop_arrivals();  // a start whose finish never came (the caller failed between them)
   group_start();
+  abandon(round.requests, round.pending);  // what a failure inside its last use left
   round.group = group;
   round.tag = tag;
   round.first_recv_of.assign(group.count, kNoReceive);
@@ -207,6 +208,12 @@ bool MpiTransport::complete_check(int* disagreeing) {
   if (state == kRoundDone) return true;
   if (disagreeing != nullptr) *disagreeing = state;
   return false;
+}
+
+void MpiTransport::complete_posted_before_collective() {
+  if (!posted_open_ || posted_state_ == kRoundDone) return;
+  if (posted_state_ < 0) posted_state_ = await_round(posted_, kPosted);
+  if (posted_state_ >= 0) throw PostedCheckFailed(posted_state_);
 }
 
 void MpiTransport::watch_posted_check(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {

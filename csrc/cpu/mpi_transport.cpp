@@ -49,6 +49,7 @@ MpiTransport::~MpiTransport() {
   if (finalized) return;
   abandon(requests_, pending_);
   abandon(posted_.requests, posted_.pending);
+  abandon(exchange_round_.requests, exchange_round_.pending);
   abandon(unsettled_, unsettled_pending_);
   MPI_Comm_free(&comm_);
 }
@@ -301,6 +302,7 @@ std::pair<MPI_Datatype, MPI_Op> mpi_reduction(a2a_dtype_t dtype, ReduceOp op) {
 // In pieces of at most max_count_ bytes' worth of elements, so that MPI's int
 // counts never overflow (and tests reach this with A2A_MPI_MAX_COUNT).
 void MpiTransport::allreduce(const void* send, void* recv, size_t count, a2a_dtype_t dtype, ReduceOp op) {
+  complete_posted_before_collective();
   const auto [type, mpi_op] = mpi_reduction(dtype, op);
   const size_t item = dtype_size(dtype);
   const size_t piece = std::max<size_t>(1, std::min<size_t>(max_count_ / item, INT_MAX));
@@ -321,6 +323,7 @@ void MpiTransport::allreduce(const void* send, void* recv, size_t count, a2a_dty
 // elements [o, o + n).
 void MpiTransport::reduce_scatter(const void* send, void* recv, size_t count_per_rank, a2a_dtype_t dtype,
                                   ReduceOp op) {
+  complete_posted_before_collective();
   const auto [type, mpi_op] = mpi_reduction(dtype, op);
   const size_t item = dtype_size(dtype);
   const size_t piece = std::max<size_t>(1, std::min<size_t>(max_count_ / item, INT_MAX / size_));
@@ -367,6 +370,7 @@ void MpiTransport::allgather_v(const void* send, void* recv, const std::vector<s
 // elements [o, o + piece).
 void MpiTransport::reduce_scatter_v(const void* send, void* recv, const std::vector<size_t>& counts,
                                     a2a_dtype_t dtype, ReduceOp op) {
+  complete_posted_before_collective();
   const auto [type, mpi_op] = mpi_reduction(dtype, op);
   const size_t item = dtype_size(dtype);
   const size_t piece = std::max<size_t>(1, std::min<size_t>(max_count_ / item, INT_MAX / size_));
@@ -397,6 +401,7 @@ void MpiTransport::reduce_scatter_v(const void* send, void* recv, const std::vec
 }
 
 void MpiTransport::barrier() {
+  complete_posted_before_collective();
   MPI_Request request;
   A2A_MPI_CHECK(MPI_Ibarrier(comm_, &request), "rank ", rank_, " barrier");
   wait_one(request, "barrier");

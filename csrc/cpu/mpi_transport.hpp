@@ -145,6 +145,11 @@ class MpiTransport final : public Transport {
   // Called by the waits while a posted check is open: throws
   // PostedCheckFailed, leaving `requests` unsettled, once it has disagreed.
   void watch_posted_check(std::vector<MPI_Request>& requests, std::vector<Pending>& pending);
+  // Called before an MPI collective (whose wait cannot watch: its request can
+  // be neither cancelled nor settled, and a settle's own collective must not
+  // meet it): completes a posted check, throwing PostedCheckFailed where it
+  // disagreed, so that no rank enters the collective that a peer left.
+  void complete_posted_before_collective();
   std::vector<std::vector<char>> orphans_;  // drop_arrivals' buffers (MPI may still write there)
   // The messages of this transport's point-to-point context since the last
   // settle_disagreement, per peer: posted to it, and taken from it (a receive

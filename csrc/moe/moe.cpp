@@ -107,6 +107,9 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
   const double capacity_setting = per_expert ? 0.0 : request.setting;
   const bool dropless = capacity == A2A_CAPACITY_DROPLESS;
   Counters* const counters = comm == nullptr ? nullptr : &comm->counters();  // the process's are counted too
+  // The scan below waits for the stream, which may hold a predicted call's
+  // work that a peer left: its posted check completes first (Comm::agree).
+  if (comm != nullptr) comm->check_posted(op);
   std::unique_ptr<Kernels> kernels;
   std::vector<int64_t> demand;
   // The capacity of every expert: one value, or E values (per-expert).

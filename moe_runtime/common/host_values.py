@@ -33,7 +33,12 @@ def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **op
         return collective(values, comm=comm, **options)
     import torch
 
-    return collective(torch.tensor(values, device=torch_device(comm)), comm=comm, **options).cpu().numpy()
+    result = collective(torch.tensor(values, device=torch_device(comm)), comm=comm, **options)
+    # Where the check of this call was posted (a.Comm.predicts_check), it completes before the host waits for
+    # the stream: a rank that left the call would leave this wait, unbounded, behind the NCCL work it never meets.
+    if comm.predicts_check:
+        comm.check()
+    return result.cpu().numpy()
 
 
 def all_gather_values(values: Any, comm: a2a.Comm) -> np.ndarray:

@@ -123,6 +123,19 @@ def test_a_rank_leaving_the_predicted_call_raises_on_every_rank(comm, algo, whic
     assert isinstance(error, a2a.TransportError) and "unusable after an earlier failure" in str(error), error
 
 
+def test_a_rank_leaving_a_predicted_reduction_raises_on_every_rank(comm):
+    """The staged reduction is MPI's own collective, whose wait cannot watch
+    the posted check: the check completes before it, so that no rank enters
+    the collective that a peer left (nor meets the settle's collective there)."""
+    odd = comm.size - 1
+    x = np.arange(6 * comm.size, dtype=np.float64)
+    expected = x * comm.size
+    for _ in range(5):
+        ref.assert_bitwise_equal(a2a.all_reduce(x, comm=comm), expected, "a predicted all_reduce")
+    leaving = x[: 5 * comm.size] if comm.rank == odd else x
+    check_mismatch(outcome(lambda: a2a.all_reduce(leaving, comm=comm))[1], "all_reduce", "'count' differs", RETIRED)
+
+
 def test_bad_input_in_a_predicted_call_raises_on_every_rank(comm):
     bad = comm.size - 1
     call, expected = all_to_all(comm, 2, "linear")
