@@ -484,7 +484,7 @@ def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> A
 def _required_counts(comm: Comm, op: str, given: Any, name: str, meaning: str) -> list[int]:
     """`given` as one integer in [0, _MAX_COUNT] per rank, or a failure of
     every rank naming the argument (`name`) and what its entries are."""
-    if comm.predicts_check and is_torch_tensor(given) and given.is_cuda:
+    if is_torch_tensor(given) and given.is_cuda and comm.predicts_check:
         comm.check()  # the counts' copy to the host waits for the stream, which may hold a predicted call's work
     counts = _counts_list(given)
     if counts is None or len(counts) != comm.size:
