@@ -40,6 +40,7 @@ class VPlan {
   const std::vector<int64_t>& recv_counts() const { return recv_counts_; }  // rows
   size_t workspace_bytes() const { return workspace_bytes_; }
   void execute(const void* send, void* recv, void* workspace, size_t workspace_bytes);
+  bool comm_exists() const { return !comm_lifetime_.expired(); }
 
  private:
   Comm& comm_;

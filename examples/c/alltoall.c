@@ -155,8 +155,9 @@ int main(int argc, char** argv) {
     int64_t total = 0;
     for (int i = 0; i < size; ++i) total += v_counts[i] = i % 3;
     int32_t mine[2] = {rank, rank};
-    int32_t* gathered = malloc(sizeof(int32_t) * (size_t)total + 1);
-    int32_t* blocks = malloc(sizeof(int32_t) * (size_t)total + 1);
+    /* One element more than the counts need: the differing counts below claim it. */
+    int32_t* gathered = malloc(sizeof(int32_t) * ((size_t)total + 1));
+    int32_t* blocks = malloc(sizeof(int32_t) * ((size_t)total + 1));
     int32_t reduced[2] = {-1, -1};
     for (int i = 0, at = 0; i < size; ++i)
       for (int64_t j = 0; j < v_counts[i]; ++j) blocks[at++] = rank + (int32_t)j;
