@@ -367,11 +367,9 @@ a2a_status_t a2a_all_to_all_v(a2a_v_plan_t plan, const void* send, void* recv, v
                               size_t workspace_bytes) {
   return guarded([&] {
     a2a_v_plan& p = *require_handle(plan, "plan");
-    if (!p.impl->comm_exists()) {  // no guard on a communicator that is gone: execute() names the cause
-      p.impl->execute(send, recv, workspace, workspace_bytes);
-      return;
-    }
-    const a2a::CallGuard guard(p.comm->call_gate(), "all_to_all_v", p.comm->rank());
+    // No guard on a communicator that is gone: execute() names the cause.
+    std::optional<a2a::CallGuard> guard;
+    if (p.impl->comm_exists()) guard.emplace(p.comm->call_gate(), "all_to_all_v", p.comm->rank());
     p.impl->execute(send, recv, workspace, workspace_bytes);
   });
 }

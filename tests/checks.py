@@ -23,3 +23,16 @@ def raises_invalid(call, *fragments):
 def names_choice(message, token, choice):
     """The message points at the offending choice: indices[token, choice]."""
     return f"indices[{token}, {choice}]" in message
+
+
+def predicted_comm(world, cross_check=True):
+    """A communicator of the test factory's "predicted" arrangement over the
+    mpi4py communicator `world` (setup/testing_comm.hpp: the data staged
+    through host memory over MPI, the check of predicted calls posted, as on
+    NCCL under MPI; docs/algorithms.md, "The predicted check")."""
+    from mpi4py import MPI
+
+    from a2a import _C
+
+    native = _C.testing_comm_create_mpi("predicted", MPI._addressof(world), 0, 0.0, -1, 0, 0, -1, int(cross_check))
+    return a2a.Comm(native, world)

@@ -4,8 +4,9 @@
 // calls are one block of p calls twice over (p <= kMaxPeriod), the next call
 // is predicted to be the one p calls back (of several such p, the one that
 // has held longest). A wrong prediction costs a round, never an error: every
-// rank predicts alike, so every rank finds its call unpredicted alike. Each call is known by its key, a
-// digest of its op and arguments (not of its place in the sequence).
+// rank predicts alike, so every rank finds its call unpredicted alike. Each
+// call is known by its key, a digest of its op and arguments (not of its
+// place in the sequence).
 #pragma once
 
 #include <array>
@@ -37,9 +38,6 @@ class CallPredictor {
     *key = keys_[index(best - 1)];
     return true;
   }
-
-  // Forgets everything (calls that did not agree leave no history).
-  void clear() { *this = CallPredictor(); }
 
  private:
   // The slot of the call `back` calls before the last pushed one.

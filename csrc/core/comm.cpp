@@ -167,6 +167,12 @@ uint64_t signature_digest(const Signature& signature) {
   return hash;
 }
 
+// The digest of a call that no rank rejected: its op, fields and place in
+// the sequence (0 for the predictor's key, which names the call, not its place).
+uint64_t call_digest(const char* op, const std::vector<Field>& fields, int64_t sequence) {
+  return signature_digest(make_signature(op, fields, false, sequence));
+}
+
 // The label of one labelled exchange: the call's digest and the exchange's
 // index (kCheckRound for agree()'s empty round), folded to 32 bits, so that
 // the exchanges of one call, and an empty round and a call's data, never
@@ -310,13 +316,13 @@ void Comm::agree_predicted(const char* op, const std::vector<Field>& fields, con
   std::vector<Field> keyed = fields;
   for (Field& field : keyed)
     if (field.is_call && field.value == sequence_ - 1) field.value = -1;
-  const uint64_t key = signature_digest(make_signature(op, keyed, false, 0));
+  const uint64_t key = call_digest(op, keyed, 0);
   uint64_t predicted = 0;
   if (local_error.empty() && predictor_.predict(&predicted) && predicted == key) {
     // Every rank predicted this call. One that calls another makes a round
     // of its own label instead, finds this one there, and raises; this rank
     // finds its label here at its next call (or in a wait before).
-    const uint32_t label = exchange_label(signature_digest(make_signature(op, fields, false, sequence_)), kPostedCheck);
+    const uint32_t label = exchange_label(call_digest(op, fields, sequence_), kPostedCheck);
     run(op, [&] { control_->post_check(world_group(topology_), label); });
     posted_ = PostedCall{op, fields, sequence_, true};
     predictor_.push(key);
@@ -363,7 +369,7 @@ void Comm::explain_posted(const char* op, int member, const std::string& when) {
 // the world; a rank in another call sees the label of its first message, or
 // its notice.
 void Comm::agree_in_band(const char* op, const std::vector<Field>& fields) {
-  const uint64_t signature = signature_digest(make_signature(op, fields, false, sequence_));
+  const uint64_t signature = call_digest(op, fields, sequence_);
   const Span nothing = Span::contiguous(nullptr, 0);
   bool agreed = false;
   int disagreeing = -1;
@@ -382,7 +388,7 @@ InBandCheck Comm::begin_in_band(const char* op, std::vector<Field> fields) {
   ++sequence_;
   count(&counters_, Count::kCollectives);
   InBandCheck check{op, std::move(fields)};
-  check.signature = signature_digest(make_signature(op, check.fields, false, sequence_));
+  check.signature = call_digest(op, check.fields, sequence_);
   return check;
 }
 
@@ -441,7 +447,7 @@ std::vector<int64_t> Comm::start_in_band(const char* op, const std::vector<Field
   check_usable(op);
   ++sequence_;
   count(&counters_, Count::kCollectives);
-  const uint64_t signature = signature_digest(make_signature(op, fields, false, sequence_));
+  const uint64_t signature = call_digest(op, fields, sequence_);
   std::vector<int64_t> sizes;
   run(op, [&] { sizes = data_->signed_start(exchange_label(signature, 0), send_span); });
   int disagreeing = -1;

@@ -200,26 +200,27 @@ void MpiTransport::post_check(const PeerGroup& group, uint32_t label) {
   posted_state_ = kRoundIdle;
 }
 
+int MpiTransport::posted_verdict(bool wait) {
+  const bool decided = posted_state_ == kRoundDone || posted_state_ >= 0;
+  if (!decided) posted_state_ = wait ? await_round(posted_, kPosted) : poll_round(posted_, true, kPosted);
+  return posted_state_;
+}
+
 bool MpiTransport::complete_check(int* disagreeing) {
   if (!posted_open_) fail(A2A_ERROR_INTERNAL, "rank ", rank_, ": complete_check without a posted check");
   posted_open_ = false;
-  // A wait that watched it may have found it complete, or disagreeing.
-  const int state = posted_state_ == kRoundDone || posted_state_ >= 0 ? posted_state_ : await_round(posted_, kPosted);
+  const int state = posted_verdict(true);
   if (state == kRoundDone) return true;
   if (disagreeing != nullptr) *disagreeing = state;
   return false;
 }
 
 void MpiTransport::complete_posted_before_collective() {
-  if (!posted_open_ || posted_state_ == kRoundDone) return;
-  if (posted_state_ < 0) posted_state_ = await_round(posted_, kPosted);
-  if (posted_state_ >= 0) throw PostedCheckFailed(posted_state_);
+  if (posted_open_ && posted_verdict(true) >= 0) throw PostedCheckFailed(posted_state_);
 }
 
 void MpiTransport::watch_posted_check(std::vector<MPI_Request>& requests, std::vector<Pending>& pending) {
-  if (!posted_open_ || posted_state_ == kRoundDone) return;
-  if (posted_state_ < 0) posted_state_ = poll_round(posted_, true, kPosted);
-  if (posted_state_ < 0) return;
+  if (!posted_open_ || posted_verdict(false) < 0) return;
   // A peer left the predicted call: what this wait posted may never
   // complete; it is settled with the check's messages.
   leave_unsettled(requests, pending);

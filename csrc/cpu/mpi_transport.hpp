@@ -132,6 +132,10 @@ class MpiTransport final : public Transport {
   SignedRound exchange_round_, posted_;
   bool posted_open_ = false;  // post_check's round, until complete_check
   int posted_state_ = kRoundIdle;  // its verdict once a watching wait found one
+  // The posted check's verdict: kRoundDone or a disagreeing member once
+  // decided (awaited when `wait`, else looked at once), kRoundProgress or
+  // kRoundIdle while not.
+  int posted_verdict(bool wait);
   // Posts the round's receives, then its sends, into `round`.
   void post_round(const PeerGroup& group, int tag, size_t pieces, const std::function<Span(int, size_t)>& send_piece,
                   const std::function<Span(int, size_t)>& recv_piece, SignedRound& round);

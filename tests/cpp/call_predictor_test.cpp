@@ -62,15 +62,5 @@ int main() {
     for (uint64_t k = 1; k <= 33; ++k) step.push_back(k);
     return step;
   }(), 3), 0);
-  CallPredictor predictor;
-  for (uint64_t key : repeat({5}, 4)) predictor.push(key);
-  predictor.clear();
-  uint64_t key = 0;
-  if (predictor.predict(&key)) {
-    std::printf("FAIL: clear() left a prediction\n");
-    ++failures;
-  } else {
-    std::printf("ok: clear\n");
-  }
   return failures == 0 ? 0 : 1;
 }

@@ -16,18 +16,11 @@ import numpy as np
 import pytest
 import reference as ref
 from a2a_mpi_util import check_bad_rank, check_mismatch, outcome, regular
+from checks import predicted_comm
 
 import a2a
-from a2a import _C
 
 RETIRED = "this communicator is retired on every rank"
-
-
-def predicted_comm(world, cross_check=True):
-    from mpi4py import MPI
-
-    native = _C.testing_comm_create_mpi("predicted", MPI._addressof(world), 0, 0.0, -1, 0, 0, -1, int(cross_check))
-    return a2a.Comm(native, world)
 
 
 @pytest.fixture

@@ -9,17 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks import predicted_comm
 from runtime_util import DEVICE, make_layer, random_rows, suite_comm, train_step, whole_expert_cases
 
 import a2a
-from a2a import _C
-
-
-def predicted_comm(world):
-    from mpi4py import MPI
-
-    native = _C.testing_comm_create_mpi("predicted", MPI._addressof(world), 0, 0.0, -1, 0, 0, -1, 1)
-    return a2a.Comm(native, world)
 
 
 @pytest.mark.parametrize("degree", [1, 2])
