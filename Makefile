@@ -1,6 +1,8 @@
 # make bench   build, then run `python -m a2a.bench` on 4 MPI ranks
 # make bench-moe  build, then run `python -m moe_runtime.bench` on 4 MPI ranks
 #              (BENCH_MOE_ARGS="--quick" for a short run)
+# make peers   install Tutel and Megatron-Core into .venv for `python -m moe_runtime.bench
+#              --overhead` (tools/install_peers.sh; TUTEL_SRC=<checkout> without GitHub)
 # make nccl-tests-ext  build, then build nccl_tests_ext/ (alltoall_perf,
 #              alltoallv_perf, alltoall_flex_perf) into build/nccl-tests-ext
 # make test    build, then run the whole suite (unit + mpirun + C programs + the
@@ -32,7 +34,7 @@ NATIVE_SOURCES := $(shell find csrc cmake tools/build_backend -type f -not -name
 # moved or removed needs a reinstall, an edit does not.
 PY_MODULES := $(sort $(shell find a2a moe_runtime -name '*.py'))
 
-.PHONY: all build bench bench-moe nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
+.PHONY: all build bench bench-moe peers nccl-tests-ext test test-unit test-mpi test-c test-nccl-tests-ext test-gpu \
 	test-cuda-emulation test-install test-cluster gpu-kit gpu-check test-gpu-check lint clean FORCE
 
 all: build
@@ -81,6 +83,9 @@ test-nccl-tests-ext: build
 
 test-gpu: build
 	$(PY) -m pytest -q -rs tests/gpu
+
+peers: $(VENV)/.ready
+	PY=$(PY) tools/install_peers.sh
 
 gpu-kit: $(VENV)/.ready
 	PYTHON=$(PY) bash tools/gpu_check.sh --kit

@@ -77,6 +77,28 @@ def route_capacities(
     """a2a_route_capacities: fills locations, counts and offsets; returns
     (num_rows, num_dropped, the per-expert capacities agreed across ranks)."""
 
+def route_fixed(
+    exec: _Exec,
+    indices: int,
+    index_dtype: int,
+    num_tokens: int,
+    top_k: int,
+    num_experts: int,
+    token_order: int,
+    capacity: int,
+    workspace: int,
+    workspace_bytes: int,
+    locations: int,
+    counts: int,
+    offsets: int,
+    /,
+) -> None:
+    """a2a_route_fixed: fills locations, counts and offsets at one capacity; reads nothing back."""
+
+def route_fixed_dropped(exec: _Exec, num_tokens: int, top_k: int, num_experts: int, workspace: int,
+                        workspace_bytes: int, /) -> int:
+    """a2a_route_fixed_dropped: the dropped choices a route_fixed left in `workspace` (waits for the device)."""
+
 def moe_dispatch(
     exec: _Exec,
     routing: _RoutingFields,

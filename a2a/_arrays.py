@@ -188,14 +188,23 @@ def _numpy_dtype_name(dtype: np.dtype) -> str:
     return dtype.name
 
 
+# torch.dtype -> (name, itemsize): str(dtype) and element_size() cost microseconds on every view.
+_TORCH_DTYPES: dict[Any, tuple[str, int]] = {}
+
+
 def _torch_view(x: Any, what: str) -> ArrayView:
-    if x.device.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(f"{what} is a torch tensor on {x.device}; a2a takes host or CUDA memory")
-    name = str(x.dtype).removeprefix("torch.")
-    device = x.device.index if x.device.type == "cuda" else None
-    if device is None and x.device.type == "cuda":
-        device = _torch().cuda.current_device()
-    return ArrayView(x, "torch", tuple(x.shape), name, x.element_size(), x.data_ptr(), x.is_contiguous(), True, device)
+    where = x.device  # a new torch.device on every access: read once
+    if where.type == "cpu":
+        device = None
+    elif where.type == "cuda":
+        device = where.index if where.index is not None else _torch().cuda.current_device()
+    else:
+        raise InvalidArgumentError(f"{what} is a torch tensor on {where}; a2a takes host or CUDA memory")
+    dtype = x.dtype
+    named = _TORCH_DTYPES.get(dtype)
+    if named is None:
+        named = _TORCH_DTYPES[dtype] = (str(dtype).removeprefix("torch."), x.element_size())
+    return ArrayView(x, "torch", tuple(x.shape), *named, x.data_ptr(), x.is_contiguous(), True, device)
 
 
 # DLPack (code, bits) -> dtype name.

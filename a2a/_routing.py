@@ -50,30 +50,35 @@ class Routing:
     read (read-only for NumPy), so the routing cannot be changed through them.
     """
 
-    __slots__ = ("_capacity", "_counts", "_indices", "_locations", "_num_dropped", "_num_rows", "_offsets")
+    __slots__ = ("_capacity", "_counts", "_indices", "_locations", "_num_dropped", "_num_rows", "_offsets",
+                 "_unread")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("an a2a.Routing is made by a2a.route or a2a.permute, not directly")
 
     @classmethod
     def _create(cls, indices: ArrayView, locations: Any, counts: Any, offsets: Any,
-                capacity: int | tuple[int, ...] | None, num_rows: int, num_dropped: int) -> Routing:
+                capacity: int | tuple[int, ...] | None, num_rows: int, num_dropped: int | None,
+                unread: _Tables | None = None) -> Routing:
         self = object.__new__(cls)
         self._indices = indices  # a view of the private copy of the caller's indices
         self._locations, self._counts, self._offsets = locations, counts, offsets
         self._capacity, self._num_rows, self._num_dropped = capacity, num_rows, num_dropped
+        self._unread = unread  # route(wait=False): the tables whose workspace holds num_dropped and any fault
         return self
 
     def __getstate__(self) -> dict[str, Any]:
         """The arrays and sizes, not the view of the indices (an address): a
         copy or an unpickled routing views its own indices."""
         tables = (self._locations, self._counts, self._offsets)
-        return {"indices": self._indices.obj, "tables": tables, "sizes": (self._capacity, self._num_rows, self._num_dropped)}
+        sizes = (self._capacity, self._num_rows, self.num_dropped)  # (read now for a routing of route(wait=False))
+        return {"indices": self._indices.obj, "tables": tables, "sizes": sizes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._indices = view(state["indices"], "indices")
         self._locations, self._counts, self._offsets = state["tables"]
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
+        self._unread = None
 
     _show = staticmethod(shown_copy)
 
@@ -161,14 +166,25 @@ class Routing:
 
     @property
     def num_dropped(self) -> int:
-        """Routed choices that did not fit their expert's capacity."""
-        return self._num_dropped
+        """Routed choices that did not fit their expert's capacity. For a
+        routing of ``route(..., wait=False)`` every read waits for the device
+        (where the count is: a routing captured in a CUDA graph gives its last
+        replay's) and raises InvalidArgumentError for an index >=
+        num_experts, as ``route`` would have."""
+        tables = self._unread
+        if tables is None:
+            return self._num_dropped
+        num_tokens, top_k = self._indices.shape
+        with self._indices.device_guard():
+            return _C.route_fixed_dropped(tables.execution, num_tokens, top_k, len(self._counts),
+                                          address_of(tables.workspace), tables.workspace.nbytes)
 
     def __repr__(self) -> str:
         capacity = list(self._capacity) if isinstance(self._capacity, tuple) else self._capacity
         layout = "dropless" if capacity is None else f"capacity={capacity}"
         sizes = f"num_tokens={self.num_tokens}, top_k={self.top_k}, num_experts={self.num_experts}, {layout}"
-        rows = f"num_rows={self._num_rows}, num_dropped={self._num_dropped}"
+        dropped = "on the device" if self._unread is not None else self._num_dropped  # repr waits for nothing
+        rows = f"num_rows={self._num_rows}, num_dropped={dropped}"
         return f"a2a.Routing({sizes}, {rows}, on {self._indices.framework} {self._indices.device_text})"
 
 
@@ -298,6 +314,18 @@ class _Tables:
         self.workspace = empty_like(idx, (workspace_bytes,), "uint8")
 
 
+def _locate_fixed(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int, order: Any) -> Routing:
+    """Runs the core's route_fixed into `tables`: nothing is read back."""
+    num_tokens, top_k = idx.shape
+    with idx.device_guard():
+        _C.route_fixed(tables.execution, idx.address, idx.dtype_code, num_tokens, top_k, num_experts,
+                       0 if order is None else address_of(order), capacity, address_of(tables.workspace),
+                       tables.workspace.nbytes, address_of(tables.locations), address_of(tables.counts),
+                       address_of(tables.offsets))
+    return Routing._create(idx, tables.locations, tables.counts, tables.offsets, capacity, num_experts * capacity,
+                           None, tables)
+
+
 def _locate(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int | list[int], setting: float,
             order: Any, comm: Comm | None) -> Routing:
     """Runs the core's route (collective with a comm) into `tables`: one
@@ -348,6 +376,7 @@ def route(
     scores: Any = None,
     batch_prioritized: bool = False,
     comm: Comm | None = None,
+    wait: bool = True,
 ) -> Routing:
     """Slots for a gate's top-k choices (Tutel's routing).
 
@@ -367,6 +396,12 @@ def route(
     is raised on every rank (RemoteError on the others). Choices beyond the
     capacity are dropped (``num_dropped``). ``num_experts`` and ``capacity``
     (or the sum of the per-expert ones) are at most 2**63 - 1.
+
+    ``wait=False`` (one ``capacity``, no ``comm``): nothing comes back to the
+    host, so on a GPU the call only enqueues kernels (a CUDA graph may capture
+    it); the layout follows from the capacity alone. ``num_dropped`` and an
+    index >= num_experts (not routed meanwhile: the kernels stay in bounds)
+    are read, and raised, when ``routing.num_dropped`` is first read.
     """
     op = "route"
     if comm is not None and not isinstance(comm, Comm):
@@ -381,6 +416,10 @@ def route(
         elif capacity is not None:
             capacity = _as_int(capacity, "capacity", op, 1)
         setting = 1.0 if capacity_setting is None else _as_float(capacity_setting, "capacity_setting", op)
+        if not wait and (comm is not None or not isinstance(capacity, int)):
+            _fail(op, "wait=False takes one capacity (an integer) and no comm: the layout must follow from the "
+                      "capacity alone; got " + ("a comm" if comm is not None else
+                                               "capacity_setting" if capacity is None else "per-expert capacities"))
         order = _token_order(scores, idx, op) if batch_prioritized else None
         tables = _Tables(idx, num_experts)
     except Exception as error:
@@ -392,6 +431,8 @@ def route(
             message = f"{type(error).__name__}: {message}"
         comm._native.report_invalid(op, f"{op} on rank {comm.rank} of {comm.size}: {message}")
         raise  # not reached: report_invalid raises
+    if not wait:
+        return _locate_fixed(idx, tables, num_experts, capacity, order)
     return _locate(idx, tables, num_experts, 0 if capacity is None else capacity, setting, order, comm)
 
 

@@ -484,6 +484,24 @@ a2a_status_t a2a_route_capacities(const a2a_exec_t* exec, a2a_comm_t comm, const
   });
 }
 
+a2a_status_t a2a_route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,
+                             int64_t top_k, int64_t num_experts, const int64_t* token_order, int64_t capacity,
+                             void* workspace, size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                             int64_t* expert_offsets) {
+  return guarded([&] {
+    a2a::moe::route_fixed(exec, indices, index_dtype, num_tokens, top_k, num_experts, token_order, capacity,
+                          workspace, workspace_bytes, locations, counts, expert_offsets);
+  });
+}
+
+a2a_status_t a2a_route_fixed_dropped(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                     const void* workspace, size_t workspace_bytes, int64_t* num_dropped) {
+  return guarded([&] {
+    require_out(num_dropped, "num_dropped");
+    *num_dropped = a2a::moe::route_fixed_dropped(exec, num_tokens, top_k, num_experts, workspace, workspace_bytes);
+  });
+}
+
 a2a_status_t a2a_moe_dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,
                               int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
   return guarded([&] { a2a::moe::dispatch(exec, routing, x, dtype, model_dim, gates, gate_dtype, rows); });

@@ -11,7 +11,6 @@ commits to compare them (docs/benchmarks.md, "The layer keeps its agreement").
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 
 
@@ -28,20 +27,11 @@ def parse() -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> None:
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     import a2a
     from a2a.bench.common import Clock, medians_in_turns
     from moe_runtime import MoELayer
-
-    class CountOps(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: collections.Counter = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
+    from moe_runtime.bench.dispatched import DispatchedOps
 
     torch.set_num_threads(1)
     comm = a2a.Comm.from_mpi()
@@ -58,7 +48,7 @@ def measure(args: argparse.Namespace) -> None:
     for _ in range(20):
         step()
     [seconds] = medians_in_turns([step], Clock(torch, "cpu"), args.steps, args.repetitions)
-    with a2a.counting() as cost, CountOps() as dispatched:
+    with a2a.counting() as cost, DispatchedOps() as dispatched:
         step()
     if comm.rank == 0:
         c = cost.counters

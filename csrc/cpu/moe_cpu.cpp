@@ -380,64 +380,40 @@ class CpuKernels final : public Kernels {
 
   size_t locate_workspace_size(int64_t num_tokens, int64_t top_k, int64_t num_experts) const override {
     const int slices = std::max(1, slice_count(num_tokens * top_k, kScanGrain, threads_));
-    // Per-slice expert histograms, then one byte per token for the
-    // token_order check.
-    return static_cast<size_t>(slices) * static_cast<size_t>(num_experts) * sizeof(int64_t) +
+    // The fixed-capacity route's result, then per-slice expert histograms,
+    // then one byte per token for the token_order check.
+    return sizeof(FixedResult) + static_cast<size_t>(slices) * static_cast<size_t>(num_experts) * sizeof(int64_t) +
            static_cast<size_t>(num_tokens);
   }
 
   void locate(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by moe/moe.cpp*/,
               int64_t* locations, std::vector<int64_t>& demand) override {
-    const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, n = T * k;
-    const int slices = std::max(1, slice_count(n, kScanGrain, threads_));
-    int64_t* histogram = static_cast<int64_t*>(workspace);  // [slice][expert]
-    std::fill(histogram, histogram + static_cast<size_t>(slices) * E, 0);
-    if (p.token_order != nullptr) check_token_order(p, static_cast<unsigned char*>(workspace) + slices * E * 8);
+    ScanFault fault;
+    scan(p, workspace, locations, demand, fault);
+    raise_scan_fault(fault, p.num_tokens, p.top_k, p.num_experts);
+  }
 
-    auto slice_range = [&](int s, int64_t* begin, int64_t* end) {
-      *begin = n * s / slices;
-      *end = n * (s + 1) / slices;
-    };
-    // Pass 1: per-slice histograms, and the first index out of range.
-    std::vector<int64_t> first_bad(static_cast<size_t>(slices), std::numeric_limits<int64_t>::max());
-    run_slices(slices, [&](int s) {
-      int64_t begin, end;
-      slice_range(s, &begin, &end);
-      int64_t* counts = histogram + static_cast<int64_t>(s) * E;
-      for (int64_t pos = begin; pos < end; ++pos) {
-        const int64_t choice = choice_at(pos, T, k, p.token_order);
-        const int64_t expert = load_index(p.indices, p.index_dtype, choice);
-        if (expert >= E)
-          first_bad[s] = std::min(first_bad[s], choice);
-        else if (expert >= 0)
-          ++counts[expert];
-      }
-    });
-    const int64_t bad = *std::min_element(first_bad.begin(), first_bad.end());
-    if (bad != std::numeric_limits<int64_t>::max())
-      fail(A2A_ERROR_INVALID_ARGUMENT,
-           route_index_message(bad / k, bad % k, load_index(p.indices, p.index_dtype, bad), E));
-    // Exclusive scan over slices, per expert: each slice's first location.
-    demand.assign(static_cast<size_t>(E), 0);
-    for (int s = 0; s < slices; ++s) {
-      int64_t* counts = histogram + static_cast<int64_t>(s) * E;
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t c = counts[e];
-        counts[e] = demand[e];
-        demand[e] += c;
-      }
+  void locate_fixed(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by moe/moe.cpp*/,
+                    int64_t capacity, int64_t* locations, int64_t* counts, int64_t* expert_offsets) override {
+    const int64_t E = p.num_experts;
+    FixedResult result;
+    std::vector<int64_t> demand;
+    if (!scan(p, workspace, locations, demand, result.fault))  // a bad token_order: nothing is routed
+      std::fill(locations, locations + p.num_tokens * p.top_k, -1);
+    for (int64_t e = 0; e < E; ++e) {
+      counts[e] = std::min(demand[e], capacity);
+      result.dropped += demand[e] - counts[e];
+      expert_offsets[e] = e * capacity;
     }
-    // Pass 2: every slice hands out its locations from its own counters.
-    run_slices(slices, [&](int s) {
-      int64_t begin, end;
-      slice_range(s, &begin, &end);
-      int64_t* next = histogram + static_cast<int64_t>(s) * E;
-      for (int64_t pos = begin; pos < end; ++pos) {
-        const int64_t choice = choice_at(pos, T, k, p.token_order);
-        const int64_t expert = load_index(p.indices, p.index_dtype, choice);
-        locations[choice] = expert >= 0 ? next[expert]++ : -1;
-      }
-    });
+    expert_offsets[E] = E * capacity;
+    std::memcpy(workspace, &result, sizeof result);
+  }
+
+  std::pair<ScanFault, int64_t> fixed_result(const void* workspace, int64_t /*num_tokens*/, int64_t /*top_k*/,
+                                             int64_t /*num_experts*/) override {
+    FixedResult result;
+    std::memcpy(&result, workspace, sizeof result);
+    return {result.fault, result.dropped};
   }
 
   void upload(void* dst, const void* host_src, size_t bytes) override {
@@ -519,15 +495,88 @@ class CpuKernels final : public Kernels {
     });
   }
 
-  static void check_token_order(const RouteProblem& p, unsigned char* seen) {
+  // What a fixed-capacity route leaves at the head of the workspace.
+  struct FixedResult {
+    ScanFault fault;
+    int64_t dropped = 0;
+  };
+
+  // The location scan (see Kernels::locate) into locations and demand; what
+  // is wrong goes to `fault`. An index >= E is not routed; with a bad
+  // token_order nothing is scanned (demand 0, locations untouched): false.
+  bool scan(const RouteProblem& p, void* workspace, int64_t* locations, std::vector<int64_t>& demand,
+            ScanFault& fault) {
+    const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts, n = T * k;
+    const int slices = std::max(1, slice_count(n, kScanGrain, threads_));
+    int64_t* histogram = reinterpret_cast<int64_t*>(static_cast<unsigned char*>(workspace) + sizeof(FixedResult));
+    demand.assign(static_cast<size_t>(E), 0);
+    if (p.token_order != nullptr &&
+        !token_order_is_permutation(p, reinterpret_cast<unsigned char*>(histogram + slices * E), fault))
+      return false;
+    std::fill(histogram, histogram + static_cast<size_t>(slices) * E, 0);
+
+    auto slice_range = [&](int s, int64_t* begin, int64_t* end) {
+      *begin = n * s / slices;
+      *end = n * (s + 1) / slices;
+    };
+    // Pass 1: per-slice histograms, and the first index out of range.
+    std::vector<int64_t> first_bad(static_cast<size_t>(slices), std::numeric_limits<int64_t>::max());
+    run_slices(slices, [&](int s) {
+      int64_t begin, end;
+      slice_range(s, &begin, &end);
+      int64_t* counts = histogram + static_cast<int64_t>(s) * E;
+      for (int64_t pos = begin; pos < end; ++pos) {
+        const int64_t choice = choice_at(pos, T, k, p.token_order);
+        const int64_t expert = load_index(p.indices, p.index_dtype, choice);
+        if (expert >= E)
+          first_bad[s] = std::min(first_bad[s], choice);
+        else if (expert >= 0)
+          ++counts[expert];
+      }
+    });
+    const int64_t bad = *std::min_element(first_bad.begin(), first_bad.end());
+    if (bad != std::numeric_limits<int64_t>::max()) {
+      fault.bad_choice = bad;
+      fault.bad_choice_value = load_index(p.indices, p.index_dtype, bad);
+    }
+    // Exclusive scan over slices, per expert: each slice's first location.
+    for (int s = 0; s < slices; ++s) {
+      int64_t* counts = histogram + static_cast<int64_t>(s) * E;
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t c = counts[e];
+        counts[e] = demand[e];
+        demand[e] += c;
+      }
+    }
+    // Pass 2: every slice hands out its locations from its own counters.
+    run_slices(slices, [&](int s) {
+      int64_t begin, end;
+      slice_range(s, &begin, &end);
+      int64_t* next = histogram + static_cast<int64_t>(s) * E;
+      for (int64_t pos = begin; pos < end; ++pos) {
+        const int64_t choice = choice_at(pos, T, k, p.token_order);
+        const int64_t expert = load_index(p.indices, p.index_dtype, choice);
+        locations[choice] = expert >= 0 && expert < E ? next[expert]++ : -1;
+      }
+    });
+    return true;
+  }
+
+  // Whether token_order is a permutation of 0..T-1; the first entry that is
+  // not goes to `fault`.
+  static bool token_order_is_permutation(const RouteProblem& p, unsigned char* seen, ScanFault& fault) {
     const int64_t T = p.num_tokens;
     std::memset(seen, 0, static_cast<size_t>(T));
     for (int64_t r = 0; r < T; ++r) {
       const int64_t t = p.token_order[r];
-      if (t < 0 || t >= T || seen[t])
-        fail(A2A_ERROR_INVALID_ARGUMENT, route_token_order_message(r, t, T));
+      if (t < 0 || t >= T || seen[t]) {
+        fault.bad_order_entry = r;
+        fault.bad_order_value = t;
+        return false;
+      }
       seen[t] = 1;
     }
+    return true;
   }
 
   int threads_;

@@ -22,7 +22,9 @@
 // assignment do nothing at all (route fails), so that locations is left as it
 // was, as on the CPU. Then demand and the error record come back to the host
 // in one copy, after the one wait for the stream (bounded; the copy itself is
-// waited for too).
+// waited for too). At a fixed capacity (locate_fixed) nothing waits: cap_kernel
+// turns the demand into counts, offsets and the dropped choices on the device,
+// the error record stays in the workspace, and fixed_result reads both later.
 //
 // Data kernels (dispatch, combine, gate_grad). A group of `lanes` threads
 // (a power of two up to a warp, sized to the row) handles one row: a scalar
@@ -91,7 +93,8 @@ constexpr int kScanChunk = 2 * kScanThreads;
 
 // The error record at the head of the host-bound block; unset entries stay
 // all ones (the memset), which atomicMin leaves to the smallest offender.
-enum : int { kBadChoice = 0, kBadChoiceValue = 1, kBadOrderEntry = 2, kBadOrderValue = 3, kRecordSize = 4 };
+// kDropped: a fixed-capacity route's dropped choices (locate_fixed; cap_kernel writes it).
+enum : int { kBadChoice = 0, kBadChoiceValue = 1, kBadOrderEntry = 2, kBadOrderValue = 3, kDropped = 4, kRecordSize = 5 };
 constexpr unsigned long long kUnset = ~0ull;
 constexpr size_t kAlign = 256;
 
@@ -270,6 +273,29 @@ __global__ void error_values_kernel(const void* __restrict__ indices, a2a_dtype_
         static_cast<unsigned long long>(load_index(indices, index_dtype, static_cast<int64_t>(record[kBadChoice])));
   if (order != nullptr && record[kBadOrderEntry] != kUnset)
     record[kBadOrderValue] = static_cast<unsigned long long>(order[record[kBadOrderEntry]]);
+}
+
+// A fixed capacity's tables from the demand (one block): counts[e] =
+// min(demand[e], C), expert_offsets[e] = e * C, and the dropped choices.
+__global__ void __launch_bounds__(kScanThreads)
+    cap_kernel(const int64_t* __restrict__ demand, int64_t E, int64_t capacity, int64_t* __restrict__ counts,
+               int64_t* __restrict__ offsets, unsigned long long* record) {
+  __shared__ int64_t dropped[kScanThreads];
+  int64_t mine = 0;
+  for (int64_t e = threadIdx.x; e <= E; e += blockDim.x) {
+    offsets[e] = e * capacity;
+    if (e == E) continue;
+    const int64_t kept = min(demand[e], capacity);
+    counts[e] = kept;
+    mine += demand[e] - kept;
+  }
+  dropped[threadIdx.x] = mine;
+  __syncthreads();
+  for (int half = kScanThreads / 2; half > 0; half /= 2) {  // a tree sum: the same order every time
+    if (static_cast<int>(threadIdx.x) < half) dropped[threadIdx.x] += dropped[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) record[kDropped] = static_cast<unsigned long long>(dropped[0]);
 }
 
 // ---------------------------------------------------------------------------
@@ -555,65 +581,39 @@ class CudaKernels final : public Kernels {
     const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts;
     const LocateLayout layout = locate_layout(T, k, E);
     demand.assign(static_cast<size_t>(E), 0);
-    const bool check_order = p.token_order != nullptr && T > 0;
-    if (layout.tiles == 0 && !check_order) return;  // nothing to scan or check
-
-    const uintptr_t start = (reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
-    char* base = reinterpret_cast<char*>(start);
-    auto* record = reinterpret_cast<unsigned long long*>(base + layout.record);
-    auto* demand_device = reinterpret_cast<int64_t*>(record + kRecordSize);
-    auto* tile_counts = reinterpret_cast<int64_t*>(base + layout.tile_counts);
-    auto* first_seen = reinterpret_cast<unsigned long long*>(base + layout.first_seen);
-    const unsigned warp_blocks = grid_for(layout.tiles, kThreads / kWarp, max_blocks());
-
-    check_cuda(cudaMemsetAsync(record, 0xff, kRecordSize * sizeof(unsigned long long), stream_), "cudaMemsetAsync");
-    if (check_order) {
-      check_cuda(cudaMemsetAsync(first_seen, 0xff, static_cast<size_t>(T) * sizeof(unsigned long long), stream_),
-                 "cudaMemsetAsync");
-      const unsigned blocks = grid_for(T, kThreads, max_blocks());
-      first_seen_kernel<<<blocks, kThreads, 0, stream_>>>(p.token_order, T, first_seen);
-      check_launch("first_seen_kernel");
-      order_check_kernel<<<blocks, kThreads, 0, stream_>>>(p.token_order, T, first_seen, record);
-      check_launch("order_check_kernel");
-    }
-    if (layout.tiles > 0) {
-      check_cuda(cudaMemsetAsync(tile_counts, 0, static_cast<size_t>(E * layout.tiles) * sizeof(int64_t), stream_),
-                 "cudaMemsetAsync");
-      tile_histogram_kernel<<<warp_blocks, kThreads, 0, stream_>>>(
-          p.indices, p.index_dtype, T, k, E, p.token_order, layout.positions, layout.tile, layout.tiles,
-          reinterpret_cast<unsigned long long*>(tile_counts), record);
-      check_launch("tile_histogram_kernel");
-      tile_scan_kernel<<<grid_for(E, 1, max_blocks()), kScanThreads, 0, stream_>>>(tile_counts, layout.tiles, E,
-                                                                                   demand_device);
-      check_launch("tile_scan_kernel");
-      tile_assign_kernel<<<warp_blocks, kThreads, 0, stream_>>>(p.indices, p.index_dtype, T, k, E, p.token_order,
-                                                                layout.positions, layout.tile, layout.tiles,
-                                                                tile_counts, locations, record);
-      check_launch("tile_assign_kernel");
-    }
-    error_values_kernel<<<1, 1, 0, stream_>>>(p.indices, p.index_dtype, p.token_order, record);
-    check_launch("error_values_kernel");
+    if (layout.tiles == 0 && (p.token_order == nullptr || T == 0)) return;  // nothing to scan or check
+    ScanRecord scan = enqueue_scan(p, workspace, locations);
 
     // The record and (when scanned) the demand, in one copy. The kernels are
     // waited for first, bounded: a copy to pageable memory returns only once
     // it is done, so behind a stuck stream it would block before any timeout.
-    wait("the location scan");
-    std::vector<unsigned long long> host(kRecordSize + (layout.tiles > 0 ? static_cast<size_t>(E) : 0));
-    check_cuda(cudaMemcpyAsync(host.data(), record, host.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                               stream_),
-               "cudaMemcpyAsync (device to host)");
-    wait("the copy of the location scan's counts");
-
-    if (host[kBadOrderEntry] != kUnset)
-      fail(A2A_ERROR_INVALID_ARGUMENT, route_token_order_message(static_cast<int64_t>(host[kBadOrderEntry]),
-                                                                 static_cast<int64_t>(host[kBadOrderValue]), T));
-    if (host[kBadChoice] != kUnset) {
-      const int64_t choice = static_cast<int64_t>(host[kBadChoice]);
-      fail(A2A_ERROR_INVALID_ARGUMENT,
-           route_index_message(choice / k, choice % k, static_cast<int64_t>(host[kBadChoiceValue]), E));
-    }
+    const std::vector<unsigned long long> host =
+        read_record(scan.record, kRecordSize + (layout.tiles > 0 ? static_cast<size_t>(E) : 0), "the location scan");
+    raise_scan_fault(fault_of(host), T, k, E);
     if (layout.tiles > 0)
       for (int64_t e = 0; e < E; ++e) demand[e] = static_cast<int64_t>(host[kRecordSize + e]);
+  }
+
+  void locate_fixed(const RouteProblem& p, void* workspace, size_t /*workspace_bytes: checked by moe/moe.cpp*/,
+                    int64_t capacity, int64_t* locations, int64_t* counts, int64_t* expert_offsets) override {
+    const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts;
+    // With a bad token_order the scan writes no location: every choice is then not routed.
+    if (p.token_order != nullptr && T * k > 0)
+      check_cuda(cudaMemsetAsync(locations, 0xff, static_cast<size_t>(T * k) * sizeof(int64_t), stream_),
+                 "cudaMemsetAsync");
+    ScanRecord scan = enqueue_scan(p, workspace, locations);
+    if (locate_layout(T, k, E).tiles == 0)  // nothing scanned: no demand
+      check_cuda(cudaMemsetAsync(scan.demand, 0, static_cast<size_t>(E) * sizeof(int64_t), stream_),
+                 "cudaMemsetAsync");
+    cap_kernel<<<1, kScanThreads, 0, stream_>>>(scan.demand, E, capacity, counts, expert_offsets, scan.record);
+    check_launch("cap_kernel");
+  }
+
+  std::pair<ScanFault, int64_t> fixed_result(const void* workspace, int64_t /*num_tokens*/, int64_t /*top_k*/,
+                                             int64_t /*num_experts*/) override {
+    const std::vector<unsigned long long> host =
+        read_record(record_in(const_cast<void*>(workspace)), kRecordSize, "the fixed-capacity route");
+    return {fault_of(host), static_cast<int64_t>(host[kDropped])};
   }
 
   void upload(void* dst, const void* host_src, size_t bytes) override {
@@ -752,6 +752,84 @@ class CudaKernels final : public Kernels {
   // Waits for the stream, bounded like every wait (route's two waits): work
   // enqueued before route, e.g. a collective whose peer never comes, must not
   // hang it.
+  // Where a locate's record and demand live in its workspace.
+  struct ScanRecord {
+    unsigned long long* record;
+    int64_t* demand;
+  };
+
+  static unsigned long long* record_in(void* workspace) {
+    const uintptr_t start = (reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
+    return reinterpret_cast<unsigned long long*>(start);  // layout.record is 0
+  }
+
+  // The order check and the scan (see the file's head), on the stream.
+  ScanRecord enqueue_scan(const RouteProblem& p, void* workspace, int64_t* locations) {
+    const int64_t T = p.num_tokens, k = p.top_k, E = p.num_experts;
+    const LocateLayout layout = locate_layout(T, k, E);
+    char* base = reinterpret_cast<char*>(record_in(workspace));
+    auto* record = reinterpret_cast<unsigned long long*>(base + layout.record);
+    auto* demand_device = reinterpret_cast<int64_t*>(record + kRecordSize);
+    auto* tile_counts = reinterpret_cast<int64_t*>(base + layout.tile_counts);
+    auto* first_seen = reinterpret_cast<unsigned long long*>(base + layout.first_seen);
+    const unsigned warp_blocks = grid_for(layout.tiles, kThreads / kWarp, max_blocks());
+    const bool check_order = p.token_order != nullptr && T > 0;
+
+    check_cuda(cudaMemsetAsync(record, 0xff, kRecordSize * sizeof(unsigned long long), stream_), "cudaMemsetAsync");
+    if (check_order) {
+      check_cuda(cudaMemsetAsync(first_seen, 0xff, static_cast<size_t>(T) * sizeof(unsigned long long), stream_),
+                 "cudaMemsetAsync");
+      const unsigned blocks = grid_for(T, kThreads, max_blocks());
+      first_seen_kernel<<<blocks, kThreads, 0, stream_>>>(p.token_order, T, first_seen);
+      check_launch("first_seen_kernel");
+      order_check_kernel<<<blocks, kThreads, 0, stream_>>>(p.token_order, T, first_seen, record);
+      check_launch("order_check_kernel");
+    }
+    if (layout.tiles > 0) {
+      check_cuda(cudaMemsetAsync(tile_counts, 0, static_cast<size_t>(E * layout.tiles) * sizeof(int64_t), stream_),
+                 "cudaMemsetAsync");
+      tile_histogram_kernel<<<warp_blocks, kThreads, 0, stream_>>>(
+          p.indices, p.index_dtype, T, k, E, p.token_order, layout.positions, layout.tile, layout.tiles,
+          reinterpret_cast<unsigned long long*>(tile_counts), record);
+      check_launch("tile_histogram_kernel");
+      tile_scan_kernel<<<grid_for(E, 1, max_blocks()), kScanThreads, 0, stream_>>>(tile_counts, layout.tiles, E,
+                                                                                   demand_device);
+      check_launch("tile_scan_kernel");
+      tile_assign_kernel<<<warp_blocks, kThreads, 0, stream_>>>(p.indices, p.index_dtype, T, k, E, p.token_order,
+                                                                layout.positions, layout.tile, layout.tiles,
+                                                                tile_counts, locations, record);
+      check_launch("tile_assign_kernel");
+    }
+    error_values_kernel<<<1, 1, 0, stream_>>>(p.indices, p.index_dtype, p.token_order, record);
+    check_launch("error_values_kernel");
+    return {record, demand_device};
+  }
+
+  // `words` of a record to the host, after waiting (bounded) for the stream
+  // and then for the copy.
+  std::vector<unsigned long long> read_record(const unsigned long long* record, size_t words, const char* what) {
+    wait(what);
+    std::vector<unsigned long long> host(words);
+    check_cuda(cudaMemcpyAsync(host.data(), record, words * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                               stream_),
+               "cudaMemcpyAsync (device to host)");
+    wait(cat("the copy of ", what, "'s counts").c_str());
+    return host;
+  }
+
+  static ScanFault fault_of(const std::vector<unsigned long long>& record) {
+    ScanFault fault;
+    if (record[kBadOrderEntry] != kUnset) {
+      fault.bad_order_entry = static_cast<int64_t>(record[kBadOrderEntry]);
+      fault.bad_order_value = static_cast<int64_t>(record[kBadOrderValue]);
+    }
+    if (record[kBadChoice] != kUnset) {
+      fault.bad_choice = static_cast<int64_t>(record[kBadChoice]);
+      fault.bad_choice_value = static_cast<int64_t>(record[kBadChoiceValue]);
+    }
+    return fault;
+  }
+
   void wait(const char* what) {
     if (!wait_for_stream(stream_, timeout_s_))
       fail(A2A_ERROR_TIMEOUT, "route: the CUDA stream did not finish ", what, " within ", timeout_s_,

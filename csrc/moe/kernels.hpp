@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "a2a/a2a.h"
@@ -15,6 +16,7 @@
 #include "core/error.hpp"
 #include "moe/elementwise.hpp"
 #include "moe/fp8.hpp"
+#include "moe/messages.hpp"
 
 namespace a2a::moe {
 
@@ -172,6 +174,21 @@ class Kernels {
   // a permutation. On CUDA this waits for the stream (bounded), then for its copy of the counts.
   virtual void locate(const RouteProblem& problem, void* workspace, size_t workspace_bytes, int64_t* locations,
                       std::vector<int64_t>& demand) = 0;
+
+  // The location scan at one capacity C > 0 (a2a_route_fixed), without
+  // waiting for the device: locations as locate's, and on the backend
+  // counts[e] = min(demand[e], C), expert_offsets[e] = e * C (e <= E) and the
+  // number dropped, kept in the workspace with what the scan found wrong. An
+  // index >= E is not routed (location -1); with a bad token_order nothing is
+  // (every location -1, every count 0). So the tables are always safe for the
+  // kernels, and the error waits for fixed_result.
+  virtual void locate_fixed(const RouteProblem& problem, void* workspace, size_t workspace_bytes, int64_t capacity,
+                            int64_t* locations, int64_t* counts, int64_t* expert_offsets) = 0;
+
+  // What locate_fixed left in `workspace` (on CUDA after waiting for the
+  // stream, bounded): the fault (see messages.hpp) and the number dropped.
+  virtual std::pair<ScanFault, int64_t> fixed_result(const void* workspace, int64_t num_tokens, int64_t top_k,
+                                                     int64_t num_experts) = 0;
 
   // Copies host bytes into the backend's memory (ordered on the stream; the
   // host buffer may be reused when this returns).

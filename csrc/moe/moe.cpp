@@ -233,6 +233,46 @@ a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void
                     locations, counts, expert_offsets);
 }
 
+void route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,
+                 int64_t top_k, int64_t num_experts, const int64_t* token_order, int64_t capacity, void* workspace,
+                 size_t workspace_bytes, int64_t* locations, int64_t* counts, int64_t* expert_offsets) {
+  const char* op = "route_fixed";
+  check_shape(op, num_tokens, top_k, num_experts);
+  require(is_index(index_dtype), op, ": indices dtype ", dtype_name(index_dtype), " is not int32 or int64");
+  require(capacity > 0, op, ": capacity ", capacity, " must be > 0 (a2a_route takes the other capacity modes)");
+  checked_product(num_experts, capacity, "num_experts * capacity");  // bounds every offset
+  std::unique_ptr<Kernels> kernels = make_kernels(exec);
+  const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
+  require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
+          " bytes required");
+  const size_t choices = static_cast<size_t>(num_tokens * top_k), experts = static_cast<size_t>(num_experts);
+  Buffers(op)
+      .input("indices", indices, choices * dtype_size(index_dtype))
+      .input("token_order", token_order, token_order == nullptr ? 0 : static_cast<size_t>(num_tokens) * sizeof(int64_t))
+      .output("workspace", workspace, needed)
+      .output("locations", locations, choices * sizeof(int64_t))
+      .output("counts", counts, experts * sizeof(int64_t))
+      .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
+  count(nullptr, Count::kKernelCalls);  // and no host wait: that is route_fixed_dropped's
+  kernels->locate_fixed({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace,
+                        workspace_bytes, capacity, locations, counts, expert_offsets);
+}
+
+int64_t route_fixed_dropped(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                            const void* workspace, size_t workspace_bytes) {
+  const char* op = "route_fixed_dropped";
+  check_shape(op, num_tokens, top_k, num_experts);
+  std::unique_ptr<Kernels> kernels = make_kernels(exec);
+  const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
+  require(workspace != nullptr, op, ": workspace is NULL");
+  require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
+          " bytes of a route_fixed of this shape");
+  count(nullptr, Count::kHostWaits);  // the result comes back to the host
+  const auto [fault, dropped] = kernels->fixed_result(workspace, num_tokens, top_k, num_experts);
+  raise_scan_fault(fault, num_tokens, top_k, num_experts);
+  return dropped;
+}
+
 void dispatch(const a2a_exec_t* exec, const a2a_routing_t* routing, const void* x, a2a_dtype_t dtype,
               int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
   if (dtype == A2A_UINT8) {  // rows of opaque bytes (packed FP8 rows)

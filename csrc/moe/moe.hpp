@@ -27,6 +27,14 @@ a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void
                                   size_t workspace_bytes, int64_t* locations, int64_t* counts,
                                   int64_t* expert_offsets, int64_t* final_capacities);
 
+// a2a_route_fixed: one capacity, no wait for the device; a2a_route_fixed_dropped
+// reads what it kept in the workspace (see a2a.h).
+void route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,
+                 int64_t top_k, int64_t num_experts, const int64_t* token_order, int64_t capacity, void* workspace,
+                 size_t workspace_bytes, int64_t* locations, int64_t* counts, int64_t* expert_offsets);
+int64_t route_fixed_dropped(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                            const void* workspace, size_t workspace_bytes);
+
 // The capacity rule of a2a_route for capacity == 0, from the largest
 // per-expert demand: see a2a.h.
 int64_t capacity_from_setting(double capacity_setting, int64_t num_tokens, int64_t top_k, int64_t num_experts,

@@ -391,6 +391,25 @@ PYBIND11_MODULE(_C, m) {
       py::arg("workspace_bytes"), py::arg("locations"), py::arg("counts"), py::arg("offsets"),
       py::call_guard<py::gil_scoped_release>());
   m.def(
+      "route_fixed",
+      [](const Exec& exec, uintptr_t indices, int index_dtype, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+         uintptr_t token_order, int64_t capacity, uintptr_t workspace, size_t workspace_bytes, uintptr_t locations,
+         uintptr_t counts, uintptr_t offsets) {
+        a2a::route_fixed(make_exec(exec), as_pointer(indices), static_cast<a2a_dtype_t>(index_dtype), num_tokens, top_k,
+                         num_experts, static_cast<const int64_t*>(as_pointer(token_order)), capacity,
+                         as_mutable(workspace), workspace_bytes, static_cast<int64_t*>(as_mutable(locations)),
+                         static_cast<int64_t*>(as_mutable(counts)), static_cast<int64_t*>(as_mutable(offsets)));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "route_fixed_dropped",
+      [](const Exec& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts, uintptr_t workspace,
+         size_t workspace_bytes) {
+        return a2a::route_fixed_dropped(make_exec(exec), num_tokens, top_k, num_experts, as_pointer(workspace),
+                                        workspace_bytes);
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
       "moe_dispatch",
       [](const Exec& exec, const RoutingTuple& routing, uintptr_t x, int dtype, int64_t model_dim, uintptr_t gates,
          int gate_dtype, uintptr_t rows) {

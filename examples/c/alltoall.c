@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHECK(call)                                                                   \
   do {                                                                                \
@@ -231,13 +232,35 @@ int main(int argc, char** argv) {
       }
       for (int64_t j = 0; j < top_k; ++j) moe_wrong += fabsf(grad_gates[t * top_k + j] - norm) > 1e-4f * norm;
     }
-    /* An expert index out of range is reported with its position. */
+    /* The same routing at its capacity without waiting for the device: the
+     * same tables, and the dropped count read afterwards. */
+    int64_t* fixed_tables = malloc(sizeof(int64_t) * (tokens * top_k + 2 * experts + 1));
+    int64_t* fixed_counts = fixed_tables + tokens * top_k;
+    int64_t* fixed_offsets = fixed_counts + experts;
+    int64_t fixed_dropped = -1;
+    CHECK(a2a_route_fixed(&exec, indices, A2A_INT32, tokens, top_k, experts, NULL, info.capacity, route_workspace,
+                          route_bytes, fixed_tables, fixed_counts, fixed_offsets));
+    CHECK(a2a_route_fixed_dropped(&exec, tokens, top_k, experts, route_workspace, route_bytes, &fixed_dropped));
+    moe_wrong += fixed_dropped != info.num_dropped;
+    moe_wrong += memcmp(fixed_tables, locations, sizeof(int64_t) * tokens * top_k) != 0;
+    moe_wrong += memcmp(fixed_counts, counts, sizeof(int64_t) * experts) != 0;
+    moe_wrong += memcmp(fixed_offsets, offsets, sizeof(int64_t) * (experts + 1)) != 0;
+    /* An expert index out of range is reported with its position: at once by
+     * a2a_route, by a2a_route_fixed_dropped after a2a_route_fixed. */
     indices[1] = (int32_t)experts;
     const a2a_status_t bad = a2a_route(&exec, NULL, indices, A2A_INT32, tokens, top_k, experts, NULL, 0, 0.0,
                                        route_workspace, route_bytes, locations, counts, offsets, &info);
     moe_wrong += bad != A2A_ERROR_INVALID_ARGUMENT;
+    CHECK(a2a_route_fixed(&exec, indices, A2A_INT32, tokens, top_k, experts, NULL, 2, route_workspace, route_bytes,
+                          fixed_tables, fixed_counts, fixed_offsets));
+    moe_wrong += fixed_tables[1] != -1; /* not routed meanwhile */
+    moe_wrong += a2a_route_fixed_dropped(&exec, tokens, top_k, experts, route_workspace, route_bytes,
+                                         &fixed_dropped) != A2A_ERROR_INVALID_ARGUMENT;
+    free(fixed_tables);
     MPI_Allreduce(MPI_IN_PLACE, &moe_wrong, 1, MPI_LONG, MPI_SUM, world);
-    if (rank == 0) printf("a2a_route + dispatch + all_to_all + combine ranks %d  #wrong %ld\n", size, moe_wrong);
+    if (rank == 0)
+      printf("a2a_route (and a2a_route_fixed) + dispatch + all_to_all + combine ranks %d  #wrong %ld\n", size,
+             moe_wrong);
     if (rank == 0) printf("index out of range rejected: %s\n", a2a_get_last_error());
     failures += moe_wrong;
     free(indices); free(gates); free(x); free(locations); free(counts); free(offsets); free(route_workspace);

@@ -1,5 +1,5 @@
 """``python -m moe_runtime.bench``: picks the mode from the command line
-(``--flows``, ``--hetero``, ``--flex``, ``--fp8``; else the layer's step) and runs it.
+(``--flows``, ``--hetero``, ``--flex``, ``--fp8``, ``--overhead``; else the layer's step) and runs it.
 
     python -m moe_runtime.bench                       # 4 ranks (2 emulated nodes of 2), the default sizes
     python -m moe_runtime.bench --quick --np 2        # seconds: small sizes
@@ -9,6 +9,7 @@
     python -m moe_runtime.bench --hetero              # Hexa-MoE's heterogeneous split (hetero.py)
     python -m moe_runtime.bench --flows               # which flow wins as the workload grows (flows.py)
     python -m moe_runtime.bench --fp8                 # FP8 dispatch against the tokens' dtype (fp8.py)
+    python -m moe_runtime.bench --overhead            # a step's host costs against Tutel and Megatron-Core (overhead.py)
     python -m moe_runtime.bench --gpu-step --json step.json   # the issue's comparison on one GPU (layer.py)
     python -m moe_runtime.bench --device cuda --np 4 --transport mpi   # 4 ranks sharing one GPU
 """
@@ -19,10 +20,10 @@ import argparse
 import sys
 from types import ModuleType
 
-from . import flex, flows, fp8, hetero, layer
+from . import flex, flows, fp8, hetero, layer, overhead
 
 # A mode's flag, tried in this order, and its module; without one, the layer's step.
-MODES = (("--flows", flows), ("--hetero", hetero), ("--flex", flex), ("--fp8", fp8))
+MODES = (("--flows", flows), ("--hetero", hetero), ("--flex", flex), ("--fp8", fp8), ("--overhead", overhead))
 
 
 def mode(argv: list[str]) -> tuple[ModuleType, list[str]]:

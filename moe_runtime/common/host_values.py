@@ -5,7 +5,7 @@ NumPy array fails the call on every rank), so the runtime's agreements --
 NumPy rows of a few int64 or float64 -- travel there as a tensor on the
 communicator's device and come back as NumPy. On a host communicator they
 go as they are (and torch is not needed). Both functions are collective
-over ``comm``.
+over ``comm``; on one rank they move nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def torch_device(comm: a2a.Comm) -> Any:
 
 def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **options: Any) -> np.ndarray:
     values = np.ascontiguousarray(values)
+    if comm.size == 1:  # every rank's values are these: no collective (on a GPU, no copy there and back)
+        return values.copy()
     if comm.device == "cpu":
         return collective(values, comm=comm, **options)
     import torch

@@ -30,7 +30,7 @@ model-centric flows (moe_runtime.hexa); moe_runtime.registry names them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
@@ -63,7 +63,9 @@ class Plan:
     algo: str
     capacity: int
     buffer_capacity: int
-    dropped: int = 0
+    # this rank's routed choices that did not fit: a number, or the a2a.Routing that counts
+    # them, read when `dropped` is (on a GPU that waits for the device: the step itself does not)
+    dropped_by: int | a2a.Routing = 0
     rows_sent: int | None = None  # rows this rank sends to other ranks in each exchange of the call
     capacities: tuple[int, ...] | None = None  # per-expert capacities (flow="dynamic")
     # "expert" for the flows over whole or shared experts; Hexa-MoE's "data_centric" (r = 0: the
@@ -76,6 +78,17 @@ class Plan:
     flow: str = "expert"
     # The dropless flow's small inference calls: through a2a.LowLatencyBuffer (one message per peer).
     low_latency: bool = False
+
+    @property
+    def dropped(self) -> int:
+        """This rank's routed choices that did not fit their expert's capacity."""
+        return self.dropped_by if isinstance(self.dropped_by, int) else self.dropped_by.num_dropped
+
+    def __repr__(self) -> str:
+        """The fields, with ``dropped`` read (on a GPU, a wait for the device) in place of where it is kept."""
+        shown = [f"{f.name}={getattr(self, f.name)!r}" if f.name != "dropped_by" else f"dropped={self.dropped}"
+                 for f in fields(self)]
+        return f"Plan({', '.join(shown)})"
 
 
 @dataclass(frozen=True)

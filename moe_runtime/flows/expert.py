@@ -60,7 +60,7 @@ class Shape:
     group: int  # g
     chunks: int  # d
     chunk_rows: int  # Cd
-    world: int  # W; 0 for r = 0, which exchanges nothing
+    world: int  # W; 0 for r = 0 and for one rank, which exchange nothing
 
     @property
     def exchanged(self) -> bool:
@@ -92,7 +92,7 @@ def chunk_major(routing: a2a.Routing, indices: torch.Tensor, num_experts: int, c
     virtual = torch.where(kept, (locations // chunk_rows) * num_experts + indices, torch.full_like(indices, -1))
     prioritized = scores is not None
     return a2a.route(virtual.contiguous(), chunks * num_experts, capacity=chunk_rows, scores=scores,
-                     batch_prioritized=prioritized)
+                     batch_prioritized=prioritized, wait=False)
 
 
 class Segment:
@@ -430,7 +430,9 @@ class ExpertFlow(Flow):
         indices = decision.indices.contiguous()
         prioritized = context.batch_prioritized_routing
         scores = decision.scores.detach().contiguous() if prioritized else None
-        routing = a2a.route(indices, num_experts, capacity=capacity, scores=scores, batch_prioritized=prioritized)
+        # The capacity is agreed: nothing comes back to the host (the indices are a top-k's, in range).
+        routing = a2a.route(indices, num_experts, capacity=capacity, scores=scores, batch_prioritized=prioritized,
+                            wait=False)
         group = self.sharded_count // r if r >= 1 else 1
         rows = buffer_capacity(capacity, d * group)
         chunk_rows = rows // d
@@ -439,7 +441,7 @@ class ExpertFlow(Flow):
             layout = chunk_major(routing, indices, num_experts, d, chunk_rows, scores)
         # Each exchange sends E r C_b rows in all (blocks of the repeat r), 1/W of them to this rank itself.
         sent = 0 if r == 0 else num_experts * r * rows * (comm.size - 1) // comm.size
-        plan = Plan(r, d, algo, capacity, rows, routing.num_dropped, sent)
+        plan = Plan(r, d, algo, capacity, rows, routing, sent)
 
         lease = context.pool.lease()
         gates = decision.gates
@@ -458,8 +460,11 @@ class ExpertFlow(Flow):
         else:
             if r > 1:  # partial outputs: the whole bias is added once, at the tokens' rank
                 fc2_bias = experts.fc2_bias(comm)
+            # One rank exchanges with itself only: its dispatched buffer is the experts' input, as at r = 0
+            # (FP8 rows still go through their exchange, which dequantizes them).
+            world = comm.size if comm.size > 1 or fp8 is not None else 0
             shape = Shape(num_experts, model_dim, experts.num_local, experts.hidden_size // r, r, group, d,
-                          chunk_rows, comm.size)
+                          chunk_rows, world)
         if d > 1:
             check_thread_level(context.exchange_comm)
         # Weights gathered from other ranks get their gradients in pooled buffers

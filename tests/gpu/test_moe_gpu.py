@@ -176,6 +176,55 @@ def test_index_out_of_range_raises_like_cpu(index_dtype, prioritized):
     route_both(indices, E)
 
 
+@pytest.mark.parametrize("name", ROUTE_CASES)
+def test_route_without_waiting_matches_cpu(name):
+    # route(wait=False) at the capacity the waiting route chose: the same tables, counts made on the device.
+    T, k, E, index_dtype, kwargs, unrouted, skew = ROUTE_CASES[name]
+    indices = make_indices(T, k, E, dtype=index_dtype, unrouted=unrouted, skew=skew)
+    cpu = a2a.route(indices, E, **kwargs)
+    gpu = a2a.route(indices.to(DEVICE), E, capacity=cpu.capacity, wait=False)
+    assert_same_routing(gpu, cpu)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_route_without_waiting_defers_a_bad_index_like_cpu(prioritized):
+    T, k, E = 1000, 2, 8
+    indices = make_indices(T, k, E)
+    indices[300, 1] = E + 3
+    kwargs = {"scores": torch.rand(T, generator=generator(T, 9)), "batch_prioritized": True} if prioritized else {}
+    gpu_kwargs = {name: on_device(v) if torch.is_tensor(v) else v for name, v in kwargs.items()}
+    cpu = a2a.route(indices, E, capacity=200, wait=False, **kwargs)
+    gpu = a2a.route(indices.to(DEVICE), E, capacity=200, wait=False, **gpu_kwargs)
+    assert_equal_tensors(gpu.locations, cpu.locations, "locations with a bad index")  # -1 there
+    with pytest.raises(a2a.InvalidArgumentError) as cpu_error:
+        _ = cpu.num_dropped
+    with pytest.raises(a2a.InvalidArgumentError) as gpu_error:
+        _ = gpu.num_dropped
+    assert str(gpu_error.value) == str(cpu_error.value)
+
+
+def test_route_without_waiting_is_captured_in_a_cuda_graph():
+    # route(wait=False) + encode + decode in one graph, replayed on new indices and tokens: what eager gives.
+    T, k, E, M, C = 3000, 2, 16, 64, 300
+    static_indices = make_indices(T, k, E, skew=1.0).to(DEVICE)
+    static_x = make_data((T, M), torch.float32, 4).to(DEVICE)
+    a2a.route(static_indices, E, capacity=C, wait=False)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        routing = a2a.route(static_indices, E, capacity=C, wait=False)
+        y = a2a.fast_decode(a2a.fast_encode(static_x, routing), routing)
+    for seed in (1, 2):
+        indices = make_indices(T, k, E, skew=float(seed), seed=seed)
+        x = make_data((T, M), torch.float32, seed)
+        static_indices.copy_(indices)
+        static_x.copy_(x)
+        graph.replay()
+        eager = a2a.route(indices.to(DEVICE), E, capacity=C, wait=False)
+        assert_same_routing(routing, eager)  # num_dropped read after the replay, from the graph's workspace
+        assert_bitwise(y, a2a.fast_decode(a2a.fast_encode(x.to(DEVICE), eager), eager), f"replay {seed}")
+
+
 # --- encode / decode -----------------------------------------------------------------------
 
 

@@ -6,7 +6,9 @@
 //     the error-values kernel): locations, demand and the error message,
 //     bitwise, for int32 and int64 indices (the extreme values included),
 //     unrouted choices, batch-prioritized token orders, bad indices and bad
-//     orders;
+//     orders; the same scan at a fixed capacity (locate_fixed: counts,
+//     offsets and the dropped count made on the device, the fault kept there
+//     and read by fixed_result), bad inputs included;
 //   - dispatch (encode; permute when dropless) with the padding zeroed, for
 //     dropless, one-capacity (with drops) and per-expert-capacity layouts;
 //     combine (decode; unpermute), top_k up to 8 and beyond (the kMany path);
@@ -89,7 +91,7 @@ using namespace a2a::moe;
 
 namespace {
 
-long long route_errors, dropped_cases, per_expert_cases, ordered_cases, many_cases;
+long long route_errors, dropped_cases, per_expert_cases, ordered_cases, many_cases, fixed_faults;
 
 struct Route {
   int64_t T = 0, k = 0, E = 0;
@@ -152,6 +154,46 @@ bool locate(Route& r) {
   r.locations.assign(cpu_locations.as<int64_t>(), cpu_locations.as<int64_t>() + choices);
   r.demand = cpu_demand;
   return true;
+}
+
+// locate_fixed on both backends at a capacity that drops some choices or none:
+// locations, counts, offsets, the dropped count and the deferred fault,
+// bitwise; bad indices and orders included (then nothing may be out of bounds).
+void locate_fixed(const Route& r) {
+  const RouteProblem problem{r.indices(), r.index_dtype, r.T, r.k, r.E, r.order.empty() ? nullptr : r.order.data()};
+  const int64_t choices = r.T * r.k, capacity = 1 + below(std::max<int64_t>(1, 2 * choices / r.E));
+  auto cpu = make_cpu_kernels(1);
+  auto gpu = make_cuda_kernels(nullptr, 10.0);
+  std::vector<char> cpu_workspace(cpu->locate_workspace_size(r.T, r.k, r.E));
+  Guarded gpu_workspace(gpu->locate_workspace_size(r.T, r.k, r.E), static_cast<size_t>(below(4)) * 8);
+  const size_t table_bytes = static_cast<size_t>(choices + 2 * r.E + 1) * 8;  // locations, counts, offsets
+  Guarded cpu_tables(table_bytes, 0), gpu_tables(table_bytes, 0);
+  auto run = [&](Kernels& kernels, void* workspace, size_t bytes, Guarded& tables) {
+    int64_t* locations = tables.as<int64_t>();
+    kernels.locate_fixed(problem, workspace, bytes, capacity, locations, locations + choices,
+                         locations + choices + r.E);
+  };
+  ++cases;
+  run(*cpu, cpu_workspace.data(), cpu_workspace.size(), cpu_tables);
+  const auto [cpu_fault, cpu_dropped] = cpu->fixed_result(cpu_workspace.data(), r.T, r.k, r.E);
+  std::pair<ScanFault, int64_t> gpu_result;
+  const std::string error = two_schedules(r.what + " fixed", {{gpu_tables.data(), gpu_tables.bytes()}}, [&] {
+    run(*gpu, gpu_workspace.data(), gpu_workspace.bytes(), gpu_tables);
+    gpu_result = gpu->fixed_result(gpu_workspace.data(), r.T, r.k, r.E);
+  });
+  const auto& [gpu_fault, gpu_dropped] = gpu_result;
+  expect(error.empty(), "%s fixed: %s", r.what.c_str(), error.c_str());
+  expect(gpu_workspace.guards_intact() && gpu_tables.guards_intact(), "%s fixed: wrote outside its buffers",
+         r.what.c_str());
+  expect(std::equal(gpu_tables.data(), gpu_tables.data() + gpu_tables.bytes(), cpu_tables.data()),
+         "%s fixed capacity %ld: tables differ from the CPU's", r.what.c_str(), capacity);
+  expect(gpu_dropped == cpu_dropped, "%s fixed: %ld dropped, the CPU's %ld", r.what.c_str(), gpu_dropped,
+         cpu_dropped);
+  expect(gpu_fault.bad_choice == cpu_fault.bad_choice && gpu_fault.bad_choice_value == cpu_fault.bad_choice_value &&
+             gpu_fault.bad_order_entry == cpu_fault.bad_order_entry &&
+             (cpu_fault.bad_order_entry < 0 || gpu_fault.bad_order_value == cpu_fault.bad_order_value),
+         "%s fixed: the deferred fault differs from the CPU's", r.what.c_str());
+  fixed_faults += cpu_fault.bad_choice >= 0 || cpu_fault.bad_order_entry >= 0;
 }
 
 // route's host side (moe/moe.cpp): counts and offsets for a capacity mode.
@@ -320,6 +362,7 @@ void route_case(int64_t i) {
   std::snprintf(what, sizeof what, "route T=%ld k=%ld E=%ld %s order=%d sms=%d", r.T, r.k, r.E,
                 r.index_dtype == A2A_INT32 ? "int32" : "int64", !r.order.empty(), emu::device_sms[emu::device]);
   r.what = what;
+  locate_fixed(r);
   if (!locate(r)) return;
   layout(r);
   switch (i % 4) {
@@ -336,7 +379,7 @@ int main(int argc, char** argv) {
   const int64_t n = arguments(argc, argv, 16);
   for (int64_t i = 0; i < n; ++i) route_case(i);
   std::printf("route cases failing as they should: %lld; with drops: %lld; per-expert capacities: %lld; "
-              "token orders: %lld; top_k > 8: %lld\n",
-              route_errors, dropped_cases, per_expert_cases, ordered_cases, many_cases);
+              "token orders: %lld; top_k > 8: %lld; fixed-capacity routes with a deferred fault: %lld\n",
+              route_errors, dropped_cases, per_expert_cases, ordered_cases, many_cases, fixed_faults);
   return summary("moe_cuda");
 }

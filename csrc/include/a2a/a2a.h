@@ -343,7 +343,8 @@ A2A_API a2a_status_t a2a_all_to_all_v_drop(a2a_v_exchange_t exchange);
  * A2A_DEVICE_CUDA) unless it says "host". Kernels on CUDA are enqueued on
  * exec->stream and return without waiting, except a2a_route, which reads the
  * per-expert counts back to the host (one stream synchronization, which
- * gives up with A2A_ERROR_TIMEOUT after A2A_TIMEOUT_S seconds).
+ * gives up with A2A_ERROR_TIMEOUT after A2A_TIMEOUT_S seconds), and
+ * a2a_route_fixed_dropped (a2a_route_fixed itself does not wait).
  *
  * None of them works in place: an output (rows, y, grad_gates; locations,
  * counts, expert_offsets and the workspace of a2a_route) that shares a byte
@@ -449,6 +450,35 @@ A2A_API a2a_status_t a2a_route_capacities(const a2a_exec_t* exec, a2a_comm_t com
                                           const int64_t* capacities, void* workspace, size_t workspace_bytes,
                                           int64_t* locations, int64_t* counts, int64_t* expert_offsets,
                                           int64_t* final_capacities, a2a_route_info_t* info);
+
+/* a2a_route at one capacity (> 0), local (no comm), without waiting for the
+ * device: the layout follows from the capacity alone (num_rows =
+ * num_experts * capacity, expert_offsets[e] = e * capacity), so everything,
+ * counts = min(demand, capacity) included, is computed on the execution
+ * device, and on CUDA the call only enqueues work on exec->stream (nothing is
+ * read back; a CUDA graph may capture it). The same locations, counts and
+ * expert_offsets as a2a_route with that capacity. What cannot wait to be
+ * known stays in the workspace: the number of dropped choices and any bad
+ * input. An index >= num_experts is not routed (its location is -1), and with
+ * a token_order that is not a permutation no choice is, so the tables are
+ * always safe for the kernels; a2a_route_fixed_dropped then fails with
+ * A2A_ERROR_INVALID_ARGUMENT naming it, as a2a_route would have. Keep the
+ * workspace until then. */
+A2A_API a2a_status_t a2a_route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype,
+                                     int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                     const int64_t* token_order, int64_t capacity, void* workspace,
+                                     size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                                     int64_t* expert_offsets);
+
+/* What an a2a_route_fixed of this shape left in `workspace`: *num_dropped
+ * (host), the routed choices that did not fit, or A2A_ERROR_INVALID_ARGUMENT
+ * for a bad index or token_order. On CUDA this waits for exec->stream
+ * (bounded by A2A_TIMEOUT_S): call it where the host waits anyway, or never,
+ * when the indices are known to be good (a top-k's) and the count is not
+ * needed. */
+A2A_API a2a_status_t a2a_route_fixed_dropped(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k,
+                                             int64_t num_experts, const void* workspace, size_t workspace_bytes,
+                                             int64_t* num_dropped);
 
 /* Dispatch (fast encode; the dropless permute): for every kept choice,
  * rows[row(t, j)] = gate(t, j) * x[t]; padding rows are zeroed. x is (T, M),

@@ -300,6 +300,21 @@ inline a2a_route_info_t route_capacities(const a2a_exec_t& exec, const Communica
   return info;
 }
 
+inline void route_fixed(const a2a_exec_t& exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,
+                        int64_t top_k, int64_t num_experts, const int64_t* token_order, int64_t capacity,
+                        void* workspace, size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                        int64_t* expert_offsets) {
+  check(a2a_route_fixed(&exec, indices, index_dtype, num_tokens, top_k, num_experts, token_order, capacity, workspace,
+                        workspace_bytes, locations, counts, expert_offsets));
+}
+
+inline int64_t route_fixed_dropped(const a2a_exec_t& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts,
+                                   const void* workspace, size_t workspace_bytes) {
+  int64_t num_dropped = 0;
+  check(a2a_route_fixed_dropped(&exec, num_tokens, top_k, num_experts, workspace, workspace_bytes, &num_dropped));
+  return num_dropped;
+}
+
 inline void moe_dispatch(const a2a_exec_t& exec, const a2a_routing_t& routing, const void* x, a2a_dtype_t dtype,
                          int64_t model_dim, const void* gates, a2a_dtype_t gate_dtype, void* rows) {
   check(a2a_moe_dispatch(&exec, &routing, x, dtype, model_dim, gates, gate_dtype, rows));

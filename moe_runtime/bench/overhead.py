@@ -1,0 +1,334 @@
+"""``python -m moe_runtime.bench --overhead``: what one training step costs
+the host, for this layer and the layers users would pick instead, in one run.
+
+    python -m moe_runtime.bench --overhead                  # 1 rank: T = 16 and 4096, M = H = 64, E = 2, k = 2, f = 1
+    python -m moe_runtime.bench --overhead --np 4           # ours on 4 ranks (the peers run on one)
+    python -m moe_runtime.bench --overhead --tokens 16 --steps 20 --repetitions 3   # seconds
+
+At tiny sizes the work is negligible and a step's time is host overhead, the
+part a GPU cannot hide: every torch op is at least one launch there, and
+every read of a device value a stall. Per training step (forward and
+backward, after warm-up), for each layer:
+
+- ``ops``: torch ops dispatched (a TorchDispatchMode count; views included:
+  they are host work, not launches);
+- ``native``: calls into a compiled library outside torch's dispatcher
+  (a2a._C for ours, tutel_custom_kernel for Tutel): launches too;
+- ``reads``: tensor values read on the host (``item()``, ``int()``, ``tolist()``)
+  and ops whose output size depends on values (``nonzero``, ``masked_select``,
+  ...): each a stream sync on a GPU; for ours also a2a's own ``host_waits``;
+- ``rounds``: control-path and check rounds (a2a's counters; ours only);
+- ``allocs``: a2a's allocations (ours only);
+- ``us``: the median step time (each layer timed in turns, as the others).
+
+Peers, each where it is installed (``make peers``; otherwise its row says
+so): Tutel's ``moe_layer`` and Megatron-Core's ``MoELayer`` (the
+``allgather`` token dispatcher: its ``alltoall`` one creates CUDA streams;
+its router moves its weight to CUDA, so a router with the same linear stays
+on the CPU). Every layer has the same sizes, top-2, capacity factor 1 and no
+biases; they run on a one-process gloo group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib.metadata
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+DEFAULTS = {"tokens": "16,4096", "model_dim": 64, "experts": 2, "steps": 50, "repetitions": 7}
+# torch ops whose output's size depends on tensor values: the host waits for them on a GPU.
+SIZED_BY_VALUES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
+                   "repeat_interleave", "bincount", "histc", "argwhere"}
+NATIVE_MODULES = ("a2a._C", "tutel_custom_kernel")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m moe_runtime.bench --overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=1, help="ranks for our layer (default 1; the peers run on rank 0 alone)")
+    p.add_argument("--tokens", default=DEFAULTS["tokens"], help=f"tokens per rank, a list (default {DEFAULTS['tokens']})")
+    p.add_argument("--model-dim", type=int, default=DEFAULTS["model_dim"], help="M = H (default 64)")
+    p.add_argument("--experts", type=int, default=DEFAULTS["experts"], help="experts per rank (default 2)")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="steps per timed sample (default 50)")
+    p.add_argument("--repetitions", type=int, default=DEFAULTS["repetitions"], help="timed samples (default 7)")
+    args = p.parse_args(argv)
+    try:
+        args.tokens = [int(t) for t in str(args.tokens).split(",")]
+    except ValueError:
+        p.error(f"--tokens must be a comma-separated list of integers, got {args.tokens!r}")
+    if min(args.tokens) < 1 or args.np < 1 or args.steps < 1 or args.repetitions < 1:
+        p.error("--tokens, --np, --steps and --repetitions must be >= 1")
+    return args
+
+
+@dataclasses.dataclass
+class Layer:
+    """One layer under test: its training step, or why it cannot run here."""
+
+    name: str
+    version: str = ""
+    step: Callable[[], None] | None = None
+    missing: str = ""  # why it is not measured
+    ours: bool = False
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _step(forward: Callable[[], Any], parameters: Any, x: Any) -> Callable[[], None]:
+    """forward() -> loss, then its backward; gradients are reset to None (no op) before each step."""
+    params = list(parameters)
+
+    def step() -> None:
+        for p in params:
+            p.grad = None
+        x.grad = None
+        forward().backward()
+
+    return step
+
+
+def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
+    import torch
+
+    from moe_runtime import MoELayer
+
+    gate = {"type": "top", "k": 2, "capacity_factor": 1.0}
+    experts = {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
+               "has_fc1_bias": False, "has_fc2_bias": False}
+    layer = MoELayer(gate, args.model_dim, experts, comm=comm, seeds=(1, 2))
+    x = torch.randn(tokens, args.model_dim, requires_grad=True)
+
+    def forward():
+        y = layer(x)
+        return y.sum() + y.l_aux
+
+    return Layer("moe_runtime", _version("a2a"), _step(forward, layer.parameters(), x), ours=True)
+
+
+def tutel(tokens: int, args: argparse.Namespace) -> Layer:
+    try:
+        import torch
+        from tutel import moe as tutel_moe
+    except ImportError:
+        return Layer("tutel", missing="not installed (make peers)")
+    experts = {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
+               "activation_fn": torch.nn.functional.relu,  # Tutel's default refers to an unimported name
+               "has_fc1_bias": False, "has_fc2_bias": False}
+    layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 2, "capacity_factor": 1.0}, model_dim=args.model_dim,
+                                experts=experts, seeds=(1, 2, 3))
+    x = torch.randn(tokens, args.model_dim, requires_grad=True)
+
+    def forward():
+        y = layer(x)
+        return y.sum() + y.l_aux
+
+    return Layer("tutel", _version("tutel"), _step(forward, layer.parameters(), x))
+
+
+def megatron(tokens: int, args: argparse.Namespace) -> Layer:
+    try:
+        import megatron.core
+        import torch
+        from megatron.core import parallel_state
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+        from megatron.core.transformer.moe.router import TopKRouter
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:
+        return Layer("megatron-core", missing="not installed (make peers)")
+
+    class CpuRouter(TopKRouter):
+        """The router's linear where its weight is: TopKRouter.gating moves
+        the weight to CUDA, and its fused linear needs Transformer Engine."""
+
+        def gating(self, inputs):
+            dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, inputs.dtype)
+            bias = None if self.bias is None else self.bias.to(dtype)
+            return torch.nn.functional.linear(inputs.to(dtype), self.weight.to(dtype), bias)
+
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
+    config = TransformerConfig(
+        num_layers=1, hidden_size=args.model_dim, ffn_hidden_size=args.model_dim,
+        moe_ffn_hidden_size=args.model_dim, num_attention_heads=1, num_moe_experts=args.experts,
+        moe_router_topk=2, moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True,
+        moe_token_dispatcher_type="allgather", moe_grouped_gemm=False, moe_aux_loss_coeff=1e-2,
+        add_bias_linear=False, use_cpu_initialization=True, params_dtype=torch.float32)
+    spec = get_gpt_layer_local_spec(num_experts=args.experts, moe_grouped_gemm=False)
+    layer = MoELayer(config, dataclasses.replace(spec.submodules.mlp.submodules, router=CpuRouter))
+    x = torch.randn(tokens, 1, args.model_dim, requires_grad=True)  # (sequence, batch, hidden)
+
+    def forward():
+        y, _ = layer(x)
+        return y.sum()  # the auxiliary loss rides on the graph (MoEAuxLossAutoScaler)
+
+    return Layer("megatron-core", megatron.core.__version__, _step(forward, layer.parameters(), x))
+
+
+def count(step: Callable[[], None], ours_layer: bool) -> dict[str, int]:
+    """The costs of one step (see the module docstring)."""
+    import torch
+
+    import a2a
+
+    from .dispatched import DispatchedOps
+
+    native = collections.Counter()
+
+    def profile(frame, event, function) -> None:
+        if event != "c_call":
+            return
+        module = getattr(function, "__module__", None) or ""
+        if module.startswith(NATIVE_MODULES):
+            native["calls"] += 1
+        elif getattr(function, "__name__", "") == "tolist" and isinstance(getattr(function, "__self__", None),
+                                                                            torch.Tensor):
+            native["tolist"] += 1  # a read that reaches no dispatched op on the CPU
+
+    ops = DispatchedOps()
+    with a2a.counting() as cost, ops:
+        sys.setprofile(profile)
+        try:
+            step()
+        finally:
+            sys.setprofile(None)
+    c = cost.counters
+    reads = sum(n for name, n in ops.ops.items() if name in SIZED_BY_VALUES) + native["tolist"]
+    return {
+        "ops": sum(ops.ops.values()),
+        # ours: a2a's own count of its native calls (the profile sees the bound methods of a Communicator too)
+        "native": c.calls if ours_layer else native["calls"],
+        "reads": reads + (c.host_waits if ours_layer else 0),
+        "rounds": c.control_rounds + c.check_rounds if ours_layer else -1,
+        "allocs": c.allocations if ours_layer else -1,
+    }
+
+
+def timed(steps: list[Callable[[], None]], args: argparse.Namespace, barrier: Callable[[], None]) -> list[float]:
+    """Median seconds per step of each, sampled in turns."""
+    samples: list[list[float]] = [[] for _ in steps]
+    for _ in range(args.repetitions):
+        for i, step in enumerate(steps):
+            barrier()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            samples[i].append((time.perf_counter() - start) / args.steps)
+    return [statistics.median(s) for s in samples]
+
+
+def _start_gloo() -> Callable[[], None]:
+    """A one-process torch.distributed group for the peers (they take the
+    default group); returns what ends it (and Megatron's state on it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return lambda: None
+    store = os.path.join(tempfile.mkdtemp(prefix="a2a-overhead-"), "store")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+
+    def end() -> None:
+        parallel_state = sys.modules.get("megatron.core.parallel_state")
+        if parallel_state is not None and parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+        shutil.rmtree(os.path.dirname(store), ignore_errors=True)
+
+    return end
+
+
+def measure(args: argparse.Namespace) -> list[str]:
+    """The table's lines on rank 0 (none on the others)."""
+    import torch
+
+    import a2a
+
+    torch.set_num_threads(1)
+    comm = a2a.Comm.from_mpi()
+    lead = comm.rank == 0
+    end = _start_gloo() if lead else (lambda: None)
+    try:
+        lines = _measure(args, comm, lead)
+    finally:
+        end()
+    return lines if lead else []
+
+
+def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
+    import torch
+    from mpi4py import MPI
+
+    from .rank import slowest
+
+    world = MPI.COMM_WORLD
+    turns = "all in turns" if comm.size == 1 else "ours (the slowest rank), then the peers in turns"
+    header = (f"# one training step (forward + backward) per layer: M = H = {args.model_dim}, {args.experts} experts "
+              f"per rank, top-2, f = 1, float32, torch {torch.__version__}, 1 thread; ours on {comm.size} rank(s), "
+              f"the peers on 1; median of {args.repetitions} x {args.steps} steps, {turns}")
+    columns = (f"{'T':>6} {'layer':<14} {'version':<12} {'ops':>5} {'native':>6} {'reads':>5} {'rounds':>6} "
+               f"{'allocs':>6} {'us':>9} {'us/ours':>8}")
+    lines = [header, columns]
+    for tokens in args.tokens:
+        torch.manual_seed(tokens)
+        layers = [ours(comm, tokens, args)]
+        if lead:
+            layers += [tutel(tokens, args), megatron(tokens, args)]
+        running = [layer for layer in layers if layer.step is not None]
+        for layer in running:
+            for _ in range(5):  # buffers, scratch and first choices are made once
+                layer.step()
+        costs = {layer.name: count(layer.step, layer.ours) for layer in running}
+        if comm.size == 1:  # every layer in turns
+            seconds = dict(zip([layer.name for layer in running], timed([layer.step for layer in running], args,
+                                                                          lambda: None), strict=True))
+        else:  # ours on every rank, then the peers on rank 0 alone
+            [mine] = timed([layers[0].step], args, world.Barrier)
+            seconds = {layers[0].name: slowest(mine, comm)}
+            if lead:
+                peers = [layer for layer in running if not layer.ours]
+                seconds.update(zip([layer.name for layer in peers],
+                                   timed([layer.step for layer in peers], args, lambda: None), strict=True))
+        for layer in layers:
+            if layer.step is None:
+                lines.append(f"{tokens:>6} {layer.name:<14} {layer.missing}")
+                continue
+            c, us = costs[layer.name], seconds[layer.name] * 1e6
+            shown = {key: ("-" if value < 0 else str(value)) for key, value in c.items()}
+            lines.append(f"{tokens:>6} {layer.name:<14} {layer.version:<12} {shown['ops']:>5} {shown['native']:>6} "
+                         f"{shown['reads']:>5} {shown['rounds']:>6} {shown['allocs']:>6} {us:>9.0f} "
+                         f"{us / (seconds[layers[0].name] * 1e6):>8.2f}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    """Relaunched under mpirun for --np > 1; rank 0 prints."""
+    from a2a import launch
+    from a2a.bench import common
+
+    args = parse_args(argv)
+    if args.np > 1 and not launch.under_mpirun():
+        return common.relaunch("moe_runtime.bench.overhead", argv, args.np, None, default_np=args.np,
+                               default_local_size=1)
+    lines = measure(args)
+    if lines:
+        print("# " + common.command_line(argv, "moe_runtime.bench.overhead"))
+        for line in lines:
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

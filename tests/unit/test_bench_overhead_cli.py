@@ -1,0 +1,36 @@
+"""python -m moe_runtime.bench --overhead on one rank: the table, our row's
+counts (those test_runtime_step_budget.py holds, without biases), and a row
+for each peer, measured where it is installed (make peers), else saying so."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+pytest.importorskip("torch")
+
+from moe_runtime.bench import __main__ as bench_main
+from moe_runtime.bench import overhead
+
+
+def test_the_flag_picks_the_mode_and_bad_arguments_are_refused():
+    assert bench_main.mode(["--overhead", "--tokens", "8"]) == (overhead, ["--tokens", "8"])
+    assert overhead.parse_args(["--tokens", "8,32"]).tokens == [8, 32]
+    with pytest.raises(SystemExit):
+        overhead.parse_args(["--tokens", "8,x"])
+    with pytest.raises(SystemExit):
+        overhead.parse_args(["--steps", "0"])
+
+
+def test_one_rank_prints_a_row_per_layer(capsys):
+    assert overhead.main(["--tokens", "16", "--steps", "2", "--repetitions", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("# python -m moe_runtime.bench.overhead --tokens 16"), lines[0]
+    rows = {line.split()[1]: line.split() for line in lines if line.split()[:1] == ["16"]}
+    assert set(rows) == {"moe_runtime", "tutel", "megatron-core"}, lines
+    ops, native, reads, rounds = (int(v) for v in rows["moe_runtime"][3:7])
+    assert (reads, rounds) == (0, 0) and 0 < ops <= 138 and 0 < native <= 8, rows["moe_runtime"]
+    for peer, module in (("tutel", "tutel"), ("megatron-core", "megatron.core")):
+        installed = importlib.util.find_spec(module.split(".")[0]) is not None
+        assert ("not installed" in " ".join(rows[peer])) != installed, rows[peer]

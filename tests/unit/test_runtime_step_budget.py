@@ -1,0 +1,66 @@
+"""What one MoELayer training step (forward and backward) costs on one rank,
+held as budgets: the host overhead a GPU step pays, visible on the CPU
+through the same code. Per step after warm-up, at a capacity factor f > 0:
+
+- no host wait: a2a counts none (route reads nothing back: wait=False), and
+  the step reads no tensor value on the host (torch's _local_scalar_dense,
+  behind item(), int() and bool() of a tensor: a stream sync on a GPU);
+- at most BUDGET torch ops dispatched (each a launch on a GPU, or a view's
+  host work), native calls and allocations: a change that adds any fails
+  here, on a CPU, and must raise its budget on purpose.
+
+At f <= 0 the capacity is the largest demand, read once per step (the one
+host wait the issue allows for data-dependent sizes)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import a2a
+import moe_runtime
+from moe_runtime.bench.dispatched import DispatchedOps
+
+T, M, H = 16, 64, 64
+
+# case: (layer options, call options, budget). Measured 2026-11-29 (torch 2.13, CPU); before route stopped
+# waiting and one rank stopped exchanging with itself, f=1 was 158 ops, 17 native calls, 8 allocations, 1 wait.
+CASES = {
+    "f=1": ({}, {}, {"ops": 138, "calls": 8, "allocations": 7}),
+    "f=1 d=2": ({}, {"a2a_ffn_overlap_degree": 2}, {"ops": 185, "calls": 10, "allocations": 11}),
+    "f=1 prioritized": ({"batch_prioritized_routing": True}, {}, {"ops": 142, "calls": 8, "allocations": 7}),
+    "f=0": ({"capacity_factor": 0.0}, {}, {"ops": 142, "calls": 8, "allocations": 7}),
+}
+
+
+def step_cost(layer, x, call):
+    gc.collect()  # an earlier test's communicator, collected inside the window, would count its teardown
+    ops = DispatchedOps()
+    with a2a.counting() as cost, ops:
+        y = layer(x, **call)
+        (y.sum() + y.l_aux).backward()
+    return ops.ops, cost.counters
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_step_stays_within_its_budget(comm, name):
+    options, call, budget = CASES[name]
+    options = dict(options)
+    gate = {"type": "top", "k": 2, "capacity_factor": options.pop("capacity_factor", 1.0)}
+    experts = {"type": "ffn", "num_experts_per_device": 2, "hidden_size_per_expert": H}
+    layer = moe_runtime.MoELayer(gate, M, experts, comm=comm, seeds=(1, 2), **options)
+    x = torch.randn(T, M, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    for _ in range(3):  # buffers, scratch and the dictionary's first choices are made once
+        step_cost(layer, x, call)
+    costs = [step_cost(layer, x, call) for _ in range(2)]
+    assert costs[0] == costs[1], f"{name}: a step costs differently from the one before: {costs}"
+    ops, counters = costs[-1]
+    reads = ops["_local_scalar_dense"]
+    measured = {"ops": sum(ops.values()), "calls": counters.calls, "allocations": counters.allocations}
+    assert counters.host_waits == 0, f"{name}: {counters}"
+    assert reads == (1 if gate["capacity_factor"] <= 0 else 0), f"{name}: {reads} tensor values read on the host"
+    over = {key: (measured[key], limit) for key, limit in budget.items() if measured[key] > limit}
+    assert not over, f"{name}: over budget (measured, budget): {over}; all ops: {dict(ops)}"
