@@ -12,7 +12,9 @@ waits for the stream, learns nothing new. This keeps it::
               on the exchanges' communicator (Flow.keeps_agreement)
                   -> no all-gather: the flow runs with the kept agreement
     otherwise     the all-gather, as before; while the agreement is kept it
-                  runs on the exchanges' communicator
+                  runs on the exchanges' communicator, else on the layer's
+                  host twin (common/host_values.py: over MPI, with no wait
+                  for the GPU, where MPI is beneath a CUDA communicator)
 
 Every rank decides from agreed tables alone whether the agreement is kept,
 so all decide alike. A rank whose row changed (other tokens, arguments, an
@@ -58,6 +60,7 @@ class KeptAgreement:
     """One layer's kept agreement (see the module docstring)."""
 
     def __init__(self, comm: a2a.Comm, exchange_comm: a2a.Comm):
+        # comm: where a call's all-gather runs when nothing is kept (the layer's communicator's host twin)
         self.comm, self.exchange_comm = comm, exchange_comm
         self.kept: Agreed | None = None  # the agreement the next call may keep
         self._row: np.ndarray | None = None  # this rank's row of it (seconds aside)

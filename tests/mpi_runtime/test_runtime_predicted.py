@@ -36,3 +36,21 @@ def test_training_posts_every_check_and_equals_mpi(world, degree):
     # The MPI twin checks in its messages (no check round): every round counted is the predicted comm's.
     assert rounds[3] == 0, rounds  # steps repeat from the second on: every call of the fourth predicted
     assert rounds[4] > 0, rounds  # the changed step's calls were not predicted
+
+
+def test_the_call_agreement_crosses_mpi_alone(world):
+    # The layer agrees on its call over its host twin (moe_runtime/common/host_values.py), not on the
+    # predicted communicator: on a GPU its row of host values then makes no copy to the device and back,
+    # each a wait for the stream. The exchanges run on the layer's split of the communicator, so nothing
+    # of a training step runs on the communicator itself.
+    if world.Get_size() < 2 or DEVICE.type != "cpu":
+        pytest.skip("a check between ranks, on host memory")
+    comm = predicted_comm(world)
+    layer = make_layer(comm, whole_expert_cases(comm)[0])
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.05)
+    x = random_rows(12, seed=comm.rank)
+    for step in range(4):
+        with a2a.counting(comm) as on_comm:
+            train_step(layer, x, optimizer)
+        assert on_comm.counters.collectives == 0, (step, on_comm.counters)
+    comm.check()
