@@ -67,8 +67,9 @@ def test_a_training_step_pays_no_round_for_the_check(comm, algo, experts):
     steady = [differences(c, costs[-1]) for c in costs]
     assert not any(steady), steady  # steady: every step costs the same
     assert forward.collectives >= 2 and backward.collectives >= 1, costs[-1]
-    if DEVICE.type == "cuda":  # the staged transport: a check round per collective
-        assert forward.check_rounds == forward.collectives and backward.check_rounds == backward.collectives
+    if DEVICE.type == "cuda":  # the staged transport: a check round per collective on the CUDA communicators,
+        # none for the call agreement's all-gather where it runs (not kept): on the layer's host twin, in band
+        assert forward.collectives - forward.check_rounds in (0, 1) and backward.check_rounds == backward.collectives
         return
     assert (forward.check_rounds, backward.check_rounds) == (0, 0), costs[-1]
     assert forward.host_waits + backward.host_waits == 0, costs[-1]  # route reads nothing back at f > 0
