@@ -176,7 +176,7 @@ class MoELayer(torch.nn.Module):
         self._construction = (flow_class, (parallel_type, a2a_ffn_overlap_degree) if flow_class.name == "expert"
                               else settings, {name: others[name] for name in self.flows})
         self.flow, self._flows = bind_flows(self, comm, *self._construction)
-        self.tuning = StepTuning(self.adaptive, timer)
+        self.tuning = StepTuning(self.adaptive, timer, timed=any(f.times_steps for f in self._flows.values()))
         self.positions = ExpertPositions(self.num_global_experts, comm.size)
         self.routing_trace: list[np.ndarray] | None = None  # each call appends this rank's (E,) routed counts
         self.l_aux: torch.Tensor | None = None

@@ -61,7 +61,7 @@ class Lease:
         if buffer is None or buffer.numel() < count or buffer.dtype != dtype or buffer.device != device:
             buffer = torch.empty(count, dtype=dtype, device=device)
             self._buffers[name] = buffer
-        return buffer[:count].view(shape)
+        return (buffer if buffer.numel() == count else buffer[:count]).view(shape)  # (a slice is one op more)
 
     def __del__(self) -> None:
         pool, self._pool = self._pool, None

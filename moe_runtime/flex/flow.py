@@ -31,6 +31,7 @@ class FlexFlow(WholeExpertFlow):
     """Dropless over vExpert replicas of hot experts; r = 1, d = 1."""
 
     name = "flex"
+    times_steps = True  # the replica scheduler's cost model is calibrated on the steps' times
 
     def __init__(self, context, settings: FlexConfig | None = None):
         super().__init__(context, settings or FlexConfig())

@@ -166,6 +166,7 @@ class Flow:
     takes: ClassVar[frozenset[str]] = frozenset()  # per-call arguments it honours, of CALL_ARGUMENTS
     uses_capacity: ClassVar[bool] = False  # routes with the capacity the gate's factor gives
     fp8_dispatch: ClassVar[bool] = False  # carries FP8 rows to the experts (MoELayer(dispatch_dtype=))
+    times_steps: ClassVar[bool] = False  # reads the previous step's time (Call.step_seconds): steps are timed
 
     def __init__(self, context: Context, settings: Any = None):
         self.context = context

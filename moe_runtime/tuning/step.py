@@ -36,6 +36,10 @@ __all__ = ["NOT_MEASURED", "StepClock", "StepTuning"]
 NOT_MEASURED = -1  # the seconds column of a step that was not timed
 
 
+def _nothing() -> None:
+    """The stop of an untimed step."""
+
+
 class StepClock(torch.autograd.Function):
     """Identity on the layer's tokens whose backward, the last of the layer's,
     stops the clock of the step (forward + backward)."""
@@ -53,11 +57,13 @@ class StepClock(torch.autograd.Function):
 
 class StepTuning:
     """One layer's side of the protocol (see the module docstring);
-    ``dictionary`` None: steps are timed (FlexMoE reads them) and nothing is chosen."""
+    ``dictionary`` None: nothing is chosen, and steps are timed only when
+    ``timed`` (a flow reads them: FlexMoE's); untimed, the clock costs no op."""
 
-    def __init__(self, dictionary: AdaptiveDictionary | None, timer: Callable[[], float]):
+    def __init__(self, dictionary: AdaptiveDictionary | None, timer: Callable[[], float], timed: bool = True):
         self.dictionary = dictionary
         self.timer = timer
+        self.timed = timed or dictionary is not None
         self.signature: dict[str, Any] | None = None  # the bound table's
         self.step_seconds: float | None = None  # the last finished step's, this rank's
         self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
@@ -65,6 +71,8 @@ class StepTuning:
     def start(self, tokens: torch.Tensor, recording: bool) -> tuple[torch.Tensor, Callable[[], None]]:
         """Starts the clock: the tokens to use (with the StepClock when
         recording) and the stop to call at the end of a forward that records nothing."""
+        if not self.timed:
+            return tokens, _nothing
         begun = self.timer()
 
         def stop() -> None:
