@@ -167,16 +167,16 @@ class Routing:
     @property
     def num_dropped(self) -> int:
         """Routed choices that did not fit their expert's capacity. For a
-        routing of ``route(..., wait=False)`` every read waits for the device
-        (where the count is: a routing captured in a CUDA graph gives its last
-        replay's) and raises InvalidArgumentError for an index >=
+        routing of ``route(..., wait=False)`` every read waits for the current
+        stream (where the count is: a routing captured in a CUDA graph gives
+        its last replay's) and raises InvalidArgumentError for an index >=
         num_experts, as ``route`` would have."""
         tables = self._unread
         if tables is None:
             return self._num_dropped
         num_tokens, top_k = self._indices.shape
-        with self._indices.device_guard():
-            return _C.route_fixed_dropped(tables.execution, num_tokens, top_k, len(self._counts),
+        with self._indices.device_guard():  # read on the current stream (a graph replays on the caller's)
+            return _C.route_fixed_dropped(self._indices.execution(), num_tokens, top_k, len(self._counts),
                                           address_of(tables.workspace), tables.workspace.nbytes)
 
     def __repr__(self) -> str:
