@@ -70,12 +70,14 @@ def _fetch_if_they_fit(cache: ExpertCache, rows_per_expert: np.ndarray) -> dict[
     return cache.fetch(active.tolist()) if active.size <= cache.num_slots else None
 
 
-def _expert_rows_per_source(counts: torch.Tensor, comm: a2a.Comm) -> np.ndarray:
-    """(W, n): how many rows each source rank sends to each of my n experts.
-    `counts` (E,) is this rank's rows per expert, on the tokens' device; E =
-    n W, experts of rank j are [j n, (j + 1) n)."""
-    received = a2a.all_to_all(counts.contiguous(), comm=comm)  # block j of rank i's counts goes to rank j
-    return received.cpu().numpy().reshape(comm.size, -1)
+def _count_exchange(counts: torch.Tensor, comm: a2a.Comm) -> tuple[np.ndarray, np.ndarray]:
+    """((W,) rows this rank sends to each rank, (W, n) rows each source rank
+    sends to each of my n experts), read back together: one wait for the
+    device. `counts` (E,) is this rank's rows per expert, on the tokens'
+    device; E = n W, experts of rank j are [j n, (j + 1) n)."""
+    received = a2a.all_to_all(counts, comm=comm)  # block j of rank i's counts goes to rank j
+    both = torch.cat([counts, received]).cpu().numpy()
+    return rows_per_rank(both[:counts.numel()], comm.size), both[counts.numel():].reshape(comm.size, -1)
 
 
 @dataclass
@@ -108,10 +110,9 @@ def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, c
         x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
     else:
         x_sorted, perm = a2a.permute(a2a.quantize_fp8(tokens.detach(), FP8_BLOCK, format=fp8), indices, num_experts)
-    per_source = _expert_rows_per_source(perm.counts, comm)  # (W, n)
+    send_counts, per_source = _count_exchange(perm.counts, comm)  # (W,), (W, n)
     # On CUDA the cache copies on a stream of its own: they overlap the exchange.
     slots = None if expert_cache is None else _fetch_if_they_fit(expert_cache, per_source.sum(axis=0))
-    send_counts = rows_per_rank(perm.counts, comm.size)
     if fp8 is None:
         received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
     else:
@@ -154,7 +155,8 @@ def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
     expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
     expert_of_row = torch.from_numpy(expert_of_row).to(received.device).view(-1, 1)
     by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
-    offsets = local_perm.offsets.tolist()
+    # The local permutation's offsets, known on the host already (no read of its tables).
+    offsets = [0, *np.cumsum(per_source.sum(axis=0)).tolist()]
     if expert_cache is None:
         computed = ragged_ffn(by_expert, offsets, *weights, activation, weight_grad_scale)
     else:
