@@ -409,8 +409,7 @@ class CpuKernels final : public Kernels {
     std::memcpy(workspace, &result, sizeof result);
   }
 
-  std::pair<ScanFault, int64_t> fixed_result(const void* workspace, int64_t /*num_tokens*/, int64_t /*top_k*/,
-                                             int64_t /*num_experts*/) override {
+  std::pair<ScanFault, int64_t> fixed_result(const void* workspace) override {
     FixedResult result;
     std::memcpy(&result, workspace, sizeof result);
     return {result.fault, result.dropped};
@@ -515,24 +514,23 @@ class CpuKernels final : public Kernels {
       return false;
     std::fill(histogram, histogram + static_cast<size_t>(slices) * E, 0);
 
-    auto slice_range = [&](int s, int64_t* begin, int64_t* end) {
-      *begin = n * s / slices;
-      *end = n * (s + 1) / slices;
+    // fn(choice, expert) for the positions of slice s, in slot order.
+    auto walk = [&](int s, auto&& fn) {
+      for (int64_t pos = n * s / slices, end = n * (s + 1) / slices; pos < end; ++pos) {
+        const int64_t choice = choice_at(pos, T, k, p.token_order);
+        fn(choice, load_index(p.indices, p.index_dtype, choice));
+      }
     };
     // Pass 1: per-slice histograms, and the first index out of range.
     std::vector<int64_t> first_bad(static_cast<size_t>(slices), std::numeric_limits<int64_t>::max());
     run_slices(slices, [&](int s) {
-      int64_t begin, end;
-      slice_range(s, &begin, &end);
       int64_t* counts = histogram + static_cast<int64_t>(s) * E;
-      for (int64_t pos = begin; pos < end; ++pos) {
-        const int64_t choice = choice_at(pos, T, k, p.token_order);
-        const int64_t expert = load_index(p.indices, p.index_dtype, choice);
+      walk(s, [&](int64_t choice, int64_t expert) {
         if (expert >= E)
           first_bad[s] = std::min(first_bad[s], choice);
         else if (expert >= 0)
           ++counts[expert];
-      }
+      });
     });
     const int64_t bad = *std::min_element(first_bad.begin(), first_bad.end());
     if (bad != std::numeric_limits<int64_t>::max()) {
@@ -550,14 +548,10 @@ class CpuKernels final : public Kernels {
     }
     // Pass 2: every slice hands out its locations from its own counters.
     run_slices(slices, [&](int s) {
-      int64_t begin, end;
-      slice_range(s, &begin, &end);
       int64_t* next = histogram + static_cast<int64_t>(s) * E;
-      for (int64_t pos = begin; pos < end; ++pos) {
-        const int64_t choice = choice_at(pos, T, k, p.token_order);
-        const int64_t expert = load_index(p.indices, p.index_dtype, choice);
+      walk(s, [&](int64_t choice, int64_t expert) {
         locations[choice] = expert >= 0 && expert < E ? next[expert]++ : -1;
-      }
+      });
     });
     return true;
   }

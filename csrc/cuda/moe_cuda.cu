@@ -94,7 +94,14 @@ constexpr int kScanChunk = 2 * kScanThreads;
 // The error record at the head of the host-bound block; unset entries stay
 // all ones (the memset), which atomicMin leaves to the smallest offender.
 // kDropped: a fixed-capacity route's dropped choices (locate_fixed; cap_kernel writes it).
-enum : int { kBadChoice = 0, kBadChoiceValue = 1, kBadOrderEntry = 2, kBadOrderValue = 3, kDropped = 4, kRecordSize = 5 };
+enum : int {
+  kBadChoice = 0,
+  kBadChoiceValue = 1,
+  kBadOrderEntry = 2,
+  kBadOrderValue = 3,
+  kDropped = 4,
+  kRecordSize = 5,
+};
 constexpr unsigned long long kUnset = ~0ull;
 constexpr size_t kAlign = 256;
 
@@ -609,8 +616,7 @@ class CudaKernels final : public Kernels {
     check_launch("cap_kernel");
   }
 
-  std::pair<ScanFault, int64_t> fixed_result(const void* workspace, int64_t /*num_tokens*/, int64_t /*top_k*/,
-                                             int64_t /*num_experts*/) override {
+  std::pair<ScanFault, int64_t> fixed_result(const void* workspace) override {
     const std::vector<unsigned long long> host =
         read_record(record_in(const_cast<void*>(workspace)), kRecordSize, "the fixed-capacity route");
     return {fault_of(host), static_cast<int64_t>(host[kDropped])};
@@ -749,9 +755,6 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  // Waits for the stream, bounded like every wait (route's two waits): work
-  // enqueued before route, e.g. a collective whose peer never comes, must not
-  // hang it.
   // Where a locate's record and demand live in its workspace.
   struct ScanRecord {
     unsigned long long* record;
@@ -830,6 +833,9 @@ class CudaKernels final : public Kernels {
     return fault;
   }
 
+  // Waits for the stream, bounded like every wait (route's two waits): work
+  // enqueued before route, e.g. a collective whose peer never comes, must not
+  // hang it.
   void wait(const char* what) {
     if (!wait_for_stream(stream_, timeout_s_))
       fail(A2A_ERROR_TIMEOUT, "route: the CUDA stream did not finish ", what, " within ", timeout_s_,

@@ -187,8 +187,7 @@ class Kernels {
 
   // What locate_fixed left in `workspace` (on CUDA after waiting for the
   // stream, bounded): the fault (see messages.hpp) and the number dropped.
-  virtual std::pair<ScanFault, int64_t> fixed_result(const void* workspace, int64_t num_tokens, int64_t top_k,
-                                                     int64_t num_experts) = 0;
+  virtual std::pair<ScanFault, int64_t> fixed_result(const void* workspace) = 0;
 
   // Copies host bytes into the backend's memory (ordered on the stream; the
   // host buffer may be reused when this returns).

@@ -97,6 +97,27 @@ int64_t checked_sum(const std::vector<int64_t>& values, const char* what) {
   return sum;
 }
 
+// The arrays of a route, checked as the kernels need them: a workspace of at
+// least the scan's size, and no two arrays sharing a byte. Returns them, for
+// the caller's own arrays.
+Buffers route_arrays(const char* op, const Kernels& kernels, const void* indices, a2a_dtype_t index_dtype,
+                     int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
+                     void* workspace, size_t workspace_bytes, int64_t* locations, int64_t* counts,
+                     int64_t* expert_offsets) {
+  const size_t needed = kernels.locate_workspace_size(num_tokens, top_k, num_experts);
+  require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
+          " bytes required");
+  const size_t choices = static_cast<size_t>(num_tokens * top_k), experts = static_cast<size_t>(num_experts);
+  Buffers buffers(op);
+  buffers.input("indices", indices, choices * dtype_size(index_dtype))
+      .input("token_order", token_order, token_order == nullptr ? 0 : static_cast<size_t>(num_tokens) * sizeof(int64_t))
+      .output("workspace", workspace, needed)
+      .output("locations", locations, choices * sizeof(int64_t))
+      .output("counts", counts, experts * sizeof(int64_t))
+      .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
+  return buffers;
+}
+
 a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
                             int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
                             const CapacityRequest& request, void* workspace, size_t workspace_bytes,
@@ -131,19 +152,11 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
       checked_sum(capacities, "the sum of the capacities");
     }
     kernels = make_kernels(exec);
-    const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
-    require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
-            " bytes required");
-    const size_t choices = static_cast<size_t>(num_tokens * top_k), experts = static_cast<size_t>(num_experts);
-    Buffers buffers(op);
-    buffers.input("indices", indices, choices * dtype_size(index_dtype))
-        .input("token_order", token_order, token_order == nullptr ? 0 : static_cast<size_t>(num_tokens) * sizeof(int64_t))
-        .output("workspace", workspace, needed)
-        .output("locations", locations, choices * sizeof(int64_t))
-        .output("counts", counts, experts * sizeof(int64_t))
-        .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
+    Buffers buffers = route_arrays(op, *kernels, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
+                                   workspace, workspace_bytes, locations, counts, expert_offsets);
     if (request.final_capacities != nullptr)  // host; may be the capacities themselves (read above)
-      buffers.output("final_capacities", request.final_capacities, experts * sizeof(int64_t));
+      buffers.output("final_capacities", request.final_capacities,
+                     static_cast<size_t>(num_experts) * sizeof(int64_t));
     // The demand comes back to the host: on a GPU the host waits for the scan.
     count(counters, Count::kKernelCalls);
     count(counters, Count::kHostWaits);
@@ -242,17 +255,8 @@ void route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_
   require(capacity > 0, op, ": capacity ", capacity, " must be > 0 (a2a_route takes the other capacity modes)");
   checked_product(num_experts, capacity, "num_experts * capacity");  // bounds every offset
   std::unique_ptr<Kernels> kernels = make_kernels(exec);
-  const size_t needed = kernels->locate_workspace_size(num_tokens, top_k, num_experts);
-  require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
-          " bytes required");
-  const size_t choices = static_cast<size_t>(num_tokens * top_k), experts = static_cast<size_t>(num_experts);
-  Buffers(op)
-      .input("indices", indices, choices * dtype_size(index_dtype))
-      .input("token_order", token_order, token_order == nullptr ? 0 : static_cast<size_t>(num_tokens) * sizeof(int64_t))
-      .output("workspace", workspace, needed)
-      .output("locations", locations, choices * sizeof(int64_t))
-      .output("counts", counts, experts * sizeof(int64_t))
-      .output("expert_offsets", expert_offsets, (experts + 1) * sizeof(int64_t));
+  route_arrays(op, *kernels, indices, index_dtype, num_tokens, top_k, num_experts, token_order, workspace,
+               workspace_bytes, locations, counts, expert_offsets);
   count(nullptr, Count::kKernelCalls);  // and no host wait: that is route_fixed_dropped's
   kernels->locate_fixed({indices, index_dtype, num_tokens, top_k, num_experts, token_order}, workspace,
                         workspace_bytes, capacity, locations, counts, expert_offsets);
@@ -268,7 +272,7 @@ int64_t route_fixed_dropped(const a2a_exec_t* exec, int64_t num_tokens, int64_t 
   require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
           " bytes of a route_fixed of this shape");
   count(nullptr, Count::kHostWaits);  // the result comes back to the host
-  const auto [fault, dropped] = kernels->fixed_result(workspace, num_tokens, top_k, num_experts);
+  const auto [fault, dropped] = kernels->fixed_result(workspace);
   raise_scan_fault(fault, num_tokens, top_k, num_experts);
   return dropped;
 }

@@ -175,11 +175,11 @@ void locate_fixed(const Route& r) {
   };
   ++cases;
   run(*cpu, cpu_workspace.data(), cpu_workspace.size(), cpu_tables);
-  const auto [cpu_fault, cpu_dropped] = cpu->fixed_result(cpu_workspace.data(), r.T, r.k, r.E);
+  const auto [cpu_fault, cpu_dropped] = cpu->fixed_result(cpu_workspace.data());
   std::pair<ScanFault, int64_t> gpu_result;
   const std::string error = two_schedules(r.what + " fixed", {{gpu_tables.data(), gpu_tables.bytes()}}, [&] {
     run(*gpu, gpu_workspace.data(), gpu_workspace.bytes(), gpu_tables);
-    gpu_result = gpu->fixed_result(gpu_workspace.data(), r.T, r.k, r.E);
+    gpu_result = gpu->fixed_result(gpu_workspace.data());
   });
   const auto& [gpu_fault, gpu_dropped] = gpu_result;
   expect(error.empty(), "%s fixed: %s", r.what.c_str(), error.c_str());
