@@ -17,7 +17,7 @@ backward, after warm-up), for each layer:
 - ``reads``: tensor values read on the host (``item()``, ``int()``, ``tolist()``)
   and ops whose output size depends on values (``nonzero``, ``masked_select``,
   ...): each a stream sync on a GPU; for ours also a2a's own ``host_waits``;
-- ``rounds``: control-path and check rounds (a2a's counters; ours only);
+- ``rounds``: control-path rounds, the check's own among them (a2a's counters; ours only);
 - ``allocs``: a2a's allocations (ours only);
 - ``us``: the median step time (each layer timed in turns, as the others).
 
@@ -100,6 +100,16 @@ def _step(forward: Callable[[], Any], parameters: Any, x: Any) -> Callable[[], N
     return step
 
 
+def _sum_and_l_aux(layer: Any, x: Any) -> Callable[[], Any]:
+    """The loss of a layer with Tutel's surface (its output carries l_aux)."""
+
+    def forward():
+        y = layer(x)
+        return y.sum() + y.l_aux
+
+    return forward
+
+
 def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
     import torch
 
@@ -110,12 +120,7 @@ def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
                "has_fc1_bias": False, "has_fc2_bias": False}
     layer = MoELayer(gate, args.model_dim, experts, comm=comm, seeds=(1, 2))
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
-
-    def forward():
-        y = layer(x)
-        return y.sum() + y.l_aux
-
-    return Layer("moe_runtime", _version("a2a"), _step(forward, layer.parameters(), x), ours=True)
+    return Layer("moe_runtime", _version("a2a"), _step(_sum_and_l_aux(layer, x), layer.parameters(), x), ours=True)
 
 
 def tutel(tokens: int, args: argparse.Namespace) -> Layer:
@@ -130,12 +135,7 @@ def tutel(tokens: int, args: argparse.Namespace) -> Layer:
     layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 2, "capacity_factor": 1.0}, model_dim=args.model_dim,
                                 experts=experts, seeds=(1, 2, 3))
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
-
-    def forward():
-        y = layer(x)
-        return y.sum() + y.l_aux
-
-    return Layer("tutel", _version("tutel"), _step(forward, layer.parameters(), x))
+    return Layer("tutel", _version("tutel"), _step(_sum_and_l_aux(layer, x), layer.parameters(), x))
 
 
 def megatron(tokens: int, args: argparse.Namespace) -> Layer:
@@ -212,7 +212,7 @@ def count(step: Callable[[], None], ours_layer: bool) -> dict[str, int]:
         # ours: a2a's own count of its native calls (the profile sees the bound methods of a Communicator too)
         "native": c.calls if ours_layer else native["calls"],
         "reads": reads + (c.host_waits if ours_layer else 0),
-        "rounds": c.control_rounds + c.check_rounds if ours_layer else -1,
+        "rounds": c.control_rounds if ours_layer else -1,  # the check's own rounds are control rounds too
         "allocs": c.allocations if ours_layer else -1,
     }
 
@@ -291,16 +291,14 @@ def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
             for _ in range(5):  # buffers, scratch and first choices are made once
                 layer.step()
         costs = {layer.name: count(layer.step, layer.ours) for layer in running}
-        if comm.size == 1:  # every layer in turns
-            seconds = dict(zip([layer.name for layer in running], timed([layer.step for layer in running], args,
-                                                                          lambda: None), strict=True))
-        else:  # ours on every rank, then the peers on rank 0 alone
+        # One rank: every layer in turns. More: ours on every rank (the slowest), then the peers on rank 0 alone.
+        together = running if comm.size == 1 else [layer for layer in running if not layer.ours]
+        seconds = {}
+        if comm.size > 1:
             [mine] = timed([layers[0].step], args, world.Barrier)
-            seconds = {layers[0].name: slowest(mine, comm)}
-            if lead:
-                peers = [layer for layer in running if not layer.ours]
-                seconds.update(zip([layer.name for layer in peers],
-                                   timed([layer.step for layer in peers], args, lambda: None), strict=True))
+            seconds[layers[0].name] = slowest(mine, comm)
+        steps = timed([layer.step for layer in together], args, lambda: None)
+        seconds.update(zip([layer.name for layer in together], steps, strict=True))
         for layer in layers:
             if layer.step is None:
                 lines.append(f"{tokens:>6} {layer.name:<14} {layer.missing}")
