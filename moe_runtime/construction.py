@@ -26,7 +26,7 @@ import a2a
 from .common.agreement import agree_construction, callable_name
 from .common.precision import dispatch_format
 from .flows.base import Flow
-from .gating.capacity import RULES
+from .gating.capacity import DROPLESS_CAPACITIES, RULES
 from .gating.gates import CosineTopKGate, LinearTopKGate
 from .registry import dictionary_flows_of, flow_of
 from .tuning.dictionary import AdaptiveDictionary
@@ -145,6 +145,8 @@ def _check(model_dim: Any, settings: dict[str, Any]) -> None:
         raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
     if settings["capacity_rule"] not in RULES:
         raise ValueError(f"capacity_rule must be one of {RULES}, got {settings['capacity_rule']!r}")
+    if settings["dropless_capacity"] not in DROPLESS_CAPACITIES:
+        raise ValueError(f"dropless_capacity must be one of {DROPLESS_CAPACITIES}, got {settings['dropless_capacity']!r}")
     if settings["expert_gradient"] not in ("mean", "sum"):
         raise ValueError(f"expert_gradient must be 'mean' or 'sum', got {settings['expert_gradient']!r}")
     dispatch_format(settings["dispatch_dtype"])

@@ -48,6 +48,7 @@ from .flex.vexperts import Primitive
 from .flows.agreement import Agreed, CallRow
 from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
+from .gating.capacity import set_by_tokens
 from .gating.gates import decide, make_gate
 from .registry import check_capacity_factor, check_dictionary_layer, check_dispatch_dtype
 from .tuning.dictionary import AdaptiveDictionary
@@ -58,7 +59,8 @@ __all__ = ["MoELayer", "sync_shared_gradients"]  # the latter re-exported from e
 ALGORITHMS = tuple(a2a.ALGORITHMS)
 # Tutel's settings of the expert flow, with their defaults: the other flows refuse them.
 EXPERT_PARALLEL_DEFAULTS = {"parallel_type": "adaptive:1", "a2a_ffn_overlap_degree": 1, "use_2dh": False,
-                            "adaptive": None, "capacity_rule": "tutel", "is_postscore": True,
+                            "adaptive": None, "capacity_rule": "tutel", "dropless_capacity": "largest",
+                            "is_postscore": True,
                             "batch_prioritized_routing": False, "flows": ()}
 
 
@@ -91,7 +93,10 @@ class MoELayer(torch.nn.Module):
     / ``"auto"``: the dictionary, ``adaptive`` or a default
     :class:`AdaptiveDictionary`), ``a2a_ffn_overlap_degree`` (d),
     ``use_2dh`` (the default algorithm), ``capacity_rule`` (``"tutel"`` or
-    ``"a2a"``), ``is_postscore``, ``batch_prioritized_routing``. For every
+    ``"a2a"``), ``dropless_capacity`` (at capacity factor 0: ``"largest"``,
+    the largest expert's count, read back (one host wait per call); or
+    ``"worst_case"``, T, the most one expert can get: no wait, the same
+    result, E / k times the buffers of f = 1; gating/capacity.py), ``is_postscore``, ``batch_prioritized_routing``. For every
     flow: ``normalize_gate``, ``is_gshard_loss``, ``expert_gradient``
     (``"mean"``: expert gradients divided by the world size, as DDP averages
     the shared ones; or ``"sum"``), ``timer`` (the clock of the steps).
@@ -124,6 +129,7 @@ class MoELayer(torch.nn.Module):
         use_2dh: bool = False,
         adaptive: AdaptiveDictionary | None = None,
         capacity_rule: str = "tutel",
+        dropless_capacity: str = "largest",
         is_postscore: bool = True,
         batch_prioritized_routing: bool = False,
         normalize_gate: bool = True,
@@ -140,12 +146,14 @@ class MoELayer(torch.nn.Module):
         flow_class, settings, others = agreed_construction(
             comm, gate_type, model_dim, experts, flow=flow, flows=flows, deprecated=deprecated,
             parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
-            adaptive=adaptive, capacity_rule=capacity_rule, is_postscore=is_postscore,
+            adaptive=adaptive, capacity_rule=capacity_rule, dropless_capacity=dropless_capacity,
+            is_postscore=is_postscore,
             batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
             is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient,
             dispatch_dtype=dispatch_dtype)
         self.comm, self.model_dim, self.flows = comm, model_dim, tuple(others)
         self.parallel_type, self.use_2dh, self.capacity_rule = parallel_type, use_2dh, capacity_rule
+        self.dropless_capacity = dropless_capacity
         self.a2a_ffn_overlap_degree = positive_degree(a2a_ffn_overlap_degree)
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
@@ -170,6 +178,9 @@ class MoELayer(torch.nn.Module):
         if self.flows:
             check_dictionary_layer(self, flow_class)
         flow_class.check_layer(self)
+        if dropless_capacity != "largest" and not flow_class.uses_capacity:
+            raise ValueError(f"MoELayer(flow={flow_class.name!r}) routes without a capacity; dropless_capacity="
+                             f"{dropless_capacity!r} sizes the capacity of flow='expert' at capacity_factor=0")
         check_dispatch_dtype(self, flow_class, self.flows)
 
         self._pool = BufferPool()
@@ -198,6 +209,7 @@ class MoELayer(torch.nn.Module):
         """Tutel's expert-flow settings of this layer: name -> (value, default)."""
         given = {"parallel_type": self.parallel_type, "a2a_ffn_overlap_degree": self.a2a_ffn_overlap_degree,
                  "use_2dh": self.use_2dh, "adaptive": self.adaptive, "capacity_rule": self.capacity_rule,
+                 "dropless_capacity": self.dropless_capacity,
                  "is_postscore": self.is_postscore, "batch_prioritized_routing": self.batch_prioritized_routing,
                  "flows": self.flows}
         return {name: (value, EXPERT_PARALLEL_DEFAULTS[name]) for name, value in given.items()}
@@ -313,7 +325,7 @@ class MoELayer(torch.nn.Module):
         if decision is not None and named.uses_capacity:
             factor = self.gates[gate_index].capacity_factor if capacity_factor is None else float(capacity_factor)
             capacity = call.attempt(self._local_capacity, named, decision, factor) or 0
-            fixed = factor > 0  # the capacity follows from the factor and the token count alone
+            fixed = set_by_tokens(factor, self.dropless_capacity)  # the capacity follows from the token count alone
         self.flow.settle()  # the flow's own communication in flight (a prefetch) ends before the agreement
         step_seconds = self.tuning.step_seconds  # the previous step's, for FlexMoE; the agreement clears it
         row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(),
@@ -388,7 +400,7 @@ class MoELayer(torch.nn.Module):
     def _local_capacity(self, flow: Flow, decision, factor: float) -> int:
         """This rank's capacity for `flow`; with flows=, a factor that may drop is refused."""
         check_capacity_factor(self.flows, factor)
-        return flow.local_capacity(decision, factor, self.capacity_rule)
+        return flow.local_capacity(decision, factor, self.capacity_rule, self.dropless_capacity)
 
     def extra_repr(self) -> str:
         if self.parallel != "expert":

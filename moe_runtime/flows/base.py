@@ -195,8 +195,9 @@ class Flow:
     def settle(self) -> None:
         """Ends the flow's own communication in flight (a prefetch) before the call's agreement."""
 
-    def local_capacity(self, decision: GateDecision, factor: float, rule: str) -> int:
-        """This rank's capacity (rows per expert) before the agreement; 0 without one."""
+    def local_capacity(self, decision: GateDecision, factor: float, rule: str, dropless: str) -> int:
+        """This rank's capacity (rows per expert) before the agreement; 0 without one
+        (`rule`, `dropless`: gating/capacity.py's)."""
         return 0
 
     def keeps_agreement(self, choice: Choice) -> bool:

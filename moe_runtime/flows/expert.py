@@ -396,8 +396,8 @@ class ExpertFlow(Flow):
             raise ValueError(f"{what}: r = {r} is not valid for this layer; valid_rs = {self.valid_rs}")
         return r
 
-    def local_capacity(self, decision: GateDecision, factor: float, rule: str) -> int:
-        return local_capacity(rule, factor, decision.indices, self.context.num_experts)
+    def local_capacity(self, decision: GateDecision, factor: float, rule: str, dropless: str) -> int:
+        return local_capacity(rule, factor, decision.indices, self.context.num_experts, dropless)
 
     def configure(self, request: Request, chosen: Config | None) -> Choice:
         """The call's arguments, else the dictionary's choice, else the layer's defaults."""

@@ -15,6 +15,14 @@ Tutel floor(0.75 * 2) = 1, a2a ceil(1.3125) = 2. Tutel's is a multiple of k.
 
 f == 0: the smallest capacity that drops nothing (the largest expert's count);
 f < 0: that, but at most the rule's value for -f. Both rules are at least 1.
+Reading the largest count is the call's one host wait (a stream sync on a
+GPU). ``dropless="worst_case"`` (MoELayer(dropless_capacity=)) takes instead,
+at f == 0, the most one expert can get from this rank, C = T (a token
+chooses an expert once): nothing is read back, nothing is dropped either way,
+so the tokens' results are the same, and the buffers hold E / k times the
+rows of f = 1 (DeepEP's low-latency buffers are sized so). f < 0 still reads
+the count: with unequal token counts across ranks, its bound on one rank
+and the largest count on another decide the agreed capacity together.
 
 The capacity is then agreed across ranks (the maximum; ranks may hold
 different token counts), and the layer routes with it: which choices are
@@ -29,9 +37,10 @@ import math
 
 import torch
 
-__all__ = ["RULES", "buffer_capacity", "local_capacity", "rule_capacity"]
+__all__ = ["DROPLESS_CAPACITIES", "RULES", "buffer_capacity", "local_capacity", "rule_capacity", "set_by_tokens"]
 
 RULES = ("tutel", "a2a")
+DROPLESS_CAPACITIES = ("largest", "worst_case")  # the capacity at f == 0: read back, or the most an expert can get
 
 
 def rule_capacity(rule: str, factor: float, num_tokens: int, num_experts: int, top_k: int) -> int:
@@ -45,11 +54,19 @@ def rule_capacity(rule: str, factor: float, num_tokens: int, num_experts: int, t
     return max(capacity, 1)
 
 
-def local_capacity(rule: str, factor: float, indices: torch.Tensor, num_experts: int) -> int:
+def set_by_tokens(factor: float, dropless: str) -> bool:
+    """Whether the capacity follows from the token count alone, with no value read back."""
+    return factor > 0 or (factor == 0 and dropless == "worst_case")
+
+
+def local_capacity(rule: str, factor: float, indices: torch.Tensor, num_experts: int,
+                   dropless: str = "largest") -> int:
     """This rank's capacity for `factor` (before the agreement across ranks)."""
     num_tokens, top_k = indices.shape
     if factor > 0:
         return rule_capacity(rule, factor, num_tokens, num_experts, top_k)
+    if factor == 0 and dropless == "worst_case":
+        return max(num_tokens, 1)
     counts = torch.bincount(indices.reshape(-1), minlength=num_experts)
     needed = max(int(counts.max()) if counts.numel() else 0, 1)
     if factor < 0:

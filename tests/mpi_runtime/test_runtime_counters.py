@@ -5,7 +5,8 @@ backward, with whole experts on every rank (E >= W) and with experts sharded
 over ranks (E < W, whose gradients a2a.all_reduce / reduce_scatter reduce):
 the exchanges and the reductions carry their check, and the call
 agreement's all-gather is kept from the third equal step (whole experts);
-no host wait in a step (at f > 0 route reads nothing back: a2a.route's
+no host wait in a step (at f > 0, and at f = 0 with
+dropless_capacity="worst_case", route reads nothing back: a2a.route's
 wait=False; the CPU counts where a GPU would wait), and the same costs step
 after step. On CUDA (the staged transport) every call pays its check by
 round and the staged waits: there the budget is the count of collectives."""
@@ -48,15 +49,20 @@ def sharded_case(comm):
     return next((e for e in experts_cases(comm.size) if e < comm.size), None)
 
 
+# The capacity: f = 1, or f = 0 at its worst case (T: read from no tensor, so the agreement is kept too).
+CAPACITIES = {"f=1": {}, "f=0 worst_case": {"capacity_factor": 0.0, "dropless_capacity": "worst_case"}}
+
+
+@pytest.mark.parametrize("capacity", list(CAPACITIES))
 @pytest.mark.parametrize("experts", ["whole", "sharded"])
 @pytest.mark.parametrize("algo", ["linear", "2dh"])
-def test_a_training_step_pays_no_round_for_the_check(comm, algo, experts):
+def test_a_training_step_pays_no_round_for_the_check(comm, algo, experts, capacity):
     if algo == "2dh" and not two_level(comm):
         pytest.skip("2dh differs from linear with more than one node and rank per node")
     num_experts = whole_expert_cases(comm)[0] if experts == "whole" else sharded_case(comm)
     if num_experts is None:
         pytest.skip("no expert can be sharded over one rank")
-    layer = make_layer(comm, num_experts, torch.float32, parallel_type="adaptive:1")
+    layer = make_layer(comm, num_experts, torch.float32, parallel_type="adaptive:1", **CAPACITIES[capacity])
     x = random_rows(16, seed=comm.rank, dtype=torch.float32).requires_grad_()
     # The first step sets up what later steps reuse (buffers, scratch); from the third the layer keeps its
     # agreement (moe_runtime/flows/kept.py: no all-gather while every rank's row repeats).
@@ -72,4 +78,4 @@ def test_a_training_step_pays_no_round_for_the_check(comm, algo, experts):
         assert forward.collectives - forward.check_rounds in (0, 1) and backward.check_rounds == backward.collectives
         return
     assert (forward.check_rounds, backward.check_rounds) == (0, 0), costs[-1]
-    assert forward.host_waits + backward.host_waits == 0, costs[-1]  # route reads nothing back at f > 0
+    assert forward.host_waits + backward.host_waits == 0, costs[-1]  # route reads nothing back

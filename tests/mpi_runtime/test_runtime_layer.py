@@ -66,6 +66,20 @@ def test_capacity_factors(comm, capacity_factor):
         assert layer.last_plan.capacity == want[5]
 
 
+def test_a_worst_case_capacity_equals_the_largest(comm):
+    """dropless_capacity="worst_case" at f = 0: the capacity is the largest rank's token count (5 + 2 (W - 1)
+    here), read from no tensor, and the layer computes what the counted capacity computes: the reference's."""
+    num_experts = experts_cases(comm.size)[0]
+    layer = make_layer(comm, num_experts, torch.float64, capacity_factor=0.0, dropless_capacity="worst_case")
+    want = reference(layer, comm, torch.float64, capacity_factor=0.0)
+    for r in layer.valid_rs:
+        for d in (1, 2):
+            got = run_layer(layer, comm, torch.float64, adaptive_r=r, a2a_ffn_overlap_degree=d)
+            assert_matches(got, want, 1e-12, f"worst case r={r} d={d}")
+            assert layer.last_plan.capacity == 5 + 2 * (comm.size - 1)
+            assert layer.last_plan.dropped == 0
+
+
 @pytest.mark.parametrize("options", [{"batch_prioritized_routing": True}, {"is_postscore": False}, {"k": 1}],
                          ids=["bpr", "prescore", "top1"])
 def test_routing_options(comm, options):
