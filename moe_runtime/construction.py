@@ -145,6 +145,10 @@ def _check(model_dim: Any, settings: dict[str, Any]) -> None:
         raise ValueError(f"model_dim must be a positive integer, got {model_dim!r}")
     if settings["capacity_rule"] not in RULES:
         raise ValueError(f"capacity_rule must be one of {RULES}, got {settings['capacity_rule']!r}")
+    graphs = settings["cuda_graphs"]
+    if not isinstance(graphs, int) or isinstance(graphs, bool) or graphs < 0:
+        raise ValueError(f"cuda_graphs must be a non-negative integer (the most call signatures captured; 0: "
+                         f"none), got {graphs!r}")
     if settings["dropless_capacity"] not in DROPLESS_CAPACITIES:
         raise ValueError(f"dropless_capacity must be one of {DROPLESS_CAPACITIES}, got {settings['dropless_capacity']!r}")
     if settings["expert_gradient"] not in ("mean", "sum"):

@@ -34,6 +34,7 @@ import a2a
 from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
+from .common.graphs import StepGraphs
 from .common.host_values import all_gather_values
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
@@ -100,6 +101,9 @@ class MoELayer(torch.nn.Module):
     flow: ``normalize_gate``, ``is_gshard_loss``, ``expert_gradient``
     (``"mean"``: expert gradients divided by the world size, as DDP averages
     the shared ones; or ``"sum"``), ``timer`` (the clock of the steps).
+    ``cuda_graphs``: N > 0 captures a training call's forward and backward
+    into CUDA graphs and replays them, one pair per call signature, at most
+    N (common/graphs.py says what is captured and what is refused).
     ``dispatch_dtype``: None, ``"float8_e4m3fn"`` or ``"float8_e5m2"``: the
     tokens go to the experts as FP8 rows with block scales, the rest in their
     dtype (moe_runtime.common.precision; flows "expert" and "dropless").
@@ -130,6 +134,7 @@ class MoELayer(torch.nn.Module):
         adaptive: AdaptiveDictionary | None = None,
         capacity_rule: str = "tutel",
         dropless_capacity: str = "largest",
+        cuda_graphs: int = 0,
         is_postscore: bool = True,
         batch_prioritized_routing: bool = False,
         normalize_gate: bool = True,
@@ -147,13 +152,14 @@ class MoELayer(torch.nn.Module):
             comm, gate_type, model_dim, experts, flow=flow, flows=flows, deprecated=deprecated,
             parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
             adaptive=adaptive, capacity_rule=capacity_rule, dropless_capacity=dropless_capacity,
-            is_postscore=is_postscore,
+            cuda_graphs=cuda_graphs, is_postscore=is_postscore,
             batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
             is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient,
             dispatch_dtype=dispatch_dtype)
         self.comm, self.model_dim, self.flows = comm, model_dim, tuple(others)
         self.parallel_type, self.use_2dh, self.capacity_rule = parallel_type, use_2dh, capacity_rule
         self.dropless_capacity = dropless_capacity
+        self.graphs = StepGraphs(cuda_graphs) if cuda_graphs else None  # captured steps (common/graphs.py)
         self.a2a_ffn_overlap_degree = positive_degree(a2a_ffn_overlap_degree)
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
@@ -223,6 +229,14 @@ class MoELayer(torch.nn.Module):
         check_rebind(self, comm)
         self.comm = comm
         self.flow, self._flows = bind_flows(self, comm, *self._construction)
+        if self.graphs is not None:
+            self.graphs.clear()  # captured on the old communicator
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> MoELayer:
+        """.to(), .cuda(), .half() ...: the captured steps read the old tensors, so they go."""
+        if self.graphs is not None:
+            self.graphs.clear()
+        return super()._apply(fn, recurse)
 
     # -- what the flows hold, by the names of earlier releases (None where the layer's flow has none) --
     parallel = property(lambda self: self.flow.name if self.flow.name in ("data_centric", "model_centric")
@@ -270,6 +284,8 @@ class MoELayer(torch.nn.Module):
         state such as Adam's step must agree across ranks). The layer's function
         is unchanged: the gate keeps logical ids, mapped to positions at dispatch.
         Returns what this rank sent."""
+        if self.graphs is not None:
+            self.graphs.clear()  # the captured steps map the gate's choices to the old positions
         return self.positions.place(assignment, self.experts, self.comm, optimizer, self.flow.name)
 
     def rebalance(self, optimizer: torch.optim.Optimizer | None = None) -> Decision | None:
@@ -308,6 +324,18 @@ class MoELayer(torch.nn.Module):
     def forward(self, x: torch.Tensor, *, gate_index: int = 0, capacity_factor: float | None = None,
                 top_k: int | None = None, a2a_ffn_overlap_degree: int | None = None, adaptive_r: int | None = None,
                 algo: str | None = None, flow: str | None = None, sample_ids: Any = None) -> torch.Tensor:
+        arguments = {"gate_index": gate_index, "capacity_factor": capacity_factor, "top_k": top_k,
+                     "a2a_ffn_overlap_degree": a2a_ffn_overlap_degree, "adaptive_r": adaptive_r, "algo": algo,
+                     "flow": flow, "sample_ids": sample_ids}
+        if self.graphs is not None and torch.is_grad_enabled() and (
+                x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return self.graphs.run(self, self._call, x, arguments)  # common/graphs.py
+        return self._call(x, **arguments)
+
+    def _call(self, x: torch.Tensor, *, gate_index: int, capacity_factor: float | None, top_k: int | None,
+              a2a_ffn_overlap_degree: int | None, adaptive_r: int | None, algo: str | None, flow: str | None,
+              sample_ids: Any) -> torch.Tensor:
+        """The eager call (forward's arguments)."""
         request = Request(adaptive_r, a2a_ffn_overlap_degree, algo, flow, capacity_factor)
         named = self.flow if flow is None else self._flows.get(flow, self.flow)
         # The tokens' model dim and dtype, and this rank's own error, ride in the call's first all-gather:

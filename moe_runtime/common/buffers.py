@@ -13,7 +13,9 @@ holds its loss) gets a second set, so a training loop settles on two sets.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -29,12 +31,21 @@ class BufferPool:
 
     def lease(self) -> Lease:
         if self._free:
-            return Lease(self, self._free.pop())
+            return Lease(self._free, self._free.pop())
         self.sets_created += 1
-        return Lease(self, {})
+        return Lease(self._free, {})
 
-    def _give_back(self, buffers: dict[str, torch.Tensor]) -> None:
-        self._free.append(buffers)
+    @contextlib.contextmanager
+    def isolated(self) -> Iterator[list[dict[str, torch.Tensor]]]:
+        """Leases taken inside come from, and go back to, a list of their own
+        (yielded: whoever keeps it keeps their buffers), never the pool's:
+        the buffers of a captured CUDA graph, which its replays write, are
+        then never a later eager call's (common/graphs.py)."""
+        kept, self._free = self._free, []
+        try:
+            yield self._free
+        finally:
+            self._free = kept
 
     def snapshot(self) -> list[tuple[str, int, int]]:
         """(name, address, bytes) of every buffer of the free sets, sorted: two
@@ -49,10 +60,10 @@ class BufferPool:
 
 
 class Lease:
-    """One set of buffers for one call; returned to the pool when deleted."""
+    """One set of buffers for one call; returned to the free list it came from when deleted."""
 
-    def __init__(self, pool: BufferPool, buffers: dict[str, torch.Tensor]):
-        self._pool, self._buffers = pool, buffers
+    def __init__(self, home: list[dict[str, torch.Tensor]], buffers: dict[str, torch.Tensor]):
+        self._home, self._buffers = home, buffers
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A contiguous tensor of `shape` over buffer `name` (contents undefined)."""
@@ -64,6 +75,6 @@ class Lease:
         return (buffer if buffer.numel() == count else buffer[:count]).view(shape)  # (a slice is one op more)
 
     def __del__(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool._give_back(self._buffers)
+        home, self._home = self._home, None
+        if home is not None:
+            home.append(self._buffers)

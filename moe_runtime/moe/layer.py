@@ -39,7 +39,8 @@ __all__ = ["TutelMoELayer", "global_expert_count"]
 LOG = logging.getLogger(__name__)
 
 # MoELayer's own keywords that the Tutel layer passes on (beyond Tutel's).
-EXTENSIONS = ("flow", "flows", "adaptive", "capacity_rule", "dropless_capacity", "expert_gradient", "timer")
+EXTENSIONS = ("flow", "flows", "adaptive", "capacity_rule", "dropless_capacity", "cuda_graphs", "expert_gradient",
+              "timer")
 # Tutel's expert keys, and the ones whose values this layout cannot honour.
 EXPERT_KEYS = ("type", "count_per_node", "num_experts_per_device", "hidden_size_per_expert", "activation_fn",
                "activation_fn_with_self", "output_dim", "has_fc1_bias", "has_fc2_bias")

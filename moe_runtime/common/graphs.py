@@ -1,0 +1,163 @@
+"""MoELayer(cuda_graphs=N): a training step's forward and backward captured
+into CUDA graphs and replayed, one pair per call signature, at most N pairs
+(torch.cuda.make_graphed_callables: a few eager runs on a side stream, then
+the capture of the forward and of its backward).
+
+::
+
+    call (recording autograd) -> signature: the call's arguments, the tokens'
+        model dim, dtype and requires_grad, the layer's training mode
+      W > 1: ONE all-gather of [signature hash, shape hash, T] over the
+        layer's host twin (MPI: no wait for the GPU) -> the table, the same on
+        every rank, so that every rank decides alike below
+      signature hashes differ across ranks -> the eager call, whose agreement
+        raises MismatchError on every rank naming the field
+      the table seen before -> replay its forward graph now, its backward
+        graph when autograd reaches the step
+      a new table, fewer than N pairs -> capture (collective), then replay;
+        N pairs held -> the eager call
+
+A replay does no host work of the call: the checks, the agreement and the
+plan were made at capture, where every rank's call was checked as any eager
+call is; at W > 1 the all-gather above checks each replay's call across
+ranks. ``layer.last_plan`` describes the captured call. The output of a
+replay lives in the graph's memory until the graph's next replay, as
+make_graphed_callables' outputs do. The buffers the graph writes are its
+own (BufferPool.isolated): no eager call of the layer shares them.
+
+What cannot be captured is refused with ValueError before any capture (the
+same on every rank): a host or staged-MPI communicator (the staged transport
+waits for the stream at every exchange), ``from_torch`` at W > 1 (NCCL is its
+only channel: a replay's check would wait for the stream), flows other than
+"expert" and the dictionary (they time steps, read counts back or change
+their plan between calls), capacity factors that read counts back (f < 0,
+and f == 0 without ``dropless_capacity="worst_case"``) and ``sample_ids``.
+Calls that autograd does not record (inference, ``torch.no_grad()``) run
+eagerly.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .host_values import all_gather_values
+
+__all__ = ["StepGraphs"]
+
+WARMUP_RUNS = 3  # make_graphed_callables' eager runs before the capture (its default)
+
+
+@dataclass
+class _Captured:
+    step: torch.nn.Module  # its forward replaced by the graphed one
+    buffers: list  # the layer's pooled buffers the graphs write (BufferPool.isolated): kept while the graphs live
+
+
+class _Step(torch.nn.Module):
+    """The layer's eager call as make_graphed_callables takes it: tensors in,
+    a tuple of tensors out (y and its l_aux); its parameters are the layer's."""
+
+    def __init__(self, layer: torch.nn.Module, call: Callable[..., torch.Tensor], arguments: dict[str, Any]):
+        super().__init__()
+        self.layer, self._call, self._arguments = layer, call, arguments
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self._call(x, **self._arguments)
+        return y, y.l_aux
+
+
+def _hash(value: Any) -> int:
+    return zlib.crc32(repr(value).encode())  # the same in every process (Python's hash() is salted)
+
+
+class StepGraphs:
+    """The captured steps of one layer (see the module docstring)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._captured: dict[bytes, _Captured] = {}
+
+    def __len__(self) -> int:
+        return len(self._captured)
+
+    def clear(self) -> None:
+        """Drops every captured pair (the next call of each signature captures anew)."""
+        self._captured.clear()
+
+    def run(self, layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,
+            arguments: dict[str, Any]) -> torch.Tensor:
+        """The call through its graphs, or `eager(x, **arguments)` where none may serve it."""
+        named = sorted((name, value if name != "sample_ids" else value is not None) for name, value in arguments.items())
+        signature = (x.dim(), int(x.shape[-1]) if x.dim() else -1, str(x.dtype), x.requires_grad, layer.training, named)
+        tokens = x.numel() // max(int(x.shape[-1]), 1) if x.dim() else 0
+        row = np.array([_hash(signature), _hash(tuple(x.shape)), tokens], dtype=np.int64)
+        comm = layer.comm
+        if comm.size > 1 and comm.mpi_comm is None:
+            raise ValueError(_refused(f"its communicator (from_torch, {comm.size} ranks) has NCCL as its only "
+                                      "channel, so checking a replay's call across ranks would wait for the "
+                                      "stream: use a2a.Comm.from_mpi(device='cuda')"))
+        table = row if comm.size == 1 else all_gather_values(row, layer.flow.context.kept.comm).reshape(-1, 3)
+        if comm.size > 1 and (table[:, 0] != table[0, 0]).any():
+            return eager(x, **arguments)  # its agreement raises MismatchError on every rank, naming the field
+        key = table.tobytes()
+        captured = self._captured.get(key)
+        if captured is None:
+            if len(self._captured) >= self.limit:
+                return eager(x, **arguments)
+            captured = self._captured[key] = _capture(layer, eager, x, arguments)
+        y, l_aux = captured.step(x)
+        y.l_aux = layer.l_aux = l_aux
+        return y
+
+
+def _refused(why: str) -> str:
+    return f"MoELayer(cuda_graphs=...) cannot capture this call: {why}"
+
+
+def check_capturable(layer: Any, arguments: dict[str, Any]) -> None:
+    """Raises ValueError naming why the call of `arguments` cannot be captured, if it cannot."""
+    comm = layer.comm
+    if comm.device != "cuda":
+        raise ValueError(_refused(f"the layer's communicator is a {comm.device} one (move the layer to its GPU: "
+                                  "layer.cuda(), or construct it on a2a.Comm.from_mpi(device='cuda'))"))
+    if comm.transport == "mpi" and comm.size > 1:
+        raise ValueError(_refused("the staged MPI transport waits for the stream before every exchange; "
+                                  "use transport='nccl'"))
+    if layer.flow.name != "expert" or layer.flows or layer.adaptive is not None:
+        raise ValueError(_refused(f"flow {layer.flow.name!r}" + (f" with the dictionary (flows={layer.flows})"
+                                  if layer.flows or layer.adaptive is not None else "")
+                                  + " times its steps, reads counts back or changes its plan between calls; "
+                                  "the expert flow at a fixed (r, d) is captured"))
+    if arguments.get("flow") not in (None, "expert") or arguments.get("sample_ids") is not None:
+        raise ValueError(_refused("flow= and sample_ids= pick flows that read counts back"))
+    gate_index = arguments.get("gate_index", 0)
+    factor = arguments.get("capacity_factor")
+    if factor is None and 0 <= gate_index < len(layer.gates):
+        factor = layer.gates[gate_index].capacity_factor
+    if factor is not None and (factor < 0 or (factor == 0 and layer.dropless_capacity != "worst_case")):
+        raise ValueError(_refused(f"capacity_factor={factor} sizes the capacity from the experts' counts, read "
+                                  "back on the host" + (": construct the layer with dropless_capacity='worst_case'"
+                                                        if factor == 0 else "")))
+
+
+def _capture(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor, arguments: dict[str, Any]) -> _Captured:
+    """Collective: the call's forward and backward captured (after make_graphed_callables' eager runs)."""
+    check_capturable(layer, arguments)
+    sample = x.detach().clone().requires_grad_(x.requires_grad)
+    step = _Step(layer, eager, arguments)
+    with layer._pool.isolated() as buffers:
+        graphed = torch.cuda.make_graphed_callables(step, (sample,), num_warmup_iters=WARMUP_RUNS,
+                                                    allow_unused_input=True)
+    # A check the capture posted (a communicator that predicts its checks) completes now, on every rank:
+    # the replays run no host code to complete it at a next call.
+    context = layer.flow.context
+    for comm in {id(c): c for c in (context.comm, context.exchange_comm)}.values():
+        if comm.predicts_check:
+            comm.check()
+    return _Captured(graphed, buffers)

@@ -1,0 +1,108 @@
+"""MoELayer(cuda_graphs=N) on one GPU (1 rank, NCCL; from_torch on a 1-rank
+gloo group): training steps replayed from CUDA graphs equal the eager
+layer's bitwise, step after step on new tokens, for every r and d that apply
+on one rank, at f > 0 and at f = 0 with the worst-case capacity, through
+MoELayer and Tutel's surface; a replay allocates nothing; what cannot be
+captured is refused (common/graphs.py). Skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+import a2a
+
+torch = pytest.importorskip("torch")
+
+M, H, T = 64, 96, 48
+
+
+@pytest.fixture(scope="module")
+def nccl_comm(cuda_available):
+    from mpi4py import MPI
+
+    if not a2a.config()["nccl"]:
+        pytest.skip("a2a was built without NCCL (a2a.config()['nccl'] is False)")
+    return a2a.Comm.from_mpi(MPI.COMM_SELF, device="cuda")
+
+
+def _layer(comm, factor=1.0, **options):
+    from moe_runtime import MoELayer
+
+    layer = MoELayer({"type": "top", "k": 2, "capacity_factor": factor}, M,
+                     {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": H},
+                     comm=comm, seeds=(3, 4), **options)
+    return layer.to(device=torch.device("cuda", comm.cuda_device), dtype=torch.bfloat16)
+
+
+def _steps(layer, comm, call, steps=4):
+    """Training steps on new tokens each (same shape): every output and gradient, copied out."""
+    device = torch.device("cuda", comm.cuda_device)
+    got = []
+    for step in range(steps):
+        x = torch.randn(T, M, generator=torch.Generator().manual_seed(10 + step)).to(device, torch.bfloat16)
+        x.requires_grad_(True)
+        for p in layer.parameters():
+            p.grad = None
+        y = layer(x, **call)
+        (y.float().square().sum() + y.l_aux).backward()
+        got.append([t.detach().clone() for t in (y, y.l_aux, x.grad, *(p.grad for p in layer.parameters()))])
+    torch.cuda.synchronize()
+    return got
+
+
+CASES = [({}, {"adaptive_r": 0}), ({}, {"adaptive_r": 1}), ({}, {"adaptive_r": 1, "a2a_ffn_overlap_degree": 2}),
+         ({"factor": 0.0, "dropless_capacity": "worst_case"}, {}),
+         ({"batch_prioritized_routing": True}, {})]
+
+
+@pytest.mark.parametrize("options,call", CASES, ids=["r=0", "r=1", "r=1 d=2", "f=0 worst case", "prioritized"])
+def test_replayed_steps_equal_the_eager_ones_bitwise(nccl_comm, options, call):
+    eager = _steps(_layer(nccl_comm, **options), nccl_comm, call)
+    graphed_layer = _layer(nccl_comm, cuda_graphs=2, **options)
+    graphed = _steps(graphed_layer, nccl_comm, call)
+    assert len(graphed_layer.graphs) == 1  # one signature: captured once, replayed after
+    for step, (g, e) in enumerate(zip(graphed, eager)):
+        for i, (a, b) in enumerate(zip(g, e)):
+            assert torch.equal(a, b), f"step {step}, tensor {i}: the replay differs from the eager step"
+
+
+def test_a_replay_allocates_nothing(nccl_comm):
+    layer = _layer(nccl_comm, cuda_graphs=1)
+    _steps(layer, nccl_comm, {}, steps=2)  # captured, then replayed once (the gradients exist)
+    before = torch.cuda.memory_allocated()
+    _steps(layer, nccl_comm, {}, steps=1)
+    assert torch.cuda.memory_allocated() <= before + T * M * 2 * 2  # at most the step's tokens and their grad
+
+
+def test_a_new_signature_is_captured_up_to_the_limit(nccl_comm):
+    layer = _layer(nccl_comm, cuda_graphs=1)
+    _steps(layer, nccl_comm, {}, steps=1)
+    _steps(layer, nccl_comm, {"capacity_factor": 2.0}, steps=1)  # a second signature: eager, past the limit
+    assert len(layer.graphs) == 1
+
+
+def test_tutels_surface_replays_too(nccl_comm):
+    from moe_runtime import moe as tutel_moe
+
+    def make(**options):
+        layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 2, "capacity_factor": 1.0}, model_dim=M,
+                                    experts={"type": "ffn", "count_per_node": 4, "hidden_size_per_expert": H},
+                                    group=nccl_comm, seeds=(1, 2), **options)
+        return layer.to(device=torch.device("cuda", nccl_comm.cuda_device), dtype=torch.bfloat16)
+
+    eager, graphed = _steps(make(), nccl_comm, {}), _steps(make(cuda_graphs=1), nccl_comm, {})
+    for g, e in zip(graphed, eager):
+        assert all(torch.equal(a, b) for a, b in zip(g, e))
+
+
+def test_what_cannot_be_captured_is_refused(nccl_comm):
+    from mpi4py import MPI
+
+    with pytest.raises(ValueError, match="capacity_factor=0.0 sizes the capacity.*dropless_capacity='worst_case'"):
+        _steps(_layer(nccl_comm, factor=0.0, cuda_graphs=1), nccl_comm, {}, steps=1)
+    with pytest.raises(ValueError, match="flow 'dropless'"):
+        _steps(_layer(nccl_comm, factor=0.0, cuda_graphs=1, flow="dropless"), nccl_comm, {}, steps=1)
+    staged = a2a.Comm.from_mpi(MPI.COMM_SELF, device="cuda", transport="mpi")
+    layer = _layer(staged, cuda_graphs=1)  # one rank exchanges with nobody: nothing waits, and it is captured
+    _steps(layer, staged, {}, steps=2)
+    assert len(layer.graphs) == 1

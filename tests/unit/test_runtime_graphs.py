@@ -1,0 +1,157 @@
+"""MoELayer(cuda_graphs=N) where no GPU is: its argument, its refusals
+(common/graphs.check_capturable, on a stand-in for a CUDA communicator),
+and the buffers a capture keeps to itself (BufferPool.isolated). The
+captures and replays themselves: tests/gpu/test_layer_graphs_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import moe_runtime
+from moe_runtime.common.buffers import BufferPool
+from moe_runtime.common.graphs import check_capturable
+
+M = 16
+
+
+def layer_of(comm, factor=1.0, **options):
+    return moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": factor}, M,
+                                {"type": "ffn", "num_experts_per_device": 2, "hidden_size_per_expert": 8},
+                                comm=comm, seeds=(1, 2), **options)
+
+
+@dataclasses.dataclass
+class CudaLike:
+    """What check_capturable reads of a communicator."""
+
+    device: str = "cuda"
+    transport: str = "nccl"
+    size: int = 1
+
+
+CALL = {"gate_index": 0, "capacity_factor": None, "top_k": None, "a2a_ffn_overlap_degree": None,
+        "adaptive_r": None, "algo": None, "flow": None, "sample_ids": None}
+
+
+def refusal(layer, comm=None, **call):
+    layer.comm = comm or CudaLike()
+    try:
+        check_capturable(layer, {**CALL, **call})
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_the_limit_is_a_non_negative_integer(comm, value):
+    with pytest.raises(ValueError, match=f"cuda_graphs must be a non-negative integer.*got {value!r}"):
+        layer_of(comm, cuda_graphs=value)
+
+
+def test_a_training_call_on_a_host_communicator_is_refused_and_inference_runs(comm):
+    layer = layer_of(comm, cuda_graphs=2)
+    x = torch.randn(8, M)
+    with torch.no_grad():
+        eager = layer_of(comm)(x)
+        assert torch.equal(layer(x), eager)  # not recorded: eager, as without graphs
+    with pytest.raises(ValueError, match="cannot capture this call: the layer's communicator is a cpu one"):
+        layer(x)
+    assert len(layer.graphs) == 0
+
+
+def test_what_can_be_captured(comm):
+    assert refusal(layer_of(comm)) is None
+    assert refusal(layer_of(comm), a2a_ffn_overlap_degree=2, adaptive_r=0) is None
+    assert refusal(layer_of(comm, 0.0, dropless_capacity="worst_case")) is None
+    assert refusal(layer_of(comm), CudaLike(transport="mpi")) is None  # one rank exchanges with nobody
+
+
+@pytest.mark.parametrize("case,call,match", [
+    ({"factor": 0.0}, {}, "capacity_factor=0.0 sizes the capacity.*dropless_capacity='worst_case'"),
+    ({"factor": -1.0, "dropless_capacity": "worst_case"}, {}, "capacity_factor=-1.0 sizes the capacity"),
+    ({}, {"capacity_factor": 0.0}, "capacity_factor=0.0"),
+    ({"factor": 0.0, "flow": "dropless"}, {}, "flow 'dropless' times its steps, reads counts back"),
+    ({"factor": 0.0, "parallel_type": "adaptive:auto", "flows": ("dropless",)}, {}, "with the dictionary"),
+    ({}, {"flow": "dropless"}, "flow= and sample_ids="),
+], ids=["f=0", "f<0", "call f=0", "dropless flow", "dictionary", "call flow"])
+def test_what_is_refused(comm, case, call, match):
+    case = dict(case)
+    layer = layer_of(comm, case.pop("factor", 1.0), **case)
+    assert refusal(layer, **call) is not None
+    with pytest.raises(ValueError, match=match):
+        layer.comm = CudaLike()
+        check_capturable(layer, {**CALL, **call})
+
+
+def test_the_staged_transport_is_refused_across_ranks(comm):
+    why = refusal(layer_of(comm), CudaLike(transport="mpi", size=2))
+    assert "staged MPI transport waits for the stream" in why
+
+
+def test_a_capture_keeps_its_buffers_to_itself():
+    pool = BufferPool()
+    eager = pool.lease()
+    eager.get("a", (4,), torch.float32, torch.device("cpu"))
+    del eager  # the pool's one free set
+    with pool.isolated() as captured:
+        lease = pool.lease()  # not the pool's set: a new one
+        buffer = lease.get("a", (4,), torch.float32, torch.device("cpu"))
+    del lease  # back to the capture's list, after the isolation ended
+    assert len(captured) == 1 and captured[0]["a"].data_ptr() == buffer.data_ptr()
+    assert [address for _, address, _ in pool.snapshot()] != [buffer.data_ptr()] and len(pool.snapshot()) == 1
+    assert pool.lease()._buffers is not captured[0]
+
+
+@pytest.fixture
+def capture_on_the_host(monkeypatch):
+    """Captures that run the step eagerly, on any communicator: the bookkeeping around
+    make_graphed_callables (signatures, the limit, the buffers) without a GPU. Returns the captures made."""
+    from moe_runtime.common import graphs
+
+    made = []
+
+    def capture(step, sample_args, **options):
+        made.append((step, tuple(t.shape for t in sample_args), options))
+        y, l_aux = step(*sample_args)  # as make_graphed_callables' warm-up and capture run it, inside the isolation
+        (y.sum() + l_aux).backward()
+        return step  # its "replays" run it eagerly, outside
+
+    monkeypatch.setattr(graphs, "check_capturable", lambda layer, arguments: None)
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
+    return made
+
+
+def test_one_capture_per_signature_up_to_the_limit(comm, capture_on_the_host):
+    layer, eager = layer_of(comm, cuda_graphs=2), layer_of(comm)
+    for tokens, call in ((8, {}), (8, {}), (5, {}), (8, {"capacity_factor": 2.0}), (5, {})):
+        x = torch.randn(tokens, M, generator=torch.Generator().manual_seed(tokens))
+        y = layer(x.requires_grad_(), **call)
+        want = eager(x, **call)
+        assert torch.equal(y, want) and torch.equal(y.l_aux, want.l_aux) and layer.l_aux is y.l_aux
+    # (8,) and (5,) captured; f = 2 is a third signature, past the limit: eager.
+    assert [shapes for _, shapes, _ in capture_on_the_host] == [((8, M),), ((5, M),)]
+    assert capture_on_the_host[0][2] == {"num_warmup_iters": 3, "allow_unused_input": True}
+    assert len(layer.graphs) == 2
+    layer.place(layer.placement)  # the positions may change: the captures go
+    assert len(layer.graphs) == 0
+
+
+def test_a_capture_takes_buffers_no_eager_call_shares(comm, capture_on_the_host):
+    layer = layer_of(comm, cuda_graphs=1)
+    x = torch.randn(8, M, requires_grad=True)
+    layer(x).sum().backward()  # the capture's run inside the isolation, then a "replay" (eager) outside
+    captured = next(iter(layer.graphs._captured.values()))
+    kept = {t.data_ptr() for buffers in captured.buffers for t in buffers.values()}
+    assert kept and not kept & {address for _, address, _ in layer._pool.snapshot()}
+
+
+def test_moving_the_layer_drops_its_captures(comm, capture_on_the_host):
+    layer = layer_of(comm, cuda_graphs=1)
+    layer(torch.randn(8, M, requires_grad=True))
+    assert len(layer.graphs) == 1
+    layer.double()  # new parameter tensors: a replay would read the old ones
+    assert len(layer.graphs) == 0
