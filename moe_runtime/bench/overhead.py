@@ -25,8 +25,9 @@ Peers, each where it is installed (``make peers``; otherwise its row says
 so): Tutel's ``moe_layer`` and Megatron-Core's ``MoELayer`` (the
 ``allgather`` token dispatcher: its ``alltoall`` one creates CUDA streams;
 its router moves its weight to CUDA, so a router with the same linear stays
-on the CPU). Every layer has the same sizes, top-2, capacity factor 1 and no
-biases; they run on a one-process gloo group.
+on the CPU): moe_runtime.bench.peers builds them over the weights of our
+layer. Every layer has the same sizes, top-2, capacity factor 1 and no
+biases; the peers run on a one-process gloo group.
 """
 
 from __future__ import annotations
@@ -34,12 +35,8 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import importlib.metadata
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,13 +77,6 @@ class Layer:
     ours: bool = False
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 def _step(forward: Callable[[], Any], parameters: Any, x: Any) -> Callable[[], None]:
     """forward() -> loss, then its backward; gradients are reset to None (no op) before each step."""
     params = list(parameters)
@@ -115,67 +105,45 @@ def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
 
     from moe_runtime import MoELayer
 
+    from .peers import installed_version
+
     gate = {"type": "top", "k": 2, "capacity_factor": 1.0}
     experts = {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
                "has_fc1_bias": False, "has_fc2_bias": False}
     layer = MoELayer(gate, args.model_dim, experts, comm=comm, seeds=(1, 2))
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
-    return Layer("moe_runtime", _version("a2a"), _step(_sum_and_l_aux(layer, x), layer.parameters(), x), ours=True)
+    step = _step(_sum_and_l_aux(layer, x), layer.parameters(), x)
+    return Layer("moe_runtime", installed_version("a2a"), step, ours=True)
 
 
-def tutel(tokens: int, args: argparse.Namespace) -> Layer:
-    try:
-        import torch
-        from tutel import moe as tutel_moe
-    except ImportError:
-        return Layer("tutel", missing="not installed (make peers)")
+def peers(tokens: int, args: argparse.Namespace) -> list[Layer]:
+    """Tutel's and Megatron-Core's layers over the weights of our layer on one
+    rank (moe_runtime.bench.peers), where installed; on rank 0 alone."""
+    import torch
+    from mpi4py import MPI
+
+    import a2a
+    from moe_runtime import MoELayer
+
+    from .peers import megatron_peer, tutel_peer
+
+    gate = {"type": "top", "k": 2, "capacity_factor": 1.0}
     experts = {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
-               "activation_fn": torch.nn.functional.relu,  # Tutel's default refers to an unimported name
                "has_fc1_bias": False, "has_fc2_bias": False}
-    layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 2, "capacity_factor": 1.0}, model_dim=args.model_dim,
-                                experts=experts, seeds=(1, 2, 3))
+    source = MoELayer(gate, args.model_dim, experts, comm=a2a.Comm.from_mpi(MPI.COMM_SELF), seeds=(1, 2))
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
-    return Layer("tutel", _version("tutel"), _step(_sum_and_l_aux(layer, x), layer.parameters(), x))
+    layers = []
+    for peer in (tutel_peer(source, 1.0), megatron_peer(source, 1.0, "allgather")):
+        if peer.forward is None:
+            layers.append(Layer(peer.name, missing=peer.missing))
+            continue
 
+        def forward(peer=peer):
+            y, l_aux = peer.forward(x)
+            return y.sum() if l_aux is None else y.sum() + l_aux  # Megatron's auxiliary loss rides in its graph
 
-def megatron(tokens: int, args: argparse.Namespace) -> Layer:
-    try:
-        import megatron.core
-        import torch
-        from megatron.core import parallel_state
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.moe.moe_layer import MoELayer
-        from megatron.core.transformer.moe.router import TopKRouter
-        from megatron.core.transformer.transformer_config import TransformerConfig
-    except ImportError:
-        return Layer("megatron-core", missing="not installed (make peers)")
-
-    class CpuRouter(TopKRouter):
-        """The router's linear where its weight is: TopKRouter.gating moves
-        the weight to CUDA, and its fused linear needs Transformer Engine."""
-
-        def gating(self, inputs):
-            dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, inputs.dtype)
-            bias = None if self.bias is None else self.bias.to(dtype)
-            return torch.nn.functional.linear(inputs.to(dtype), self.weight.to(dtype), bias)
-
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
-    config = TransformerConfig(
-        num_layers=1, hidden_size=args.model_dim, ffn_hidden_size=args.model_dim,
-        moe_ffn_hidden_size=args.model_dim, num_attention_heads=1, num_moe_experts=args.experts,
-        moe_router_topk=2, moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True,
-        moe_token_dispatcher_type="allgather", moe_grouped_gemm=False, moe_aux_loss_coeff=1e-2,
-        add_bias_linear=False, use_cpu_initialization=True, params_dtype=torch.float32)
-    spec = get_gpt_layer_local_spec(num_experts=args.experts, moe_grouped_gemm=False)
-    layer = MoELayer(config, dataclasses.replace(spec.submodules.mlp.submodules, router=CpuRouter))
-    x = torch.randn(tokens, 1, args.model_dim, requires_grad=True)  # (sequence, batch, hidden)
-
-    def forward():
-        y, _ = layer(x)
-        return y.sum()  # the auxiliary loss rides on the graph (MoEAuxLossAutoScaler)
-
-    return Layer("megatron-core", megatron.core.__version__, _step(forward, layer.parameters(), x))
+        layers.append(Layer(peer.name, peer.version, _step(forward, peer.module.parameters(), x)))
+    return layers
 
 
 def count(step: Callable[[], None], ours_layer: bool) -> dict[str, int]:
@@ -230,26 +198,6 @@ def timed(steps: list[Callable[[], None]], args: argparse.Namespace, barrier: Ca
     return [statistics.median(s) for s in samples]
 
 
-def _start_gloo() -> Callable[[], None]:
-    """A one-process torch.distributed group for the peers (they take the
-    default group); returns what ends it (and Megatron's state on it)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return lambda: None
-    store = os.path.join(tempfile.mkdtemp(prefix="a2a-overhead-"), "store")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-
-    def end() -> None:
-        parallel_state = sys.modules.get("megatron.core.parallel_state")
-        if parallel_state is not None and parallel_state.model_parallel_is_initialized():
-            parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
-        shutil.rmtree(os.path.dirname(store), ignore_errors=True)
-
-    return end
-
-
 def measure(args: argparse.Namespace) -> list[str]:
     """The table's lines on rank 0 (none on the others)."""
     import torch
@@ -259,7 +207,9 @@ def measure(args: argparse.Namespace) -> list[str]:
     torch.set_num_threads(1)
     comm = a2a.Comm.from_mpi()
     lead = comm.rank == 0
-    end = _start_gloo() if lead else (lambda: None)
+    from .peers import start_group
+
+    end = start_group("cpu") if lead else (lambda: None)
     try:
         lines = _measure(args, comm, lead)
     finally:
@@ -285,7 +235,7 @@ def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
         torch.manual_seed(tokens)
         layers = [ours(comm, tokens, args)]
         if lead:
-            layers += [tutel(tokens, args), megatron(tokens, args)]
+            layers += peers(tokens, args)
         running = [layer for layer in layers if layer.step is not None]
         for layer in running:
             for _ in range(5):  # buffers, scratch and first choices are made once
