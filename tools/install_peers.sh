@@ -9,8 +9,9 @@
 set -euo pipefail
 
 PY=${PY:-.venv/bin/python}
-MEGATRON_CORE=megatron-core==0.16.1
-TUTEL_COMMIT=82af7aad9fc3ec981395ba97e7242a480984a55e
+# shellcheck source=tools/peers.env
+. "$(dirname "$0")/peers.env"
+MEGATRON_CORE=megatron-core==$MEGATRON_CORE_VERSION
 TUTEL_SRC=${TUTEL_SRC:-git+https://github.com/microsoft/tutel@$TUTEL_COMMIT}
 
 # --no-deps: both need only numpy, packaging and torch, which the venv has

@@ -29,17 +29,24 @@ GPU"). ``--gpu-step`` is the issue's comparison on one GPU, in seconds::
     python -m moe_runtime.bench --gpu-step --json step.json
 
 which is ``--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens
-4096 --peer-factors 1 -M 1024 -H 1024 -E 8 -k 2 -w 3 -r 10 --switch-pairs 0
+4096,16384 --peer-factors 1 -M 1024 -H 1024 -E 8 -k 2 -w 3 -r 10 --switch-pairs 0
 --dropless-factors '' --dynamic-steps 0``: no sweep (``--tokens 0``), the
-T = 4096, f = 1 case alone: the dictionary's search, then the step, its
-expert compute and GShard taking turns, 10 rounds after 3 warm-up steps.
-Flags given with it win (``--device cpu`` and smaller sizes: the same run on
-the CPU). Its JSON: ``summaries[0]`` holds ``adaptive.time_ms`` (the step),
-``adaptive.config``, ``expert.time_ms``, ``step_vs_expert``, ``gshard_ms``
-and ``gshard_vs_step``; ``targets`` the ``expert`` (step within 1.15x of its
-expert compute) and ``gshard`` (>= 4x faster than GShard at the issue's
-size) verdicts, ``met`` or ``missed``, with those numbers per case;
-``device``, ``gpu`` and ``transport`` say where it ran.
+T = 4096 and 16384, f = 1 cases alone: the dictionary's search, then the
+step, its expert compute, the same step replayed from CUDA graphs
+(``MoELayer(cuda_graphs=1)``), Tutel's and Megatron-Core's layers over the
+same weights (moe_runtime.bench.peers, where installed: the GPU check's kit
+installs them) and GShard taking turns, 10 rounds after 3 warm-up steps.
+Before, on one rank, every peer is checked against the layer in float64
+(``peers_check``). Flags given with it win (``--device cpu`` and smaller
+sizes: the same run on the CPU, without the graphed row). Its JSON: each
+comparison summary holds ``adaptive.time_ms`` (the step),
+``adaptive.config``, ``expert.time_ms``, ``step_vs_expert``, ``gshard_ms``,
+``gshard_vs_step``, ``graphed_ms``, ``graphed_vs_expert`` and ``peers``
+(name -> ``time_ms``, ``vs_step``; or ``missing``); ``targets`` the
+``expert`` (step within 1.15x of its expert compute) and ``gshard`` (>= 4x
+faster than GShard at the issue's size) verdicts, ``met`` or ``missed``,
+with those numbers per case (tools/gpu_check/targets.py judges the GPU
+issue's own); ``device``, ``gpu`` and ``transport`` say where it ran.
 
 The layer: ``E`` experts (``--experts``; ``E / W`` per rank, or ``W / E``
 ranks sharing one), model dim ``M``, hidden ``H``, the top-k gate, Tutel's
@@ -160,6 +167,7 @@ from .layer_plot import write_plot
 from .layer_summary import evaluate_targets
 from .layer_tables import (
     dropless_header_lines,
+    format_comparison,
     format_dropless,
     format_row,
     format_summary,
@@ -200,6 +208,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     import a2a
 
     from .peer import check_peer
+    from .peers import check_peers, start_group
 
     torch.set_num_threads(args.threads)
     world = MPI.COMM_WORLD
@@ -252,6 +261,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             f"max |l_aux - l_aux_gshard| {peer_check.loss_error:.2g}: {'OK' if peer_check.passed else 'FAILED'}")
     elif not args.no_peer:
         say("# note: no GShard peer: it needs whole experts on each rank (E >= ranks)")
+    peers_check: list = []
+    end_group = lambda: None  # the peers' torch.distributed group, where they run
+    if comm.size == 1 and args.peer_tokens:  # Tutel and Megatron-Core (moe_runtime.bench.peers) on one rank
+        end_group = start_group(args.device)
+        peers_check = check_peers(comm, experts=args.experts, top_k=args.top_k)
+        for result in peers_check:
+            if result.missing:
+                say(f"# peer check {result.name}: {result.missing}")
+                continue
+            failed = failed or not result.passed
+            say(f"# peer check {result.name} {result.version} (float64, f=0, T=48, M=16, H=32, within "
+                f"{result.tolerance:g}: it routes in float32): max |y - y_peer| {result.output_error:.2g}, "
+                f"max |dx - dx_peer| {result.grad_error:.2g}: {'OK' if result.passed else 'FAILED'}")
     say("#")
 
     rows: list[dict] = []
@@ -274,6 +296,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         say(line)
     for summary in summaries:
         say(format_summary(summary))
+    for summary in summaries:
+        line = format_comparison(summary)
+        if line:
+            say(line)
     if args.prior:
         say("#")
         say(f"# prior: a2a.sim preset {args.prior}, factor {args.prior_factor:g}: trials of the search with the "
@@ -325,7 +351,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     for line in target_lines(targets):
         say(line)
     if failed:
-        say("# the GShard peer does not compute what the layer computes: its times compare nothing")
+        say("# a peer does not compute what the layer computes (its check above): its times compare nothing")
 
     if lead and args.json:
         import json
@@ -349,6 +375,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             "valid_rs": list(layer.valid_rs),
             "peer_check": None if peer_check is None else {**vars(peer_check), "factors": list(peer_check.factors),
                                                            "passed": peer_check.passed},
+            "peers_check": [{**vars(result), "passed": result.passed} for result in peers_check],
             "rows": rows,
             "summaries": summaries,
             "targets": targets,
@@ -360,5 +387,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             fh.write("\n")
     if lead and args.plot:
         write_plot(args.plot, rows, summaries)
+    end_group()
     return 1 if failed else 0
 

@@ -283,6 +283,36 @@ class LayerBench:
 
         return step
 
+    def comparison_timings(self, x: Any, factor: float, plan: Any) -> tuple[list[Timing], dict[str, str]]:
+        """On one rank, beside the step: the same step replayed from CUDA
+        graphs (on a GPU), and Tutel's and Megatron-Core's layers over the
+        layer's weights (moe_runtime.bench.peers; Megatron-Core's without the
+        experts' biases, which its linears do not take here). Returns the
+        timings and, by name, why a peer is missing."""
+        from .peers import megatron_peer, tutel_peer
+
+        timings = []
+        if self.args.device == "cuda":
+            graphed = self.new_layer(cuda_graphs=1)
+            timings.append(Timing("graphed", self.layer_step(graphed, x, capacity_factor=factor, adaptive_r=plan.r,
+                                                             a2a_ffn_overlap_degree=plan.d, algo=plan.algo),
+                                  plan.r, plan.d, plan.algo))
+        dispatcher = "alltoall" if self.args.device == "cuda" else "allgather"
+        missing = {}
+        for peer in (tutel_peer(self.layer, factor), megatron_peer(self.layer, factor, dispatcher, drop_biases=True)):
+            if peer.forward is None:
+                missing[peer.name] = peer.missing
+                continue
+
+            def step(peer=peer) -> None:
+                x.grad = None
+                peer.module.zero_grad(set_to_none=True)
+                y, l_aux = peer.forward(x)
+                (y.sum() if l_aux is None else y.sum() + l_aux).backward()  # Megatron's l_aux rides in its graph
+
+            timings.append(Timing(peer.name, step))
+        return timings, missing
+
     # -- one case ----------------------------------------------------------------------------------------
     def run_case(self, case: Case) -> tuple[list[dict], dict]:
         """The rows and the summary of one (T, f)."""
@@ -312,6 +342,10 @@ class LayerBench:
         timings.append(Timing("expert", expert_step, plan.r))
         if self.peer is not None:
             timings.append(Timing("gshard", self.peer_step(x, case.factor)))
+        missing: dict[str, str] = {}
+        if case.comparison and self.comm.size == 1 and not args.no_peer:
+            compared, missing = self.comparison_timings(x, case.factor, plan)
+            timings += compared
 
         for timing in timings:
             for _ in range(args.warmup):
@@ -336,6 +370,7 @@ class LayerBench:
             tuning["trials_without_prior"] = trials_without_prior(rows, tuning, self.layer.valid_rs, args,
                                                                   self.comm.num_nodes > 1 and self.comm.local_size > 1)
         summary = summarize(case, rows, tuning, expert_shape, plan)
+        summary["peers"].update({name: {"missing": why} for name, why in missing.items()})
         # Switching r: the sweep cases only (a comparison case's steps cost seconds each).
         if not case.comparison and len(self.layer.valid_rs) > 1 and args.switch_pairs:
             summary["switch"] = summarize_switch(*self.switch_pairs(x, case.factor, plan))

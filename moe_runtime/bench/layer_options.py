@@ -28,20 +28,22 @@ ISSUE_SIZE = {"tokens": 4096, "model_dim": 1024, "hidden": 1024, "experts": 8, "
 DEFAULTS = {
     "tokens": 256, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factors": [1.0, 2.0, 4.0, 8.0],
     "degrees": [1, 2, 4, 8], "algos": list(ALGOS), "warmup": 1, "repeats": 3, "tune_repeats": 3,
-    "peer_tokens": 4096, "peer_factors": [1.0], "switch_pairs": 15, "dropless_factors": [1.25, 2.0, 4.0],
+    "peer_tokens": [4096], "peer_factors": [1.0], "switch_pairs": 15, "dropless_factors": [1.25, 2.0, 4.0],
     "dynamic_steps": 8,
 }
 QUICK = {
     "tokens": 64, "model_dim": 32, "hidden": 64, "experts": 8, "top_k": 2, "factors": [1.0, 2.0],
     "degrees": [1, 2], "algos": list(ALGOS), "warmup": 1, "repeats": 1, "tune_repeats": 1,
-    "peer_tokens": 128, "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
+    "peer_tokens": [128], "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
     "dynamic_steps": 2,
 }
-# --gpu-step: the issue's comparison on one GPU alone, 1 rank (the T = 4096
-# case: the step, its expert compute and GShard), bfloat16, no sweep, no
-# dropless or dynamic rows; flags given with it still win.
+# --gpu-step: the issue's comparison on one GPU alone, 1 rank (T = 4096 and
+# 16384: the step, its expert compute, the graphed step, Tutel, Megatron-Core
+# and GShard), bfloat16, no sweep, no dropless or dynamic rows; flags given
+# with it still win.
 GPU_STEP = {
-    **DEFAULTS, "device": "cuda", "np": 1, "dtype": "bfloat16", "tokens": 0, "peer_tokens": ISSUE_SIZE["tokens"],
+    **DEFAULTS, "device": "cuda", "np": 1, "dtype": "bfloat16", "tokens": 0,
+    "peer_tokens": [ISSUE_SIZE["tokens"], 16384],
     "model_dim": ISSUE_SIZE["model_dim"], "hidden": ISSUE_SIZE["hidden"], "experts": ISSUE_SIZE["experts"],
     "top_k": ISSUE_SIZE["top_k"], "peer_factors": [ISSUE_SIZE["factor"]], "warmup": 3, "repeats": 10,
     "switch_pairs": 0, "dropless_factors": [], "dynamic_steps": 0,
@@ -82,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--degrees", type=_int_list,
                    help=f"pipelining degrees d, comma list (default {','.join(map(str, d['degrees']))})")
     p.add_argument("--algos", help="all-to-all algorithms, comma list of linear, 2dh (default linear,2dh)")
-    p.add_argument("--peer-tokens", type=int, help="tokens per rank of the cases for the GShard comparison "
-                   f"(default {d['peer_tokens']}; 0: none)")
+    p.add_argument("--peer-tokens", type=_int_list, help="tokens per rank of the comparison's cases (GShard, "
+                   f"and on one rank Tutel and Megatron-Core), comma list (default "
+                   f"{','.join(map(str, d['peer_tokens']))}; 0: none)")
     p.add_argument("--peer-factors", type=_float_list,
                    help=f"capacity factors of those cases (default {','.join(f'{f:g}' for f in d['peer_factors'])})")
     p.add_argument("--dropless-factors", type=_float_list, help="capacity factors at which the capacity "
@@ -150,7 +153,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--hidden", args.hidden, 1),
         ("--experts", args.experts, 1),
         ("--top-k", args.top_k, 1),
-        ("--peer-tokens", args.peer_tokens, 0),
+        *(("--peer-tokens", tokens, 0) for tokens in args.peer_tokens),
         ("--warmup", args.warmup, 0),
         ("--repeats", args.repeats, 1),
         ("--tune-repeats", args.tune_repeats, 1),
@@ -189,8 +192,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         missing = plot.matplotlib_missing()
         if missing is not None:  # refused now, not after a sweep of minutes
             parser.error(missing)
+    args.peer_tokens = [tokens for tokens in args.peer_tokens if tokens]  # 0: none
     if args.no_peer or not args.peer_factors:
-        args.peer_tokens = 0
+        args.peer_tokens = []
     if not args.tokens:  # no sweep: the dropless and dynamic rows run at its tokens
         args.dropless_factors, args.dynamic_steps = [], 0
         if not args.peer_tokens:
@@ -227,6 +231,5 @@ def cases(args: argparse.Namespace) -> list[Case]:
     """The sweep's cases (--tokens at every --factors), then the comparison's
     (--peer-tokens at every --peer-factors)."""
     found = [Case(args.tokens, f, False) for f in args.factors] if args.tokens else []
-    if args.peer_tokens:
-        found += [Case(args.peer_tokens, f, True) for f in args.peer_factors]
+    found += [Case(tokens, f, True) for tokens in args.peer_tokens for f in args.peer_factors]
     return found

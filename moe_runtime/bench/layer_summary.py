@@ -20,6 +20,7 @@ STEP_VS_EXPERT_MAX = 1.15  # adaptive time / expert compute time
 SWITCH_VS_STEP_MAX = 0.01  # (first step after a switch of r - a steady step) / the steady step
 GSHARD_VS_STEP_MIN = 4.0  # GShard time / adaptive time
 TUNING_STEP_LIMIT = 10_000  # a search that takes more steps than this is a bug
+PEER_KINDS = ("tutel", "megatron-core")  # the rows of moe_runtime.bench.peers' layers
 
 
 def config_label(r: int | None, d: int | None, algo: str | None) -> str:
@@ -55,6 +56,7 @@ def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int
     adaptive_ms = by_kind["adaptive"]["time_ms"]
     expert_ms = by_kind["expert"]["time_ms"]
     gshard = by_kind.get("gshard")
+    graphed = by_kind.get("graphed")
 
     def config(row: dict | None) -> dict | None:
         if row is None:
@@ -77,6 +79,11 @@ def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int
         "step_vs_expert": adaptive_ms / expert_ms,
         "gshard_ms": None if gshard is None else gshard["time_ms"],
         "gshard_vs_step": None if gshard is None else gshard["time_ms"] / adaptive_ms,
+        "graphed_ms": None if graphed is None else graphed["time_ms"],
+        "graphed_vs_expert": None if graphed is None else graphed["time_ms"] / expert_ms,
+        # Tutel's and Megatron-Core's layers over the same weights (rows of their names): their time over the step's
+        "peers": {name: {"time_ms": row["time_ms"], "vs_step": row["time_ms"] / adaptive_ms}
+                  for name, row in by_kind.items() if name in PEER_KINDS},
         "switch": None,
     }
 

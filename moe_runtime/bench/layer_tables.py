@@ -40,6 +40,17 @@ def format_summary(s: dict) -> str:
     )
 
 
+def format_comparison(s: dict) -> str | None:
+    """A comparison case's graphed step and peers (one rank), or None without them."""
+    parts = []
+    if s.get("graphed_ms") is not None:
+        parts.append(f"graphed {s['graphed_ms']:.2f} ms ({s['graphed_vs_expert']:.2f}x expert)")
+    for name, peer in (s.get("peers") or {}).items():
+        parts.append(f"{name}: {peer['missing']}" if "missing" in peer
+                     else f"{name} {peer['time_ms']:.2f} ms ({peer['vs_step']:.2f}x the step)")
+    return f"# T={s['tokens']} f={s['factor']:g}: " + "; ".join(parts) if parts else None
+
+
 _DROPLESS = "{:>11}  {:>6}  {:>7}  {:>10}  {:>11}  {:>9}  {:>9}  {:>8}  {:>9}  {:>11}"
 
 

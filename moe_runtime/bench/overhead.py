@@ -4,6 +4,7 @@ the host, for this layer and the layers users would pick instead, in one run.
     python -m moe_runtime.bench --overhead                  # 1 rank: T = 16 and 4096, M = H = 64, E = 2, k = 2, f = 1
     python -m moe_runtime.bench --overhead --np 4           # ours on 4 ranks (the peers run on one)
     python -m moe_runtime.bench --overhead --tokens 16 --steps 20 --repetitions 3   # seconds
+    python -m moe_runtime.bench --overhead --capacity-factor 0 --dropless-capacity worst_case   # dropless
 
 At tiny sizes the work is negligible and a step's time is host overhead, the
 part a GPU cannot hide: every torch op is at least one launch there, and
@@ -26,8 +27,11 @@ so): Tutel's ``moe_layer`` and Megatron-Core's ``MoELayer`` (the
 ``allgather`` token dispatcher: its ``alltoall`` one creates CUDA streams;
 its router moves its weight to CUDA, so a router with the same linear stays
 on the CPU): moe_runtime.bench.peers builds them over the weights of our
-layer. Every layer has the same sizes, top-2, capacity factor 1 and no
-biases; the peers run on a one-process gloo group.
+layer. Every layer has the same sizes, top-2, the capacity factor of
+``--capacity-factor`` (default 1; 0: dropless, Megatron-Core's without a
+capacity) and no biases; the peers run on a one-process gloo group.
+``--dropless-capacity`` is our layer's ``dropless_capacity`` (at f = 0:
+"largest", read back, or "worst_case", T).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-DEFAULTS = {"tokens": "16,4096", "model_dim": 64, "experts": 2, "steps": 50, "repetitions": 7}
+DEFAULTS = {"tokens": "16,4096", "model_dim": 64, "experts": 2, "steps": 50, "repetitions": 7, "capacity_factor": 1.0}
 # torch ops whose output's size depends on tensor values: the host waits for them on a GPU.
 SIZED_BY_VALUES = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
                    "repeat_interleave", "bincount", "histc", "argwhere"}
@@ -56,6 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--experts", type=int, default=DEFAULTS["experts"], help="experts per rank (default 2)")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="steps per timed sample (default 50)")
     p.add_argument("--repetitions", type=int, default=DEFAULTS["repetitions"], help="timed samples (default 7)")
+    p.add_argument("--capacity-factor", type=float, default=DEFAULTS["capacity_factor"],
+                   help="every layer's capacity factor (default 1; 0: dropless)")
+    p.add_argument("--dropless-capacity", default="largest", choices=("largest", "worst_case"),
+                   help="our layer's capacity at factor 0 (default largest: read back)")
     args = p.parse_args(argv)
     try:
         args.tokens = [int(t) for t in str(args.tokens).split(",")]
@@ -63,6 +71,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--tokens must be a comma-separated list of integers, got {args.tokens!r}")
     if min(args.tokens) < 1 or args.np < 1 or args.steps < 1 or args.repetitions < 1:
         p.error("--tokens, --np, --steps and --repetitions must be >= 1")
+    if args.capacity_factor < 0:
+        p.error(f"--capacity-factor must be >= 0, got {args.capacity_factor:g}")
     return args
 
 
@@ -100,6 +110,15 @@ def _sum_and_l_aux(layer: Any, x: Any) -> Callable[[], Any]:
     return forward
 
 
+def _gate(args: argparse.Namespace) -> dict[str, Any]:
+    return {"type": "top", "k": 2, "capacity_factor": args.capacity_factor}
+
+
+def _experts(args: argparse.Namespace) -> dict[str, Any]:
+    return {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
+            "has_fc1_bias": False, "has_fc2_bias": False}
+
+
 def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
     import torch
 
@@ -107,10 +126,8 @@ def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
 
     from .peers import installed_version
 
-    gate = {"type": "top", "k": 2, "capacity_factor": 1.0}
-    experts = {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
-               "has_fc1_bias": False, "has_fc2_bias": False}
-    layer = MoELayer(gate, args.model_dim, experts, comm=comm, seeds=(1, 2))
+    layer = MoELayer(_gate(args), args.model_dim, _experts(args), comm=comm, seeds=(1, 2),
+                     dropless_capacity=args.dropless_capacity)
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
     step = _step(_sum_and_l_aux(layer, x), layer.parameters(), x)
     return Layer("moe_runtime", installed_version("a2a"), step, ours=True)
@@ -127,13 +144,12 @@ def peers(tokens: int, args: argparse.Namespace) -> list[Layer]:
 
     from .peers import megatron_peer, tutel_peer
 
-    gate = {"type": "top", "k": 2, "capacity_factor": 1.0}
-    experts = {"type": "ffn", "count_per_node": args.experts, "hidden_size_per_expert": args.model_dim,
-               "has_fc1_bias": False, "has_fc2_bias": False}
-    source = MoELayer(gate, args.model_dim, experts, comm=a2a.Comm.from_mpi(MPI.COMM_SELF), seeds=(1, 2))
+    source = MoELayer(_gate(args), args.model_dim, _experts(args), comm=a2a.Comm.from_mpi(MPI.COMM_SELF),
+                      seeds=(1, 2))
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
     layers = []
-    for peer in (tutel_peer(source, 1.0), megatron_peer(source, 1.0, "allgather")):
+    factor = args.capacity_factor
+    for peer in (tutel_peer(source, factor), megatron_peer(source, factor, "allgather")):
         if peer.forward is None:
             layers.append(Layer(peer.name, missing=peer.missing))
             continue
@@ -225,8 +241,9 @@ def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
 
     world = MPI.COMM_WORLD
     turns = "all in turns" if comm.size == 1 else "ours (the slowest rank), then the peers in turns"
+    factor = f"f = {args.capacity_factor:g}" + (f" ({args.dropless_capacity})" if args.capacity_factor == 0 else "")
     header = (f"# one training step (forward + backward) per layer: M = H = {args.model_dim}, {args.experts} experts "
-              f"per rank, top-2, f = 1, float32, torch {torch.__version__}, 1 thread; ours on {comm.size} rank(s), "
+              f"per rank, top-2, {factor}, float32, torch {torch.__version__}, 1 thread; ours on {comm.size} rank(s), "
               f"the peers on 1; median of {args.repetitions} x {args.steps} steps, {turns}")
     columns = (f"{'T':>6} {'layer':<14} {'version':<12} {'ops':>5} {'native':>6} {'reads':>5} {'rounds':>6} "
                f"{'allocs':>6} {'us':>9} {'us/ours':>8}")

@@ -104,9 +104,12 @@ def tutel_peer(layer: Any, factor: float) -> Peer:
     return Peer("tutel", installed_version("tutel"), module, forward)
 
 
-def megatron_peer(layer: Any, factor: float, dispatcher: str, aux_loss: float = 1e-2) -> Peer:
+def megatron_peer(layer: Any, factor: float, dispatcher: str, aux_loss: float = 1e-2,
+                  drop_biases: bool = False) -> Peer:
     """Megatron-Core's MoELayer over `layer`'s gate and experts (see the
-    module docstring); needs ``start_group()`` first."""
+    module docstring); needs ``start_group()`` first. ``drop_biases``: a layer
+    with expert biases gives its weights alone (a peer of the same cost, not
+    of the same function: timing only)."""
     try:
         import megatron.core
         from megatron.core import parallel_state
@@ -117,7 +120,8 @@ def megatron_peer(layer: Any, factor: float, dispatcher: str, aux_loss: float = 
     except ImportError:
         return Peer("megatron-core", missing=MISSING)
     num_experts, model_dim, hidden, k = _sizes(layer)
-    if layer.experts.batched_fc1_bias is not None or layer.experts.batched_fc2_bias is not None:
+    biased = layer.experts.batched_fc1_bias is not None or layer.experts.batched_fc2_bias is not None
+    if biased and not drop_biases:
         raise ValueError("Megatron-Core's experts have no biases here: give the layer none to compare")
     weight = layer.gates[0].wg.weight
 
@@ -226,7 +230,7 @@ def check_peers(comm: Any, *, experts: int = 8, top_k: int = 2, tokens: int = 48
                                                    aux_loss=0.0)]
     for peer in peers:
         if peer.forward is None:
-            results.append(PeerAgreement(peer.name, peer.version, missing=peer.missing))
+            results.append(PeerAgreement(peer.name, peer.version, tolerance=tolerance, missing=peer.missing))
             continue
         y_peer, dx_peer = run(peer.forward)
         errors = np.array([float((y - y_peer).abs().max()), float((dx - dx_peer).abs().max())])

@@ -67,7 +67,10 @@ def local_capacity(rule: str, factor: float, indices: torch.Tensor, num_experts:
         return rule_capacity(rule, factor, num_tokens, num_experts, top_k)
     if factor == 0 and dropless == "worst_case":
         return max(num_tokens, 1)
-    counts = torch.bincount(indices.reshape(-1), minlength=num_experts)
+    # Each expert's count by a scatter, not bincount, whose output size depends on the values (on a GPU, a
+    # second stream sync before the one read of the largest count).
+    chosen = indices.reshape(-1)
+    counts = chosen.new_zeros(num_experts).scatter_add_(0, chosen, torch.ones_like(chosen))
     needed = max(int(counts.max()) if counts.numel() else 0, 1)
     if factor < 0:
         needed = min(needed, rule_capacity(rule, -factor, num_tokens, num_experts, top_k))

@@ -50,9 +50,10 @@ def test_flags():
          "--peer-factors", "1,2", "-w", "0", "-r", "5", "--tune-repeats", "2", "--threads", "2", "-d", "double"]
     )
     assert (args.tokens, args.model_dim, args.hidden, args.experts, args.top_k) == (512, 64, 128, 4, 1)
-    assert (args.degrees, args.peer_tokens, args.peer_factors) == ([1, 4], 2048, [1.0, 2.0])
+    assert (args.degrees, args.peer_tokens, args.peer_factors) == ([1, 4], [2048], [1.0, 2.0])
     assert (args.warmup, args.repeats, args.tune_repeats, args.threads, args.dtype) == (0, 5, 2, 2, "float64")
-    assert layer_options.parse_args(["--no-peer"]).peer_tokens == 0  # no peer: no comparison cases
+    assert layer_options.parse_args(["--no-peer"]).peer_tokens == []  # no peer: no comparison cases
+    assert layer_options.parse_args(["--peer-tokens", "0"]).peer_tokens == []
 
 
 @pytest.mark.parametrize(
@@ -125,20 +126,21 @@ def test_gpu_step_preset_is_the_issues_comparison_alone():
     issue = layer_options.ISSUE_SIZE
     assert (args.model_dim, args.hidden, args.experts, args.top_k) == (
         issue["model_dim"], issue["hidden"], issue["experts"], issue["top_k"])
-    # No sweep (nor the dropless and dynamic rows at its tokens): the T = 4096, f = 1 comparison case only.
-    assert layer_options.cases(args) == [layer_options.Case(issue["tokens"], issue["factor"], True)]
+    # No sweep (nor the dropless and dynamic rows at its tokens): the comparison at T = 4096 and 16384, f = 1.
+    assert layer_options.cases(args) == [layer_options.Case(tokens, issue["factor"], True)
+                                         for tokens in (issue["tokens"], 16384)]
     assert (args.tokens, args.switch_pairs, args.dropless_factors, args.dynamic_steps) == (0, 0, [], 0)
     assert (args.warmup, args.repeats) == (layer_options.GPU_STEP["warmup"], layer_options.GPU_STEP["repeats"])
     assert not args.no_peer and layer_options.layout_error(args, 1) is None
     # Flags given with it win: the same command on the CPU, smaller.
     args = layer_options.parse_args(["--gpu-step", "--device", "cpu", "-M", "32", "-H", "64", "--peer-tokens", "128"])
-    assert (args.device, args.dtype, args.model_dim, args.hidden, args.peer_tokens) == ("cpu", "bfloat16", 32, 64, 128)
+    assert (args.device, args.dtype, args.model_dim, args.hidden, args.peer_tokens) == ("cpu", "bfloat16", 32, 64, [128])
     assert args.np == 1 and layer_options.parse_args(["--gpu-step", "--np", "2"]).np == 2
 
 
 def test_gpu_step_is_its_flags_spelled_out():
     """The module docstring's spelling of --gpu-step parses to the same run."""
-    text = ("--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens 4096 --peer-factors 1 -M 1024 -H 1024 "
+    text = ("--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens 4096,16384 --peer-factors 1 -M 1024 -H 1024 "
             "-E 8 -k 2 -w 3 -r 10 --switch-pairs 0 --dropless-factors '' --dynamic-steps 0")
     assert text in " ".join(layer.__doc__.split())
     spelled = shlex.split(text)
@@ -149,7 +151,7 @@ def test_gpu_step_is_its_flags_spelled_out():
 
 def test_gpu_step_at_the_issues_size_is_judged_by_the_targets():
     args = layer_options.parse_args(["--gpu-step"])
-    summary = {"tokens": args.peer_tokens, "factor": args.peer_factors[0], "comparison": True, "best": None,
+    summary = {"tokens": args.peer_tokens[0], "factor": args.peer_factors[0], "comparison": True, "best": None,
                "step_vs_expert": 1.1, "gshard_vs_step": 4.5, "switch": None}
     sizes = {"model_dim": args.model_dim, "hidden": args.hidden, "experts": args.experts, "top_k": args.top_k}
     verdicts = {t["name"]: t["verdict"] for t in layer_summary.evaluate_targets([summary], sizes)}
@@ -423,7 +425,7 @@ def test_quick_run_on_two_ranks(tmp_path, torch):
     summaries = record["summaries"]
     assert [(s["tokens"], s["factor"]) for s in summaries] == [
         *((quick["tokens"], f) for f in quick["factors"]),
-        *((quick["peer_tokens"], f) for f in quick["peer_factors"]),
+        *((tokens, f) for tokens in quick["peer_tokens"] for f in quick["peer_factors"]),
     ]
     for s in summaries:
         assert s["adaptive"]["steps"] > s["adaptive"]["trials"] > 0
@@ -478,9 +480,21 @@ def test_gpu_step_command_on_one_cpu_rank(tmp_path, torch):
     assert (record["ranks"], record["device"], record["gpu"], record["dtype"]) == (1, "cpu", None, "bfloat16")
     assert record["valid_rs"] == [0, 1] and record["peer_check"]["passed"] is True
     assert record["peer_check"]["factors"] == [1.0]  # the comparison's factor only: no sweep
-    assert [row["kind"] for row in record["rows"]] == ["adaptive", "expert", "gshard"]
+    installed = [check["name"] for check in record["peers_check"] if not check["missing"]]
+    assert [row["kind"] for row in record["rows"]] == ["adaptive", "expert", "gshard", *installed]
     assert record["dropless"] == [] and record["dynamic"] == []
     [s] = record["summaries"]
+    # Tutel's and Megatron-Core's rows and float64 checks where installed (make peers), "not installed" where
+    # not; no graphed row without a GPU.
+    assert [check["name"] for check in record["peers_check"]] == list(layer_summary.PEER_KINDS)
+    for check in record["peers_check"]:
+        shown = s["peers"][check["name"]]
+        if check["missing"]:
+            assert check["missing"] == shown["missing"] == "not installed (make peers)"
+        else:
+            assert check["passed"] and shown["time_ms"] > 0 and shown["vs_step"] > 0
+            assert f"peer check {check['name']} {check['version']}" in proc.stdout
+    assert s["graphed_ms"] is None and "T=128 f=1: " in proc.stdout
     assert (s["tokens"], s["factor"], s["comparison"], s["switch"]) == (128, 1.0, True, None)
     assert s["adaptive"]["config"].split("/")[0] in ("r0", "r1") and s["adaptive"]["time_ms"] > 0
     assert s["expert"]["time_ms"] > 0 and s["gshard_ms"] > 0
@@ -490,3 +504,4 @@ def test_gpu_step_command_on_one_cpu_rank(tmp_path, torch):
     assert targets["expert"]["verdict"] in ("met", "missed") and len(targets["expert"]["cases"]) == 1
     [gshard] = targets["gshard"]["cases"]
     assert gshard["issue_size"] is False and targets["gshard"]["verdict"] == "not measured"  # smaller than the issue's
+

@@ -7,7 +7,7 @@
     tools/gpu_check.sh --list                   # the stages, steps and budgets
 
 Writes into --out (default $OUT, else build/gpu-check): gpu_check.md (the
-summary), build.log, one log per stage (1-tests.log .. 4-bench.log) and
+summary), build.log, one log per stage (1-tests.log .. 5-bench.log) and
 bench.json (every benchmark's rows): seven files, as the device tool brings
 back at most eight. Exits 0 when every step that ran passed.
 """
@@ -90,6 +90,7 @@ def main(argv: list[str]) -> int:
     out = (args.out or Path(os.environ.get("OUT") or ROOT / "build" / "gpu-check")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     environment = prepare(ROOT, args.work.resolve())
+    environment.kit = args.kit.resolve()
     mode = "dry run, no GPU call" if args.dry_run else "GPU run"
     print(f"gpu_check: {mode}; work {environment.work}, out {out}, python {environment.interpreter_note}", flush=True)
     built = run_build(environment, args.kit.resolve(), out / "build.log", args.arch, args.dry_run)

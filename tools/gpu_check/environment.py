@@ -45,6 +45,7 @@ class Environment:
     python: str  # the interpreter of every stage
     env: dict[str, str] = field(default_factory=dict)  # the stages' environment
     interpreter_note: str = ""  # how `python` was chosen (the summary says it)
+    kit: Path | None = None  # the kit (tools/gpu_check.sh --kit): its peers/ are installed by a stage
 
     @property
     def prefix(self) -> Path:
