@@ -18,12 +18,14 @@ import dataclasses
 import inspect
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import a2a
 
 from .common.agreement import agree_construction, callable_name
+from .common.host_values import all_gather_values
 from .common.precision import dispatch_format
 from .flows.base import Flow
 from .gating.capacity import DROPLESS_CAPACITIES, RULES
@@ -31,7 +33,7 @@ from .gating.gates import CosineTopKGate, LinearTopKGate
 from .registry import dictionary_flows_of, flow_of
 from .tuning.dictionary import AdaptiveDictionary
 
-__all__ = ["BY_PRESENCE", "agreed_construction", "layer_fields"]
+__all__ = ["BY_PRESENCE", "agreed_construction", "agreed_seeds", "layer_fields"]
 
 _GATES = {"top": LinearTopKGate, "cosine_top": CosineTopKGate}
 # Settings that are objects with state (the dictionary): they count by whether they were given (that
@@ -157,3 +159,14 @@ def _check(model_dim: Any, settings: dict[str, Any]) -> None:
     adaptive = settings["adaptive"]
     if adaptive is not None and not isinstance(adaptive, AdaptiveDictionary):
         raise TypeError(f"adaptive must be a moe_runtime.AdaptiveDictionary, got {type(adaptive).__name__}")
+
+
+def agreed_seeds(seeds: tuple[int, int] | None, comm: a2a.Comm) -> tuple[int, int]:
+    """(gate_seed, expert_seed): the ones given, or, given None, rank 0's draws (collective)."""
+    if seeds is None:
+        drawn = np.array([int(torch.randint(0, 2**31 - 1, (1,))) for _ in range(2)], dtype=np.int64)
+        table = all_gather_values(drawn, comm).reshape(comm.size, 2)
+        return int(table[0, 0]), int(table[0, 1])  # rank 0's
+    if len(seeds) != 2:
+        raise ValueError(f"seeds must be (gate_seed, expert_seed), got {seeds!r}")
+    return int(seeds[0]), int(seeds[1])

@@ -35,10 +35,9 @@ from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
 from .common.graphs import StepGraphs
-from .common.host_values import all_gather_values
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
-from .construction import agreed_construction
+from .construction import agreed_construction, agreed_seeds
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
 from .experts.gradients import sync_shared_gradients
@@ -46,18 +45,18 @@ from .experts.relocation import Moved
 from .experts.replicas import copy_replicas_from_rank0
 from .flex.scheduler import Decision
 from .flex.vexperts import Primitive
+from .flow_state import FlowStateNames
 from .flows.agreement import Agreed, CallRow
 from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.capacity import set_by_tokens
 from .gating.gates import decide, make_gate
-from .registry import check_capacity_factor, check_dictionary_layer, check_dispatch_dtype
+from .registry import call_top_k, check_capacity_factor, check_dictionary_layer, check_dispatch_dtype
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
 
 __all__ = ["MoELayer", "sync_shared_gradients"]  # the latter re-exported from experts.gradients
 
-ALGORITHMS = tuple(a2a.ALGORITHMS)
 # Tutel's settings of the expert flow, with their defaults: the other flows refuse them.
 EXPERT_PARALLEL_DEFAULTS = {"parallel_type": "adaptive:1", "a2a_ffn_overlap_degree": 1, "use_2dh": False,
                             "adaptive": None, "capacity_rule": "tutel", "dropless_capacity": "largest",
@@ -65,7 +64,7 @@ EXPERT_PARALLEL_DEFAULTS = {"parallel_type": "adaptive:1", "a2a_ffn_overlap_degr
                             "batch_prioritized_routing": False, "flows": ()}
 
 
-class MoELayer(torch.nn.Module):
+class MoELayer(FlowStateNames, torch.nn.Module):
     """A Mixture-of-Experts layer with Tutel's interface (see the module docstring).
 
     ``gate_type``: a dict (or a list of them, selected per call by
@@ -165,7 +164,7 @@ class MoELayer(torch.nn.Module):
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
         self.expert_gradient, self.timer = expert_gradient, timer
         self.dispatch_dtype, self.dispatch_format = dispatch_dtype, dispatch_format(dispatch_dtype)  # format: a2a's
-        gate_seed, expert_seed = self._seeds(seeds)
+        gate_seed, expert_seed = agreed_seeds(seeds, comm)
         self.experts = flow_class.layout(experts, model_dim, comm, expert_seed, settings)
         self.num_global_experts = self.experts.num_experts
         specs = [gate_type] if isinstance(gate_type, dict) else list(gate_type)
@@ -202,15 +201,6 @@ class MoELayer(torch.nn.Module):
         # whatever each rank's seeds: one model on every rank.
         copy_replicas_from_rank0(self, comm)
 
-    def _seeds(self, seeds: tuple[int, int] | None) -> tuple[int, int]:
-        if seeds is None:
-            drawn = np.array([int(torch.randint(0, 2**31 - 1, (1,))) for _ in range(2)], dtype=np.int64)
-            table = all_gather_values(drawn, self.comm).reshape(self.comm.size, 2)
-            return int(table[0, 0]), int(table[0, 1])  # rank 0's
-        if len(seeds) != 2:
-            raise ValueError(f"seeds must be (gate_seed, expert_seed), got {seeds!r}")
-        return int(seeds[0]), int(seeds[1])
-
     def expert_parallel_settings(self) -> dict[str, tuple[Any, Any]]:
         """Tutel's expert-flow settings of this layer: name -> (value, default)."""
         given = {"parallel_type": self.parallel_type, "a2a_ffn_overlap_degree": self.a2a_ffn_overlap_degree,
@@ -237,18 +227,6 @@ class MoELayer(torch.nn.Module):
         if self.graphs is not None:
             self.graphs.clear()
         return super()._apply(fn, recurse)
-
-    # -- what the flows hold, by the names of earlier releases (None where the layer's flow has none) --
-    parallel = property(lambda self: self.flow.name if self.flow.name in ("data_centric", "model_centric")
-                        else "expert", doc="Hexa-MoE's flow when the experts are sharded along H, else 'expert'.")
-    valid_rs = property(lambda self: list(getattr(self.flow, "valid_rs", [])), doc="The expert flow's valid r.")
-    flex = property(lambda self: getattr(self.flow, "state", None), doc="FlexMoE's state (flex.state.FlexState).")
-    capacity_tracker = property(lambda self: getattr(self.flow, "tracker", None), doc="flow='dynamic''s state.")
-    shared_cache = property(lambda self: getattr(self._flows.get("data_centric"), "cache", None))
-    expert_cache = property(lambda self: getattr(self.flow, "expert_cache", None))
-    assignment_cache = property(lambda self: getattr(self.flow, "assignment_cache", None))
-    assignment_stats = property(lambda self: getattr(self.flow, "assignment_stats", None),
-                                doc="The last call's sample-assignment caching (None without sample_ids).")
 
     # -- parameters -------------------------------------------------------------
     def shared_parameters(self) -> list[torch.nn.Parameter]:
@@ -327,9 +305,8 @@ class MoELayer(torch.nn.Module):
         arguments = {"gate_index": gate_index, "capacity_factor": capacity_factor, "top_k": top_k,
                      "a2a_ffn_overlap_degree": a2a_ffn_overlap_degree, "adaptive_r": adaptive_r, "algo": algo,
                      "flow": flow, "sample_ids": sample_ids}
-        if self.graphs is not None and torch.is_grad_enabled() and (
-                x.requires_grad or any(p.requires_grad for p in self.parameters())):
-            return self.graphs.run(self, self._call, x, arguments)  # common/graphs.py
+        if self.graphs is not None:
+            return self.graphs.run(self, self._call, x, arguments)  # common/graphs.py (eager unless training)
         return self._call(x, **arguments)
 
     def _call(self, x: torch.Tensor, *, gate_index: int, capacity_factor: float | None, top_k: int | None,
@@ -341,7 +318,7 @@ class MoELayer(torch.nn.Module):
         # The tokens' model dim and dtype, and this rank's own error, ride in the call's first all-gather:
         # a rank that fails before it still joins it, and every rank raises there (common/agreement.py).
         call = CallFields(x, self.model_dim, f"MoELayer on rank {self.comm.rank}")
-        k = 0 if call.error else call.attempt(self._checked_call, gate_index, top_k, request) or 0
+        k = 0 if call.error else call.attempt(call_top_k, self, gate_index, top_k, request) or 0
         tokens = call.tokens(x).contiguous().to(compute_dtype(x, self.experts.batched_fc1_w.dtype))
         recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
         if recording and self.comm.device == "cuda" and not call.error:
@@ -383,23 +360,6 @@ class MoELayer(torch.nn.Module):
         self.tuning.trial(agreed.capacity, choice.config, choice.timed)
         return runner.run(call_of(choice, agreed.capacity, agreed.token_counts,
                                   recording_anywhere=agreed.recording_anywhere))
-
-    def _checked_call(self, gate_index: int, top_k: int | None, request: Request) -> int:
-        """This rank's own checks of a call's arguments; the call's k."""
-        if not 0 <= gate_index < len(self.gates):
-            raise ValueError(f"gate_index {gate_index} is out of range: the layer has {len(self.gates)} gate(s)")
-        k = self.gates[gate_index].top_k if top_k is None else top_k
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"top_k must be a positive integer, got {k!r}")
-        if request.algo is not None and request.algo not in ALGORITHMS:
-            raise ValueError(f"algo must be one of {ALGORITHMS}, got {request.algo!r}")
-        if request.d is not None:
-            positive_degree(request.d)
-        if request.flow is not None and request.flow not in self._flows:
-            raise ValueError(f"flow={request.flow!r}: this layer's flows are 'expert' and its flows= {self.flows}"
-                             if self.flows else f"flow={request.flow!r} picks one of the flows of a layer "
-                             "constructed with flows=(...) (and the dictionary)")
-        return min(k, self.num_global_experts)  # as Tutel: k above E means E
 
     def _gate(self, tokens: torch.Tensor, gate_index: int, k: int, request: Request, sample_ids: Any,
               call: CallFields):

@@ -39,13 +39,14 @@ from .dynamic.capacity import DynamicCapacity
 from .dynamic.flow import DynamicFlow
 from .flex.config import FlexConfig
 from .flex.flow import FlexFlow
+from .flows.agreement import ALGORITHMS
 from .flows.base import Flow
-from .flows.expert import ExpertFlow
+from .flows.expert import ExpertFlow, positive_degree
 from .hexa.cache import PipelineSharedCache
 from .hexa.flow import DataCentric, DataCentricFlow, ModelCentric, ModelCentricFlow
 from .tuning.dictionary import FLOWS as TUNED_FLOWS
 
-__all__ = ["DICTIONARY_FLOWS", "FLOWS", "check_capacity_factor", "check_dictionary_layer", "dictionary_flows_of",
+__all__ = ["DICTIONARY_FLOWS", "FLOWS", "call_top_k", "check_capacity_factor", "check_dictionary_layer", "dictionary_flows_of",
            "flow_of"]
 
 FLOWS: dict[str, type[Flow]] = {flow.name: flow for flow in (
@@ -219,3 +220,22 @@ def check_dispatch_dtype(layer: Any, flow: type[Flow], others: Sequence[str]) ->
             raise ValueError(f"{name}: flow {flow_name!r} does not carry FP8 rows; the flows that do are {carrying}")
     if not layer.is_postscore:
         raise ValueError(f"{name} applies the gates at the combine, as DeepEP does: is_postscore must be True")
+
+
+
+def call_top_k(layer: Any, gate_index: int, top_k: int | None, request: Any) -> int:
+    """This rank's own checks of a call's arguments (MoELayer.forward's); the call's k."""
+    if not 0 <= gate_index < len(layer.gates):
+        raise ValueError(f"gate_index {gate_index} is out of range: the layer has {len(layer.gates)} gate(s)")
+    k = layer.gates[gate_index].top_k if top_k is None else top_k
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    if request.algo is not None and request.algo not in ALGORITHMS:
+        raise ValueError(f"algo must be one of {ALGORITHMS}, got {request.algo!r}")
+    if request.d is not None:
+        positive_degree(request.d)
+    if request.flow is not None and request.flow not in layer._flows:
+        raise ValueError(f"flow={request.flow!r}: this layer's flows are 'expert' and its flows= {layer.flows}"
+                         if layer.flows else f"flow={request.flow!r} picks one of the flows of a layer "
+                         "constructed with flows=(...) (and the dictionary)")
+    return min(k, layer.num_global_experts)  # as Tutel: k above E means E

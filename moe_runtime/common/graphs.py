@@ -6,16 +6,21 @@ the capture of the forward and of its backward).
 ::
 
     call (recording autograd) -> signature: the call's arguments, the tokens'
-        model dim, dtype and requires_grad, the layer's training mode
-      W > 1: ONE all-gather of [signature hash, shape hash, T] over the
-        layer's host twin (MPI: no wait for the GPU) -> the table, the same on
-        every rank, so that every rank decides alike below
+        model dim, dtype and requires_grad, the layer's training mode and
+        autocast; the tokens' shape; T; which parameter tensors; pending
+      W > 1: ONE all-gather of that row over the layer's host twin (MPI: no
+        wait for the GPU) -> the table, the same on every rank, so that every
+        rank decides alike below
       signature hashes differ across ranks -> the eager call, whose agreement
         raises MismatchError on every rank naming the field
+      a call that cannot be captured -> ValueError (below), on every rank
+      some rank's last replay still awaits its backward -> the eager call (a
+        replay would overwrite what that backward reads: 1F1B pipelining)
       the table seen before -> replay its forward graph now, its backward
-        graph when autograd reaches the step
+        graph when autograd reaches the step (its gradients leave as copies:
+        an accumulation over micro-batches must not alias the graph's memory)
       a new table, fewer than N pairs -> capture (collective), then replay;
-        N pairs held -> the eager call
+        N pairs held -> the eager call; new parameter tensors drop the pairs
 
 A replay does no host work of the call: the checks, the agreement and the
 plan were made at capture, where every rank's call was checked as any eager
@@ -31,13 +36,15 @@ waits for the stream at every exchange), ``from_torch`` at W > 1 (NCCL is its
 only channel: a replay's check would wait for the stream), flows other than
 "expert" and the dictionary (they time steps, read counts back or change
 their plan between calls), capacity factors that read counts back (f < 0,
-and f == 0 without ``dropless_capacity="worst_case"``) and ``sample_ids``.
-Calls that autograd does not record (inference, ``torch.no_grad()``) run
-eagerly.
+and f == 0 without ``dropless_capacity="worst_case"``), ``sample_ids``,
+``layer.routing_trace`` (it reads each call's counts) and autocast with its
+cache on (torch's make_graphed_callables refuses it). Calls that autograd
+does not record (inference, ``torch.no_grad()``) run eagerly.
 """
 
 from __future__ import annotations
 
+import weakref
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +63,9 @@ WARMUP_RUNS = 3  # make_graphed_callables' eager runs before the capture (its de
 @dataclass
 class _Captured:
     step: torch.nn.Module  # its forward replaced by the graphed one
-    buffers: list  # the layer's pooled buffers the graphs write (BufferPool.isolated): kept while the graphs live
+    # The pooled sets the warm-up runs and the capture took (BufferPool.isolated; the capture's is held by the
+    # graphs' outputs too): kept while the graphs live, and never an eager call's.
+    buffers: list
 
 
 class _Step(torch.nn.Module):
@@ -82,6 +91,8 @@ class StepGraphs:
     def __init__(self, limit: int):
         self.limit = limit
         self._captured: dict[bytes, _Captured] = {}
+        self._parameters = b""  # every rank's parameters hash of the captured graphs
+        self._pending = False  # a replay's backward has not run yet (see _await_backward)
 
     def __len__(self) -> int:
         return len(self._captured)
@@ -93,27 +104,67 @@ class StepGraphs:
     def run(self, layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,
             arguments: dict[str, Any]) -> torch.Tensor:
         """The call through its graphs, or `eager(x, **arguments)` where none may serve it."""
-        named = sorted((name, value if name != "sample_ids" else value is not None) for name, value in arguments.items())
-        signature = (x.dim(), int(x.shape[-1]) if x.dim() else -1, str(x.dtype), x.requires_grad, layer.training, named)
-        tokens = x.numel() // max(int(x.shape[-1]), 1) if x.dim() else 0
-        row = np.array([_hash(signature), _hash(tuple(x.shape)), tokens], dtype=np.int64)
+        if not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in layer.parameters())):
+            return eager(x, **arguments)  # autograd records nothing: inference runs eagerly
         comm = layer.comm
         if comm.size > 1 and comm.mpi_comm is None:
             raise ValueError(_refused(f"its communicator (from_torch, {comm.size} ranks) has NCCL as its only "
                                       "channel, so checking a replay's call across ranks would wait for the "
                                       "stream: use a2a.Comm.from_mpi(device='cuda')"))
-        table = row if comm.size == 1 else all_gather_values(row, layer.flow.context.kept.comm).reshape(-1, 3)
-        if comm.size > 1 and (table[:, 0] != table[0, 0]).any():
+        row = np.array([*_signature(layer, x, arguments), int(self._pending)], dtype=np.int64)
+        table = row.reshape(1, -1) if comm.size == 1 else \
+            all_gather_values(row, layer.flow.context.kept.comm).reshape(comm.size, -1)
+        if (table[:, 0] != table[0, 0]).any():
             return eager(x, **arguments)  # its agreement raises MismatchError on every rank, naming the field
-        key = table.tobytes()
+        check_capturable(layer, arguments)  # the same on every rank: the same call, the same layer
+        if table[:, -1].any():  # a replay's backward has not run: replaying now would overwrite what it reads
+            return eager(x, **arguments)
+        key = table[:, :-1].tobytes()
         captured = self._captured.get(key)
         if captured is None:
+            parameters = table[:, 3].tobytes()
+            if parameters != self._parameters:  # new parameter tensors: the captured graphs read the old ones
+                self.clear()
+                self._parameters = parameters
             if len(self._captured) >= self.limit:
                 return eager(x, **arguments)
             captured = self._captured[key] = _capture(layer, eager, x, arguments)
         y, l_aux = captured.step(x)
+        self._await_backward(y)
         y.l_aux = layer.l_aux = l_aux
         return y
+
+    def _await_backward(self, y: torch.Tensor) -> None:
+        """Until the replay's backward runs (or its output is gone), no graph replays again. Its
+        gradients leave the graph's memory as copies: torch's AccumulateGrad would otherwise keep
+        the graph's output buffer as .grad, which the next replay overwrites (an accumulation over
+        micro-batches would double a gradient)."""
+        self._pending = True
+
+        def done() -> None:
+            self._pending = False
+
+        def fresh(grad_inputs: tuple, grad_outputs: tuple) -> tuple:
+            done()
+            return tuple(None if g is None else g.clone() for g in grad_inputs)
+
+        if y.grad_fn is not None:
+            y.grad_fn.register_hook(fresh)
+        weakref.finalize(y, done)
+
+
+def _signature(layer: Any, x: torch.Tensor, arguments: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(call hash, tokens' shape hash, T, parameters hash): what decides, on this rank, which graph serves
+    the call. The call: its arguments, the tokens' model dim, dtype and requires_grad, training mode and
+    autocast (its state and dtype); the parameters: which tensors they are, and where."""
+    named = sorted((name, value if name != "sample_ids" else value is not None) for name, value in arguments.items())
+    device = x.device.type
+    autocast = torch.is_autocast_enabled(device) and str(torch.get_autocast_dtype(device))
+    call = (x.dim(), int(x.shape[-1]) if x.dim() else -1, str(x.dtype), x.requires_grad, layer.training, autocast,
+            named)
+    tokens = x.numel() // max(int(x.shape[-1]), 1) if x.dim() else 0
+    parameters = tuple((id(p), p.data_ptr()) for p in layer.parameters())
+    return _hash(call), _hash(tuple(x.shape)), tokens, _hash(parameters)
 
 
 def _refused(why: str) -> str:
@@ -136,6 +187,11 @@ def check_capturable(layer: Any, arguments: dict[str, Any]) -> None:
                                   "the expert flow at a fixed (r, d) is captured"))
     if arguments.get("flow") not in (None, "expert") or arguments.get("sample_ids") is not None:
         raise ValueError(_refused("flow= and sample_ids= pick flows that read counts back"))
+    if layer.routing_trace is not None:
+        raise ValueError(_refused("layer.routing_trace reads each call's counts back (set it to None)"))
+    if torch.is_autocast_enabled("cuda") and torch.is_autocast_cache_enabled():
+        raise ValueError(_refused("autocast caches its casts across calls; use torch.autocast(..., "
+                                  "cache_enabled=False)"))
     gate_index = arguments.get("gate_index", 0)
     factor = arguments.get("capacity_factor")
     if factor is None and 0 <= gate_index < len(layer.gates):

@@ -30,6 +30,9 @@ class ExpertPositions:
         self.positions = np.arange(num_experts, dtype=np.int64)
         self.world = world
         self._table: torch.Tensor | None = None  # positions as a tensor, None for the identity
+        # The table on each device it served: copied once, not on every call (a copy from pageable host
+        # memory waits for the stream, which a CUDA graph's capture forbids; common/graphs.py).
+        self._on_device: dict[torch.device, torch.Tensor] = {}
 
     @property
     def placement(self) -> np.ndarray:
@@ -46,7 +49,10 @@ class ExpertPositions:
         """The gate's logical choices as physical positions."""
         if self._table is None:
             return indices
-        return self._table.to(indices.device)[indices]
+        table = self._on_device.get(indices.device)
+        if table is None:
+            table = self._on_device[indices.device] = self._table.to(indices.device)
+        return table[indices]
 
     def logical(self, whole: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole experts in physical order (gather_experts) reordered by logical expert."""
@@ -84,4 +90,5 @@ class ExpertPositions:
         self.positions = new
         identity = (new == np.arange(new.size)).all()
         self._table = None if identity else torch.from_numpy(new)
+        self._on_device = {}
         return moved

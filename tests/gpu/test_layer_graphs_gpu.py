@@ -106,3 +106,43 @@ def test_what_cannot_be_captured_is_refused(nccl_comm):
     layer = _layer(staged, cuda_graphs=1)  # one rank exchanges with nobody: nothing waits, and it is captured
     _steps(layer, staged, {}, steps=2)
     assert len(layer.graphs) == 1
+
+
+def test_gradients_accumulate_over_micro_batches_as_eagerly(nccl_comm):
+    """Two micro-batches into the same .grad, then a third step after zeroing: a replay's gradients are
+    copies (torch's AccumulateGrad would otherwise keep the graph's buffer as .grad, and the next replay
+    would overwrite and double it)."""
+    device = torch.device("cuda", nccl_comm.cuda_device)
+
+    def accumulated(layer):
+        for p in layer.parameters():
+            p.grad = None
+        for step in range(3):
+            if step == 2:
+                layer.zero_grad(set_to_none=False)
+            x = torch.randn(T, M, generator=torch.Generator().manual_seed(20 + step)).to(device, torch.bfloat16)
+            y = layer(x.requires_grad_(True))
+            (y.float().square().sum() + y.l_aux).backward()
+        torch.cuda.synchronize()
+        return [p.grad.clone() for p in layer.parameters()]
+
+    eager, graphed = accumulated(_layer(nccl_comm)), accumulated(_layer(nccl_comm, cuda_graphs=1))
+    assert all(torch.equal(g, e) for g, e in zip(graphed, eager))
+
+
+def test_a_second_forward_before_the_backward_runs_eagerly(nccl_comm):
+    """Pipelining two micro-batches (1F1B): the second call comes before the first's backward, so it
+    runs eagerly instead of overwriting what the first replay's backward reads."""
+    device = torch.device("cuda", nccl_comm.cuda_device)
+
+    def interleaved(layer):
+        xs = [torch.randn(T, M, generator=torch.Generator().manual_seed(30 + i)).to(device, torch.bfloat16)
+              .requires_grad_(True) for i in range(2)]
+        ys = [layer(x) for x in xs]
+        for y in reversed(ys):
+            (y.float().square().sum() + y.l_aux).backward()
+        torch.cuda.synchronize()
+        return [t.clone() for t in (*ys, *(x.grad for x in xs), *(p.grad for p in layer.parameters()))]
+
+    eager, graphed = interleaved(_layer(nccl_comm)), interleaved(_layer(nccl_comm, cuda_graphs=1))
+    assert all(torch.equal(g, e) for g, e in zip(graphed, eager))

@@ -112,13 +112,24 @@ def capture_on_the_host(monkeypatch):
     make_graphed_callables (signatures, the limit, the buffers) without a GPU. Returns the captures made."""
     from moe_runtime.common import graphs
 
-    made = []
+    class Made(list):
+        replays: list[int]
+
+    made = Made()
 
     def capture(step, sample_args, **options):
         made.append((step, tuple(t.shape for t in sample_args), options))
         y, l_aux = step(*sample_args)  # as make_graphed_callables' warm-up and capture run it, inside the isolation
         (y.sum() + l_aux).backward()
-        return step  # its "replays" run it eagerly, outside
+
+        def replay(x):  # its "replays" run the step eagerly, outside
+            replays[0] += 1
+            return step(x)
+
+        return replay
+
+    replays = [0]
+    made.replays = replays
 
     monkeypatch.setattr(graphs, "check_capturable", lambda layer, arguments: None)
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
@@ -155,3 +166,36 @@ def test_moving_the_layer_drops_its_captures(comm, capture_on_the_host):
     assert len(layer.graphs) == 1
     layer.double()  # new parameter tensors: a replay would read the old ones
     assert len(layer.graphs) == 0
+
+
+def test_no_replay_before_the_last_replays_backward(comm, capture_on_the_host):
+    """A replay overwrites the memory the previous replay's backward reads: until that backward runs (or
+    its output is gone), calls run eagerly."""
+    layer, eager = layer_of(comm, cuda_graphs=1), layer_of(comm)
+    x = torch.randn(8, M, requires_grad=True)
+    first = layer(x)
+    assert capture_on_the_host.replays == [1]
+    second = layer(x)  # the first replay's backward is pending: eager
+    assert capture_on_the_host.replays == [1] and torch.equal(second, eager(x))
+    (first.sum() + first.l_aux).backward()
+    third = layer(x)
+    assert capture_on_the_host.replays == [2]
+    del third  # gone without a backward: nothing is pending
+    layer(x)
+    assert capture_on_the_host.replays == [3] and len(layer.graphs) == 1 and second is not None
+
+
+def test_new_parameter_tensors_drop_the_captures(comm, capture_on_the_host):
+    layer = layer_of(comm, cuda_graphs=2)
+    x = torch.randn(8, M, requires_grad=True)
+    layer(x)
+    weight = layer.gates[0].wg.weight
+    layer.gates[0].wg.weight = torch.nn.Parameter(weight.detach().clone())  # not through .to(): a new tensor
+    layer(x)
+    assert len(capture_on_the_host) == 2 and len(layer.graphs) == 1  # captured anew, the old capture dropped
+
+
+def test_a_routing_trace_is_refused(comm):
+    layer = layer_of(comm)
+    layer.routing_trace = []
+    assert "routing_trace reads each call's counts back" in refusal(layer)
