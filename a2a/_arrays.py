@@ -290,7 +290,8 @@ def copy_of(x: Any) -> Any:
     """A new C-contiguous copy of a NumPy array, torch tensor or CuPy array,
     in the same framework and memory."""
     if is_torch_tensor(x):
-        return x.detach().clone(memory_format=_torch().contiguous_format)
+        source = x.detach() if x.requires_grad else x  # (detach is one more op to dispatch)
+        return source.clone(memory_format=_torch().contiguous_format)
     if is_cupy_array(x):
         with x.device:  # CuPy allocates on the current device
             return x.copy(order="C")

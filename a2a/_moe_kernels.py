@@ -77,7 +77,9 @@ def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out
     if a.dtype_name == "uint8" and gates is not None:
         _fail(op, "rows of bytes (FP8 pairs) take no gates; apply them at the combine")
     g = _gates(gates, op, routing, a)
-    result = _output(out, a, (rows_out, a.shape[1]), op).reshape(rows_out, a.shape[1])
+    result = _output(out, a, (rows_out, a.shape[1]), op)
+    if out is not None:  # a new result has the shape already (a reshape would be one more op to dispatch)
+        result = result.reshape(rows_out, a.shape[1])
     gate_view = a if g is None else g
     with a.device_guard():
         kernel(

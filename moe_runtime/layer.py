@@ -339,7 +339,7 @@ class MoELayer(FlowStateNames, torch.nn.Module):
                                     prepared=prepared)
         run = functools.partial(self._run, request, call_of, x.dtype, k)
         y, self.last_plan = self.flow.context.kept.agree_and_run(row, "MoELayer", self.flow, run)
-        y = y.view(x.shape).to(x.dtype)
+        y = (y if y.shape == x.shape else y.view(x.shape)).to(x.dtype)
         stop()
         y.l_aux = self.l_aux = decision.l_aux
         return y

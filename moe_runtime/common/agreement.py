@@ -167,7 +167,7 @@ class CallFields:
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """x as (T, its own last dimension): the layer's tokens when there is no error."""
-        return x.reshape(-1, max(self.model_dim, 1))
+        return x if x.dim() == 2 else x.reshape(-1, max(self.model_dim, 1))
 
     def attempt(self, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """step(*args, **kwargs), this rank's work before the agreement (no

@@ -243,7 +243,7 @@ class FFNExperts(torch.nn.Module):
             else:
                 out = None if lease is None else lease.get(name, (size * p.shape[0], *p.shape[1:]), p.dtype, p.device)
                 whole = a2a_torch.all_gather(p, comm=comm, out=out)
-            return whole.reshape(experts, -1, *p.shape[2:])
+            return whole if whole.shape[0] == experts else whole.reshape(experts, -1, *p.shape[2:])
 
         whole_bias = self.sharers == 1 or size % self.sharers == 0  # the ranks gathered hold every column
         bias = gather(names[3], fc2_bias) if whole_bias else None
