@@ -25,6 +25,16 @@ def nccl_comm(cuda_available):
     return a2a.Comm.from_mpi(MPI.COMM_SELF, device="cuda")
 
 
+@pytest.fixture(scope="module")
+def torch_comm(nccl_comm):
+    """A NCCL-only communicator (from_torch) bootstrapped through a 1-rank gloo process group."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return a2a.Comm.from_torch()
+
+
 def _layer(comm, factor=1.0, **options):
     from moe_runtime import MoELayer
 
@@ -146,3 +156,12 @@ def test_a_second_forward_before_the_backward_runs_eagerly(nccl_comm):
 
     eager, graphed = interleaved(_layer(nccl_comm)), interleaved(_layer(nccl_comm, cuda_graphs=1))
     assert all(torch.equal(g, e) for g, e in zip(graphed, eager))
+
+
+def test_a_from_torch_communicator_of_one_rank_replays_too(torch_comm):
+    eager = _steps(_layer(torch_comm), torch_comm, {})
+    graphed_layer = _layer(torch_comm, cuda_graphs=1)
+    graphed = _steps(graphed_layer, torch_comm, {})
+    assert len(graphed_layer.graphs) == 1
+    for g, e in zip(graphed, eager):
+        assert all(torch.equal(a, b) for a, b in zip(g, e))
