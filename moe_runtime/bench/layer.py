@@ -42,7 +42,9 @@ sizes: the same run on the CPU, without the graphed row). Its JSON: each
 comparison summary holds ``adaptive.time_ms`` (the step),
 ``adaptive.config``, ``expert.time_ms``, ``step_vs_expert``, ``gshard_ms``,
 ``gshard_vs_step``, ``graphed_ms``, ``graphed_vs_expert`` and ``peers``
-(name -> ``time_ms``, ``vs_step``; or ``missing``); ``targets`` the
+(name -> ``time_ms``, ``vs_step``; or ``missing``: not installed, or
+"failed: ..." where a peer or the graphed step raised, which the run
+reports instead of stopping); ``targets`` the
 ``expert`` (step within 1.15x of its expert compute) and ``gshard`` (>= 4x
 faster than GShard at the issue's size) verdicts, ``met`` or ``missed``,
 with those numbers per case (tools/gpu_check/targets.py judges the GPU

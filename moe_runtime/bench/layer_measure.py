@@ -291,15 +291,30 @@ class LayerBench:
         timings and, by name, why a peer is missing."""
         from .peers import megatron_peer, tutel_peer
 
-        timings = []
+        timings, missing = [], {}
+
+        def probed(name: str, step: Callable[[], None]) -> None:
+            """The timing of `step`, or why it fails (a row saying so, not a crash: one GPU call runs it all)."""
+            try:
+                step()
+            except Exception as error:  # noqa: BLE001 -- reported in the table and the JSON
+                missing[name] = f"failed: {type(error).__name__}: {error}"[:300]
+                return
+            timings.append(Timing(name, step, *((plan.r, plan.d, plan.algo) if name == "graphed" else ())))
+
         if self.args.device == "cuda":
             graphed = self.new_layer(cuda_graphs=1)
-            timings.append(Timing("graphed", self.layer_step(graphed, x, capacity_factor=factor, adaptive_r=plan.r,
-                                                             a2a_ffn_overlap_degree=plan.d, algo=plan.algo),
-                                  plan.r, plan.d, plan.algo))
+            probed("graphed", self.layer_step(graphed, x, capacity_factor=factor, adaptive_r=plan.r,
+                                              a2a_ffn_overlap_degree=plan.d, algo=plan.algo))
         dispatcher = "alltoall" if self.args.device == "cuda" else "allgather"
-        missing = {}
-        for peer in (tutel_peer(self.layer, factor), megatron_peer(self.layer, factor, dispatcher, drop_biases=True)):
+        builders = (("tutel", lambda: tutel_peer(self.layer, factor)),
+                    ("megatron-core", lambda: megatron_peer(self.layer, factor, dispatcher, drop_biases=True)))
+        for name, build in builders:
+            try:
+                peer = build()
+            except Exception as error:  # noqa: BLE001 -- reported in the table and the JSON
+                missing[name] = f"failed: {type(error).__name__}: {error}"[:300]
+                continue
             if peer.forward is None:
                 missing[peer.name] = peer.missing
                 continue
@@ -310,7 +325,7 @@ class LayerBench:
                 y, l_aux = peer.forward(x)
                 (y.sum() if l_aux is None else y.sum() + l_aux).backward()  # Megatron's l_aux rides in its graph
 
-            timings.append(Timing(peer.name, step))
+            probed(peer.name, step)
         return timings, missing
 
     # -- one case ----------------------------------------------------------------------------------------

@@ -37,3 +37,16 @@ def test_megatron_takes_a_layer_without_biases(comm, group):
                                                                "hidden_size_per_expert": 4}, comm=comm, seeds=(1, 2))
     with pytest.raises(ValueError, match="Megatron-Core's experts have no biases here"):
         peers.megatron_peer(layer, 1.0, "allgather")
+
+
+def test_a_peer_that_fails_is_a_row_saying_why(comm, group, monkeypatch):
+    """On the GPU machine everything runs in one call: a peer that breaks there must not stop the rest."""
+
+    def broken(layer, factor):
+        raise RuntimeError("its CUDA extension did not load")
+
+    monkeypatch.setattr(peers, "tutel_peer", broken)
+    tutel, megatron = peers.check_peers(comm)
+    assert tutel.name == "tutel" and not tutel.passed
+    assert tutel.missing == "failed: RuntimeError: its CUDA extension did not load"
+    assert megatron.name == "megatron-core" and (megatron.passed or megatron.missing == peers.MISSING)
