@@ -34,7 +34,7 @@ import a2a
 from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
-from .common.graphs import StepGraphs
+from .common.graphs import StepGraphs, autograd_records
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
 from .construction import agreed_construction, agreed_seeds
@@ -95,9 +95,9 @@ class MoELayer(FlowStateNames, torch.nn.Module):
     ``use_2dh`` (the default algorithm), ``capacity_rule`` (``"tutel"`` or
     ``"a2a"``), ``dropless_capacity`` (at capacity factor 0: ``"largest"``,
     the largest expert's count, read back (one host wait per call); or
-    ``"worst_case"``, T, the most one expert can get: no wait, the same
-    result, E / k times the buffers of f = 1; gating/capacity.py), ``is_postscore``, ``batch_prioritized_routing``. For every
-    flow: ``normalize_gate``, ``is_gshard_loss``, ``expert_gradient``
+    ``"worst_case"``, T, the most one expert can get: no wait, the same result,
+    E / k times the buffers of f = 1; gating/capacity.py), ``is_postscore``,
+    ``batch_prioritized_routing``. For every flow: ``normalize_gate``, ``is_gshard_loss``, ``expert_gradient``
     (``"mean"``: expert gradients divided by the world size, as DDP averages
     the shared ones; or ``"sum"``), ``timer`` (the clock of the steps).
     ``cuda_graphs``: N > 0 captures a training call's forward and backward
@@ -320,7 +320,7 @@ class MoELayer(FlowStateNames, torch.nn.Module):
         call = CallFields(x, self.model_dim, f"MoELayer on rank {self.comm.rank}")
         k = 0 if call.error else call.attempt(call_top_k, self, gate_index, top_k, request) or 0
         tokens = call.tokens(x).contiguous().to(compute_dtype(x, self.experts.batched_fc1_w.dtype))
-        recording = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        recording = autograd_records(self, x)
         if recording and self.comm.device == "cuda" and not call.error:
             check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
                                           "layer's collectives)")

@@ -222,7 +222,6 @@ def check_dispatch_dtype(layer: Any, flow: type[Flow], others: Sequence[str]) ->
         raise ValueError(f"{name} applies the gates at the combine, as DeepEP does: is_postscore must be True")
 
 
-
 def call_top_k(layer: Any, gate_index: int, top_k: int | None, request: Any) -> int:
     """This rank's own checks of a call's arguments (MoELayer.forward's); the call's k."""
     if not 0 <= gate_index < len(layer.gates):

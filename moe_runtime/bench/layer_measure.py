@@ -289,31 +289,29 @@ class LayerBench:
         layer's weights (moe_runtime.bench.peers; Megatron-Core's without the
         experts' biases, which its linears do not take here). Returns the
         timings and, by name, why a peer is missing."""
-        from .peers import megatron_peer, tutel_peer
+        from .peers import failure, peer_builders
 
         timings, missing = [], {}
 
-        def probed(name: str, step: Callable[[], None]) -> None:
+        def probed(name: str, step: Callable[[], None], *config: Any) -> None:
             """The timing of `step`, or why it fails (a row saying so, not a crash: one GPU call runs it all)."""
             try:
                 step()
             except Exception as error:  # noqa: BLE001 -- reported in the table and the JSON
-                missing[name] = f"failed: {type(error).__name__}: {error}"[:300]
+                missing[name] = failure(error)
                 return
-            timings.append(Timing(name, step, *((plan.r, plan.d, plan.algo) if name == "graphed" else ())))
+            timings.append(Timing(name, step, *config))
 
         if self.args.device == "cuda":
             graphed = self.new_layer(cuda_graphs=1)
             probed("graphed", self.layer_step(graphed, x, capacity_factor=factor, adaptive_r=plan.r,
-                                              a2a_ffn_overlap_degree=plan.d, algo=plan.algo))
-        dispatcher = "alltoall" if self.args.device == "cuda" else "allgather"
-        builders = (("tutel", lambda: tutel_peer(self.layer, factor)),
-                    ("megatron-core", lambda: megatron_peer(self.layer, factor, dispatcher, drop_biases=True)))
-        for name, build in builders:
+                                              a2a_ffn_overlap_degree=plan.d, algo=plan.algo),
+                   plan.r, plan.d, plan.algo)
+        for name, build in peer_builders(self.layer, factor, drop_biases=True):
             try:
                 peer = build()
             except Exception as error:  # noqa: BLE001 -- reported in the table and the JSON
-                missing[name] = f"failed: {type(error).__name__}: {error}"[:300]
+                missing[name] = failure(error)
                 continue
             if peer.forward is None:
                 missing[peer.name] = peer.missing
@@ -322,8 +320,7 @@ class LayerBench:
             def step(peer=peer) -> None:
                 x.grad = None
                 peer.module.zero_grad(set_to_none=True)
-                y, l_aux = peer.forward(x)
-                (y.sum() if l_aux is None else y.sum() + l_aux).backward()  # Megatron's l_aux rides in its graph
+                peer.loss(x).backward()
 
             probed(peer.name, step)
         return timings, missing

@@ -142,23 +142,18 @@ def peers(tokens: int, args: argparse.Namespace) -> list[Layer]:
     import a2a
     from moe_runtime import MoELayer
 
-    from .peers import megatron_peer, tutel_peer
+    from .peers import peer_builders
 
     source = MoELayer(_gate(args), args.model_dim, _experts(args), comm=a2a.Comm.from_mpi(MPI.COMM_SELF),
                       seeds=(1, 2))
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
     layers = []
-    factor = args.capacity_factor
-    for peer in (tutel_peer(source, factor), megatron_peer(source, factor, "allgather")):
+    for _, build in peer_builders(source, args.capacity_factor):  # on the CPU: Megatron-Core's allgather dispatcher
+        peer = build()
         if peer.forward is None:
             layers.append(Layer(peer.name, missing=peer.missing))
             continue
-
-        def forward(peer=peer):
-            y, l_aux = peer.forward(x)
-            return y.sum() if l_aux is None else y.sum() + l_aux  # Megatron's auxiliary loss rides in its graph
-
-        layers.append(Layer(peer.name, peer.version, _step(forward, peer.module.parameters(), x)))
+        layers.append(Layer(peer.name, peer.version, _step(lambda peer=peer: peer.loss(x), peer.module.parameters(), x)))
     return layers
 
 

@@ -39,10 +39,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
-__all__ = ["Peer", "PeerAgreement", "check_peers", "installed_version", "megatron_peer", "start_group", "tutel_peer"]
+__all__ = ["Peer", "PeerAgreement", "check_peers", "failure", "installed_version", "megatron_peer", "peer_builders",
+           "start_group", "tutel_peer"]
 
 MISSING = "not installed (make peers)"
 
@@ -58,6 +58,11 @@ class Peer:
     module: torch.nn.Module | None = None
     forward: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]] | None = None
     missing: str = ""
+
+    def loss(self, x: torch.Tensor) -> torch.Tensor:
+        """A training step's loss: y.sum(), plus l_aux where it does not ride in the graph (Megatron-Core's does)."""
+        y, l_aux = self.forward(x)
+        return y.sum() if l_aux is None else y.sum() + l_aux
 
 
 def installed_version(package: str) -> str:
@@ -162,6 +167,22 @@ def megatron_peer(layer: Any, factor: float, dispatcher: str, aux_loss: float = 
     return Peer("megatron-core", megatron.core.__version__, module, forward)
 
 
+def peer_builders(layer: Any, factor: float, *, aux_loss: float = 1e-2,
+                  drop_biases: bool = False) -> tuple[tuple[str, Callable[[], Peer]], ...]:
+    """(name, build) of each peer of `layer` at capacity factor `factor`, built
+    when called: Megatron-Core's dispatcher is alltoall where the layer is on a
+    GPU, allgather on a CPU (see the module docstring)."""
+    dispatcher = "alltoall" if layer.gates[0].wg.weight.device.type == "cuda" else "allgather"
+    return (("tutel", lambda: tutel_peer(layer, factor)),
+            ("megatron-core", lambda: megatron_peer(layer, factor, dispatcher, aux_loss, drop_biases)))
+
+
+def failure(error: BaseException) -> str:
+    """What a peer's row says where it raised: the GPU check runs everything
+    in one call, so a peer that breaks there is a row, not the end of the run."""
+    return f"failed: {type(error).__name__}: {error}"[:300]
+
+
 def start_group(device: str) -> Callable[[], None]:
     """A one-process torch.distributed group for the peers (they take the
     default group: gloo on a CPU, NCCL on a GPU); returns what ends it and
@@ -225,21 +246,17 @@ def check_peers(comm: Any, *, experts: int = 8, top_k: int = 2, tokens: int = 48
         return y.detach(), inputs.grad
 
     y, dx = run(lambda t: (layer(t), None))
-    dispatcher = "alltoall" if device.type == "cuda" else "allgather"
-    builders = (("tutel", lambda: tutel_peer(layer, 0.0)),
-                ("megatron-core", lambda: megatron_peer(layer, 0.0, dispatcher, aux_loss=0.0)))
     results = []
-    for name, build in builders:
-        try:  # a peer that fails here is reported, not a crash: the GPU check runs everything in one call
+    for name, build in peer_builders(layer, 0.0, aux_loss=0.0):
+        try:
             peer = build()
             if peer.forward is None:
                 results.append(PeerAgreement(peer.name, peer.version, tolerance=tolerance, missing=peer.missing))
                 continue
             y_peer, dx_peer = run(peer.forward)
         except Exception as error:  # noqa: BLE001 -- its row says why
-            results.append(PeerAgreement(name, "?", tolerance=tolerance,
-                                         missing=f"failed: {type(error).__name__}: {error}"[:300]))
+            results.append(PeerAgreement(name, "?", tolerance=tolerance, missing=failure(error)))
             continue
-        errors = np.array([float((y - y_peer).abs().max()), float((dx - dx_peer).abs().max())])
-        results.append(PeerAgreement(peer.name, peer.version, float(errors[0]), float(errors[1]), tolerance))
+        results.append(PeerAgreement(peer.name, peer.version, float((y - y_peer).abs().max()),
+                                     float((dx - dx_peer).abs().max()), tolerance))
     return results

@@ -53,9 +53,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..gating.capacity import set_by_tokens
 from .host_values import all_gather_values
 
-__all__ = ["StepGraphs"]
+__all__ = ["StepGraphs", "autograd_records", "check_capturable"]
 
 WARMUP_RUNS = 3  # make_graphed_callables' eager runs before the capture (its default)
 
@@ -104,8 +105,8 @@ class StepGraphs:
     def run(self, layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,
             arguments: dict[str, Any]) -> torch.Tensor:
         """The call through its graphs, or `eager(x, **arguments)` where none may serve it."""
-        if not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in layer.parameters())):
-            return eager(x, **arguments)  # autograd records nothing: inference runs eagerly
+        if not autograd_records(layer, x):
+            return eager(x, **arguments)  # inference runs eagerly
         comm = layer.comm
         if comm.size > 1 and comm.mpi_comm is None:
             raise ValueError(_refused(f"its communicator (from_torch, {comm.size} ranks) has NCCL as its only "
@@ -167,6 +168,11 @@ def _signature(layer: Any, x: torch.Tensor, arguments: dict[str, Any]) -> tuple[
     return _hash(call), _hash(tuple(x.shape)), tokens, _hash(parameters)
 
 
+def autograd_records(module: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether autograd records a call of `module` on `x` (a training call)."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
+
+
 def _refused(why: str) -> str:
     return f"MoELayer(cuda_graphs=...) cannot capture this call: {why}"
 
@@ -196,15 +202,15 @@ def check_capturable(layer: Any, arguments: dict[str, Any]) -> None:
     factor = arguments.get("capacity_factor")
     if factor is None and 0 <= gate_index < len(layer.gates):
         factor = layer.gates[gate_index].capacity_factor
-    if factor is not None and (factor < 0 or (factor == 0 and layer.dropless_capacity != "worst_case")):
+    if factor is not None and not set_by_tokens(factor, layer.dropless_capacity):
         raise ValueError(_refused(f"capacity_factor={factor} sizes the capacity from the experts' counts, read "
                                   "back on the host" + (": construct the layer with dropless_capacity='worst_case'"
                                                         if factor == 0 else "")))
 
 
 def _capture(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor, arguments: dict[str, Any]) -> _Captured:
-    """Collective: the call's forward and backward captured (after make_graphed_callables' eager runs)."""
-    check_capturable(layer, arguments)
+    """Collective: the call's forward and backward captured (after make_graphed_callables' eager runs);
+    run() checked that it can be."""
     sample = x.detach().clone().requires_grad_(x.requires_grad)
     step = _Step(layer, eager, arguments)
     with layer._pool.isolated() as buffers:
