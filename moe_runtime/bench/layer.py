@@ -30,12 +30,14 @@ GPU"). ``--gpu-step`` is the issue's comparison on one GPU, in seconds::
 
 which is ``--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens
 4096,16384 --peer-factors 1 -M 1024 -H 1024 -E 8 -k 2 -w 3 -r 10 --switch-pairs 0
---dropless-factors '' --dynamic-steps 0``: no sweep (``--tokens 0``), the
+--dropless-factors '' --dynamic-steps 0 --profile 12``: no sweep (``--tokens 0``), the
 T = 4096 and 16384, f = 1 cases alone: the dictionary's search, then the
 step, its expert compute, the same step replayed from CUDA graphs
 (``MoELayer(cuda_graphs=1)``), Tutel's and Megatron-Core's layers over the
 same weights (moe_runtime.bench.peers, where installed: the GPU check's kit
-installs them) and GShard taking turns, 10 rounds after 3 warm-up steps.
+installs them) and GShard taking turns, 10 rounds after 3 warm-up steps;
+then, for each of them, the 12 kernels with the most device time in one
+step (moe_runtime.bench.kernel_profile; JSON: the summary's ``profiles``).
 Before, on one rank, every peer is checked against the layer in float64
 (``peers_check``). Flags given with it win (``--device cpu`` and smaller
 sizes: the same run on the CPU, without the graphed row). Its JSON: each
@@ -209,6 +211,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     import a2a
 
+    from .kernel_profile import format_profile
     from .peer import check_peer
     from .peers import check_peers, start_group
 
@@ -302,6 +305,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         line = format_comparison(summary)
         if line:
             say(line)
+    for summary in summaries:
+        if summary.get("profiles"):
+            unit = "kernel" if args.device == "cuda" else "op"
+            say(f"# where a step's time goes, T={summary['tokens']} f={summary['factor']:g} (torch.profiler, "
+                f"{unit}s by self time; adaptive = our eager step):")
+            for kind, profile in summary["profiles"].items():
+                for line in format_profile(kind, profile, profile["step_ms"], unit):
+                    say(line)
     if args.prior:
         say("#")
         say(f"# prior: a2a.sim preset {args.prior}, factor {args.prior_factor:g}: trials of the search with the "

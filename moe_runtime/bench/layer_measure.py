@@ -325,6 +325,18 @@ class LayerBench:
             probed(peer.name, step)
         return timings, missing
 
+    def profiles(self, timings: list[Timing], seconds: list[float]) -> dict[str, dict]:
+        """By timing's kind (the static sweep's left out): where one step's
+        self time goes (moe_runtime.bench.kernel_profile), with the step's
+        median time; on one rank only."""
+        from .kernel_profile import top_self_time
+
+        if self.comm.size != 1:
+            return {}
+        return {t.kind: {**top_self_time(self.torch, t.step, device=self.args.device, top=self.args.profile),
+                         "step_ms": taken * 1e3}
+                for t, taken in zip(timings, seconds) if t.kind != "static"}
+
     # -- one case ----------------------------------------------------------------------------------------
     def run_case(self, case: Case) -> tuple[list[dict], dict]:
         """The rows and the summary of one (T, f)."""
@@ -383,6 +395,8 @@ class LayerBench:
                                                                   self.comm.num_nodes > 1 and self.comm.local_size > 1)
         summary = summarize(case, rows, tuning, expert_shape, plan)
         summary["peers"].update({name: {"missing": why} for name, why in missing.items()})
+        if case.comparison and args.profile:
+            summary["profiles"] = self.profiles(timings, seconds)
         # Switching r: the sweep cases only (a comparison case's steps cost seconds each).
         if not case.comparison and len(self.layer.valid_rs) > 1 and args.switch_pairs:
             summary["switch"] = summarize_switch(*self.switch_pairs(x, case.factor, plan))

@@ -29,13 +29,13 @@ DEFAULTS = {
     "tokens": 256, "model_dim": 1024, "hidden": 1024, "experts": 8, "top_k": 2, "factors": [1.0, 2.0, 4.0, 8.0],
     "degrees": [1, 2, 4, 8], "algos": list(ALGOS), "warmup": 1, "repeats": 3, "tune_repeats": 3,
     "peer_tokens": [4096], "peer_factors": [1.0], "switch_pairs": 15, "dropless_factors": [1.25, 2.0, 4.0],
-    "dynamic_steps": 8,
+    "dynamic_steps": 8, "profile": 0,
 }
 QUICK = {
     "tokens": 64, "model_dim": 32, "hidden": 64, "experts": 8, "top_k": 2, "factors": [1.0, 2.0],
     "degrees": [1, 2], "algos": list(ALGOS), "warmup": 1, "repeats": 1, "tune_repeats": 1,
     "peer_tokens": [128], "peer_factors": [1.0], "switch_pairs": 2, "dropless_factors": [1.25],
-    "dynamic_steps": 2,
+    "dynamic_steps": 2, "profile": 0,
 }
 # --gpu-step: the issue's comparison on one GPU alone, 1 rank (T = 4096 and
 # 16384: the step, its expert compute, the graphed step, Tutel, Megatron-Core
@@ -46,7 +46,7 @@ GPU_STEP = {
     "peer_tokens": [ISSUE_SIZE["tokens"], 16384],
     "model_dim": ISSUE_SIZE["model_dim"], "hidden": ISSUE_SIZE["hidden"], "experts": ISSUE_SIZE["experts"],
     "top_k": ISSUE_SIZE["top_k"], "peer_factors": [ISSUE_SIZE["factor"]], "warmup": 3, "repeats": 10,
-    "switch_pairs": 0, "dropless_factors": [], "dynamic_steps": 0,
+    "switch_pairs": 0, "dropless_factors": [], "dynamic_steps": 0, "profile": 12,
 }
 
 
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dynamic-steps", type=int, help="steps of the skewed routing on which the per-expert dynamic "
                    "capacity is timed against the no-drop static factor and dropless (default "
                    f"{d['dynamic_steps']}; 0: none)")
+    p.add_argument("--profile", type=int, metavar="N", help="after each comparison case's timings, where one step "
+                   "of each layer spends its time: the N kernels (CUDA) or ops (CPU) with the most self time, "
+                   "torch.profiler (default 0: none; --gpu-step 12)")
     p.add_argument("--no-peer", action="store_true", help="skip the GShard peer (its check, rows and cases)")
     p.add_argument("-w", "--warmup", type=int, help=f"untimed steps of each configuration (default {d['warmup']})")
     p.add_argument("-r", "--repeats", type=int,
@@ -159,6 +162,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ("--tune-repeats", args.tune_repeats, 1),
         ("--switch-pairs", args.switch_pairs, 0),
         ("--dynamic-steps", args.dynamic_steps, 0),
+        ("--profile", args.profile, 0),
         ("--threads", args.threads, 1),
         *(("--degrees", degree, 1) for degree in args.degrees),
     ))

@@ -130,9 +130,11 @@ def megatron_peer(layer: Any, factor: float, dispatcher: str, aux_loss: float = 
         raise ValueError("Megatron-Core's experts have no biases here: give the layer none to compare")
     weight = layer.gates[0].wg.weight
 
-    class HostRouter(TopKRouter):
-        """The router's linear where its weight is: TopKRouter.gating moves
-        the weight to CUDA, and its fused linear needs Transformer Engine."""
+    class PlainRouter(TopKRouter):
+        """The router's linear as Megatron-Core computes it without
+        Transformer Engine, where its weight is. TopKRouter.gating moves the
+        weight to CUDA, and 0.16.1's fallback there names te_general_gemm,
+        which is undefined when Transformer Engine is missing (a NameError)."""
 
         def gating(self, inputs):
             dtype = {"fp32": torch.float32, "fp64": torch.float64}.get(self.config.moe_router_dtype, inputs.dtype)
@@ -150,8 +152,7 @@ def megatron_peer(layer: Any, factor: float, dispatcher: str, aux_loss: float = 
         params_dtype=weight.dtype, bf16=weight.dtype == torch.bfloat16,
         moe_router_dtype="fp64" if weight.dtype == torch.float64 else None)
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False).submodules.mlp.submodules
-    if weight.device.type == "cpu":
-        spec = dataclasses.replace(spec, router=HostRouter)
+    spec = dataclasses.replace(spec, router=PlainRouter)
     module = _place(MoELayer(config, spec), layer)
     fc1, fc2 = layer.experts.batched_fc1_w, layer.experts.batched_fc2_w  # (E, H, M) each
     with torch.no_grad():

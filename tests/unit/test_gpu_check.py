@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 
+from gpu_check import __main__ as gpu_check_main
 from gpu_check import report, stages, targets
 from gpu_check.environment import Environment
 
@@ -147,6 +148,33 @@ def test_a_step_reports_pytest_summary_failures_and_skips(tmp_path):
     dry = stages.run_step(stage, stages.Step("no dry part", 1, step.command), environment(tmp_path),
                           tmp_path / "log.txt", dry=True, budget_s=10)
     assert dry.status == "not run: no GPU"
+
+
+def test_an_early_step_runs_beside_the_others_and_its_wait_has_the_budget(tmp_path):
+    """Started after the build, it runs while the next steps do; its stage waits
+    for it at most its budget, and its output stays in its own log."""
+    early = stages.Step("compiles", 5, lambda e: [e.python, "-c", "import time; time.sleep(1.5); print('built')"],
+                        early=True)
+    stage = stages.Stage("peers", "a stage", "peers.txt", (early,))
+    began = time.monotonic()
+    pending = stages.start_step(stage, early, environment(tmp_path), tmp_path / "peers.txt", dry=False, budget_s=5)
+    other = stages.Step("meanwhile", 5, lambda e: [e.python, "-c", "import time; time.sleep(1.5); print('ran')"])
+    beside = stages.run_step(stages.Stage("tests", "b", "tests.txt", (other,)), other, environment(tmp_path),
+                             tmp_path / "tests.txt", dry=False, budget_s=5)
+    result = stages.finish_step(pending, budget_s=5)
+    assert beside.status == result.status == "passed" and result.summary == "built"
+    assert time.monotonic() - began < 2.9, "the two ran one after the other"
+    assert "ran" not in (tmp_path / "peers.txt").read_text()
+    stuck = stages.start_step(stage, early, environment(tmp_path), tmp_path / "peers.txt", dry=False, budget_s=5)
+    assert stages.finish_step(stuck, budget_s=0.2).status == "over budget (0 s)"
+
+
+def test_only_and_step_choose_the_steps_of_a_rerun():
+    args = gpu_check_main.parse_args(["--kit", "k", "--only", "bench", "--step", "gpu-step"])
+    picked = [step.name for stage in stages.STAGES for step in stage.steps if gpu_check_main.chosen(args, stage, step)]
+    assert picked == ["moe_runtime.bench --gpu-step"]
+    everything = gpu_check_main.parse_args(["--kit", "k"])
+    assert all(gpu_check_main.chosen(everything, stage, step) for stage in stages.STAGES for step in stage.steps)
 
 
 def test_the_summary_names_the_machine_the_steps_the_targets_and_the_failures(tmp_path):

@@ -141,7 +141,7 @@ def test_gpu_step_preset_is_the_issues_comparison_alone():
 def test_gpu_step_is_its_flags_spelled_out():
     """The module docstring's spelling of --gpu-step parses to the same run."""
     text = ("--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens 4096,16384 --peer-factors 1 -M 1024 -H 1024 "
-            "-E 8 -k 2 -w 3 -r 10 --switch-pairs 0 --dropless-factors '' --dynamic-steps 0")
+            "-E 8 -k 2 -w 3 -r 10 --switch-pairs 0 --dropless-factors '' --dynamic-steps 0 --profile 12")
     assert text in " ".join(layer.__doc__.split())
     spelled = shlex.split(text)
     preset, flags = vars(layer_options.parse_args(["--gpu-step"])), vars(layer_options.parse_args(spelled))

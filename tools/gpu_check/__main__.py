@@ -4,6 +4,7 @@
     tools/gpu_check.sh                          # the device machine: build, every stage
     tools/gpu_check.sh --dry-run                # here: up to the first GPU call
     tools/gpu_check.sh --only tests --only bench   # a rerun of some stages
+    tools/gpu_check.sh --only bench --step gpu-step   # of some steps (a part of their names)
     tools/gpu_check.sh --list                   # the stages, steps and budgets
 
 Writes into --out (default $OUT, else build/gpu-check): gpu_check.md (the
@@ -23,7 +24,17 @@ from pathlib import Path
 
 from .environment import DEFAULT_ARCH, build, detect_arch, facts, install_kit, prepare
 from .report import write
-from .stages import BUILD_BUDGET_S, DEADLINE_S, DRY_BUILD_BUDGET_S, NOT_CHOSEN, STAGES, Result, run_step
+from .stages import (
+    BUILD_BUDGET_S,
+    DEADLINE_S,
+    DRY_BUILD_BUDGET_S,
+    NOT_CHOSEN,
+    STAGES,
+    Result,
+    Started,
+    finish_step,
+    start_step,
+)
 from .targets import evaluate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="no GPU: everything up to the first GPU call")
     p.add_argument("--only", action="append", choices=[s.key for s in STAGES],
                    help="run only these stages (the build always runs); repeatable")
+    p.add_argument("--step", action="append", metavar="PART",
+                   help="run only the steps whose name contains PART (within --only's stages); repeatable")
     p.add_argument("--out", type=Path, help="where the summary and logs go (default $OUT, else build/gpu-check)")
     p.add_argument("--work", type=Path, default=Path("/tmp/a2a-gpu-check"),
                    help="scratch folder, emptied first (default /tmp/a2a-gpu-check)")
@@ -51,8 +64,15 @@ def list_stages() -> None:
     for stage in STAGES:
         print(f"{stage.key:<7}{stage.budget_s:4d} s  {stage.title}")
         for step in stage.steps:
-            print(f"       {step.budget_s:4d} s    {step.name}")
+            when = " (starts after the build, in the background; the budget is its stage's wait)" if step.early else ""
+            print(f"       {step.budget_s:4d} s    {step.name}{when}")
     print(f"deadline {DEADLINE_S} s from the start, everything included")
+
+
+def chosen(args: argparse.Namespace, stage, step) -> bool:
+    """The step is in --only's stages and its name contains a --step part."""
+    return ((not args.only or stage.key in args.only)
+            and (not args.step or any(part in step.name for part in args.step)))
 
 
 def run_build(environment, kit: Path, log_path: Path, arch: str | None, dry: bool) -> Result:
@@ -96,18 +116,28 @@ def main(argv: list[str]) -> int:
     built = run_build(environment, args.kit.resolve(), out / "build.log", args.arch, args.dry_run)
     deadline = (time.monotonic() + DEADLINE_S - BUILD_BUDGET_S) if args.dry_run else started + DEADLINE_S
     print(f"{'ok  ' if built.ok else 'FAIL'}  build ({built.seconds:.0f} s): {built.summary}", flush=True)
+    for stage in STAGES:
+        (out / stage.log).write_text(f"# {stage.key}: {stage.title}\n")
+    # The early steps start now, in the background; each is awaited in its stage's turn.
+    early = {}
+    if built.ok and not args.dry_run:
+        for stage in STAGES:
+            for step in stage.steps:
+                if step.early and chosen(args, stage, step):
+                    early[step.name] = start_step(stage, step, environment, out / stage.log, dry=False,
+                                                  budget_s=step.budget_s)
     results: list[Result] = []
     for stage in STAGES:
-        log_path = out / stage.log
-        log_path.write_text(f"# {stage.key}: {stage.title}\n")
         for step in stage.steps:
-            if args.only and stage.key not in args.only:
+            if not chosen(args, stage, step):
                 result = Result(stage.key, step.name, NOT_CHOSEN, budget_s=step.budget_s)
             elif not built.ok:
                 result = Result(stage.key, step.name, "not run: the build failed", budget_s=step.budget_s)
             else:
                 budget = min(step.budget_s, deadline - time.monotonic())
-                result = run_step(stage, step, environment, log_path, dry=args.dry_run, budget_s=budget)
+                pending = early.get(step.name) or start_step(stage, step, environment, out / stage.log,
+                                                             dry=args.dry_run, budget_s=budget)
+                result = finish_step(pending, budget) if isinstance(pending, Started) else pending
             results.append(result)
             word = "ok  " if result.ok else "FAIL"
             print(f"{word}  {stage.key}: {step.name} ({result.seconds:.0f} s): {result.status}; {result.summary}",
@@ -118,7 +148,7 @@ def main(argv: list[str]) -> int:
     write(summary, dry=args.dry_run, facts=facts(environment, args.kit.resolve()), build=built, results=results,
           targets=targets, seconds=time.monotonic() - started)
     print(summary.read_text(), flush=True)
-    # A step left out on purpose (--only, the dry run's GPU part) is no failure; one the deadline cut is.
+    # A step left out on purpose (--only, --step, the dry run's GPU part) is no failure; one the deadline cut is.
     return 0 if all(r.ok for r in [built, *results]) else 1
 
 

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 
 PIP = [sys.executable, "-m", "pip", "install", "--isolated", "--quiet", "--no-index", "--no-deps", "--no-compile",
        "--ignore-installed"]
@@ -58,6 +59,13 @@ def nccl_paths() -> tuple[str, str] | None:
     return os.path.join(root, "include"), os.path.join(root, "lib")
 
 
+def gpu_arch() -> str:
+    """This GPU's compute capability, as TORCH_CUDA_ARCH_LIST spells it ("9.0")."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print('%d.%d' % torch.cuda.get_device_capability())"],
+                           capture_output=True, text=True, check=False)
+    return probe.stdout.strip() or "9.0"
+
+
 def main(argv: list[str]) -> int:
     kit, prefix, work = argv[:3]
     dry = "--dry" in argv[3:]
@@ -67,9 +75,11 @@ def main(argv: list[str]) -> int:
     if dry:
         return 0
     status = 0
+    started = time.monotonic()
     if wheels:
         subprocess.run([*PIP, "--find-links", os.path.dirname(wheels[0]), "--prefix", prefix, "megatron-core"],
                        check=False)
+        print(f"megatron-core installed after {time.monotonic() - started:.1f} s", flush=True)
     if archive:
         source = os.path.join(work, "tutel-src")
         with tarfile.open(archive) as tar:
@@ -87,8 +97,13 @@ def main(argv: list[str]) -> int:
                 os.symlink(target, os.path.join(link, "libnccl.so"))
             env["LIBRARY_PATH"] = os.pathsep.join([link, env["LIBRARY_PATH"]])
         env["MAX_JOBS"] = str(os.cpu_count() or 4)
+        # torch's extension builder compiles for this GPU only (unset, it may add every architecture it knows)
+        env.setdefault("TORCH_CUDA_ARCH_LIST", gpu_arch())
         subprocess.run([*PIP, "--no-build-isolation", "--prefix", prefix, source], env=env, check=False)
+        print(f"tutel compiled and installed after {time.monotonic() - started:.1f} s "
+              f"(TORCH_CUDA_ARCH_LIST={env['TORCH_CUDA_ARCH_LIST']})", flush=True)
     probe = subprocess.run([sys.executable, "-c", PROBE], check=False)
+    print(f"probe exit {probe.returncode} after {time.monotonic() - started:.1f} s", flush=True)
     if probe.returncode != 0 or not wheels or not archive:
         status = 1
     return status

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from typing import IO
 
 MARKER = "A2A_GPU_CHECK_STEP"
@@ -50,14 +51,31 @@ def stop(process: subprocess.Popen, marker: str) -> None:
         time.sleep(0.5)
 
 
-def run_held(argv: list[str], *, cwd: os.PathLike, env: dict[str, str], log: IO[str], timeout_s: float) -> int | None:
-    """Runs argv with its output in log; its exit status, or None when it ran
-    past timeout_s (it is stopped then, with the processes it started)."""
+@dataclass
+class Held:
+    """A started command: wait() holds it to a budget counted from the wait."""
+    process: subprocess.Popen
+    marker: str
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Its exit status, or None when it ran past timeout_s (it is stopped
+        then, with the processes it started)."""
+        try:
+            return self.process.wait(timeout=max(timeout_s, 0))
+        except subprocess.TimeoutExpired:
+            stop(self.process, self.marker)
+            return None
+
+
+def start_held(argv: list[str], *, cwd: os.PathLike, env: dict[str, str], log: IO[str]) -> Held:
+    """Starts argv with its output in log, in a session of its own."""
     marker = f"{os.getpid()}-{time.monotonic_ns()}"
     process = subprocess.Popen(argv, cwd=cwd, env=dict(env, **{MARKER: marker}), stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        stop(process, marker)
-        return None
+    return Held(process, marker)
+
+
+def run_held(argv: list[str], *, cwd: os.PathLike, env: dict[str, str], log: IO[str], timeout_s: float) -> int | None:
+    """Runs argv with its output in log; its exit status, or None when it ran
+    past timeout_s (it is stopped then, with the processes it started)."""
+    return start_held(argv, cwd=cwd, env=env, log=log).wait(timeout_s)
