@@ -119,6 +119,7 @@ def prepare(root: Path, work: Path) -> Environment:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["A2A_TIMEOUT_S"] = "60"  # a wait that hangs fails in a minute, not at the stage's budget
+    env["A2A_TEST_HANG_S"] = "30"  # tests/gpu: a test past 30 s dumps its stacks and ends (tests/gpu/conftest.py)
     environment.env = env
     return environment
 

@@ -118,13 +118,15 @@ KIT_MPIRUN_CODE = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
 
 KIT_MPIRUN: Command = lambda e: [e.python, "-m", "a2a.launch", "--np", "2", "--", e.python, "-c",
                                  KIT_MPIRUN_CODE]
-# A test that hangs dumps every thread's stack after 20 s (pytest's faulthandler), before its step's budget
-# kills it without a summary. Two steps, so that one of them stuck still leaves the other's failures.
-HANG_DUMP = ("-o", "faulthandler_timeout=20")
+# One line per test (-v twice past -q), so that a test that hangs is named by the last line before the
+# stacks tests/gpu/conftest.py dumps (A2A_TEST_HANG_S, set by environment.py); a failure's traceback is
+# written when it fails. Three steps, so that one of them stuck still leaves the others' results.
+VERBOSE = ("-v", "-v")
 GPU_KERNEL_TESTS = pytest("tests/gpu/test_collectives_gpu.py", "tests/gpu/test_es_ops_gpu.py",
-                          "tests/gpu/test_layout_gpu.py", "tests/gpu/test_moe_gpu.py", extra=HANG_DUMP)
-GPU_LAYER_TESTS = pytest("tests/gpu/test_fp8_gpu.py", "tests/gpu/test_layer_graphs_gpu.py",
-                         "tests/gpu/test_runtime_gpu.py", "tests/gpu/test_tutel_gpu.py", extra=HANG_DUMP)
+                          "tests/gpu/test_layout_gpu.py", "tests/gpu/test_moe_gpu.py", extra=VERBOSE)
+GPU_FP8_TESTS = pytest("tests/gpu/test_fp8_gpu.py", extra=VERBOSE)
+GPU_LAYER_TESTS = pytest("tests/gpu/test_layer_graphs_gpu.py", "tests/gpu/test_runtime_gpu.py",
+                         "tests/gpu/test_tutel_gpu.py", extra=VERBOSE)
 UNIT_CUDA = pytest("tests/unit/test_moe_devices.py", "tests/unit/test_torch_collectives.py",
                    "tests/unit/test_expert_cache.py", "tests/unit/test_layout.py", extra=("-k", "cuda"))
 STAGED = pytest("tests/gpu/test_staged_mpi_gpu.py")
@@ -158,22 +160,24 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 # to the deadline.
 STAGES = (
     Stage("tests", "tests/gpu and the unit tests' CUDA cases, one process", "1-tests.log", (
-        Step("tests/gpu: kernels, collectives on NCCL, from_torch, staged 1 rank, graphs", 35,
+        Step("tests/gpu: kernels, collectives on NCCL, from_torch, staged 1 rank, graphs", 42,
              GPU_KERNEL_TESTS, collect(GPU_KERNEL_TESTS)),
-        Step("tests/gpu: FP8, the graphed layer, the runtime, Tutel's helloworld", 45,
-             GPU_LAYER_TESTS, collect(GPU_LAYER_TESTS)),
-        Step("tests/unit CUDA cases", 28, UNIT_CUDA, collect(UNIT_CUDA)),
+        Step("tests/gpu: FP8 (kernels, the layer's dispatch, low latency)", 20, GPU_FP8_TESTS,
+             collect(GPU_FP8_TESTS)),
+        Step("tests/gpu: the graphed layer, the runtime, Tutel's helloworld", 30, GPU_LAYER_TESTS,
+             collect(GPU_LAYER_TESTS)),
+        Step("tests/unit CUDA cases", 26, UNIT_CUDA, collect(UNIT_CUDA)),
     )),
     Stage("mpirun", "mpirun on the one GPU: staged MPI with 2, 3 and 4 ranks, NCCL from a torch NCCL group",
           "2-mpirun.log", (
         Step("the kit's mpirun and mpi4py, 2 ranks", 4, KIT_MPIRUN, KIT_MPIRUN),
-        Step("staged MPI transport, ranks sharing the GPU", 28, STAGED, collect(STAGED)),
+        Step("staged MPI transport, ranks sharing the GPU", 26, STAGED, collect(STAGED)),
         Step("NCCL communicator from a torch.distributed NCCL group, CUDA graphs", 16, NCCL_GROUP,
              collect(NCCL_GROUP)),
     )),
     Stage("runtime", "moe_runtime on CUDA tensors against its float64 reference, ranks sharing the GPU",
           "3-runtime.log", (
-        Step("tests/run_mpi.py --gpu", 100, RUNTIME, lambda e: [*RUNTIME(e), "--collect-only"]),
+        Step("tests/run_mpi.py --gpu", 92, RUNTIME, lambda e: [*RUNTIME(e), "--collect-only"]),
     )),
     Stage("peers", "Tutel and Megatron-Core from the kit, for the layer step's comparison", "4-peers.log", (
         Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 45, PEERS, lambda e: [*PEERS(e), "--dry"],
@@ -190,7 +194,7 @@ STAGES = (
              parse_only("a2a.bench", *ES_ARGS)),
         Step("a2a.bench --op quantize_fp8,dequantize_fp8 --device cuda", 8, python_module("a2a.bench", *FP8_ARGS),
              parse_only("a2a.bench", *FP8_ARGS)),
-        Step("moe_runtime.bench --gpu-step", 45, python_module("moe_runtime.bench", *LAYER_ARGS),
+        Step("moe_runtime.bench --gpu-step", 40, python_module("moe_runtime.bench", *LAYER_ARGS),
              parse_only("moe_runtime.bench", *LAYER_ARGS)),
         *(Step(f"nccl_tests_ext {program} {' '.join(extra)}".rstrip(), 5, nccl_perf(program, *NCCL_ARGS, *extra),
                nccl_help(program, *NCCL_ARGS, *extra))
