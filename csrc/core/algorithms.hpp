@@ -28,6 +28,16 @@ void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces
                      const std::function<Span(int, size_t)>& send_piece,
                      const std::function<Span(int, size_t)>& recv_piece);
 
+// A group of one member (one rank, or one rank per node): its pieces are
+// copied on `device`, stream-ordered, instead of sent to itself through a
+// transport (a NCCL self send costs a group launch on the host, the staged
+// transport a round trip through host memory and a wait for the stream, MPI
+// a match). False, and nothing done, for a larger group or spans whose
+// blocks the device's copies cannot pair (both strided, of different blocks).
+bool copy_own_pieces(Device& device, const PeerGroup& group, size_t pieces,
+                     const std::function<Span(int, size_t)>& send_piece,
+                     const std::function<Span(int, size_t)>& recv_piece);
+
 // An algorithm's exchanges go over the comm's data transport and carry the
 // call's cross-rank check where it travels in band (check non-null:
 // Comm::exchange_in_band); nullptr means agree() already ran, or the check
