@@ -25,3 +25,14 @@ def test_the_largest_ops_of_a_step_come_first_with_their_counts_per_step():
                / profile["busy_ms"]) < 1e-9
     lines = format_profile("ours", profile, 1.5, "op")
     assert lines[0].startswith("#   ours:") and "of a 1.50 ms step" in lines[0] and "aten::mm" in lines[1]
+
+
+def test_a_gpu_profile_lists_the_hosts_ops_after_its_kernels():
+    rows = [{"name": "gemm", "ms": 0.2, "calls": 3.0, "share": 0.5}]
+    profile = {"busy_ms": 0.4, "kernels": 9, "rows": rows,
+               "host": {"busy_ms": 1.0, "kernels": 30, "rows": [{"name": "cudaLaunchKernel", "ms": 0.3,
+                                                                 "calls": 40.0, "share": 0.3}]}}
+    lines = format_profile("graphed", profile, 1.46, "kernel")
+    assert "0.40 ms of kernel self time per step of a 1.46 ms step" in lines[0]
+    assert lines[2].startswith("#   graphed, on the host: 1.00 ms of op self time per step,")
+    assert "cudaLaunchKernel" in lines[3] and "x40" in lines[3]
