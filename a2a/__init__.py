@@ -26,6 +26,8 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
 - Expert-specific operators (Hexa-MoE): ``es_index`` (an :class:`ESIndex`,
   the re-index vector), ``esmm``, ``ess`` and ``estmm``: the experts'
   matmuls on tokens in their order.
+- Arrays: NumPy, torch (CPU and CUDA), CuPy, and JAX arrays on the CPU
+  (through DLPack; given one, a collective or kernel returns JAX arrays).
 - Autograd: :mod:`a2a.torch` has torch.autograd versions of the collectives
   and the MoE kernels; the functions above use them by themselves when a
   torch input requires grad while grad mode is on.
@@ -79,9 +81,17 @@ from ._fp8 import (
     quantize_fp8,
     unpack_fp8,
 )
+from ._jax import returns_jax as _returns_jax
 from ._low_latency import LowLatencyBuffer
 from ._moe import fast_decode, fast_encode, permute, unpermute
 from ._routing import Routing, route
+
+# Given a JAX array (on the CPU, through DLPack), these return JAX arrays (a2a/_jax.py).
+for _name in (*_collectives.COLLECTIVES, "fast_encode", "fast_decode", "permute", "unpermute", "esmm", "ess",
+              "estmm", "dequantize_fp8"):
+    globals()[_name] = _returns_jax(globals()[_name])
+VPlan.run = _returns_jax(VPlan.run)
+del _name
 
 __version__ = "0.1.0"
 

@@ -17,6 +17,7 @@ import numpy as np
 from . import _C
 from ._counters import note_allocation
 from ._errors import InvalidArgumentError
+from ._jax import gpu_array_error, is_jax_array
 
 # a2a_dtype_t codes of csrc/include/a2a/a2a.h.
 DTYPE_CODES = {
@@ -165,7 +166,12 @@ def view(x: Any, what: str) -> ArrayView:
 
 
 def _exported_numpy(x: Any, what: str) -> np.ndarray:
-    """A NumPy view of an object exporting DLPack or the buffer protocol."""
+    """A NumPy view of an object exporting DLPack (a JAX array on the CPU
+    among them: a2a._jax) or the buffer protocol."""
+    if is_jax_array(x):
+        refused = gpu_array_error(x, what)
+        if refused is not None:
+            raise InvalidArgumentError(refused)
     if hasattr(x, "__dlpack__"):
         how, export = "DLPack", lambda: np.from_dlpack(x)
     else:
@@ -331,5 +337,12 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
     if reason is None and (o.shape != shape or o.dtype_name != like.dtype_name):
         reason = f"{what} has shape {o.shape} and dtype {o.dtype_name}; expected shape {shape} and dtype {like.dtype_name}"
     if reason is None and not o.writeable:
-        reason = f"{what} is read-only"
+        reason = read_only(out, what)
     return o, reason
+
+
+def read_only(out: Any, what: str) -> str:
+    """The message for an output that cannot be written."""
+    if is_jax_array(out):
+        return f"{what} is a JAX array, and JAX arrays are immutable: out= takes NumPy, torch or CuPy arrays"
+    return f"{what} is read-only"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _C
-from ._arrays import DTYPE_CODES, ArrayView, address_of, argument_view, empty_like, is_torch_tensor
+from ._arrays import DTYPE_CODES, ArrayView, address_of, argument_view, empty_like, is_torch_tensor, read_only
 from ._errors import InvalidArgumentError
 from ._routing import Routing, native_routing, routing_view
 
@@ -65,7 +65,7 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
             f"{math.prod(shape)} {like.dtype_name} elements",
         )
     if not o.writeable:
-        _fail(op, f"out ({o.describe()}) is read-only")
+        _fail(op, read_only(out, f"out ({o.describe()})"))
     return o.obj
 
 

@@ -61,19 +61,23 @@ A2A_VARIABLES = (
     "A2A_TEST_TIMEOUT",
     "A2A_TEST_STAGING",
     "A2A_TEST_THREADS",
+    "A2A_TEST_JAX",
     "A2A_TEST_MPI_THREAD_LEVEL",
     "A2A_TEST_DEVICE",
     "A2A_DEBUG",
     "A2A_FLEX_PATH",
     "A2A_NUM_THREADS",
 )
-# Every test file but the timeout and thread ones (which run in their own configurations).
+# JAX arrays against jax.lax.all_to_all: their own configurations (A2A_TEST_JAX=1), so that the other
+# configurations do not import JAX in every rank.
+JAX_TESTS = os.path.join(MPI_TESTS, "test_mpi_jax.py")
+# Every test file but the timeout, thread and JAX ones (which run in their own configurations).
 COLLECTIVE_TESTS = [
     os.path.join(MPI_TESTS, name)
     for name in sorted(os.listdir(os.path.join(ROOT, MPI_TESTS)))
     if name.startswith("test_")
     and name.endswith(".py")
-    and name not in (os.path.basename(TIMEOUT_TESTS), os.path.basename(THREAD_TESTS))
+    and name not in (os.path.basename(TIMEOUT_TESTS), os.path.basename(THREAD_TESTS), os.path.basename(JAX_TESTS))
 ]
 
 
@@ -147,6 +151,9 @@ CONFIGS = [
     # Every flexible all-to-all through one forced path (A2A_FLEX_PATH): the
     # small layouts of the suite take pieces and datatypes too, and their
     # small messages the in-band check's scratch copy (strided for datatypes).
+    Config("jax-np3", 3, paths=[JAX_TESTS], env={"A2A_TEST_JAX": "1"}, note="JAX arrays against jax.lax.all_to_all"),
+    Config("jax-2x2", 4, 2, paths=[JAX_TESTS], env={"A2A_TEST_JAX": "1"},
+           note="JAX arrays against jax.lax.all_to_all, 2 nodes x 2 ranks"),
     Config("flex-pieces-3", 3, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "pieces"}, note="flex: pieces forced"),
     Config(
         "flex-datatypes-2x2", 4, 2, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "datatypes"}, note="flex: datatypes forced"

@@ -18,6 +18,8 @@ packages+=("matplotlib==3.11.2")
 # torch is optional for the library; the tests cover torch CPU tensors. The
 # pin matters: an unpinned torch pulls several GB of CUDA wheels.
 packages+=("torch==2.13.0")
+# JAX on the CPU: the tests of JAX arrays in the collectives and kernels (a2a/_jax.py).
+packages+=("jax[cpu]==0.10.2")
 # NCCL headers and libnccl.so.2 for the NCCL transport, where CUDA code is
 # built (nvcc on PATH); CMake finds them in the venv (CMakeLists.txt).
 if command -v nvcc >/dev/null 2>&1; then
