@@ -32,8 +32,10 @@ void exchange_pieces(Transport& transport, const PeerGroup& group, size_t pieces
 // copied on `device`, stream-ordered, instead of sent to itself through a
 // transport (a NCCL self send costs a group launch on the host, the staged
 // transport a round trip through host memory and a wait for the stream, MPI
-// a match). False, and nothing done, for a larger group or spans whose
-// blocks the device's copies cannot pair (both strided, of different blocks).
+// a match). The spans are the data transport's, in the device's memory: the
+// control path's host spans (digests, counts) keep their transport. False,
+// and nothing done, for a larger group or spans whose blocks the device's
+// copies cannot pair (both strided, of different blocks).
 bool copy_own_pieces(Device& device, const PeerGroup& group, size_t pieces,
                      const std::function<Span(int, size_t)>& send_piece,
                      const std::function<Span(int, size_t)>& recv_piece);

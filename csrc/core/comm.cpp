@@ -432,11 +432,7 @@ void Comm::agree_in_exchange(const char* op, const std::vector<Field>& fields, c
   const PeerGroup world = world_group(topology_);
   if (!in_band_ || !cross_check_ || !local_error.empty() || size() == 1) {
     agree(op, fields, local_error);
-    run(op, [&] {
-      const auto send_piece = [&](int i, size_t) { return send_span(i); };
-      const auto recv_piece = [&](int j, size_t) { return recv_span(j); };
-      if (!copy_own_pieces(device(), world, 1, send_piece, recv_piece)) exchange(transport, world, send_span, recv_span);
-    });
+    run(op, [&] { exchange(transport, world, send_span, recv_span); });
     return;
   }
   InBandCheck check = begin_in_band(op, fields);
