@@ -160,7 +160,7 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 # compiles in about 66 s, so the peers' install starts after the build, beside the tests, and its stage
 # waits for what is left. The budgets are caps adding up to the deadline.
 STAGES = (
-    Stage("tests", "tests/gpu and the unit tests' CUDA cases, one process", "1-tests.log", (
+    Stage("tests", "tests/gpu in three processes, then the unit tests' CUDA cases", "1-tests.log", (
         Step("tests/gpu: kernels, collectives on NCCL, from_torch, staged 1 rank, graphs", 35,
              GPU_KERNEL_TESTS, collect(GPU_KERNEL_TESTS)),
         Step("tests/gpu: FP8 (kernels, the layer's dispatch, low latency)", 30, GPU_FP8_TESTS,
