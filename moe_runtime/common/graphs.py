@@ -93,7 +93,7 @@ class StepGraphs:
         self.limit = limit
         self._captured: dict[bytes, _Captured] = {}
         self._parameters = b""  # every rank's parameters hash of the captured graphs
-        self._pending = False  # a replay's backward has not run yet (see _await_backward)
+        self._pending: object | None = None  # the replay whose backward has not run yet (see _await_backward)
 
     def __len__(self) -> int:
         return len(self._captured)
@@ -112,7 +112,7 @@ class StepGraphs:
             raise ValueError(_refused(f"its communicator (from_torch, {comm.size} ranks) has NCCL as its only "
                                       "channel, so checking a replay's call across ranks would wait for the "
                                       "stream: use a2a.Comm.from_mpi(device='cuda')"))
-        row = np.array([*_signature(layer, x, arguments), int(self._pending)], dtype=np.int64)
+        row = np.array([*_signature(layer, x, arguments), int(self._pending is not None)], dtype=np.int64)
         table = row.reshape(1, -1) if comm.size == 1 else \
             all_gather_values(row, layer.flow.context.kept.comm).reshape(comm.size, -1)
         if (table[:, 0] != table[0, 0]).any():
@@ -139,11 +139,13 @@ class StepGraphs:
         """Until the replay's backward runs (or its output is gone), no graph replays again. Its
         gradients leave the graph's memory as copies: torch's AccumulateGrad would otherwise keep
         the graph's output buffer as .grad, which the next replay overwrites (an accumulation over
-        micro-batches would double a gradient)."""
-        self._pending = True
+        micro-batches would double a gradient). Only this replay's end clears the wait: an earlier output
+        freed later (``y = layer(x)`` drops the last y after the call) must not end a later replay's."""
+        replay = self._pending = object()
 
         def done() -> None:
-            self._pending = False
+            if self._pending is replay:
+                self._pending = None
 
         def fresh(grad_inputs: tuple, grad_outputs: tuple) -> tuple:
             done()

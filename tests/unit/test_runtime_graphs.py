@@ -185,6 +185,21 @@ def test_no_replay_before_the_last_replays_backward(comm, capture_on_the_host):
     assert capture_on_the_host.replays == [3] and len(layer.graphs) == 1 and second is not None
 
 
+def test_an_earlier_output_freed_late_does_not_end_a_later_replays_wait(comm, capture_on_the_host):
+    """``y = layer(x)`` frees the last y after the new replay: that must not clear the new one's wait."""
+    layer = layer_of(comm, cuda_graphs=1)
+    x = torch.randn(8, M, requires_grad=True)
+    y = layer(x)
+    (y.sum() + y.l_aux).backward()
+    y = layer(x)  # the second replay; the first output goes only now
+    assert capture_on_the_host.replays == [2]
+    layer(x)  # the second replay's backward is pending: eager
+    assert capture_on_the_host.replays == [2]
+    (y.sum() + y.l_aux).backward()
+    layer(x)
+    assert capture_on_the_host.replays == [3]
+
+
 def test_new_parameter_tensors_drop_the_captures(comm, capture_on_the_host):
     layer = layer_of(comm, cuda_graphs=2)
     x = torch.randn(8, M, requires_grad=True)
