@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "core/debug.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/poll.hpp"
@@ -85,7 +86,12 @@ class NcclTransport final : public Transport {
       const CurrentDevice current(device_);
       settle(ncclCommFinalize(comm_), "finalizing the NCCL communicator (ncclCommFinalize)");
       (void)ncclCommDestroy(comm_);
-    } catch (...) {
+    } catch (const std::exception& e) {
+      // A destructor cannot raise: say it on stderr whatever A2A_DEBUG is. The usual cause is a CUDA
+      // graph that captured this communicator's calls and is still alive (NCCL's finalize waits for it).
+      debug::detail::emit(debug::Level::kWarn,
+                          cat(e.what(), "; the NCCL communicator is aborted instead. If a CUDA graph captured "
+                              "its calls, destroy the graph before the communicator"));
       (void)ncclCommAbort(comm_);
     }
     comm_ = nullptr;

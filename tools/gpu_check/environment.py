@@ -119,7 +119,8 @@ def prepare(root: Path, work: Path) -> Environment:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["A2A_TIMEOUT_S"] = "60"  # a wait that hangs fails in a minute, not at the stage's budget
-    env["A2A_TEST_HANG_S"] = "30"  # tests/gpu: a test past 30 s dumps its stacks and ends (tests/gpu/conftest.py)
+    # tests/gpu: a test past 20 s (less than any step's budget) dumps its stacks and ends (tests/gpu/conftest.py)
+    env["A2A_TEST_HANG_S"] = "20"
     environment.env = env
     return environment
 

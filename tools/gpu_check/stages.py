@@ -161,9 +161,9 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 # waits for what is left. The budgets are caps adding up to the deadline.
 STAGES = (
     Stage("tests", "tests/gpu in three processes, then the unit tests' CUDA cases", "1-tests.log", (
-        Step("tests/gpu: kernels, collectives on NCCL, from_torch, staged 1 rank, graphs", 35,
+        Step("tests/gpu: kernels, collectives on NCCL, from_torch, staged 1 rank, graphs", 60,
              GPU_KERNEL_TESTS, collect(GPU_KERNEL_TESTS)),
-        Step("tests/gpu: FP8 (kernels, the layer's dispatch, low latency)", 30, GPU_FP8_TESTS,
+        Step("tests/gpu: FP8 (kernels, the layer's dispatch, low latency)", 45, GPU_FP8_TESTS,
              collect(GPU_FP8_TESTS)),
         Step("tests/gpu: the graphed layer, the runtime, Tutel's helloworld", 45, GPU_LAYER_TESTS,
              collect(GPU_LAYER_TESTS)),
