@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 import socket
+import sys
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from ._arrays import ArrayView, address_of, empty_like
 from ._counters import note_allocation
 
 DEVICES = ("cpu", "cuda")
-TRANSPORTS = ("mpi", "nccl")
+TRANSPORTS = ("mpi", "nccl", "external")  # a2a_transport_t; external: Comm.from_torch on the CPU
 MPI_THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")  # a2a_mpi_thread_level_t 0..3
 _C_INT_MIN, _C_INT_MAX = -(2**31), 2**31 - 1
 
@@ -25,7 +26,8 @@ class Comm:
     Attributes: ``rank``, ``size``, ``local_rank``, ``local_size``, ``node``,
     ``num_nodes``, ``irregular_reason`` ("" when the nodes are equal blocks of consecutive ranks, else why
     ``algo="2dh"`` refuses the communicator); ``device`` (``"cpu"`` or ``"cuda"``), ``cuda_device`` (the
-    CUDA ordinal, None on the CPU) and ``transport`` (``"mpi"`` or ``"nccl"``);
+    CUDA ordinal, None on the CPU) and ``transport`` (``"mpi"``, ``"nccl"``, or ``"external"``: the
+    torch.distributed group of :meth:`from_torch` on the CPU);
     ``mpi_thread_level``, the thread support MPI granted the process
     (``"single"``, ``"funneled"``, ``"serialized"`` or ``"multiple"``; None for
     a communicator without MPI).
@@ -140,17 +142,28 @@ class Comm:
         cls,
         group: Any = None,
         *,
+        device: str | None = None,
         cuda_device: int | None = None,
         local_size: int | None = None,
         timeout_s: float | None = None,
         cross_check: bool | None = None,
     ) -> Comm:
-        """A NCCL communicator over the ranks of a ``torch.distributed`` group
+        """A communicator over the ranks of a ``torch.distributed`` group
         (default: the whole world). Collective over the group; works under
-        torchrun with any backend that can broadcast Python objects.
+        torchrun.
 
-        The group's first rank creates the NCCL unique id and broadcasts it
-        over the group. ``cuda_device`` defaults to torch's current device.
+        ``device="cuda"`` (the default where torch sees a GPU): NCCL. The
+        group's first rank creates the NCCL unique id and broadcasts it over
+        the group (any backend that can broadcast Python objects).
+        ``cuda_device`` defaults to torch's current device.
+
+        ``device="cpu"`` (the default without a GPU): host tensors moved by
+        the group itself (its gloo backend's point-to-point messages,
+        a2a/_torch_transport.py). Every algorithm runs over it; the argument
+        check is a round of its own. It is the transport of last resort: under
+        mpirun, :meth:`from_mpi` (or :meth:`from_job`) moves the same data over
+        MPI, 2-40x faster.
+
         ``local_size``: given, else ``A2A_LOCAL_SIZE``, else for the world
         group ``LOCAL_WORLD_SIZE`` (torchrun) or ``OMPI_COMM_WORLD_LOCAL_SIZE``,
         else counted from the hosts of the group's ranks. ``cross_check``: as
@@ -165,10 +178,16 @@ class Comm:
             group = dist.group.WORLD
         if local_size is not None and int(local_size) <= 0:
             raise ValueError(f"local_size must be a positive integer, got {local_size}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
         size = dist.get_world_size(group)
         rank = dist.get_rank(group)
         if rank < 0:
             raise ValueError("Comm.from_torch: this process is not a member of the group")
+        if device == "cpu":
+            return cls._over_torch_group(group, size, rank, local_size, timeout_s, cross_check)
         if cuda_device is None:
             cuda_device = torch.cuda.current_device()
         # Every member makes the same torch.distributed calls whatever fails
@@ -190,6 +209,26 @@ class Comm:
         return cls(native)
 
     @classmethod
+    def _over_torch_group(cls, group: Any, size: int, rank: int, local_size: int | None, timeout_s: float | None,
+                          cross_check: bool | None) -> Comm:
+        """from_torch(device="cpu"): the group's own messages carry a2a's."""
+        import torch.distributed as dist
+
+        from ._torch_transport import TorchGroupTransport, agree_tag_base
+
+        backend = str(dist.get_backend(group)).lower()
+        if "gloo" not in backend:
+            raise ValueError(f"Comm.from_torch(device='cpu') moves host tensors over the group, whose backend "
+                             f"({backend!r}) has no gloo; create the group with backend 'gloo' (or "
+                             "'cpu:gloo,cuda:nccl'), or pass device='cuda'")
+        transport = TorchGroupTransport(group, agree_tag_base(group))
+        local = _torch_local_size(group, size, local_size)
+        native = _C.Comm.from_transport(transport, transport.backend, size, rank, int(local or 0),
+                                        float(timeout_s or 0.0), _cross_check(cross_check))
+        _note_the_slower_transport(rank)
+        return cls(native)
+
+    @classmethod
     def from_job(
         cls,
         group: Any = None,
@@ -208,8 +247,8 @@ class Comm:
         ``device="cpu"`` gives MPI: the world, or under mpirun the MPI
         sub-communicator of the group's ranks in group order (so a gloo
         group of an mpirun job runs a2a's collectives over MPI); a group
-        started by another launcher (torchrun) is refused with what to
-        launch instead. ``device="cuda"`` gives NCCL: over the group
+        started by another launcher (torchrun) gets its own messages
+        (``from_torch(group, device="cpu")``, slower than MPI). ``device="cuda"`` gives NCCL: over the group
         (``from_torch``) when torch.distributed is initialized, else over
         the MPI world (``from_mpi``). a2a/_job.py has the whole table.
         ``cross_check``: as in :meth:`from_mpi`.
@@ -226,9 +265,8 @@ class Comm:
             return cls.from_mpi(device="cuda", cuda_device=cuda_device, **options)
         if group is None:
             return cls.from_mpi(**options)
-        refusal = _job.cpu_refusal(group)
-        if refusal:
-            raise RuntimeError(f"Comm.from_job: {refusal}")
+        if not _job.cpu_over_mpi(group):  # torchrun: no MPI beneath; the group's own messages carry a2a's
+            return cls.from_torch(group, device="cpu", **options)
         return cls.from_mpi(_job.mpi_comm_of(group), **options)
 
     def split(self, color: int | None, key: int | None = None) -> Comm | None:
@@ -339,6 +377,23 @@ def _object_device(group: Any, cuda_device: int) -> Any:
     import torch.distributed as dist
 
     return torch.device("cuda", cuda_device) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+_NOTED: list[bool] = []
+
+
+def _note_the_slower_transport(rank: int) -> None:
+    """Says once per job (rank 0 of the first such communicator) that MPI
+    would be faster: the choice is the launcher's, made before any call.
+    Under mpirun the caller chose this transport over MPI: nothing to say."""
+    from .launch import under_mpirun
+
+    if _NOTED or rank != 0 or os.environ.get("A2A_QUIET") or under_mpirun():
+        return
+    _NOTED.append(True)
+    print("a2a: CPU collectives over torch.distributed (gloo), since no MPI is beneath this job; MPI moves the same "
+          "data 2-40x faster: launch with mpirun (python -m a2a.launch --np N -- ...) to use it "
+          "(A2A_QUIET=1 hides this line)", file=sys.stderr, flush=True)
 
 
 def _torch_local_size(group: Any, size: int, given: int | None) -> int:

@@ -2,12 +2,13 @@
 MPI world: what ``Comm.from_job`` resolves (launcher x backend x device).
 
 ======================  ==========================  ================================================
-launched by             torch.distributed            device="cpu" (MPI)          device="cuda" (NCCL)
+launched by             torch.distributed            device="cpu"                device="cuda" (NCCL)
 ======================  ==========================  ================================================
 mpirun                  not initialized              MPI_COMM_WORLD              NCCL over MPI_COMM_WORLD
 mpirun                  initialized (any backend)    the MPI sub-communicator    NCCL over the group
                                                      of the group's ranks         (Comm.from_torch)
-torchrun                initialized (any backend)    refused: no MPI beneath     NCCL over the group
+torchrun (no MPI)       initialized (gloo)           the group's own messages    NCCL over the group
+                                                     (Comm.from_torch, cpu)
 nothing (one process)   not initialized              a world of one              NCCL, one rank
 ======================  ==========================  ================================================
 
@@ -15,11 +16,11 @@ Under mpirun a torch group's ranks are mapped onto MPI ranks by an
 all-gather over the group itself (each member's MPI world rank, in group
 order), and the sub-communicator is created by its members alone
 (``MPI_Comm_create_group``), so ranks outside the group need not take part.
+MPI is preferred wherever it is beneath the job: it is 2-40x faster than gloo.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from .launch import under_mpirun
@@ -73,23 +74,11 @@ def mpi_comm_of(group: Any) -> Any:
         members.Free()
 
 
-def backend_of(group: Any) -> str:
-    import torch.distributed as dist
-
-    return str(dist.get_backend(group)).lower()
-
-
-def cpu_refusal(group: Any) -> str:
-    """Why a CPU communicator cannot serve `group` (None when it can)."""
+def cpu_over_mpi(group: Any) -> bool:
+    """Whether a CPU communicator for `group` goes over MPI (launched by
+    mpirun, or a job of one process), rather than over the group itself."""
     if under_mpirun():
-        return ""
+        return True
     import torch.distributed as dist
 
-    if dist.get_world_size(group) == 1 and dist.get_world_size() == 1:
-        return ""  # a job of one process: the MPI world of one serves it
-    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_WORLD_SIZE" in os.environ \
-        else "a launcher other than mpirun"
-    return (f"the torch.distributed group (backend {backend_of(group)!r}, {dist.get_world_size(group)} ranks) was "
-            f"started by {launcher}, and a2a's CPU collectives need MPI beneath it: launch the same program with "
-            "mpirun (e.g. `python -m a2a.launch --np N -- python prog.py`; gloo may stay initialized), or run "
-            "on CUDA tensors (device='cuda': NCCL over the group)")
+    return dist.get_world_size(group) == 1 and dist.get_world_size() == 1

@@ -14,6 +14,7 @@
 #include "core/counters.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "external/external_comm.hpp"
 #include "moe/es_ops.hpp"
 #include "moe/fp8_ops.hpp"
 #include "moe/low_latency.hpp"
@@ -211,6 +212,24 @@ a2a_status_t a2a_nccl_unique_id(void* id) {
 a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_comm_config_t* config,
                                   a2a_comm_t* comm) {
   return create_comm(comm, [&] { return a2a::create_nccl_comm(id, size, rank, read_config(config)); });
+}
+
+a2a_status_t a2a_comm_create_external(const a2a_transport_ops_t* ops, int size, int rank,
+                                      const a2a_comm_config_t* config, a2a_comm_t* comm) {
+  return create_comm(comm, [&] {
+    if (ops == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "ops must not be NULL");
+    if (ops->struct_size != sizeof(a2a_transport_ops_t))
+      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "ops->struct_size ", ops->struct_size, " is not sizeof(a2a_transport_ops_t) = ",
+                sizeof(a2a_transport_ops_t));
+    a2a_comm_config_t options;
+    try {
+      options = read_config(config);
+    } catch (...) {
+      if (ops->release != nullptr) ops->release(ops->user);  // as documented: the ops are released on any failure
+      throw;
+    }
+    return a2a::create_external_comm(*ops, size, rank, options);
+  });
 }
 
 a2a_status_t a2a_comm_split(a2a_comm_t comm, int color, int key, a2a_comm_t* out) {

@@ -31,6 +31,8 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from launcher import free_port  # tests/launcher.py, beside this file (sys.path[0])
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
 CLUSTER_TOOL = os.path.join(ROOT, "tools", "cluster.py")
@@ -50,6 +52,7 @@ HEXA_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_hexa.py")  # Hexa-MoE's l
 FLOW_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_dictionary_flows.py")
 # One model on every rank and the ranks' agreement on the configuration, also on 3 ranks (an odd world).
 ONE_MODEL_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_one_model.py")
+LAYER_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_layer.py")  # the layer against its reference: also torchrun's
 TUTEL_TESTS = os.path.join("tests", "mpi_tutel")  # moe_runtime.moe, Tutel's surface: checkpoints and groups
 
 # Variables of the library that a developer's shell must not leak into a run.
@@ -67,6 +70,7 @@ A2A_VARIABLES = (
     "A2A_DEBUG",
     "A2A_FLEX_PATH",
     "A2A_NUM_THREADS",
+    "A2A_TEST_LAUNCHER",
 )
 # JAX arrays against jax.lax.all_to_all: their own configurations (A2A_TEST_JAX=1), so that the other
 # configurations do not import JAX in every rank.
@@ -92,6 +96,7 @@ class Config:
     timeout: int | None = None  # wall-clock limit of the mpirun; None: --timeout
     gpu: bool = False  # needs a GPU: not in the default matrix (--gpu, --only NAME)
     cluster: bool = False  # its nodes as network namespaces (--cluster)
+    launcher: str = "mpirun"  # or "torchrun": a gloo group and no MPI beneath (tests/launcher.py)
 
     def describe(self) -> str:
         if self.cluster:
@@ -99,7 +104,8 @@ class Config:
             return f"np={self.np}, {nodes} namespace node(s) x {local}, TCP between them" + \
                 (f", {self.note}" if self.note else "")
         topo = f"A2A_LOCAL_SIZE={self.local_size}" if self.local_size else "detected topology"
-        return f"np={self.np}, {topo}" + (f", {self.note}" if self.note else "")
+        launched = ", torchrun" if self.launcher == "torchrun" else ""
+        return f"np={self.np}{launched}, {topo}" + (f", {self.note}" if self.note else "")
 
     def cluster_shape(self) -> tuple[int, int]:
         """(nodes, ranks per node) on the namespace cluster."""
@@ -158,6 +164,13 @@ CONFIGS = [
     Config(
         "flex-datatypes-2x2", 4, 2, paths=[FLEX_TESTS], env={"A2A_FLEX_PATH": "datatypes"}, note="flex: datatypes forced"
     ),
+    # torchrun on CPUs (tests/launcher.py): the ranks share a gloo group and no MPI is beneath them;
+    # every communicator is a2a.Comm.from_torch(device="cpu"), whose messages are the group's. The tests
+    # that use MPI themselves skip.
+    Config("torchrun-np2", 2, paths=COLLECTIVE_TESTS, launcher="torchrun", note="the collectives over gloo"),
+    Config("torchrun-2x2", 4, 2, paths=[*COLLECTIVE_TESTS, LAYER_TESTS, ONE_MODEL_TESTS, TUTEL_TESTS],
+           launcher="torchrun", note="the collectives, the layer and Tutel's surface over gloo, 2 nodes x 2 ranks",
+           timeout=900),
     # moe_runtime's layer against its reference: the issue's (W, E) pairs,
     # on one node (linear only) and on two (linear and 2dh).
     Config("moe-np4", 4, paths=[RUNTIME_TESTS], note="moe_runtime", timeout=900),
@@ -219,8 +232,18 @@ def mpirun_command(np: int, command: list[str]) -> list[str]:
     return launch.mpirun_command(np, command)
 
 
+def torchrun_command(np: int, command: list[str]) -> list[str]:
+    """torchrun (torch.distributed.run) of `command`'s script on np local
+    processes, its rendezvous on a free port."""
+    return [command[0], "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
+            str(free_port()), *command[1:]]
+
+
 def run_env(config: Config, rank_timeout_s: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in A2A_VARIABLES}
+    if config.launcher == "torchrun":  # no MPI beneath: nothing of an enclosing mpirun either
+        env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+        env["A2A_TEST_LAUNCHER"] = "torchrun"
     env["A2A_TIMEOUT_S"] = str(rank_timeout_s)
     if config.local_size:
         env["A2A_LOCAL_SIZE"] = str(config.local_size)
@@ -285,6 +308,8 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
         nodes, local = config.cluster_shape()
         command = [sys.executable, CLUSTER_TOOL, "run", "--nodes", str(nodes), "--ranks-per-node", str(local),
                    "--", *rank_command]
+    elif config.launcher == "torchrun":
+        command = torchrun_command(config.np, rank_command)
     else:
         command = mpirun_command(config.np, rank_command)
     env = run_env(config, args.rank_timeout)

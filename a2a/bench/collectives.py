@@ -81,6 +81,7 @@ import numpy as np
 from .. import launch
 from . import common, plot
 from .collectives_baselines import (
+    A2A_OVER_GLOO,
     BASELINE,
     BASELINES,
     D2D_BASELINE,
@@ -275,6 +276,12 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
         def run() -> None:
             dist.all_to_all_single(recv_tensor, send_tensor)
 
+    elif algo == A2A_OVER_GLOO:
+        gloo_comm = args.gloo_comm
+
+        def run() -> None:
+            a2a.all_to_all(send, comm=gloo_comm, algo="linear", out=recv)
+
     elif algo == D2D_BASELINE:
         # The same bytes as one device-to-device copy: what a GPU exchange
         # (or layout kernel) is measured against. Only the local block
@@ -295,7 +302,7 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
     shape = (world * count,)
     return Case(
         algo, world * count * dtype.itemsize, count, run, lambda: arrays.poison(recv), wrong, shape, arrays.synchronize,
-        apart=algo == GLOO_BASELINE,
+        apart=algo in (GLOO_BASELINE, A2A_OVER_GLOO),
     )
 
 
@@ -462,6 +469,9 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     if GLOO_BASELINE not in args.baselines:
         return _sweep(args, argv, world, comm, device_text)
     stop_gloo = start_gloo(world)
+    if "linear" in args.algos:  # ours over the same group, beside gloo's own all-to-all
+        args.gloo_comm = a2a.Comm.from_torch(device="cpu", local_size=args.local_size)
+        args.algos = [*args.algos, A2A_OVER_GLOO]
     code = _sweep(args, argv, world, comm, device_text)
     stop_gloo()  # on an exception main() aborts the job instead
     return code
@@ -511,6 +521,9 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
         say(f"# device: CUDA ({common.gpu_name()}), transport {comm.transport}; calls are timed to a torch.cuda.synchronize()")
     for base in args.baselines:
         say(f"# baseline: {describe(base)}")
+    if A2A_OVER_GLOO in args.algos:
+        say(f"# {A2A_OVER_GLOO} = a2a's linear all-to-all over the same gloo group (Comm.from_torch(device='cpu'), "
+            "the transport of a torchrun job on CPUs)")
     say("# time: max over ranks of the mean over -n calls; busbw = algbw * (ranks-1)/ranks; GB = 1e9 B")
     say("#")
 

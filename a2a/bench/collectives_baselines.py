@@ -9,11 +9,14 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BASELINE", "BASELINES", "D2D_BASELINE", "GLOO_BASELINE", "HOST_BASELINES", "describe",
+__all__ = ["A2A_OVER_GLOO", "BASELINE", "BASELINES", "D2D_BASELINE", "GLOO_BASELINE", "HOST_BASELINES", "describe",
            "resolve_baselines", "start_gloo"]
 
 BASELINE = "mpi"  # MPI_Alltoall on host buffers
 GLOO_BASELINE = "gloo"  # torch.distributed.all_to_all_single over gloo, on CPU tensors
+# With the gloo baseline, a row of ours too: a2a's linear all-to-all over the same gloo group
+# (a2a.Comm.from_torch(device="cpu"), the transport torchrun jobs get): each choice's cost in one run.
+A2A_OVER_GLOO = "a2a/gloo"
 D2D_BASELINE = "d2d"  # --device cuda: a device-to-device copy of the same bytes
 BASELINES = (BASELINE, GLOO_BASELINE, D2D_BASELINE)
 HOST_BASELINES = (BASELINE, GLOO_BASELINE)  # --device cpu

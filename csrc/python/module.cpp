@@ -15,6 +15,8 @@
 #include "a2a/a2a.hpp"
 #include "a2a/a2a_testing.h"
 
+#include "py_transport.hpp"
+
 namespace py = pybind11;
 
 namespace {
@@ -552,6 +554,18 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("id"), py::arg("size"), py::arg("rank"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
           py::arg("cuda_device") = -1, py::arg("cross_check") = -1)
+      .def_static(
+          "from_transport",
+          [](const py::object& transport, const std::string& name, int size, int rank, int local_size,
+             double timeout_s, int cross_check) {
+            const a2a_comm_config_t config = make_config(local_size, timeout_s, -1, A2A_DEVICE_CPU,
+                                                         A2A_TRANSPORT_EXTERNAL, -1, cross_check);
+            const a2a_transport_ops_t ops = a2a::python::python_transport_ops(transport, name.c_str());
+            py::gil_scoped_release release;  // the callbacks take it back
+            return new a2a::Communicator(ops, size, rank, config);
+          },
+          py::arg("transport"), py::arg("name"), py::arg("size"), py::arg("rank"), py::arg("local_size") = 0,
+          py::arg("timeout_s") = 0.0, py::arg("cross_check") = -1)
       .def(
           "split",
           [](a2a::Communicator& c, int color, int key) -> py::object {

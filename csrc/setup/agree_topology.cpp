@@ -7,9 +7,32 @@ namespace a2a {
 namespace {
 
 const char* device_name(int device_type) { return device_type == A2A_DEVICE_CUDA ? "cuda" : "cpu"; }
-const char* transport_name(int transport) { return transport == A2A_TRANSPORT_NCCL ? "nccl" : "mpi"; }
+const char* transport_name(int transport) {
+  return transport == A2A_TRANSPORT_NCCL ? "nccl" : transport == A2A_TRANSPORT_EXTERNAL ? "external" : "mpi";
+}
 
 }  // namespace
+
+LocalSizeProposal launcher_local_size(const a2a_comm_config_t& config, int size, SettingReader& settings) {
+  LocalSizeProposal proposal;
+  proposal.local_size = size;
+  if (config.local_size > 0) {
+    proposal.local_size = config.local_size;
+    proposal.explicit_size = true;
+    proposal.source = "local_size=";
+    return proposal;
+  }
+  for (const char* name : {"A2A_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    const long value = settings.read([name] { return env_int(name); }, -1L);
+    if (value > 0) {
+      proposal.local_size = static_cast<int>(value);
+      proposal.explicit_size = true;
+      proposal.source = cat("the environment variable ", name);
+      return proposal;
+    }
+  }
+  return proposal;
+}
 
 Topology agree_topology(Transport& control, const LocalSizeProposal& proposal, const a2a_comm_config_t& config,
                         const SettingReader& settings) {

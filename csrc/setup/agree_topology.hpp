@@ -20,6 +20,12 @@ struct LocalSizeProposal {
   std::string irregular_reason;   // detection found unequal or non-contiguous nodes
 };
 
+// For a communicator made without MPI (from a NCCL unique id, or over an
+// external transport): local_size=, else A2A_LOCAL_SIZE, else the launcher's
+// LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE (mpirun), else
+// one node of `size` ranks. A bad variable is kept in `settings`.
+LocalSizeProposal launcher_local_size(const a2a_comm_config_t& config, int size, SettingReader& settings);
+
 // Collective over `control`: shares setting errors (this rank's are in
 // `settings`), checks that device_type and transport agree, that a given
 // local_size is given and equal everywhere, and builds the topology (an

@@ -14,29 +14,6 @@ namespace a2a {
 
 namespace {
 
-// local_size, else A2A_LOCAL_SIZE, else the launcher's LOCAL_WORLD_SIZE
-// (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE (mpirun), else one node.
-LocalSizeProposal local_size_from(const a2a_comm_config_t& config, int size, SettingReader& settings) {
-  LocalSizeProposal proposal;
-  proposal.local_size = size;
-  if (config.local_size > 0) {
-    proposal.local_size = config.local_size;
-    proposal.explicit_size = true;
-    proposal.source = "local_size=";
-    return proposal;
-  }
-  for (const char* name : {"A2A_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    const long value = settings.read([name] { return env_int(name); }, -1L);
-    if (value > 0) {
-      proposal.local_size = static_cast<int>(value);
-      proposal.explicit_size = true;
-      proposal.source = cat("the environment variable ", name);
-      return proposal;
-    }
-  }
-  return proposal;
-}
-
 // The parts of a communicator whose data and control both go over `nccl`
 // (control through a device buffer), with the splitter that makes its
 // sub-communicators alike.
@@ -95,7 +72,7 @@ std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const
   const double timeout_s = timeout_from(config);
   SettingReader settings;
   debug::set_level(settings.read([] { return debug::level_from_env(); }, debug::Level::kOff));
-  const LocalSizeProposal proposal = local_size_from(config, size, settings);
+  const LocalSizeProposal proposal = launcher_local_size(config, size, settings);
   const bool cross_check = settings.read([&] { return cross_check_from(config); }, true);
   if (!settings.error().empty()) fail(A2A_ERROR_INVALID_ARGUMENT, "rank ", rank, ": ", settings.error());
   debug::set_rank(rank);

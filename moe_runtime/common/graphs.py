@@ -108,7 +108,7 @@ class StepGraphs:
         if not autograd_records(layer, x):
             return eager(x, **arguments)  # inference runs eagerly
         comm = layer.comm
-        if comm.size > 1 and comm.mpi_comm is None:
+        if comm.size > 1 and comm.transport == "nccl" and comm.mpi_comm is None:
             raise ValueError(_refused(f"its communicator (from_torch, {comm.size} ranks) has NCCL as its only "
                                       "channel, so checking a replay's call across ranks would wait for the "
                                       "stream: use a2a.Comm.from_mpi(device='cuda')"))

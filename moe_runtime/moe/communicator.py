@@ -4,8 +4,8 @@ Tutel's layers take ``group=`` (a torch.distributed group, None for the
 whole job); a2a's collectives take an ``a2a.Comm``. Creating one is
 collective and costs a communicator (NCCL's is not cheap), so every layer
 and op of the same group and device shares one, made on first use by
-``a2a.Comm.from_job`` (a2a/_job.py: MPI under mpirun, NCCL over the group
-on CUDA). An ``a2a.Comm`` given as the group is used as it is.
+``a2a.Comm.from_job`` (a2a/_job.py: MPI under mpirun, the gloo group's own
+messages under torchrun on CPUs, NCCL over the group on CUDA). An ``a2a.Comm`` given as the group is used as it is.
 """
 
 from __future__ import annotations

@@ -283,19 +283,14 @@ class TutelMoELayer(MoELayer):
 
 def _construction_comm(group: Any) -> a2a.Comm:
     """The communicator the layer is built on (collective): the given
-    a2a.Comm; NCCL's for a NCCL group; else MPI's, or NCCL's over the group
-    when no MPI is beneath it (a gloo group under torchrun) and a GPU is
-    there. The layer moves to its tokens' device at the first call."""
+    a2a.Comm; NCCL's for a NCCL group; else the CPU's (MPI's, or under
+    torchrun the gloo group's own). The layer moves to its tokens' device at
+    the first call."""
     if isinstance(group, a2a.Comm):
         return group
     if _is_nccl(group):
         return communicator(group, "cuda")
-    try:
-        return communicator(group, "cpu")
-    except RuntimeError:
-        if not torch.cuda.is_available():
-            raise
-        return communicator(group, "cuda")  # every rank was refused alike (the launcher's variables)
+    return communicator(group, "cpu")
 
 
 def _is_nccl(group: Any) -> bool:

@@ -1,6 +1,8 @@
-"""Runs pytest on one MPI rank (started by tests/run_mpi.py under mpirun).
+"""Runs pytest on one rank (started by tests/run_mpi.py under mpirun, or
+under torchrun for its torchrun-* configurations).
 
     mpirun -np N python tests/mpi/_rank_pytest.py --log-dir DIR -- PYTEST_ARGS...
+    torchrun --nproc_per_node N tests/mpi/_rank_pytest.py --log-dir DIR -- PYTEST_ARGS...
 
 Rank 0 keeps its stdout/stderr (the console); every other rank writes to
 DIR/rank<r>.log, at the file-descriptor level so that output from MPI and
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK")  # RANK: torchrun's
 
 
 def world_rank() -> int:
@@ -61,6 +63,13 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
 
+    if os.environ.get("A2A_TEST_LAUNCHER") == "torchrun":
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # the suite's conftest started it (tests/conftest.py)
+            dist.barrier()
+            dist.destroy_process_group()
+        return code
     from mpi4py import MPI
 
     MPI.COMM_WORLD.Barrier()

@@ -10,6 +10,7 @@ import os
 import sys
 
 import pytest
+from launcher import job_comm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -56,20 +57,21 @@ def _comm_scope(fixture_name, config):
 
 
 @pytest.fixture(scope=_comm_scope)
-def comm(world):
-    """COMM_WORLD, topology from A2A_LOCAL_SIZE or detected. One per module, so
-    that a comm retired by a failure (e.g. a timeout) spoils one module only."""
+def comm(request):
+    """COMM_WORLD, topology from A2A_LOCAL_SIZE or detected (under torchrun:
+    its gloo group; tests/conftest.py). One per module, so that a comm
+    retired by a failure (e.g. a timeout) spoils one module only."""
     import a2a
 
-    return a2a.Comm.from_mpi(world)
+    return job_comm(request, a2a.Comm.from_mpi)
 
 
 @pytest.fixture(scope="module")
-def comm_copies(world):
+def comm_copies(request):
     """Same topology, strided layouts packed with copies instead of MPI datatypes."""
     import a2a
 
-    return a2a.Comm.from_mpi(world, use_mpi_datatypes=False)
+    return job_comm(request, lambda world: a2a.Comm.from_mpi(world, use_mpi_datatypes=False))
 
 
 @pytest.fixture(scope="session")

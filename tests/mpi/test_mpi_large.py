@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import reference as ref
 from a2a_mpi_util import Deferred, regular, run_or_expect_rejection
+from launcher import rank_and_size
 
 import a2a
 
@@ -19,8 +20,8 @@ MIB64 = 64 * 2**20
 
 
 @pytest.fixture(scope="module")
-def big_a2a(world):
-    rank, size = world.Get_rank(), world.Get_size()  # the comm's (from COMM_WORLD), which may be made per test
+def big_a2a(request):
+    rank, size = rank_and_size(request)  # the comm's (over the whole job), which may be made per test
     row = 1024  # float32 elements: 4 KiB rows
     rows_per_peer = MIB64 // (4 * row) // size
     shape = (size * rows_per_peer, row)

@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+from launcher import job_comm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -15,7 +16,7 @@ if HERE not in sys.path:
 
 
 @pytest.fixture(scope="module")
-def comm(world):
+def comm(request):
     from runtime_util import suite_comm  # on the device A2A_TEST_DEVICE names (runtime_util)
 
-    return suite_comm(world)
+    return job_comm(request, suite_comm)  # under torchrun: its gloo group (tests/conftest.py)

@@ -17,6 +17,7 @@ import gc
 
 import pytest
 import torch
+from launcher import TORCHRUN
 from runtime_util import DEVICE, experts_cases, random_rows, two_level, whole_expert_cases
 from test_runtime_layer import make_layer
 
@@ -77,5 +78,8 @@ def test_a_training_step_pays_no_round_for_the_check(comm, algo, experts, capaci
         # none for the call agreement's all-gather where it runs (not kept): on the layer's host twin, in band
         assert forward.collectives - forward.check_rounds in (0, 1) and backward.check_rounds == backward.collectives
         return
-    assert (forward.check_rounds, backward.check_rounds) == (0, 0), costs[-1]
     assert forward.host_waits + backward.host_waits == 0, costs[-1]  # route reads nothing back
+    if TORCHRUN:  # over gloo, which cannot label messages, every collective's check is a round of its own
+        assert (forward.check_rounds, backward.check_rounds) == (forward.collectives, backward.collectives)
+        return
+    assert (forward.check_rounds, backward.check_rounds) == (0, 0), costs[-1]

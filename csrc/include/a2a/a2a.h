@@ -76,7 +76,7 @@ typedef enum { A2A_DEVICE_CPU = 0, A2A_DEVICE_CUDA = 1 } a2a_device_type_t;
 /* What moves the bytes between ranks. A2A_TRANSPORT_MPI with A2A_DEVICE_CUDA
  * stages device buffers through page-locked host memory (for clusters
  * without NCCL, and for several ranks sharing one GPU). */
-typedef enum { A2A_TRANSPORT_MPI = 0, A2A_TRANSPORT_NCCL = 1 } a2a_transport_t;
+typedef enum { A2A_TRANSPORT_MPI = 0, A2A_TRANSPORT_NCCL = 1, A2A_TRANSPORT_EXTERNAL = 2 } a2a_transport_t;
 
 /* Versioned communicator options. Always start from A2A_COMM_CONFIG_INIT so
  * fields added later keep their defaults. */
@@ -121,6 +121,42 @@ A2A_API a2a_status_t a2a_comm_create_mpi(const void* mpi_comm, const a2a_comm_co
 A2A_API a2a_status_t a2a_nccl_unique_id(void* id);
 A2A_API a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_comm_config_t* config,
                                           a2a_comm_t* comm);
+/* A transport that the caller provides, for a launcher whose own channel is all
+ * there is (torch.distributed over gloo under torchrun, with no MPI): host
+ * memory, point-to-point messages. a2a runs every algorithm over it (the
+ * argument check as a round of its own: this channel cannot label
+ * messages). Each callback returns A2A_SUCCESS, or a status with a message
+ * written into error (error_size bytes, NUL-terminated), which a2a raises on
+ * this rank, naming the call.
+ *   isend / irecv: post a message of `bytes` bytes (> 0) at `data` to / from
+ *     rank `peer` of the communicator made here (sub-communicators map their
+ *     ranks to these). Messages between two ranks with one `tag` must match
+ *     in the order they were posted; every communicator split from this one
+ *     uses a tag of its own. *request identifies the message for wait.
+ *   wait: returns when every request completed, or A2A_ERROR_TIMEOUT after
+ *     timeout_s seconds (naming the ranks whose messages did not come); a
+ *     failed peer should end the wait with an error rather than at the timeout.
+ *   release (may be NULL): called once, when the last communicator over
+ *     these ops is destroyed.
+ * Messages to oneself never reach the callbacks. */
+typedef struct {
+  size_t struct_size; /* sizeof(a2a_transport_ops_t) */
+  const char* name;   /* e.g. "gloo": shown in errors and a2a.Comm's repr (copied) */
+  void* user;         /* passed to every callback */
+  int (*isend)(void* user, const void* data, size_t bytes, int peer, int tag, int64_t* request, char* error,
+               size_t error_size);
+  int (*irecv)(void* user, void* data, size_t bytes, int peer, int tag, int64_t* request, char* error,
+               size_t error_size);
+  int (*wait)(void* user, const int64_t* requests, size_t count, double timeout_s, char* error, size_t error_size);
+  void (*release)(void* user);
+} a2a_transport_ops_t;
+/* A host communicator of `size` ranks over ops (collective: every rank calls
+ * it with its own rank). config may be NULL; its device_type and transport
+ * are taken as CPU and EXTERNAL; local_size: config, else A2A_LOCAL_SIZE,
+ * LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE, else one node.
+ * On failure ops->release is called before returning. */
+A2A_API a2a_status_t a2a_comm_create_external(const a2a_transport_ops_t* ops, int size, int rank,
+                                              const a2a_comm_config_t* config, a2a_comm_t* comm);
 A2A_API a2a_status_t a2a_comm_destroy(a2a_comm_t comm);
 /* The CUDA stream (a cudaStream_t; NULL = the legacy default stream) of the
  * following collectives on a CUDA communicator. They are enqueued on it and

@@ -42,6 +42,11 @@ class Communicator {
   Communicator(const void* nccl_id, int size, int rank, const a2a_comm_config_t& config) {
     check(a2a_comm_create_nccl(nccl_id, size, rank, &config, &handle_));
   }
+  // A host communicator over the caller's transport (see
+  // a2a_comm_create_external). Collective.
+  Communicator(const a2a_transport_ops_t& ops, int size, int rank, const a2a_comm_config_t& config) {
+    check(a2a_comm_create_external(&ops, size, rank, &config, &handle_));
+  }
   // Takes ownership of a handle from a C entry point (e.g. one not wrapped here).
   static Communicator adopt(a2a_comm_t handle) noexcept {
     Communicator communicator;

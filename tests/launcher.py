@@ -1,0 +1,53 @@
+"""Which launcher started a multi-process suite (tests/run_mpi.py): mpirun, or
+torchrun under A2A_TEST_LAUNCHER=torchrun (its torchrun-* configurations),
+where the ranks share a gloo group and no MPI is beneath them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+TORCHRUN = os.environ.get("A2A_TEST_LAUNCHER") == "torchrun"
+
+
+def rank_and_size(request: Any) -> tuple[int, int]:
+    """This process's rank and the job's size, from torch.distributed under
+    torchrun, else from the MPI world."""
+    if TORCHRUN:
+        import torch.distributed as dist
+
+        return dist.get_rank(), dist.get_world_size()
+    world = request.getfixturevalue("world")
+    return world.Get_rank(), world.Get_size()
+
+
+def job_comm(request: Any, make_from_mpi: Callable[[Any], Any]) -> Any:
+    """The suite's communicator: over torchrun's gloo group
+    (a2a.Comm.from_torch on the CPU), else make_from_mpi(world)."""
+    if TORCHRUN:
+        import a2a
+
+        return a2a.Comm.from_torch(device="cpu")
+    return make_from_mpi(request.getfixturevalue("world"))
+
+
+def free_port() -> int:
+    """A free TCP port on this host for torchrun's rendezvous (its
+    --master_port 0 would wait forever)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(np: int, argv: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --nproc_per_node np argv...` as a user
+    runs it, outside any mpirun (its variables dropped, and a2a's), its
+    rendezvous on a free port; `env` added."""
+    variables = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "A2A_"))}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(np),
+                           "--master_port", str(free_port()), *argv], capture_output=True, text=True, check=False,
+                          timeout=timeout, env={**variables, **env})
