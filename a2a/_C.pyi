@@ -249,6 +249,12 @@ class Comm:
         cross_check: int = -1,
     ) -> None: ...
     @staticmethod
+    def from_transport(
+        transport: Any, name: str, size: int, rank: int, local_size: int = 0, timeout_s: float = 0.0,
+        cross_check: int = -1
+    ) -> Comm:
+        """A host communicator over `transport`'s isend / irecv / wait (a2a_comm_create_external)."""
+    @staticmethod
     def from_nccl_id(
         id: bytes, size: int, rank: int, local_size: int = 0, timeout_s: float = 0.0, cuda_device: int = -1,
         cross_check: int = -1

@@ -152,7 +152,8 @@ class Comm:
         (default: the whole world). Collective over the group; works under
         torchrun.
 
-        ``device="cuda"`` (the default where torch sees a GPU): NCCL. The
+        ``device="cuda"`` (the default where torch sees a GPU, or with
+        ``cuda_device``): NCCL. The
         group's first rank creates the NCCL unique id and broadcasts it over
         the group (any backend that can broadcast Python objects).
         ``cuda_device`` defaults to torch's current device.
@@ -178,8 +179,8 @@ class Comm:
             group = dist.group.WORLD
         if local_size is not None and int(local_size) <= 0:
             raise ValueError(f"local_size must be a positive integer, got {local_size}")
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device is None:  # a CUDA device named, or one there
+            device = "cuda" if cuda_device is not None or torch.cuda.is_available() else "cpu"
         if device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
         size = dist.get_world_size(group)
@@ -225,7 +226,8 @@ class Comm:
         local = _torch_local_size(group, size, local_size)
         native = _C.Comm.from_transport(transport, transport.backend, size, rank, int(local or 0),
                                         float(timeout_s or 0.0), _cross_check(cross_check))
-        _note_the_slower_transport(rank)
+        if size > 1:
+            _note_the_slower_transport(rank)
         return cls(native)
 
     @classmethod

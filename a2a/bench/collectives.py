@@ -49,15 +49,9 @@ linear and 2dh rows at this run's topology beside them (``--predict PRESET``:
 ``local``, fitted on this kind of host, by default on cpu; ``none`` by
 default on cuda). The exit code is 1 when any element was wrong.
 
-A sweep that runs longer than a couple of seconds shows how far it got on
-one line of stderr, rewritten in place (``[a2a.bench] 12/40 rows, float
-64M, 8 s``), when stderr is a terminal: in the process that relaunched
-itself under mpirun, which passes the ranks' stdout on and counts its rows
-(:func:`a2a.bench.common.forward_output`), or in rank 0 when it runs
-alone. Under a plain ``mpirun`` there is none: Open MPI gives the ranks a
-pipe for stderr and holds back a line until its newline. The line is
-erased before each row is printed and at the end, so stdout and the JSON
-never contain it.
+A long sweep shows its progress on one line of stderr when that is a
+terminal (the README says where; :func:`a2a.bench.common.forward_output`
+counts the rows of a relaunched run); stdout and the JSON never hold it.
 
 ``--op encode|decode|permute|unpermute|all`` switches to the MoE kernel
 benchmark (one process, no mpirun; :mod:`a2a.bench.kernels`, its own flags:
@@ -277,10 +271,8 @@ def _make_case(algo: str, requested: int, dtype: DType, comm: Any, args: argpars
             dist.all_to_all_single(recv_tensor, send_tensor)
 
     elif algo == A2A_OVER_GLOO:
-        gloo_comm = args.gloo_comm
-
         def run() -> None:
-            a2a.all_to_all(send, comm=gloo_comm, algo="linear", out=recv)
+            a2a.all_to_all(send, comm=args.gloo_comm, algo="linear", out=recv)
 
     elif algo == D2D_BASELINE:
         # The same bytes as one device-to-device copy: what a GPU exchange
@@ -468,10 +460,7 @@ def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         comm = a2a.Comm.from_mpi(world, local_size=args.local_size)
     if GLOO_BASELINE not in args.baselines:
         return _sweep(args, argv, world, comm, device_text)
-    stop_gloo = start_gloo(world)
-    if "linear" in args.algos:  # ours over the same group, beside gloo's own all-to-all
-        args.gloo_comm = a2a.Comm.from_torch(device="cpu", local_size=args.local_size)
-        args.algos = [*args.algos, A2A_OVER_GLOO]
+    stop_gloo = start_gloo(world, args)
     code = _sweep(args, argv, world, comm, device_text)
     stop_gloo()  # on an exception main() aborts the job instead
     return code
@@ -522,8 +511,7 @@ def _sweep(args: argparse.Namespace, argv: list[str], world: Any, comm: Any, dev
     for base in args.baselines:
         say(f"# baseline: {describe(base)}")
     if A2A_OVER_GLOO in args.algos:
-        say(f"# {A2A_OVER_GLOO} = a2a's linear all-to-all over the same gloo group (Comm.from_torch(device='cpu'), "
-            "the transport of a torchrun job on CPUs)")
+        say(f"# {describe(A2A_OVER_GLOO)}")
     say("# time: max over ranks of the mean over -n calls; busbw = algbw * (ranks-1)/ranks; GB = 1e9 B")
     say("#")
 

@@ -58,6 +58,9 @@ def describe(baseline: str) -> str:
     """The header's line for `baseline`: what it runs, with which versions."""
     if baseline == D2D_BASELINE:
         return "d2d = one device-to-device copy of the same bytes (torch copy_); vs D2D = algbw / its algbw"
+    if baseline == A2A_OVER_GLOO:
+        return (f"{A2A_OVER_GLOO} = a2a's linear all-to-all over the same gloo group (Comm.from_torch(device='cpu'), "
+                "the transport of a torchrun job on CPUs)")
     if baseline == GLOO_BASELINE:
         import torch
 
@@ -65,12 +68,13 @@ def describe(baseline: str) -> str:
     return f"mpi = MPI_Alltoall via mpi4py {mpi4py_version()} on {mpi_library()}"
 
 
-def start_gloo(world: Any) -> Callable[[], None]:
+def start_gloo(world: Any, args: Any) -> Callable[[], None]:
     """torch.distributed over gloo on the ranks of `world` (rank and size
     from MPI). Rank 0 opens the rendezvous store (MASTER_ADDR / MASTER_PORT
     if set, else its host name and a free port) and tells the others where
-    it is over MPI. Every wait is bounded by A2A_TIMEOUT_S. Returns the
-    teardown, which joins gloo's threads."""
+    it is over MPI. Every wait is bounded by A2A_TIMEOUT_S. With linear among
+    args.algos, an a2a communicator over the group too (args.gloo_comm) and
+    its row (A2A_OVER_GLOO). Returns the teardown, which joins gloo's threads."""
     import datetime
 
     import torch.distributed as dist
@@ -95,6 +99,11 @@ def start_gloo(world: Any) -> Callable[[], None]:
     if store is None:
         store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
+    if "linear" in args.algos:  # ours over the same group, beside gloo's own all-to-all
+        import a2a
+
+        args.gloo_comm = a2a.Comm.from_torch(device="cpu", local_size=args.local_size)
+        args.algos = [*args.algos, A2A_OVER_GLOO]
     return dist.destroy_process_group
 
 

@@ -61,10 +61,6 @@ void ExternalTransport::check_usable() const {
          "flight); create a new communicator");
 }
 
-void ExternalTransport::check_peer(int peer, const char* what) const {
-  if (peer < 0 || peer >= size()) fail(A2A_ERROR_INTERNAL, what, " rank ", peer, " of ", size());
-}
-
 void ExternalTransport::group_start() {
   check_usable();
   requests_.clear();
@@ -72,22 +68,19 @@ void ExternalTransport::group_start() {
   self_recvs_.clear();
 }
 
-void ExternalTransport::send(const Span& span, int peer) {
-  check_peer(peer, "send to");
-  if (!span.is_contiguous()) fail(A2A_ERROR_INTERNAL, "the ", name(), " transport takes contiguous messages only");
-  if (peer == rank_)
-    self_sends_.push_back(span);
-  else if (span.bytes() != 0)
-    requests_.push_back(channel_->isend(span.data, span.bytes(), members_[peer], tag_));
-}
+void ExternalTransport::send(const Span& span, int peer) { post(span, peer, true); }
 
-void ExternalTransport::recv(const Span& span, int peer) {
-  check_peer(peer, "receive from");
+void ExternalTransport::recv(const Span& span, int peer) { post(span, peer, false); }
+
+void ExternalTransport::post(const Span& span, int peer, bool sending) {
+  if (peer < 0 || peer >= size())
+    fail(A2A_ERROR_INTERNAL, sending ? "send to" : "receive from", " rank ", peer, " of ", size());
   if (!span.is_contiguous()) fail(A2A_ERROR_INTERNAL, "the ", name(), " transport takes contiguous messages only");
   if (peer == rank_)
-    self_recvs_.push_back(span);
+    (sending ? self_sends_ : self_recvs_).push_back(span);
   else if (span.bytes() != 0)
-    requests_.push_back(channel_->irecv(span.data, span.bytes(), members_[peer], tag_));
+    requests_.push_back(sending ? channel_->isend(span.data, span.bytes(), members_[peer], tag_)
+                                : channel_->irecv(span.data, span.bytes(), members_[peer], tag_));
 }
 
 void ExternalTransport::group_end() {

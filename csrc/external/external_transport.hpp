@@ -86,7 +86,8 @@ class ExternalTransport final : public Transport {
 
  private:
   void check_usable() const;
-  void check_peer(int peer, const char* what) const;
+  // send (sending) or recv: through the channel, or kept for group_end's copy when to oneself.
+  void post(const Span& span, int peer, bool sending);
 
   std::shared_ptr<ExternalChannel> channel_;
   std::vector<int> members_;

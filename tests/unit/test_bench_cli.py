@@ -725,7 +725,8 @@ def test_two_emulated_nodes_with_2dh_underneath(tmp_path):
 
 def test_gloo_baseline_and_plot_on_two_ranks(tmp_path):
     """--baseline mpi,gloo in one mpirun: a gloo row per size, checked like
-    the others, its ratio in the table and the JSON; --plot writes a PNG."""
+    the others, its ratio in the table and the JSON, and a row of a2a over
+    the same gloo group (a2a/gloo, what a torchrun job gets); --plot writes a PNG."""
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     out, picture = tmp_path / "bench.json", tmp_path / "bench.png"
@@ -734,7 +735,7 @@ def test_gloo_baseline_and_plot_on_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())
     sizes = [K, 4 * K, 16 * K]
-    for algo in ("linear", "2dh", "mpi", "gloo"):
+    for algo in ("linear", "2dh", "a2a/gloo", "mpi", "gloo"):
         mine = [r for r in rows if r["algo"] == algo]
         assert [r["size"] for r in mine] == sizes, algo
         assert all(r["wrong"] == 0 and r["time_us"] > 0 and r["type"] == "half" for r in mine), algo
@@ -749,9 +750,9 @@ def test_gloo_baseline_and_plot_on_two_ranks(tmp_path):
     header = next(line for line in proc.stdout.splitlines() if "#wrong" in line)
     assert header.split()[-4:] == ["vs", "MPI", "vs", "gloo"]
     table = [line.split() for line in proc.stdout.splitlines() if line and not line.startswith("#")]
-    assert [fields[9] for fields in table] == ["linear", "2dh", "mpi", "gloo"] * len(sizes)
+    assert [fields[9] for fields in table] == ["linear", "2dh", "a2a/gloo", "mpi", "gloo"] * len(sizes)
     assert all(fields[8] == "0" for fields in table)
-    assert "# baseline: gloo = torch" in proc.stdout
+    assert "# baseline: gloo = torch" in proc.stdout and "# a2a/gloo = a2a's linear all-to-all" in proc.stdout
     assert "vs gloo: " in proc.stdout  # the footer's geomean
     assert "[a2a.bench]" not in proc.stderr  # stderr is a pipe here: no progress line
     assert picture.read_bytes()[:8] == PNG_SIGNATURE
