@@ -158,8 +158,8 @@ class StepGraphs:
 
 def _copies(tensors: tuple) -> tuple:
     """Fresh copies of `tensors` (None stays None) in one multi-tensor copy: on a GPU one launch for
-    every gradient of the replay, where a clone each was one launch per tensor (8 of a replay's host
-    cudaMemcpyAsync calls on the H200, 2026-11-30)."""
+    every gradient of the replay, where a clone each was one launch per tensor (with the input's copy,
+    the 8 host cudaMemcpyAsync calls of a replay on the H200, 2026-11-30)."""
     present = [t for t in tensors if t is not None]
     copies = [torch.empty_like(t) for t in present]
     if present:
