@@ -1,8 +1,8 @@
 """The transport of ``a2a.Comm.from_torch`` on CPU tensors: torch.distributed's
 point-to-point messages over a group (gloo under torchrun), for a job with
 no MPI beneath it. a2a's C++ algorithms call it back through
-``a2a_transport_ops_t`` (csrc/python/py_transport.cpp): each message is a
-``dist.isend`` / ``dist.irecv`` of a uint8 tensor viewing a2a's own memory
+``a2a_transport_ops_t`` (csrc/python/py_transport.cpp): each message is the
+group's own ``send`` / ``recv`` of a uint8 tensor viewing a2a's own memory
 (no copy), tagged with its communicator's tag, and a call's messages are
 awaited together, bounded by the communicator's timeout.
 
@@ -44,8 +44,7 @@ def agree_tag_base(group: Any) -> int:
 
 class TorchGroupTransport:
     """isend / irecv / wait over a torch.distributed group; peers are ranks of
-    the group (mapped to global ranks here), tags offset by tag_base
-    (agree_tag_base)."""
+    the group, tags offset by tag_base (agree_tag_base)."""
 
     def __init__(self, group: Any, tag_base: int):
         import torch

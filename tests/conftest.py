@@ -36,4 +36,3 @@ def world():
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
-

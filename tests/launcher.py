@@ -43,11 +43,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+MPIRUN_PREFIXES = ("OMPI_", "PMIX_", "PMI_")  # the variables an enclosing mpirun leaves to its ranks
+
+
+def torchrun_command(np: int, command: list[str]) -> list[str]:
+    """torchrun (torch.distributed.run) of `command` (a Python, its script and
+    arguments) on np local processes, its rendezvous on a free port."""
+    return [command[0], "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
+            str(free_port()), *command[1:]]
+
+
 def torchrun(np: int, argv: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
     """`python -m torch.distributed.run --nproc_per_node np argv...` as a user
-    runs it, outside any mpirun (its variables dropped, and a2a's), its
-    rendezvous on a free port; `env` added."""
-    variables = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "A2A_"))}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(np),
-                           "--master_port", str(free_port()), *argv], capture_output=True, text=True, check=False,
+    runs it, outside any mpirun (its variables dropped, and a2a's); `env` added."""
+    variables = {k: v for k, v in os.environ.items() if not k.startswith((*MPIRUN_PREFIXES, "A2A_"))}
+    return subprocess.run(torchrun_command(np, [sys.executable, *argv]), capture_output=True, text=True, check=False,
                           timeout=timeout, env={**variables, **env})

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from launcher import free_port  # tests/launcher.py, beside this file (sys.path[0])
+from launcher import MPIRUN_PREFIXES, torchrun_command  # tests/launcher.py, beside this file (sys.path[0])
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
@@ -232,17 +232,10 @@ def mpirun_command(np: int, command: list[str]) -> list[str]:
     return launch.mpirun_command(np, command)
 
 
-def torchrun_command(np: int, command: list[str]) -> list[str]:
-    """torchrun (torch.distributed.run) of `command`'s script on np local
-    processes, its rendezvous on a free port."""
-    return [command[0], "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
-            str(free_port()), *command[1:]]
-
-
 def run_env(config: Config, rank_timeout_s: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in A2A_VARIABLES}
     if config.launcher == "torchrun":  # no MPI beneath: nothing of an enclosing mpirun either
-        env = {k: v for k, v in env.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+        env = {k: v for k, v in env.items() if not k.startswith(MPIRUN_PREFIXES)}
         env["A2A_TEST_LAUNCHER"] = "torchrun"
     env["A2A_TIMEOUT_S"] = str(rank_timeout_s)
     if config.local_size:

@@ -63,6 +63,10 @@ void ExternalTransport::check_usable() const {
 
 void ExternalTransport::group_start() {
   check_usable();
+  clear_group();
+}
+
+void ExternalTransport::clear_group() {
   requests_.clear();
   self_sends_.clear();
   self_recvs_.clear();
@@ -102,9 +106,7 @@ void ExternalTransport::group_end() {
     broken_ = true;
     throw;
   }
-  requests_.clear();
-  self_sends_.clear();
-  self_recvs_.clear();
+  clear_group();
 }
 
 void ExternalTransport::cancel_group() {
@@ -115,9 +117,7 @@ void ExternalTransport::cancel_group() {
   } catch (...) {
     broken_ = true;
   }
-  requests_.clear();
-  self_sends_.clear();
-  self_recvs_.clear();
+  clear_group();
 }
 
 void ExternalTransport::allgather(const void* send, void* recv, size_t bytes_per_rank) {

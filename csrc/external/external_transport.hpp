@@ -81,11 +81,11 @@ class ExternalTransport final : public Transport {
 
   const std::shared_ptr<ExternalChannel>& channel() const { return channel_; }
   const std::vector<int>& members() const { return members_; }
-  int tag() const { return tag_; }
   double timeout_s() const { return timeout_s_; }
 
  private:
   void check_usable() const;
+  void clear_group();
   // send (sending) or recv: through the channel, or kept for group_end's copy when to oneself.
   void post(const Span& span, int peer, bool sending);
 

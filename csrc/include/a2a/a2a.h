@@ -154,7 +154,8 @@ typedef struct {
  * it with its own rank). config may be NULL; its device_type and transport
  * are taken as CPU and EXTERNAL; local_size: config, else A2A_LOCAL_SIZE,
  * LOCAL_WORLD_SIZE (torchrun) or OMPI_COMM_WORLD_LOCAL_SIZE, else one node.
- * On failure ops->release is called before returning. */
+ * On failure ops->release is called before returning (not when ops is NULL
+ * or ops->struct_size is wrong: then nothing of ops is read). */
 A2A_API a2a_status_t a2a_comm_create_external(const a2a_transport_ops_t* ops, int size, int rank,
                                               const a2a_comm_config_t* config, a2a_comm_t* comm);
 A2A_API a2a_status_t a2a_comm_destroy(a2a_comm_t comm);
