@@ -230,6 +230,11 @@ def testing_comm_create_mpi(
     """Tests only: a host communicator whose data ("staged") or control ("control")
     messages go through the staging transports with host copies."""
 
+def testing_comm_create_external_by_round(
+    transport: Any, name: str, size: int, rank: int, local_size: int, timeout_s: float, cross_check: int, /
+) -> Comm:
+    """Tests only: from_transport's communicator checking every call by a round (a2a_testing.h)."""
+
 def transpose_chunks(exec: _Exec, dst: int, src: int, rows: int, cols: int, chunk_bytes: int, /) -> None: ...
 def copy_ranges(exec: _Exec, dst: int, src: int, ranges: list[tuple[int, int, int]], /) -> None:
     """Each (dst offset, src offset, bytes) range copied."""
@@ -257,8 +262,10 @@ class Comm:
     @staticmethod
     def from_nccl_id(
         id: bytes, size: int, rank: int, local_size: int = 0, timeout_s: float = 0.0, cuda_device: int = -1,
-        cross_check: int = -1
-    ) -> Comm: ...
+        cross_check: int = -1, control: Any = None, control_name: str = ""
+    ) -> Comm:
+        """NCCL from a unique id (a2a_comm_create_nccl); with `control` (an object with isend / irecv / wait,
+        as from_transport's), its check and host values over that channel (a2a_comm_create_nccl_with_control)."""
     @property
     def device(self) -> tuple[int, int, int]:
         """(device type, transport, CUDA device or -1)."""

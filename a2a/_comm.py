@@ -52,9 +52,11 @@ class Comm:
     another stream, the core orders the new stream after the old one.
     """
 
-    def __init__(self, native: Any, mpi_comm: Any = None):
+    def __init__(self, native: Any, mpi_comm: Any = None, control_group: Any = None):
         self._native = native
         self.mpi_comm = mpi_comm
+        # from_torch(device="cuda"): the gloo group beside NCCL that carries the check and host values; else None.
+        self.control_group = control_group
         (self.rank, self.size, self.local_rank, self.local_size, self.node, self.num_nodes) = native.topology
         # "" when the nodes are equal blocks of consecutive ranks; else why algo="2dh" refuses this communicator.
         self.irregular_reason: str = native.irregular_reason
@@ -147,6 +149,7 @@ class Comm:
         local_size: int | None = None,
         timeout_s: float | None = None,
         cross_check: bool | None = None,
+        control_group: Any = None,
     ) -> Comm:
         """A communicator over the ranks of a ``torch.distributed`` group
         (default: the whole world). Collective over the group; works under
@@ -156,7 +159,16 @@ class Comm:
         ``cuda_device``): NCCL. The
         group's first rank creates the NCCL unique id and broadcasts it over
         the group (any backend that can broadcast Python objects).
-        ``cuda_device`` defaults to torch's current device.
+        ``cuda_device`` defaults to torch's current device. The argument
+        check and the host values (all-to-all-v counts, capacities) go over a
+        gloo group of the same ranks beside NCCL: ``control_group``, else the
+        group itself where it has gloo (``init_process_group()``'s default
+        ``cpu:gloo,cuda:nccl``), else for the world a gloo group made once
+        for it. A call that every rank predicted then posts its check there
+        and enqueues its data at once: no wait for the stream, no round
+        (docs/algorithms.md, "The predicted check"). A subgroup with NCCL
+        alone and no ``control_group`` checks over NCCL instead, waiting for
+        the stream at every call.
 
         ``device="cpu"`` (the default without a GPU): host tensors moved by
         the group itself (its gloo backend's point-to-point messages,
@@ -205,13 +217,20 @@ class Comm:
         unique_id, problem = box[0]
         if problem is not None:
             raise RuntimeError(f"Comm.from_torch: the group's first rank could not create a NCCL unique id: {problem}")
+        control = _control_group(group, control_group)
+        transport = None
+        if control is not None:
+            from ._torch_transport import TorchGroupTransport, agree_tag_base
+
+            transport = TorchGroupTransport(control, agree_tag_base(control))
         native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device),
-                                      _cross_check(cross_check))
-        return cls(native)
+                                      _cross_check(cross_check), control=transport,
+                                      control_name=transport.backend if transport else "")
+        return cls(native, control_group=control)
 
     @classmethod
     def _over_torch_group(cls, group: Any, size: int, rank: int, local_size: int | None, timeout_s: float | None,
-                          cross_check: bool | None) -> Comm:
+                          cross_check: bool | None, note: bool = True) -> Comm:
         """from_torch(device="cpu"): the group's own messages carry a2a's."""
         import torch.distributed as dist
 
@@ -226,7 +245,7 @@ class Comm:
         local = _torch_local_size(group, size, local_size)
         native = _C.Comm.from_transport(transport, transport.backend, size, rank, int(local or 0),
                                         float(timeout_s or 0.0), _cross_check(cross_check))
-        if size > 1:
+        if size > 1 and note:
             _note_the_slower_transport(rank)
         return cls(native)
 
@@ -300,6 +319,25 @@ class Comm:
         )
         return None if native is None else Comm(native)
 
+    def host_twin(self) -> Comm:
+        """Collective: a communicator over the same ranks, in the same order
+        and nodes, for small host values (NumPy rows) with no wait for a
+        device. A CUDA communicator with MPI beneath (``from_mpi(device=
+        "cuda")``, and the test factory's host model of it, which predicts its
+        checks) gets a host one over the same MPI ranks; one from
+        ``from_torch`` with a gloo group beside NCCL (``control_group``), a
+        host one over that group. A row of host values then crosses the host
+        channel alone, instead of a copy to the GPU, an all-gather there and
+        a copy back that waits for the stream (two stream syncs, behind all
+        the work queued before). Any other communicator is its own twin (NCCL
+        alone: host values cross it through the device)."""
+        if self.device == "cuda" and self.control_group is not None:
+            return Comm._over_torch_group(self.control_group, self.size, self.rank, self.local_size, None,
+                                          self.cross_check, note=False)
+        if self.mpi_comm is None or (self.device == "cpu" and not self.predicts_check):
+            return self
+        return Comm.from_mpi(self.mpi_comm, cross_check=self.cross_check)
+
     def check(self) -> None:
         """Completes the cross-rank check of the last call where it was posted
         rather than waited for (``predicts_check``: a communicator of MPI and
@@ -369,6 +407,33 @@ def _split_problem(color: Any, key: Any) -> str | None:
             return f"{name} {int(value)} does not fit in a C int"
     if color is not None and int(color) < 0:
         return f"color {int(color)} is negative; pass an int >= 0, or None for a rank that joins no new communicator"
+    return None
+
+
+_world_gloo: list[Any] = []  # the gloo group made for the world's NCCL communicators, once per process
+
+
+def _control_group(group: Any, given: Any) -> Any:
+    """The gloo group beside a NCCL communicator over `group` (from_torch):
+    `given`, else `group` where it has gloo, else one made for the world
+    (collective over the world, which is then the group), else None."""
+    import torch.distributed as dist
+
+    def has_gloo(candidate: Any) -> bool:
+        return "gloo" in str(dist.get_backend(candidate)).lower()
+
+    if given is not None:
+        ranks, control_ranks = dist.get_process_group_ranks(group), dist.get_process_group_ranks(given)
+        if not has_gloo(given) or control_ranks != ranks:
+            raise ValueError(f"Comm.from_torch: control_group must be a gloo group of the group's ranks {ranks} in "
+                             f"that order, got backend {dist.get_backend(given)!r} over ranks {control_ranks}")
+        return given
+    if has_gloo(group):
+        return group
+    if group is dist.group.WORLD:
+        if not _world_gloo:
+            _world_gloo.append(dist.new_group(backend="gloo"))
+        return _world_gloo[0]
     return None
 
 

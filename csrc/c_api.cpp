@@ -193,6 +193,25 @@ a2a_comm_config_t read_config(const a2a_comm_config_t* config) {
   return options;
 }
 
+// The checks of a caller's ops before anything of them is read.
+void check_ops(const a2a_transport_ops_t* ops, const char* name) {
+  if (ops == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, name, " must not be NULL");
+  if (ops->struct_size != sizeof(a2a_transport_ops_t))
+    a2a::fail(A2A_ERROR_INVALID_ARGUMENT, name, "->struct_size ", ops->struct_size,
+              " is not sizeof(a2a_transport_ops_t) = ", sizeof(a2a_transport_ops_t));
+}
+
+// read_config for a creation that owns `ops`: as documented, they are
+// released on any failure, this one included.
+a2a_comm_config_t read_config_releasing(const a2a_comm_config_t* config, const a2a_transport_ops_t& ops) {
+  try {
+    return read_config(config);
+  } catch (...) {
+    if (ops.release != nullptr) ops.release(ops.user);
+    throw;
+  }
+}
+
 }  // namespace
 
 a2a_status_t a2a_comm_create_mpi(const void* mpi_comm, const a2a_comm_config_t* config, a2a_comm_t* comm) {
@@ -214,21 +233,19 @@ a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, const a2a_
   return create_comm(comm, [&] { return a2a::create_nccl_comm(id, size, rank, read_config(config)); });
 }
 
+a2a_status_t a2a_comm_create_nccl_with_control(const void* id, int size, int rank, const a2a_transport_ops_t* control,
+                                               const a2a_comm_config_t* config, a2a_comm_t* comm) {
+  return create_comm(comm, [&] {
+    check_ops(control, "control");
+    return a2a::create_nccl_comm(id, size, rank, read_config_releasing(config, *control), control);
+  });
+}
+
 a2a_status_t a2a_comm_create_external(const a2a_transport_ops_t* ops, int size, int rank,
                                       const a2a_comm_config_t* config, a2a_comm_t* comm) {
   return create_comm(comm, [&] {
-    if (ops == nullptr) a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "ops must not be NULL");
-    if (ops->struct_size != sizeof(a2a_transport_ops_t))
-      a2a::fail(A2A_ERROR_INVALID_ARGUMENT, "ops->struct_size ", ops->struct_size, " is not sizeof(a2a_transport_ops_t) = ",
-                sizeof(a2a_transport_ops_t));
-    a2a_comm_config_t options;
-    try {
-      options = read_config(config);
-    } catch (...) {
-      if (ops->release != nullptr) ops->release(ops->user);  // as documented: the ops are released on any failure
-      throw;
-    }
-    return a2a::create_external_comm(*ops, size, rank, options);
+    check_ops(ops, "ops");
+    return a2a::create_external_comm(*ops, size, rank, read_config_releasing(config, *ops));
   });
 }
 
@@ -703,6 +720,14 @@ a2a_status_t a2a_testing_comm_create_mpi(const void* mpi_comm, const a2a_comm_co
   return create_comm(comm, [&] {
     const MPI_Comm parent = mpi_comm_at(mpi_comm);
     return a2a::create_staged_host_comm(parent, read_config(config), staging);
+  });
+}
+
+a2a_status_t a2a_testing_comm_create_external_by_round(const a2a_transport_ops_t* ops, int size, int rank,
+                                                       const a2a_comm_config_t* config, a2a_comm_t* comm) {
+  return create_comm(comm, [&] {
+    check_ops(ops, "ops");
+    return a2a::create_external_comm(*ops, size, rank, read_config_releasing(config, *ops), false);
   });
 }
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import a2a
 
-from .common.host_values import host_twin
 from .common.overlap import Overlap
 from .flows.base import Context, Flow
 from .flows.kept import KeptAgreement
@@ -31,7 +30,7 @@ def bind_flows(layer: Any, comm: a2a.Comm, flow_class: type[Flow], settings: Any
                       layer.experts, layer.num_global_experts, layer.model_dim, "2dh" if layer.use_2dh else "linear",
                       1.0 / comm.size if layer.expert_gradient == "mean" else 1.0, layer.is_postscore,
                       layer.batch_prioritized_routing, layer.timer, layer.dispatch_format,
-                      KeptAgreement(host_twin(comm), exchange_comm))
+                      KeptAgreement(comm.host_twin(), exchange_comm))
     flow = flow_class(context, settings)
     flows = {flow.name: flow}
     flows.update((name, FLOWS[name](context, others[name])) for name in others)

@@ -25,13 +25,13 @@ def rank_and_size(request: Any) -> tuple[int, int]:
     return world.Get_rank(), world.Get_size()
 
 
-def job_comm(request: Any, make_from_mpi: Callable[[Any], Any]) -> Any:
+def job_comm(request: Any, make_from_mpi: Callable[[Any], Any], **torch_options: Any) -> Any:
     """The suite's communicator: over torchrun's gloo group
-    (a2a.Comm.from_torch on the CPU), else make_from_mpi(world)."""
+    (a2a.Comm.from_torch on the CPU, with torch_options), else make_from_mpi(world)."""
     if TORCHRUN:
         import a2a
 
-        return a2a.Comm.from_torch(device="cpu")
+        return a2a.Comm.from_torch(device="cpu", **torch_options)
     return make_from_mpi(request.getfixturevalue("world"))
 
 

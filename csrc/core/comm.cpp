@@ -47,7 +47,7 @@ Comm::Comm(CommParts parts, Topology topology, bool use_strided_spans)
       in_band_(parts.data == parts.control && data_->supports_signed_exchange()),
       cross_check_(parts.cross_check),
       // One rank has nobody to disagree with: it checks nothing (agree()).
-      predicts_(parts.predicts_check && !in_band_ && cross_check_ && control_->supports_signed_exchange() &&
+      predicts_(parts.predicts_check && !in_band_ && cross_check_ && control_->supports_labelled_check() &&
                 topology_.size > 1),
       host_scratch_(*device_, DeviceBuffer::Kind::kHost),
       splitter_(std::move(parts.splitter)) {

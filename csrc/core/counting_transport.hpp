@@ -32,6 +32,7 @@ class CountingTransport final : public Transport {
   void cancel_group() override { inner_.cancel_group(); }
 
   bool supports_signed_exchange() const override { return inner_.supports_signed_exchange(); }
+  bool supports_labelled_check() const override { return inner_.supports_labelled_check(); }
   bool signed_exchange(const PeerGroup& group, uint32_t label, size_t pieces,
                        const std::function<Span(int, size_t)>& send_piece,
                        const std::function<Span(int, size_t)>& recv_piece, int* disagreeing) override;

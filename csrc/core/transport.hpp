@@ -159,6 +159,12 @@ class Transport {
   // call will never send what they wait for. At most one is posted at a time.
   virtual void post_check(const PeerGroup& group, uint32_t label);
   virtual bool complete_check(int* disagreeing);
+  // Whether the check itself works here, without labelled data: post_check,
+  // complete_check, settle_disagreement, and signed_exchange of one empty
+  // piece over the world (Comm::agree's round). Every transport that labels
+  // messages, and the external channel, whose labels travel as messages of
+  // their own (external/external_check.cpp).
+  virtual bool supports_labelled_check() const { return supports_signed_exchange(); }
 
   // Dense collectives, bounded by the same timeout. allgather is also how
   // Comm::agree() checks arguments, so a timeout in it must name the ranks

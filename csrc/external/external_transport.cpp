@@ -63,11 +63,16 @@ void ExternalTransport::check_usable() const {
 
 void ExternalTransport::group_start() {
   check_usable();
+  // On the control lane nothing may follow a posted check's headers before
+  // they are in: a peer that left the predicted call settles and gathers the
+  // verdict here next, and must meet no message of this rank's call.
+  complete_posted_before_wait();
   clear_group();
 }
 
 void ExternalTransport::clear_group() {
   requests_.clear();
+  request_peers_.clear();
   self_sends_.clear();
   self_recvs_.clear();
 }
@@ -82,9 +87,11 @@ void ExternalTransport::post(const Span& span, int peer, bool sending) {
   if (!span.is_contiguous()) fail(A2A_ERROR_INTERNAL, "the ", name(), " transport takes contiguous messages only");
   if (peer == rank_)
     (sending ? self_sends_ : self_recvs_).push_back(span);
-  else if (span.bytes() != 0)
+  else if (span.bytes() != 0) {
     requests_.push_back(sending ? channel_->isend(span.data, span.bytes(), members_[peer], tag_)
                                 : channel_->irecv(span.data, span.bytes(), members_[peer], tag_));
+    request_peers_.push_back(peer);
+  }
 }
 
 void ExternalTransport::group_end() {
@@ -98,7 +105,24 @@ void ExternalTransport::group_end() {
              "receive of ", self_recvs_[i].bytes());
       if (self_sends_[i].bytes() != 0) std::memmove(self_recvs_[i].data, self_sends_[i].data, self_sends_[i].bytes());
     }
+    // Only where this group waits for peers: a call that moves no data
+    // returns before them, and its check completes at the next call.
+    if (watched_ != nullptr && !requests_.empty()) watched_->complete_posted_before_wait();
     channel_->wait(requests_, timeout_s_);
+  } catch (const PostedCheckFailed&) {
+    // The peers that predicted the call alike posted its messages too, and
+    // the channel moves them whenever they meet: they must complete before
+    // the call's buffers go back to the caller. A peer that left posted
+    // none, so what this rank posted to it never moves.
+    std::vector<int64_t> agreeing;
+    for (size_t i = 0; i < requests_.size(); ++i)
+      if (watched_->posted_agreed_with(request_peers_[i])) agreeing.push_back(requests_[i]);
+    try {
+      channel_->wait(agreeing, timeout_s_);
+    } catch (...) {
+    }
+    broken_ = true;  // the channel keeps the rest: no next call may meet it
+    throw;
   } catch (const Failure& e) {
     broken_ = true;  // what the channel still holds may arrive later: no next call may meet it
     throw Failure(e.status(), cat("rank ", rank_, " of ", size(), ": ", e.what()));

@@ -543,17 +543,23 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "from_nccl_id",
           [](const std::string& id, int size, int rank, int local_size, double timeout_s, int cuda_device,
-             int cross_check) {
+             int cross_check, const py::object& control, const std::string& control_name) {
             if (id.size() != A2A_NCCL_UNIQUE_ID_BYTES)
               throw py::value_error("a NCCL unique id has " + std::to_string(A2A_NCCL_UNIQUE_ID_BYTES) + " bytes, got " +
                                     std::to_string(id.size()));
             a2a_comm_config_t config =
                 make_config(local_size, timeout_s, -1, A2A_DEVICE_CUDA, A2A_TRANSPORT_NCCL, cuda_device, cross_check);
-            py::gil_scoped_release release;
-            return new a2a::Communicator(id.data(), size, rank, config);
+            if (control.is_none()) {
+              py::gil_scoped_release release;
+              return new a2a::Communicator(id.data(), size, rank, config);
+            }
+            const a2a_transport_ops_t ops = a2a::python::python_transport_ops(control, control_name.c_str());
+            py::gil_scoped_release release;  // the callbacks take it back
+            return new a2a::Communicator(id.data(), size, rank, ops, config);
           },
           py::arg("id"), py::arg("size"), py::arg("rank"), py::arg("local_size") = 0, py::arg("timeout_s") = 0.0,
-          py::arg("cuda_device") = -1, py::arg("cross_check") = -1)
+          py::arg("cuda_device") = -1, py::arg("cross_check") = -1, py::arg("control") = py::none(),
+          py::arg("control_name") = "")
       .def_static(
           "from_transport",
           [](const py::object& transport, const std::string& name, int size, int rank, int local_size,
@@ -678,6 +684,21 @@ PYBIND11_MODULE(_C, m) {
         return a2a::Communicator::adopt(handle);
       },
       py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "testing_comm_create_external_by_round",
+      [](const py::object& transport, const std::string& name, int size, int rank, int local_size, double timeout_s,
+         int cross_check) {
+        const a2a_comm_config_t config =
+            make_config(local_size, timeout_s, -1, A2A_DEVICE_CPU, A2A_TRANSPORT_EXTERNAL, -1, cross_check);
+        const a2a_transport_ops_t ops = a2a::python::python_transport_ops(transport, name.c_str());
+        a2a_comm_t handle = nullptr;
+        {
+          py::gil_scoped_release release;  // the callbacks take it back
+          a2a::check(a2a_testing_comm_create_external_by_round(&ops, size, rank, &config, &handle));
+        }
+        return a2a::Communicator::adopt(handle);
+      });
 
   py::class_<a2a::LowLatency>(m, "LowLatency")
       .def(py::init([](a2a::Communicator& comm, int64_t max_tokens, int64_t num_experts, int64_t top_k,

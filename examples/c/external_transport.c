@@ -5,7 +5,8 @@
  * sockets). Every algorithm runs over it; the program checks an
  * all-to-all (linear and 2DH over 2 x 2 emulated nodes), an all-reduce, a
  * split, and that a rank that never calls ends its peers' wait with
- * A2A_ERROR_TIMEOUT. No MPI; run it directly:
+ * A2A_ERROR_TIMEOUT; and what a2a_comm_create_nccl_with_control (the same
+ * ops beside NCCL) refuses before NCCL. No MPI; run it directly:
  *
  *   ./external_transport
  *
@@ -206,6 +207,27 @@ static void* run_rank(void* arg) {
   return NULL;
 }
 
+/* The same ops can stand beside NCCL (a2a_comm_create_nccl_with_control), carrying a CUDA
+ * communicator's check and host values. Without a GPU, what it refuses before NCCL is reached: a
+ * NULL id fails with A2A_ERROR_INVALID_ARGUMENT, and the ops are released, as on any failure. */
+static int released = 0;
+static void count_release(void* user) {
+  (void)user;
+  ++released;
+}
+
+static int nccl_with_control_refusals(void) {
+  static endpoint_t solo = {0};
+  a2a_transport_ops_t ops = {sizeof(a2a_transport_ops_t), "mailbox", &solo, mailbox_isend, mailbox_irecv,
+                             mailbox_wait, count_release};
+  a2a_comm_t comm = NULL;
+  const a2a_status_t no_id = a2a_comm_create_nccl_with_control(NULL, 1, 0, &ops, NULL, &comm);
+  const a2a_status_t no_ops = a2a_comm_create_nccl_with_control(NULL, 1, 0, NULL, NULL, &comm);
+  const int wrong = (no_id != A2A_ERROR_INVALID_ARGUMENT) + (released != 1) + (no_ops != A2A_ERROR_INVALID_ARGUMENT);
+  printf("a2a_comm_create_nccl_with_control refusals    #wrong %d\n", wrong);
+  return wrong;
+}
+
 int main(void) {
   static endpoint_t endpoints[RANKS];
   pthread_t threads[RANKS];
@@ -214,6 +236,7 @@ int main(void) {
     pthread_create(&threads[r], NULL, run_rank, &endpoints[r]);
   }
   for (int r = 0; r < RANKS; ++r) pthread_join(threads[r], NULL);
+  wrong_total += nccl_with_control_refusals();
   printf("%s: #wrong %d\n", wrong_total ? "FAIL" : "OK", wrong_total);
   return wrong_total ? 1 : 0;
 }

@@ -17,7 +17,7 @@ import numpy as np
 
 import a2a
 
-__all__ = ["all_gather_values", "all_reduce_values", "host_twin", "torch_device"]
+__all__ = ["all_gather_values", "all_reduce_values", "torch_device"]
 
 
 def torch_device(comm: a2a.Comm) -> Any:
@@ -41,20 +41,6 @@ def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **op
     if comm.predicts_check:
         comm.check()
     return result.cpu().numpy()
-
-
-def host_twin(comm: a2a.Comm) -> a2a.Comm:
-    """Collective: where `comm`'s ranks agree on host values with no wait for
-    a device. A communicator whose data move on a GPU but which MPI sits
-    beneath (``from_mpi(device="cuda")``; and the test factory's host model of
-    it, which predicts its checks) gets a host communicator over the same MPI
-    ranks: a row of host values then crosses MPI alone, instead of a copy to
-    the GPU, an all-gather there and a copy back that waits for the stream
-    (two stream syncs, behind all the work queued before). Any other
-    communicator is its own twin (``from_torch``: NCCL is the only channel)."""
-    if comm.mpi_comm is None or (comm.device == "cpu" and not comm.predicts_check):
-        return comm
-    return a2a.Comm.from_mpi(comm.mpi_comm, cross_check=comm.cross_check)
 
 
 def all_gather_values(values: Any, comm: a2a.Comm) -> np.ndarray:

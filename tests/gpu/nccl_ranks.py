@@ -44,6 +44,7 @@ def main() -> int:
     over_mpi = a2a.Comm.from_mpi(world, device="cuda")
     nccl_process_group(world)
     from_torch = a2a.Comm.from_torch()
+    assert from_torch.control_group is not None  # a gloo group made for the world, beside NCCL
     tally = Tally(world)
     for label, comm in (("nccl(mpi)", over_mpi), ("nccl(torch)", from_torch)):
         assert (comm.device, comm.transport) == ("cuda", "nccl"), (label, comm.device, comm.transport)

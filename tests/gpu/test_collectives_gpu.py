@@ -55,7 +55,8 @@ def staged_comm(cuda_available):
 
 @pytest.fixture(scope="module")
 def torch_comm(cuda_available):
-    """A NCCL communicator bootstrapped through a 1-rank gloo process group."""
+    """A NCCL communicator bootstrapped through a 1-rank gloo process group,
+    which stands beside it for the check and the host values."""
     _need_nccl()
     import torch.distributed as dist
 
@@ -63,6 +64,21 @@ def torch_comm(cuda_available):
         store = dist.HashStore()
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     return a2a.Comm.from_torch()
+
+
+@pytest.fixture(scope="module")
+def nccl_only_comm(torch_comm):
+    """NCCL alone: from_torch over a NCCL subgroup, with no gloo beside it."""
+    import torch.distributed as dist
+
+    return a2a.Comm.from_torch(dist.new_group(backend="nccl"))
+
+
+def test_from_torch_puts_a_gloo_group_beside_nccl(torch_comm, nccl_only_comm):
+    import torch.distributed as dist
+
+    assert torch_comm.control_group is dist.group.WORLD and nccl_only_comm.control_group is None
+    assert torch_comm.host_twin().device == "cpu" and nccl_only_comm.host_twin() is nccl_only_comm
 
 
 def _cuda(a: np.ndarray, dtype: str):
@@ -219,11 +235,13 @@ def test_cuda_graph_capture_of_the_fixed_size_collectives(nccl_comm, host_comm):
 
 
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the refused capture leaves its graph empty
-def test_capture_on_a_nccl_only_communicator(torch_comm, host_comm):
-    # Made through torch.distributed, the communicator checks arguments over
-    # NCCL by waiting for the stream: under capture only the local checks run
-    # and the fixed-size collectives are captured; an all_to_all_v plan needs
-    # the counts on the host and is refused, leaving the communicator usable.
+def test_capture_on_a_nccl_only_communicator(nccl_only_comm, host_comm):
+    # Made through torch.distributed with no gloo beside it, the communicator
+    # checks arguments over NCCL by waiting for the stream: under capture only
+    # the local checks run and the fixed-size collectives are captured; an
+    # all_to_all_v plan needs the counts on the host and is refused, leaving
+    # the communicator usable.
+    torch_comm = nccl_only_comm
     x = ref.a2a_input("gpu-graph-torch", 0, 1, (64, 3), "float32")
     want = a2a.all_to_all(x, comm=host_comm)
     src = _cuda(x, "float32")

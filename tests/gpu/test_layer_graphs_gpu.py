@@ -27,7 +27,7 @@ def nccl_comm(cuda_available):
 
 @pytest.fixture(scope="module")
 def torch_comm(nccl_comm):
-    """A NCCL-only communicator (from_torch) bootstrapped through a 1-rank gloo process group."""
+    """A NCCL communicator (from_torch) bootstrapped through a 1-rank gloo process group, beside it."""
     import torch.distributed as dist
 
     if not dist.is_initialized():

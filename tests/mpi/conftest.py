@@ -10,7 +10,7 @@ import os
 import sys
 
 import pytest
-from launcher import job_comm
+from launcher import TORCHRUN, job_comm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -49,11 +49,11 @@ def pytest_configure(config):
 
 
 def _comm_scope(fixture_name, config):
-    # Under A2A_TEST_STAGING=predicted a disagreement in a call that the
-    # ranks predicted retires the comm (docs/algorithms.md, "The predicted
-    # check"), as a timeout does elsewhere: one comm per test, so that it
-    # spoils one test only.
-    return "function" if STAGING == "predicted" else "module"
+    # Under A2A_TEST_STAGING=predicted, and over torchrun's gloo group, a
+    # disagreement in a call that the ranks predicted retires the comm
+    # (docs/algorithms.md, "The predicted check"), as a timeout does
+    # elsewhere: one comm per test, so that it spoils one test only.
+    return "function" if STAGING == "predicted" or TORCHRUN else "module"
 
 
 @pytest.fixture(scope=_comm_scope)

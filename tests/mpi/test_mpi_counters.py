@@ -6,8 +6,8 @@ round, and planned), all_gather and the reductions (a2a's own exchanges
 there): a checked call costs exactly what the same call costs with
 cross_check=False, or, for the reductions, no round beyond their own. Every
 call on the staged and control-over-device communicators still pays one
-round for the check, but on the predicted one (A2A_TEST_STAGING=predicted, the
-arrangement of MPI and NCCL): there, once the calls repeat, the check is
+round for the check, but on the predicted ones (A2A_TEST_STAGING=predicted, the
+arrangement of MPI and NCCL; torchrun's gloo group): there, once the calls repeat, the check is
 posted (W - 1 messages) and completed at the next call, with no round.
 """
 
@@ -18,21 +18,22 @@ import os
 import numpy as np
 import pytest
 from a2a_mpi_util import regular
-from launcher import TORCHRUN
+from launcher import TORCHRUN, job_comm
 
 import a2a
 
 STAGING = os.environ.get("A2A_TEST_STAGING", "")
-# Every comm of this suite is from_mpi on the CPU; staged ones, and torchrun's (over gloo, which cannot
-# label messages), check by round.
+# Every comm of this suite is from_mpi on the CPU, or torchrun's over gloo; staged ones check by round.
 IN_BAND = not STAGING and not TORCHRUN
-PREDICTED = STAGING == "predicted"  # ... or post the check of a predicted call
+# ... or post the check of a predicted call: the arrangement of MPI and NCCL, and the gloo group
+# (which cannot label messages: the check travels as messages of its own, beside the data).
+PREDICTED = STAGING == "predicted" or TORCHRUN
 ROUNDS = 3
 
 
 @pytest.fixture(scope="module")
-def unchecked(world):
-    return a2a.Comm.from_mpi(world, cross_check=False)
+def unchecked(request):
+    return job_comm(request, lambda world: a2a.Comm.from_mpi(world, cross_check=False), cross_check=False)
 
 
 def x_for(comm, rows_per_peer, width=3, dtype=np.float32):
@@ -138,8 +139,8 @@ def test_all_to_all_rounds_and_messages(comm, algo):
         assert (cost.control_rounds, cost.control_messages, cost.host_waits) == (0, 0, 0), cost
         # 2DH transposes twice where it has two phases; linear moves nothing on the device
         assert cost.kernel_calls == (2 if algo == "2dh" and rounds == 2 else 0), cost
-    elif TORCHRUN:  # the check's round on the control path (over gloo), then the exchange; nothing to wait for
-        assert (cost.check_rounds, cost.control_rounds, cost.host_waits) == (1, 1, 0), cost
+    elif TORCHRUN:  # the check posted beside the exchange on the control lane (over gloo); nothing to wait for
+        assert (cost.check_rounds, cost.control_rounds, cost.host_waits) == (0, 0, 0), cost
         assert cost.control_messages == comm.size - 1, cost
     else:  # the staging copies and the stream wait of a transport through host memory, or of the check's
         assert cost.host_waits >= 1 and cost.kernel_calls >= 2, cost

@@ -2,10 +2,12 @@
 communicator whose data goes over a transport that returns before the data
 moved (NCCL under MPI), a call that every rank predicted from the calls they
 agreed on posts its check and goes on, and the check completes at the next
-call. Run here on the test arrangement of that communicator with host memory
-(A2A_TEST_STAGING=predicted's factory: data staged over MPI, the check of
-predicted calls posted), made by each test, since a disagreement in a
-predicted call retires it.
+call. Run here under mpirun on the test arrangement of that communicator with
+host memory (A2A_TEST_STAGING=predicted's factory: data staged over MPI, the
+check of predicted calls posted), and under torchrun on the gloo group's
+communicator (Comm.from_torch on the CPU: the check as messages of its own
+on the control lane, as beside NCCL from a unique id), made by each test,
+since a disagreement in a predicted call retires it.
 """
 
 from __future__ import annotations
@@ -17,17 +19,24 @@ import pytest
 import reference as ref
 from a2a_mpi_util import check_bad_rank, check_mismatch, outcome, regular
 from checks import predicted_comm
+from launcher import TORCHRUN, job_comm
 
 import a2a
 
 RETIRED = "this communicator is retired on every rank"
 
 
+def make_comm(request, cross_check=True):
+    """A communicator that predicts: the gloo group's under torchrun, else the test arrangement over MPI."""
+    return job_comm(request, lambda world: predicted_comm(world, cross_check), cross_check=cross_check)
+
+
 @pytest.fixture
-def comm(world):
-    if world.Get_size() < 2:
+def comm(request):
+    made = make_comm(request)
+    if made.size < 2:
         pytest.skip("a check between ranks")
-    return predicted_comm(world)
+    return made
 
 
 def algos(comm):
@@ -51,6 +60,65 @@ def steady(comm, call, expected, calls=3):
             ref.assert_bitwise_equal(call(), expected, "a predicted call")
     c = cost.counters
     assert (c.check_rounds, c.control_rounds, c.control_messages) == (0, 0, calls * (comm.size - 1)), c
+
+
+@pytest.mark.skipif(not TORCHRUN, reason="the gloo group's communicator")
+def test_the_gloo_groups_communicator_predicts(request):
+    size = make_comm(request).size
+    assert make_comm(request).predicts_check == (size > 1)
+    assert not make_comm(request, cross_check=False).predicts_check
+
+
+@pytest.mark.skipif(not TORCHRUN, reason="torch.distributed's groups")
+def test_nccl_from_torch_takes_a_gloo_group_of_its_ranks_for_its_check():
+    """from_torch(device="cuda")'s control lane (a2a/_comm.py, _control_group):
+    the group itself where it has gloo, else the one given, of the same ranks."""
+    import torch.distributed as dist
+
+    from a2a._comm import _control_group
+
+    world = dist.group.WORLD
+    assert _control_group(world, None) is world  # the suite's world group is gloo
+    same = dist.new_group(backend="gloo")
+    assert _control_group(world, same) is same
+    assert _control_group(same, None) is same
+
+
+@pytest.mark.skipif(not TORCHRUN, reason="torch.distributed's groups")
+def test_the_host_twin_of_nccl_beside_a_gloo_group_is_a_host_communicator_over_that_group(request):
+    """The layer's per-call agreement crosses the gloo group, not the GPU
+    (a2a.Comm.host_twin). A CPU communicator dressed as from_torch's CUDA one
+    stands in for it here: no GPU."""
+    import torch.distributed as dist
+
+    comm = make_comm(request)
+    assert comm.host_twin() is comm  # a host communicator is its own twin
+    comm.device, comm.control_group = "cuda", dist.group.WORLD
+    twin = comm.host_twin()
+    assert twin is not comm and twin.device == "cpu" and twin.transport == "external", twin
+    assert (twin.rank, twin.size, twin.local_size) == (comm.rank, comm.size, comm.local_size)
+    gathered = a2a.all_gather(np.full(2, comm.rank, np.int64), comm=twin)
+    assert gathered.tolist() == [r for r in range(comm.size) for _ in range(2)], gathered
+
+
+@pytest.mark.skipif(not TORCHRUN, reason="the gloo group's communicator")
+def test_the_round_arrangement_of_the_cost_tool_checks_every_call_by_round(request):
+    """tools/torchrun_check_cost.py's "round" (a2a_testing_comm_create_external_by_round)."""
+    import torch.distributed as dist
+
+    from a2a import _C
+    from a2a._torch_transport import TorchGroupTransport, agree_tag_base
+
+    group = dist.group.WORLD
+    transport = TorchGroupTransport(group, agree_tag_base(group))
+    comm = a2a.Comm(_C.testing_comm_create_external_by_round(transport, "gloo", dist.get_world_size(),
+                                                             dist.get_rank(), 0, 0.0, 1))
+    assert not comm.predicts_check
+    call, expected = all_to_all(comm, 2, "linear")
+    with a2a.counting(comm) as cost:
+        for _ in range(5):
+            ref.assert_bitwise_equal(call(), expected, "checked by round")
+    assert cost.counters.check_rounds == (5 if comm.size > 1 else 0), cost.counters
 
 
 def test_only_the_arrangement_of_mpi_and_nccl_predicts(world):
@@ -167,15 +235,16 @@ def test_a_disagreement_of_calls_nobody_predicted_leaves_the_comm_usable(comm):
     steady(comm, call, expected)
 
 
-def test_a_comm_freed_with_its_check_posted_spoils_no_later_one(world):
+def test_a_comm_freed_with_its_check_posted_spoils_no_later_one(request):
     """The last call's posted check is completed when the comm goes: Open MPI
     reuses a freed context, where a late message of the old comm was taken
     for a message of the next (found with one-shot all_to_all_v)."""
-    if world.Get_size() < 2:
+    size = make_comm(request).size
+    if size < 2:
         pytest.skip("a check between ranks")
-    counts = ref.v_counts("zero_to_next", world.Get_size())
+    counts = ref.v_counts("zero_to_next", size)
     for attempt in range(4):
-        comm = predicted_comm(world)
+        comm = make_comm(request)
         rank = comm.rank
         for step in range(4):
             tag = f"freed-{attempt}-{step}"

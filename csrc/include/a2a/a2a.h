@@ -123,16 +123,19 @@ A2A_API a2a_status_t a2a_comm_create_nccl(const void* id, int size, int rank, co
                                           a2a_comm_t* comm);
 /* A transport that the caller provides, for a launcher whose own channel is all
  * there is (torch.distributed over gloo under torchrun, with no MPI): host
- * memory, point-to-point messages. a2a runs every algorithm over it (the
- * argument check as a round of its own: this channel cannot label
- * messages). Each callback returns A2A_SUCCESS, or a status with a message
+ * memory, point-to-point messages. a2a runs every algorithm over it. The
+ * channel labels nothing, so the argument check travels as small messages of
+ * its own: a round before a call, or, for a call that every rank predicted
+ * from the calls they agreed on, posted beside its data (no round; a
+ * disagreement there retires the communicator on every rank; docs/algorithms.md,
+ * "The predicted check"). Each callback returns A2A_SUCCESS, or a status with a message
  * written into error (error_size bytes, NUL-terminated), which a2a raises on
  * this rank, naming the call.
  *   isend / irecv: post a message of `bytes` bytes (> 0) at `data` to / from
  *     rank `peer` of the communicator made here (sub-communicators map their
  *     ranks to these). Messages between two ranks with one `tag` must match
- *     in the order they were posted; every communicator split from this one
- *     uses a tag of its own. *request identifies the message for wait.
+ *     in the order they were posted; a communicator uses two tags (its data
+ *     and its control messages), every one split from it tags of its own. *request identifies the message for wait.
  *   wait: returns when every request completed, or A2A_ERROR_TIMEOUT after
  *     timeout_s seconds (naming the ranks whose messages did not come); a
  *     failed peer should end the wait with an error rather than at the timeout.
@@ -158,6 +161,20 @@ typedef struct {
  * or ops->struct_size is wrong: then nothing of ops is read). */
 A2A_API a2a_status_t a2a_comm_create_external(const a2a_transport_ops_t* ops, int size, int rank,
                                               const a2a_comm_config_t* config, a2a_comm_t* comm);
+
+/* a2a_comm_create_nccl with a host channel beside NCCL for the control
+ * values and the argument check (torch.distributed's gloo group under
+ * torchrun; the same ops as a2a_comm_create_external, ranks as NCCL's): a
+ * call that every rank predicted from the calls they agreed on posts its
+ * check as small messages on `control` and enqueues its data at once, with no
+ * wait for the stream and no round (docs/algorithms.md, "The predicted
+ * check"); host values (all-to-all-v counts, capacities) go over `control`
+ * without waiting for the stream. A disagreement in a predicted call retires
+ * the communicator on every rank. Collective; control->release as in
+ * a2a_comm_create_external. */
+A2A_API a2a_status_t a2a_comm_create_nccl_with_control(const void* id, int size, int rank,
+                                                       const a2a_transport_ops_t* control,
+                                                       const a2a_comm_config_t* config, a2a_comm_t* comm);
 A2A_API a2a_status_t a2a_comm_destroy(a2a_comm_t comm);
 /* The CUDA stream (a cudaStream_t; NULL = the legacy default stream) of the
  * following collectives on a CUDA communicator. They are enqueued on it and

@@ -42,6 +42,12 @@ class Communicator {
   Communicator(const void* nccl_id, int size, int rank, const a2a_comm_config_t& config) {
     check(a2a_comm_create_nccl(nccl_id, size, rank, &config, &handle_));
   }
+  // The same, with `control` beside NCCL for the check and the host values
+  // (see a2a_comm_create_nccl_with_control). Collective.
+  Communicator(const void* nccl_id, int size, int rank, const a2a_transport_ops_t& control,
+               const a2a_comm_config_t& config) {
+    check(a2a_comm_create_nccl_with_control(nccl_id, size, rank, &control, &config, &handle_));
+  }
   // A host communicator over the caller's transport (see
   // a2a_comm_create_external). Collective.
   Communicator(const a2a_transport_ops_t& ops, int size, int rank, const a2a_comm_config_t& config) {
