@@ -67,6 +67,12 @@ class TorchGroupTransport:
                 (ctypes.c_char * nbytes).from_address(address), dtype=self._torch.uint8)
         return view
 
+    def _tag(self, tag: int) -> int:
+        if tag >= TAGS_PER_COMMUNICATOR:  # every split takes two (a data and a control lane)
+            raise RuntimeError(f"this communicator and its splits used up their {TAGS_PER_COMMUNICATOR} "
+                               "torch.distributed tags (reuse sub-communicators instead of splitting per call)")
+        return self.tag_base + tag
+
     def _post(self, work: Any, what: str, peer: int, tensor: Any) -> int:
         request = self._next
         self._next += 1
@@ -77,12 +83,12 @@ class TorchGroupTransport:
     # mapping cost as much as the message at small sizes.
     def isend(self, address: int, nbytes: int, peer: int, tag: int) -> int:
         tensor = self._view(address, nbytes)
-        work = self.group.send([tensor], peer, self.tag_base + tag)
+        work = self.group.send([tensor], peer, self._tag(tag))
         return self._post(work, "send to", peer, tensor)
 
     def irecv(self, address: int, nbytes: int, peer: int, tag: int) -> int:
         tensor = self._view(address, nbytes)
-        work = self.group.recv([tensor], peer, self.tag_base + tag)
+        work = self.group.recv([tensor], peer, self._tag(tag))
         return self._post(work, "receive from", peer, tensor)
 
     def wait(self, requests: list[int], timeout_s: float) -> None:

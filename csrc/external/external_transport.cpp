@@ -105,9 +105,12 @@ void ExternalTransport::group_end() {
              "receive of ", self_recvs_[i].bytes());
       if (self_sends_[i].bytes() != 0) std::memmove(self_recvs_[i].data, self_sends_[i].data, self_sends_[i].bytes());
     }
-    // Only where this group waits for peers: a call that moves no data
-    // returns before them, and its check completes at the next call.
-    if (watched_ != nullptr && !requests_.empty()) watched_->complete_posted_before_wait();
+    // At the call's first exchange, whether or not it moves anything of this
+    // rank's: every rank that posted then stops at the same exchange, so that
+    // the agreeing peers' messages waited for below were posted by them too
+    // (a rank whose first 2DH phase is empty would otherwise stop at the
+    // second, waiting for a peer that stopped at the first).
+    if (watched_ != nullptr) watched_->complete_posted_before_wait();
     channel_->wait(requests_, timeout_s_);
   } catch (const PostedCheckFailed&) {
     // The peers that predicted the call alike posted its messages too, and
