@@ -53,6 +53,9 @@ FLOW_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_dictionary_flows.py")
 # One model on every rank and the ranks' agreement on the configuration, also on 3 ranks (an odd world).
 ONE_MODEL_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_one_model.py")
 LAYER_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_layer.py")  # the layer against its reference: also torchrun's
+# The graphed layer's bookkeeping across ranks (stand-in captures): also over torchrun's gloo group, whose
+# host twin checks each replay's call as the gloo group beside NCCL does for from_torch on GPUs.
+GRAPH_TESTS = os.path.join(RUNTIME_TESTS, "test_runtime_graphs.py")
 TUTEL_TESTS = os.path.join("tests", "mpi_tutel")  # moe_runtime.moe, Tutel's surface: checkpoints and groups
 
 # Variables of the library that a developer's shell must not leak into a run.
@@ -168,7 +171,7 @@ CONFIGS = [
     # every communicator is a2a.Comm.from_torch(device="cpu"), whose messages are the group's. The tests
     # that use MPI themselves skip.
     Config("torchrun-np2", 2, paths=COLLECTIVE_TESTS, launcher="torchrun", note="the collectives over gloo"),
-    Config("torchrun-2x2", 4, 2, paths=[*COLLECTIVE_TESTS, LAYER_TESTS, ONE_MODEL_TESTS, TUTEL_TESTS],
+    Config("torchrun-2x2", 4, 2, paths=[*COLLECTIVE_TESTS, LAYER_TESTS, ONE_MODEL_TESTS, GRAPH_TESTS, TUTEL_TESTS],
            launcher="torchrun", note="the collectives, the layer and Tutel's surface over gloo, 2 nodes x 2 ranks",
            timeout=900),
     # moe_runtime's layer against its reference: the issue's (W, E) pairs,

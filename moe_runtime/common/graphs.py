@@ -32,8 +32,10 @@ own (BufferPool.isolated): no eager call of the layer shares them.
 
 What cannot be captured is refused with ValueError before any capture (the
 same on every rank): a host or staged-MPI communicator (the staged transport
-waits for the stream at every exchange), ``from_torch`` at W > 1 (NCCL is its
-only channel: a replay's check would wait for the stream), flows other than
+waits for the stream at every exchange), NCCL alone at W > 1 (``from_torch``
+over a NCCL-only subgroup without ``control_group``: a replay's check would
+wait for the stream; with the gloo group beside NCCL it crosses gloo, as it
+crosses MPI under ``from_mpi``), flows other than
 "expert" and the dictionary (they time steps, read counts back or change
 their plan between calls), capacity factors that read counts back (f < 0,
 and f == 0 without ``dropless_capacity="worst_case"``), ``sample_ids``,
@@ -108,10 +110,11 @@ class StepGraphs:
         if not autograd_records(layer, x):
             return eager(x, **arguments)  # inference runs eagerly
         comm = layer.comm
-        if comm.size > 1 and comm.transport == "nccl" and comm.mpi_comm is None:
-            raise ValueError(_refused(f"its communicator (from_torch, {comm.size} ranks) has NCCL as its only "
-                                      "channel, so checking a replay's call across ranks would wait for the "
-                                      "stream: use a2a.Comm.from_mpi(device='cuda')"))
+        if comm.size > 1 and comm.transport == "nccl" and comm.mpi_comm is None and comm.control_group is None:
+            raise ValueError(_refused(f"its communicator ({comm.size} ranks) has NCCL as its only channel, so "
+                                      "checking a replay's call across ranks would wait for the stream: use "
+                                      "a2a.Comm.from_torch over a group with gloo (or control_group=), or "
+                                      "a2a.Comm.from_mpi(device='cuda')"))
         row = np.array([*_signature(layer, x, arguments), int(self._pending is not None)], dtype=np.int64)
         table = row.reshape(1, -1) if comm.size == 1 else \
             all_gather_values(row, layer.flow.context.kept.comm).reshape(comm.size, -1)
