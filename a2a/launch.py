@@ -7,6 +7,10 @@ in the venv), then on PATH. With Open MPI it adds ``--allow-run-as-root`` when
 running as root and ``--oversubscribe`` (Open MPI counts slots per physical
 core, so more ranks than cores would otherwise fail), so that nobody has to
 remember them.
+
+``torchrun_command`` is the other launcher's command line, for tools and
+tests that start a job the way a torchrun user does (its rendezvous on a free
+port, outside any mpirun: ``MPIRUN_PREFIXES`` names the variables to drop).
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import argparse
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
 
-__all__ = ["find_mpirun", "mpirun_command", "run", "under_mpirun"]
+__all__ = ["find_mpirun", "free_port", "mpirun_command", "run", "torchrun_command", "under_mpirun"]
+
+MPIRUN_PREFIXES = ("OMPI_", "PMIX_", "PMI_")  # the variables an enclosing mpirun leaves to its ranks
 
 
 def find_mpirun() -> str:
@@ -56,6 +63,21 @@ def mpirun_command(np: int, command: list[str], *, mpirun: str | None = None) ->
         # Python cannot see reliably; oversubscribing is harmless otherwise.
         argv.append("--oversubscribe")
     return argv + command
+
+
+def free_port() -> int:
+    """A free TCP port on this host for torchrun's rendezvous (its
+    --master_port 0 would wait forever)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun_command(np: int, command: list[str]) -> list[str]:
+    """torchrun (torch.distributed.run) of `command` (a Python, its script and
+    arguments) on np local processes, its rendezvous on a free port."""
+    return [command[0], "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
+            str(free_port()), *command[1:]]
 
 
 def under_mpirun() -> bool:

@@ -5,11 +5,12 @@ where the ranks share a gloo group and no MPI is beneath them."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from a2a.launch import MPIRUN_PREFIXES, torchrun_command
 
 TORCHRUN = os.environ.get("A2A_TEST_LAUNCHER") == "torchrun"
 
@@ -33,24 +34,6 @@ def job_comm(request: Any, make_from_mpi: Callable[[Any], Any], **torch_options:
 
         return a2a.Comm.from_torch(device="cpu", **torch_options)
     return make_from_mpi(request.getfixturevalue("world"))
-
-
-def free_port() -> int:
-    """A free TCP port on this host for torchrun's rendezvous (its
-    --master_port 0 would wait forever)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-MPIRUN_PREFIXES = ("OMPI_", "PMIX_", "PMI_")  # the variables an enclosing mpirun leaves to its ranks
-
-
-def torchrun_command(np: int, command: list[str]) -> list[str]:
-    """torchrun (torch.distributed.run) of `command` (a Python, its script and
-    arguments) on np local processes, its rendezvous on a free port."""
-    return [command[0], "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
-            str(free_port()), *command[1:]]
 
 
 def torchrun(np: int, argv: list[str], timeout: float = 180, **env: str) -> subprocess.CompletedProcess:

@@ -21,6 +21,7 @@ a wall-clock limit. Prints one line per configuration and finally
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import selectors
@@ -30,8 +31,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
-
-from launcher import MPIRUN_PREFIXES, torchrun_command  # tests/launcher.py, beside this file (sys.path[0])
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join("tests", "mpi", "_rank_pytest.py")
@@ -224,21 +223,27 @@ SUMMARY_RE = re.compile(
 )
 
 
-def mpirun_command(np: int, command: list[str]) -> list[str]:
-    """a2a.launch.mpirun_command (adds --allow-run-as-root / --oversubscribe),
-    loaded from its file so that the runner itself never loads MPI."""
+@functools.cache
+def launch():
+    """a2a/launch.py (the mpirun and torchrun command lines), loaded from its
+    file so that the runner itself never loads a2a's extension or MPI."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_a2a_launch", os.path.join(ROOT, "a2a", "launch.py"))
-    launch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch)
-    return launch.mpirun_command(np, command)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mpirun_command(np: int, command: list[str]) -> list[str]:
+    """a2a.launch.mpirun_command (adds --allow-run-as-root / --oversubscribe)."""
+    return launch().mpirun_command(np, command)
 
 
 def run_env(config: Config, rank_timeout_s: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in A2A_VARIABLES}
     if config.launcher == "torchrun":  # no MPI beneath: nothing of an enclosing mpirun either
-        env = {k: v for k, v in env.items() if not k.startswith(MPIRUN_PREFIXES)}
+        env = {k: v for k, v in env.items() if not k.startswith(launch().MPIRUN_PREFIXES)}
         env["A2A_TEST_LAUNCHER"] = "torchrun"
     env["A2A_TIMEOUT_S"] = str(rank_timeout_s)
     if config.local_size:
@@ -305,7 +310,7 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
         command = [sys.executable, CLUSTER_TOOL, "run", "--nodes", str(nodes), "--ranks-per-node", str(local),
                    "--", *rank_command]
     elif config.launcher == "torchrun":
-        command = torchrun_command(config.np, rank_command)
+        command = launch().torchrun_command(config.np, rank_command)
     else:
         command = mpirun_command(config.np, rank_command)
     env = run_env(config, args.rank_timeout)

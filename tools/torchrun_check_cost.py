@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -87,14 +86,12 @@ def main() -> int:
     if os.environ.get(WORKER):  # the arguments travel here: torchrun would parse them as its own
         measure(parse(json.loads(os.environ[WORKER])))
         return 0
+    from a2a.launch import MPIRUN_PREFIXES, torchrun_command
+
     args = parse(sys.argv[1:])
-    with socket.socket() as probe:  # a free port for the rendezvous
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(MPIRUN_PREFIXES)}
     env.update({WORKER: json.dumps(sys.argv[1:]), "A2A_QUIET": "1", "OMP_NUM_THREADS": "1"})
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.np), "--master_port",
-               str(port), os.path.abspath(__file__)]
+    command = torchrun_command(args.np, [sys.executable, os.path.abspath(__file__)])
     return subprocess.run(command, env=env, check=False).returncode
 
 

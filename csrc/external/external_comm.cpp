@@ -73,6 +73,12 @@ std::shared_ptr<ExternalChannel> open_channel(const a2a_transport_ops_t& ops) {
   return channel;
 }
 
+std::vector<int> channel_ranks(int size) {
+  std::vector<int> members(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) members[static_cast<size_t>(r)] = r;
+  return members;
+}
+
 std::unique_ptr<ExternalTransport> control_lane(std::shared_ptr<ExternalChannel> channel, std::vector<int> members,
                                                 int rank, int tag, double timeout_s) {
   return std::make_unique<ExternalTransport>(std::move(channel), std::move(members), rank, tag + 1, timeout_s);
@@ -116,8 +122,7 @@ std::unique_ptr<Comm> create_external_comm(const a2a_transport_ops_t& ops, int s
   kind.cross_check = settings.read([&] { return cross_check_from(config); }, true) ? 1 : 0;
   debug::set_rank(rank);
 
-  std::vector<int> members(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) members[static_cast<size_t>(r)] = r;
+  const std::vector<int> members = channel_ranks(size);
   // Shares the setting errors of every rank, and the topology, over the
   // control lane of the communicator to be (tags 0 and 1).
   const Topology topo = agree_topology(*control_lane(channel, members, rank, 0, timeout_s), proposal, kind, settings);

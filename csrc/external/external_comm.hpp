@@ -26,6 +26,9 @@ std::unique_ptr<Comm> create_external_comm(const a2a_transport_ops_t& ops, int s
 // callbacks checked; ops->release runs when the channel goes, on failure too.
 std::shared_ptr<ExternalChannel> open_channel(const a2a_transport_ops_t& ops);
 
+// The ranks on the channel of a communicator made from it directly: 0 .. size - 1.
+std::vector<int> channel_ranks(int size);
+
 // The lane that carries a communicator's argument check and host values over
 // `channel` (ranks `members` on the channel, first tag `tag`).
 std::unique_ptr<ExternalTransport> control_lane(std::shared_ptr<ExternalChannel> channel, std::vector<int> members,

@@ -105,11 +105,7 @@ std::unique_ptr<Comm> create_nccl_comm(const void* id, int size, int rank, const
   std::unique_ptr<Device> device = make_cuda_device(config.cuda_device);
   std::unique_ptr<Transport> nccl = make_nccl_transport(id, size, rank, cuda_device_of(*device), timeout_s);
   std::unique_ptr<ExternalTransport> lane;
-  if (channel) {
-    std::vector<int> members(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) members[static_cast<size_t>(r)] = r;
-    lane = control_lane(channel, std::move(members), rank, 0, timeout_s);
-  }
+  if (channel) lane = control_lane(channel, channel_ranks(size), rank, 0, timeout_s);
   CommParts parts = nccl_parts(std::move(device), std::move(nccl), std::move(lane), timeout_s, cross_check);
   const Topology topo = agree_topology(*parts.control, proposal, kind, SettingReader());
   auto comm = std::make_unique<Comm>(std::move(parts), topo, false);
