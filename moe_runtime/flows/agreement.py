@@ -83,18 +83,23 @@ class Agreed:
 def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
     """The all-gather, then the checks in the order that names the cause:
     the tokens and a rank's own error, then refused arguments, then the
-    fields that differ."""
+    fields that differ. On one rank the row is the table: only its own
+    error and its refused arguments can raise."""
     values = row.values()
+    where = f"{owner} on rank {comm.rank}"
+    if comm.size == 1:
+        if row.call.error is not None:
+            raise row.call.error
+        if row.refused:
+            _refuse(where, flow, [0], row)
+        return Agreed(row.capacity, [row.tokens], values[SECONDS:SECONDS + 1], row.recording, row.fixed_capacity,
+                      values.reshape(1, -1))
     table = all_gather_values(values, comm).reshape(comm.size, len(values))
     column = {name: table[:, i] for i, name in enumerate(_COLUMNS)}
-    where = f"{owner} on rank {comm.rank}"
     row.call.check(table[:, len(_COLUMNS):])
     refusing = np.flatnonzero(column["refused"]).tolist()
     if refusing:
-        mine = f"; this rank passed {row.refused}" if row.refused else ""
-        refused = [name for name in CALL_ARGUMENTS if name not in flow.takes]
-        raise ValueError(f"{where}: flow={flow.name!r} takes none of {refused} ({flow.why_refused}), but "
-                         f"rank(s) {refusing} passed some{mine}")
+        _refuse(where, flow, refusing, row)
     for name in _EQUAL:
         values = column[name]
         if (values != values[0]).any():
@@ -103,6 +108,13 @@ def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
                                     "the layer with the same arguments")
     return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"],
                   bool(column["recording"].any()), bool(column["fixed"].all()), table)
+
+
+def _refuse(where: str, flow: Flow, refusing: list[int], row: CallRow) -> None:
+    mine = f"; this rank passed {row.refused}" if row.refused else ""
+    refused = [name for name in CALL_ARGUMENTS if name not in flow.takes]
+    raise ValueError(f"{where}: flow={flow.name!r} takes none of {refused} ({flow.why_refused}), but "
+                     f"rank(s) {refusing} passed some{mine}")
 
 
 def _code(value: int | None) -> int:

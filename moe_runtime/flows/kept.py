@@ -106,9 +106,11 @@ class KeptAgreement:
         """After an all-gather (`values`: this rank's row): keeps `agreed` for
         the next call when the table repeated and `keeps` (the call's flow
         and configuration allow it: the same on every rank)."""
+        if self.comm.size == 1:  # nothing to keep: one rank's agreement is its own row, gathered from no one
+            return
         table = _without_seconds(agreed.table)
         repeated = self._table is not None and np.array_equal(table, self._table)
-        usable = keeps and repeated and agreed.fixed_capacity and self.comm.size > 1 and self.comm.cross_check
+        usable = keeps and repeated and agreed.fixed_capacity and self.comm.cross_check
         usable = usable and not self.exchange_comm.predicts_check
         self.kept = agreed if usable else None
         self._row = _without_seconds(values) if usable else None

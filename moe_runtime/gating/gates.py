@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from ..common.initialization import uniform
-from .losses import gshard_loss, load_importance_loss, z_loss
+from .losses import load_importance_loss, z_loss
+from .topk import top_k_gating
 
 __all__ = ["CosineTopKGate", "GateDecision", "LinearTopKGate", "decide", "make_gate"]
 
@@ -129,14 +130,8 @@ def decide(gate: torch.nn.Module, x: torch.Tensor, top_k: int, *, training: bool
     noisy = logits
     if training and gate.gate_noise > 0:
         noisy = logits + torch.randn_like(logits) * (gate.gate_noise / logits.shape[1])
-    scores = F.softmax(noisy, dim=1)
-    indices = torch.topk(scores, top_k, dim=1).indices
-    gates = scores.gather(1, indices)
-    if normalize_gate and top_k > 1:
-        gates = gates / gates.sum(dim=1, keepdim=True).clamp(min=torch.finfo(gates.dtype).eps)
-    if is_gshard_loss:
-        l_aux = gshard_loss(scores, indices)
-    else:
+    scores, indices, gates, l_aux = top_k_gating(noisy, top_k, normalize_gate, is_gshard_loss)  # one autograd node
+    if not is_gshard_loss:
         l_aux = load_importance_loss(F.softmax(logits, dim=1), logits, noisy, top_k, gate.gate_noise)
     if gate.z_loss_coef:
         l_aux = l_aux + gate.z_loss_coef * z_loss(logits)

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-__all__ = ["gshard_loss", "load_importance_loss", "z_loss"]
+__all__ = ["first_choice_share", "gshard_loss", "load_importance_loss", "z_loss"]
 
 
 def gshard_loss(scores: torch.Tensor, top_indices: torch.Tensor) -> torch.Tensor:
@@ -29,8 +29,12 @@ def gshard_loss(scores: torch.Tensor, top_indices: torch.Tensor) -> torch.Tensor
     num_tokens, num_experts = scores.shape
     if num_tokens == 0:
         return scores.sum() * 0.0
-    first = torch.zeros_like(scores).scatter_(1, top_indices[:, :1], 1.0)
-    return (scores.mean(0) * first.mean(0)).sum() * num_experts
+    return (scores.mean(0) * first_choice_share(scores, top_indices)).sum() * num_experts
+
+
+def first_choice_share(scores: torch.Tensor, top_indices: torch.Tensor) -> torch.Tensor:
+    """(E,): the share of the T > 0 tokens whose first choice (``top_indices[:, 0]``) is each expert."""
+    return torch.zeros_like(scores).scatter_(1, top_indices[:, :1], 1.0).mean(0)
 
 
 def _squared_cv(values: torch.Tensor) -> torch.Tensor:

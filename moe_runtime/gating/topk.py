@@ -1,0 +1,82 @@
+"""The routing decision of a top-k gate as one autograd node with a written backward.
+
+Left to autograd, softmax -> top-k -> normalized gates -> GShard's loss records
+about fifteen nodes and runs about thirty ops backward, most of them the
+generic backward of a division, a clamp, an expand and two means: each op a
+launch on a GPU and a few microseconds of host work anywhere. Here the forward
+runs the same ops, so every value is bitwise what autograd's path computes,
+and the backward is the few ops the math needs::
+
+    forward, logits (T, E):
+        scores = softmax(logits)                 (T, E)  no gradient: the flows read it detached
+        r, idx = topk(scores, k)                 (T, k)  r[t, j] = scores[t, idx[t, j]]
+        S      = max(sum_j r[t, j], eps)         (T, 1)  normalize_gate and k > 1 (else gates = r)
+        gates  = r / S                           (T, k)
+        share  = the tokens' share of first choices per expert        (E,)
+        l_aux  = E * sum_e mean_t(scores[:, e]) * share[e]            GShard's (losses.gshard_loss)
+
+    backward, dgates (T, k) and dl_aux:
+        dr      = (dgates - [sum_j r >= eps] * sum_j dgates * gates) / S
+        dscores = dr scattered to idx  +  dl_aux * E / T * share      (top-k indices are distinct)
+        dlogits = softmax's backward of dscores
+
+Other losses (``is_gshard_loss=False``) and the z-loss take the logits
+through autograd beside this node.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .losses import first_choice_share
+
+__all__ = ["top_k_gating"]
+
+
+def top_k_gating(logits: torch.Tensor, top_k: int, normalize: bool,
+                 gshard_loss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(scores, indices, gates, l_aux) of `logits` (T, E); l_aux is GShard's
+    loss where `gshard_loss`, else None. See the module docstring."""
+    return _TopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
+
+
+class _TopKGating(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, top_k: int, normalize: bool, gshard_loss: bool):
+        scores = torch.softmax(logits, dim=1)
+        top, indices = torch.topk(scores, top_k, dim=1)
+        sums = denominators = None
+        gates = top
+        if normalize:
+            sums = top.sum(dim=1, keepdim=True)
+            denominators = sums.clamp(min=torch.finfo(top.dtype).eps)
+            gates = top / denominators
+        l_aux = share_per_token = None
+        num_tokens, num_experts = scores.shape
+        if gshard_loss and num_tokens == 0:
+            l_aux = scores.sum() * 0.0
+        elif gshard_loss:
+            share = first_choice_share(scores, indices)
+            l_aux = (scores.mean(0) * share).sum() * num_experts
+            share_per_token = share * (num_experts / num_tokens)  # d l_aux / d scores[t, e], for every t
+        ctx.mark_non_differentiable(scores, indices)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(scores, indices, gates, sums, denominators, share_per_token)
+        ctx.logits_dtype = logits.dtype
+        return scores, indices, gates, l_aux
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, _scores, _indices, d_gates, d_l_aux):
+        scores, indices, gates, sums, denominators, share_per_token = ctx.saved_tensors
+        d_scores = torch.zeros_like(scores)
+        if d_gates is not None:
+            d_top = d_gates
+            if denominators is not None:
+                dot = (d_gates * gates).sum(dim=1, keepdim=True)
+                dot.masked_fill_(sums < denominators, 0)  # the clamp held the denominator: no gradient through it
+                d_top = (d_gates - dot) / denominators
+            d_scores.scatter_(1, indices, d_top)
+        if d_l_aux is not None and share_per_token is not None:
+            d_scores.addcmul_(share_per_token, d_l_aux)
+        return torch._softmax_backward_data(d_scores, scores, 1, ctx.logits_dtype), None, None, None
