@@ -110,7 +110,8 @@ def time_per_batch(inputs: list[torch.Tensor], experts: int, model_dim: int, hid
     for slots in sizes:
         cache = ExpertCache(slots, "lifo")
         seconds, got = run(cache)
-        if not all(torch.equal(a, b) for a, b in zip(got, want)):
+        # The cache runs the loop over the experts; the uncached layer may run grouped GEMMs (to rounding).
+        if not all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want)):
             raise AssertionError(f"the layer with {slots} cache slots differs from the uncached layer")
         rows.append({"slots": slots, "seconds": seconds, "miss_rate": cache.stats.miss_rate,
                      "memory_saved": (experts - slots) / experts})
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if timing:
         base = timing[0]["seconds"]
         print(f"time per batch under no_grad, {len(inputs[: args.timed_batches])} batches (LIFO; outputs equal "
-              "to the uncached layer's, checked)")
+              "to the uncached layer's to rounding, checked)")
         print(f"{'slots':>5} {'saved':>6} {'miss':>6} {'ms':>8} {'x uncached':>10}")
         for r in timing:
             name = "none" if r["slots"] == 0 else str(r["slots"])

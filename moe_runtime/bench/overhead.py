@@ -5,6 +5,7 @@ the host, for this layer and the layers users would pick instead, in one run.
     python -m moe_runtime.bench --overhead --np 4           # ours on 4 ranks (the peers run on one)
     python -m moe_runtime.bench --overhead --tokens 16 --steps 20 --repetitions 3   # seconds
     python -m moe_runtime.bench --overhead --capacity-factor 0 --dropless-capacity worst_case   # dropless
+    python -m moe_runtime.bench --overhead --capacity-factor 0 --flow dropless --experts 8       # ragged rows
 
 At tiny sizes the work is negligible and a step's time is host overhead, the
 part a GPU cannot hide: every torch op is at least one launch there, and
@@ -31,7 +32,8 @@ layer. Every layer has the same sizes, top-2, the capacity factor of
 ``--capacity-factor`` (default 1; 0: dropless, Megatron-Core's without a
 capacity) and no biases; the peers run on a one-process gloo group.
 ``--dropless-capacity`` is our layer's ``dropless_capacity`` (at f = 0:
-"largest", read back, or "worst_case", T).
+"largest", read back, or "worst_case", T); ``--flow`` its flow (default
+"expert"; "dropless": ragged rows, the grouped GEMMs where torch runs them).
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="every layer's capacity factor (default 1; 0: dropless)")
     p.add_argument("--dropless-capacity", default="largest", choices=("largest", "worst_case"),
                    help="our layer's capacity at factor 0 (default largest: read back)")
+    p.add_argument("--flow", default="expert", choices=("expert", "dropless"),
+                   help="our layer's flow (default expert; dropless: ragged rows, needs --capacity-factor 0)")
     args = p.parse_args(argv)
     try:
         args.tokens = [int(t) for t in str(args.tokens).split(",")]
@@ -73,6 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--tokens, --np, --steps and --repetitions must be >= 1")
     if args.capacity_factor < 0:
         p.error(f"--capacity-factor must be >= 0, got {args.capacity_factor:g}")
+    if args.flow == "dropless" and args.capacity_factor != 0:
+        p.error("--flow dropless drops nothing: its peers run dropless too, so pass --capacity-factor 0")
     return args
 
 
@@ -127,7 +133,7 @@ def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
     from .peers import installed_version
 
     layer = MoELayer(_gate(args), args.model_dim, _experts(args), comm=comm, seeds=(1, 2),
-                     dropless_capacity=args.dropless_capacity)
+                     dropless_capacity=args.dropless_capacity, flow=args.flow)
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
     step = _step(_sum_and_l_aux(layer, x), layer.parameters(), x)
     return Layer("moe_runtime", installed_version("a2a"), step, ours=True)
@@ -237,6 +243,7 @@ def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
     world = MPI.COMM_WORLD
     turns = "all in turns" if comm.size == 1 else "ours (the slowest rank), then the peers in turns"
     factor = f"f = {args.capacity_factor:g}" + (f" ({args.dropless_capacity})" if args.capacity_factor == 0 else "")
+    factor += "" if args.flow == "expert" else f", our flow {args.flow}"
     header = (f"# one training step (forward + backward) per layer: M = H = {args.model_dim}, {args.experts} experts "
               f"per rank, top-2, {factor}, float32, torch {torch.__version__}, 1 thread; ours on {comm.size} rank(s), "
               f"the peers on 1; median of {args.repetitions} x {args.steps} steps, {turns}")

@@ -16,6 +16,11 @@ One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::
     all_to_all_v back (the received counts) -> (N, M) in x_sorted's order
     unpermute with the gates -> y (T, M)
 
+On one rank (W = 1) the rows are their own: the counts are read without an
+exchange, and the permuted rows are the experts' input as they are (no
+exchange, no local permutation: from one source they are grouped by expert
+already), so the flow is permute, FFN, unpermute.
+
 Every step is a differentiable a2a.torch function (or a torch op), so
 autograd runs the reverse flow. Only r = 1 with whole experts: with s > 1
 ranks sharing an expert each row would go to every sharer (model
@@ -75,6 +80,9 @@ def _count_exchange(counts: torch.Tensor, comm: a2a.Comm) -> tuple[np.ndarray, n
     sends to each of my n experts), read back together: one wait for the
     device. `counts` (E,) is this rank's rows per expert, on the tokens'
     device; E = n W, experts of rank j are [j n, (j + 1) n)."""
+    if comm.size == 1:  # my counts are every source's: one read, no exchange
+        mine = counts.cpu().numpy()
+        return mine.sum(keepdims=True), mine.reshape(1, -1)
     received = a2a.all_to_all(counts, comm=comm)  # block j of rank i's counts goes to rank j
     both = torch.cat([counts, received]).cpu().numpy()
     return rows_per_rank(both[:counts.numel()], comm.size), both[counts.numel():].reshape(comm.size, -1)
@@ -113,7 +121,9 @@ def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, c
     send_counts, per_source = _count_exchange(perm.counts, comm)  # (W,), (W, n)
     # On CUDA the cache copies on a stream of its own: they overlap the exchange.
     slots = None if expert_cache is None else _fetch_if_they_fit(expert_cache, per_source.sum(axis=0))
-    if fp8 is None:
+    if fp8 is None and comm.size == 1:
+        received = x_sorted  # one rank's rows are its own: no exchange, no copy
+    elif fp8 is None:
         received, _ = a2a_torch.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
     else:
         received = _Fp8Arrival.apply(tokens, x_sorted, perm, send_counts, per_source.sum(axis=1), comm, algo)
@@ -151,10 +161,14 @@ def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
     gradients): the experts' weights come from its device slots instead."""
     local = weights[0].shape[0]
     received, per_source = dispatched.received, dispatched.per_source
-    # Received rows are source-major; group them by local expert.
-    expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
-    expert_of_row = torch.from_numpy(expert_of_row).to(received.device).view(-1, 1)
-    by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
+    # Received rows are source-major; group them by local expert. From one source (W = 1) they are grouped
+    # already: the local permutation would be the identity.
+    one_source = comm.size == 1
+    by_expert, local_perm = received, None
+    if not one_source:
+        expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
+        expert_of_row = torch.from_numpy(expert_of_row).to(received.device).view(-1, 1)
+        by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
     # The local permutation's offsets, known on the host already (no read of its tables).
     offsets = [0, *np.cumsum(per_source.sum(axis=0)).tolist()]
     if expert_cache is None:
@@ -162,6 +176,8 @@ def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
     else:
         computed = _cached_ffn(by_expert, offsets, per_source.sum(axis=0), expert_cache, dispatched.slots,
                                weights[0].shape[1], activation)
+    if one_source:
+        return a2a_torch.unpermute(computed, dispatched.perm, gates)
     back = a2a_torch.unpermute(computed, local_perm)  # the received order again
     returned, _ = a2a_torch.all_to_all_v(back, per_source.sum(axis=1), comm=comm, algo=algo)
     return a2a_torch.unpermute(returned, dispatched.perm, gates)

@@ -11,6 +11,13 @@ pre-activation, activation.py) for the backward, instead of autograd's graph
 of every expert's ops; the backward writes each weight gradient once with the
 layer's 1/W (`weight_grad_scale`) folded into its matmul, like the padded
 flows' segment (flows.py).
+
+Where torch's grouped GEMM takes the rows (``torch._grouped_mm``: float32,
+bfloat16 or float16, rows of a multiple of 16 bytes, on a device where it
+runs: grouped.py asks once), every matmul of the step is one grouped GEMM
+over all experts, forward and backward: 2 GEMMs forward and 4 backward
+whatever n, where the loop launches 2 n and 4 n (on a GPU, as many kernel
+launches, most of them small). Otherwise the loop over the experts.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .activation import Activation, activate, activation_backward
+from .grouped import GroupedRows, grouped_rows
 
 __all__ = ["ComputeClock", "ExpertWeights", "ffn_rows", "ragged_ffn"]
 
@@ -66,12 +74,16 @@ class _RaggedFFN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, scale, clock):
         start = None if clock is None else clock.timer()
-        hidden = rows.new_empty((rows.shape[0], fc1.shape[1]))
-        out = rows.new_empty((rows.shape[0], fc2.shape[2]))
-        weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
-        ffn_rows(rows, offsets, weights, activation, out, hidden)
+        groups = grouped_rows(rows, fc1, fc2, offsets)
+        if groups is not None:
+            out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
+        else:
+            hidden = rows.new_empty((rows.shape[0], fc1.shape[1]))
+            out = rows.new_empty((rows.shape[0], fc2.shape[2]))
+            weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
+            ffn_rows(rows, offsets, weights, activation, out, hidden)
         ctx.save_for_backward(rows, hidden, fc1, fc2)
-        ctx.offsets, ctx.activation, ctx.scale, ctx.clock = offsets, activation, scale, clock
+        ctx.offsets, ctx.groups, ctx.activation, ctx.scale, ctx.clock = offsets, groups, activation, scale, clock
         ctx.with_bias = (fc1_bias is not None, fc2_bias is not None)
         if clock is not None:
             clock.seconds += clock.timer() - start
@@ -83,28 +95,39 @@ class _RaggedFFN(torch.autograd.Function):
         clock = ctx.clock
         start = None if clock is None else clock.timer()
         rows, hidden, fc1, fc2 = ctx.saved_tensors
-        offsets, scale = ctx.offsets, ctx.scale
         grad_out = grad_out.contiguous()
-        grad_rows = torch.empty_like(rows)
-        grad_fc1, grad_fc2 = torch.zeros_like(fc1), torch.zeros_like(fc2)  # experts without rows get 0
-        grad_fc1_bias = fc1.new_zeros(fc1.shape[:2]) if ctx.with_bias[0] else None
-        grad_fc2_bias = fc2.new_zeros((fc2.shape[0], fc2.shape[2])) if ctx.with_bias[1] else None
-        for e in range(fc1.shape[0]):
-            lo, hi = offsets[e], offsets[e + 1]
-            if lo == hi:
-                continue
-            grad = grad_out[lo:hi]
-            activated, grad_pre = activation_backward(ctx.activation, hidden[lo:hi], grad @ fc2[e].t())
-            grad_fc2[e].addmm_(activated.t(), grad, beta=0, alpha=scale)
-            grad_fc1[e].addmm_(grad_pre.t(), rows[lo:hi], beta=0, alpha=scale)
-            if grad_fc1_bias is not None:
-                torch.sum(grad_pre, dim=0, out=grad_fc1_bias[e]).mul_(scale)
-            if grad_fc2_bias is not None:
-                torch.sum(grad, dim=0, out=grad_fc2_bias[e]).mul_(scale)
-            torch.mm(grad_pre, fc1[e], out=grad_rows[lo:hi])
+        if ctx.groups is not None:
+            grads = ctx.groups.ffn_backward(grad_out, rows, hidden, fc1, fc2, ctx.activation, ctx.scale, ctx.with_bias)
+        else:
+            grads = _loop_backward(grad_out, rows, hidden, fc1, fc2, ctx.offsets, ctx.activation, ctx.scale,
+                                   ctx.with_bias)
         if clock is not None:
             clock.seconds += clock.timer() - start
-        return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias, None, None, None, None
+        return (*grads, None, None, None, None)
+
+
+def _loop_backward(grad_out: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor, fc1: torch.Tensor,
+                   fc2: torch.Tensor, offsets: Sequence[int], activation: Activation, scale: float,
+                   with_bias: tuple[bool, bool]) -> GroupedRows.Gradients:
+    """(grad rows, grad fc1, grad fc1_bias, grad fc2, grad fc2_bias), expert after expert."""
+    grad_rows = torch.empty_like(rows)
+    grad_fc1, grad_fc2 = torch.zeros_like(fc1), torch.zeros_like(fc2)  # experts without rows get 0
+    grad_fc1_bias = fc1.new_zeros(fc1.shape[:2]) if with_bias[0] else None
+    grad_fc2_bias = fc2.new_zeros((fc2.shape[0], fc2.shape[2])) if with_bias[1] else None
+    for e in range(fc1.shape[0]):
+        lo, hi = offsets[e], offsets[e + 1]
+        if lo == hi:
+            continue
+        grad = grad_out[lo:hi]
+        activated, grad_pre = activation_backward(activation, hidden[lo:hi], grad @ fc2[e].t())
+        grad_fc2[e].addmm_(activated.t(), grad, beta=0, alpha=scale)
+        grad_fc1[e].addmm_(grad_pre.t(), rows[lo:hi], beta=0, alpha=scale)
+        if grad_fc1_bias is not None:
+            torch.sum(grad_pre, dim=0, out=grad_fc1_bias[e]).mul_(scale)
+        if grad_fc2_bias is not None:
+            torch.sum(grad, dim=0, out=grad_fc2_bias[e]).mul_(scale)
+        torch.mm(grad_pre, fc1[e], out=grad_rows[lo:hi])
+    return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias
 
 
 def ragged_ffn(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,

@@ -67,3 +67,37 @@ def test_the_bench_peer_agrees_with_the_layer_on_the_gpu(cuda_comm):
 
     result = check_peer(cuda_comm, experts=4, top_k=2, factors=(1.0, 0.5, 2.0))
     assert result.passed, result
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_ragged_ffn_runs_as_grouped_gemms_on_the_gpu(cuda_available, dtype):
+    """The dropless flows' FFN as torch's grouped GEMMs (experts/grouped.py) against the loop over the
+    experts, on the GPU; on sm_90 (the H200) bfloat16 must take the grouped GEMMs."""
+    from moe_runtime.experts import grouped, ragged_ffn
+
+    device, dt = torch.device("cuda"), getattr(torch, dtype)
+    generator = torch.Generator().manual_seed(7)
+    offsets = [0, 40, 40, 136, 200]  # an expert without rows
+    rows = torch.randn(200, 64, generator=generator).to(device, dt)
+    weights = [torch.randn(shape, generator=generator).mul(0.1).to(device, dt)
+               for shape in ((4, 32, 64), (4, 32), (4, 32, 64), (4, 64))]
+    groups = grouped.grouped_rows(rows, weights[0], weights[2], offsets)
+    if dt == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0):
+        assert groups is not None, "torch's grouped GEMM does not run here in bfloat16"
+    if groups is None:
+        pytest.skip(f"torch's grouped GEMM does not run on this GPU in {dtype}")
+
+    def step(use_grouped):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (rows, *weights)]
+        original = ragged_ffn.grouped_rows
+        ragged_ffn.grouped_rows = original if use_grouped else (lambda *args: None)
+        try:
+            y = ragged_ffn.ragged_ffn(leaves[0], offsets, *leaves[1:], torch.relu, weight_grad_scale=0.5)
+            (y.float() * torch.linspace(-1, 1, y.numel(), device=device).reshape(y.shape)).sum().backward()
+        finally:
+            ragged_ffn.grouped_rows = original
+        return [y.detach().float().cpu()] + [t.grad.float().cpu() for t in leaves]
+
+    tolerance = 5e-2 if dt == torch.bfloat16 else 2e-2  # (float32 grouped GEMMs may take TF32)
+    for got, want in zip(step(True), step(False)):
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)

@@ -43,6 +43,11 @@ CASES = {
     "f=0": ({"capacity_factor": 0.0}, {}, {"ops": 110, "calls": 8, "allocations": 7}),
     "f=0 worst_case": ({"capacity_factor": 0.0, "dropless_capacity": "worst_case"}, {},
                        {"ops": 104, "calls": 8, "allocations": 7}),
+    # The dropless flow on one rank: permute, the grouped GEMMs, unpermute. Before the grouped GEMMs and the
+    # one-rank flow without exchanges: 150 ops, 34 calls, 2 waits and 22 allocations.
+    # Its one read is a2a.permute's wait for the counts (dropless must size its rows).
+    "dropless": ({"capacity_factor": 0.0, "flow": "dropless"}, {},
+                 {"ops": 86, "calls": 8, "allocations": 9, "host_waits": 1, "reads": 0}),
 }
 
 
@@ -70,8 +75,9 @@ def test_a_step_stays_within_its_budget(comm, name):
     ops, counters = costs[-1]
     reads = sum(n for op, n in ops.items() if op in SIZED_BY_VALUES)  # item(), bincount, nonzero ...
     measured = {"ops": sum(ops.values()), "calls": counters.calls, "allocations": counters.allocations}
-    assert counters.host_waits == 0, f"{name}: {counters}"
+    assert counters.host_waits == budget.get("host_waits", 0), f"{name}: {counters}"
     counted = gate["capacity_factor"] <= 0 and options.get("dropless_capacity") != "worst_case"
-    assert reads == (1 if counted else 0), f"{name}: {reads} tensor values read on the host"
-    over = {key: (measured[key], limit) for key, limit in budget.items() if measured[key] > limit}
+    expected_reads = budget.get("reads", 1 if counted else 0)
+    assert reads == expected_reads, f"{name}: {reads} tensor values read on the host"
+    over = {key: (measured[key], budget[key]) for key in measured if measured[key] > budget[key]}
     assert not over, f"{name}: over budget (measured, budget): {over}; all ops: {dict(ops)}"

@@ -1,0 +1,119 @@
+"""The experts' FFN on rows grouped by expert as grouped GEMMs (``torch._grouped_mm``).
+
+rows (R, M), expert e's rows at [offsets[e], offsets[e + 1]), offsets[0] = 0
+and offsets[n] = R; fc1, fc2 (n, H, M). One grouped GEMM multiplies every
+expert's rows by its own matrix::
+
+    forward    hidden = rows x fc1^T            (R, M) . (n, M, H) -> (R, H)
+               out    = act(hidden) x fc2        (R, H) . (n, H, M) -> (R, M)
+    backward   grad_act = grad_out x fc2^T       (R, M) . (n, M, H) -> (R, H)
+               grad_fc2 = act^T x grad_out       (H, R) . (R, M) grouped along R -> (n, H, M)
+               grad_fc1 = grad_pre^T x rows      (H, R) . (R, M) grouped along R -> (n, H, M)
+               grad_rows = grad_pre x fc1        (R, H) . (n, H, M) -> (R, M)
+
+An expert without rows gets zero weight gradients. The biases go by the
+row's expert (a search of the experts' ends, sized by R: no read), and
+their gradients are segment sums over the rows.
+
+torch's grouped GEMM takes float32, bfloat16 and float16 with every stride
+a multiple of 16 bytes, on the CPU and on the GPUs its kernels support
+(bfloat16 on sm_90 among them); :func:`grouped_rows` asks torch once per
+device type and dtype with a tiny call, and says None where it does not run,
+for the caller's loop over the experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .activation import Activation, activate, activation_backward
+
+__all__ = ["GroupedRows", "grouped_rows"]
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_RUNS: dict[tuple[str, int | None, torch.dtype], bool] = {}  # (device type, index, dtype) -> torch's grouped GEMM runs
+
+
+def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
+                 offsets: Sequence[int]) -> GroupedRows | None:
+    """The grouped GEMMs of `rows` by `offsets` (n + 1 host integers) with
+    the weights fc1 and fc2 (n, H, M), or None where torch's grouped GEMM
+    does not take them (see the module docstring)."""
+    num_rows, model_dim = rows.shape
+    item = rows.element_size()
+    if (rows.dtype not in _DTYPES or fc1.dtype != rows.dtype or fc2.dtype != rows.dtype or offsets[0] != 0
+            or offsets[-1] != num_rows or num_rows == 0 or (model_dim * item) % 16 or (fc1.shape[1] * item) % 16
+            or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())):
+        return None
+    if not _runs(rows.device, rows.dtype):
+        return None
+    bounds = torch.tensor(offsets, dtype=torch.int32, device=rows.device)
+    return GroupedRows(bounds[1:], bounds.diff(), num_rows)
+
+
+def _runs(device: torch.device, dtype: torch.dtype) -> bool:
+    key = (device.type, device.index, dtype)
+    if key not in _RUNS:
+        grouped_mm = getattr(torch, "_grouped_mm", None)
+        try:
+            a = torch.zeros(8, 8, dtype=dtype, device=device)
+            b = torch.zeros(2, 8, 8, dtype=dtype, device=device)
+            ends = torch.tensor([4, 8], dtype=torch.int32, device=device)
+            _RUNS[key] = grouped_mm is not None and grouped_mm(a, b, offs=ends).shape == (8, 8)
+        except RuntimeError:  # no kernel for this device or dtype
+            _RUNS[key] = False
+    return _RUNS[key]
+
+
+@dataclass
+class GroupedRows:
+    """One call's groups: each expert's last row + 1 (`ends`, int32 on the
+    rows' device), its row count (`counts`), and R."""
+
+    ends: torch.Tensor
+    counts: torch.Tensor
+    num_rows: int
+    _expert_of_row: torch.Tensor | None = None
+
+    # (grad rows, grad fc1, grad fc1_bias, grad fc2, grad fc2_bias)
+    Gradients = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
+
+    def _per_row(self, bias: torch.Tensor) -> torch.Tensor:
+        """(R, width): each row's expert's bias."""
+        if self._expert_of_row is None:  # the first expert whose end is past the row (sized by R: no read)
+            rows = torch.arange(self.num_rows, dtype=torch.int32, device=self.ends.device)
+            self._expert_of_row = torch.searchsorted(self.ends, rows, right=True)
+        return bias.index_select(0, self._expert_of_row)
+
+    def _summed(self, grad: torch.Tensor, scale: float) -> torch.Tensor:
+        """(n, width): the sum of each expert's rows of `grad`, times `scale`."""
+        return torch.segment_reduce(grad, "sum", lengths=self.counts, axis=0, unsafe=True).mul_(scale)
+
+    def ffn(self, rows: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None, fc2: torch.Tensor,
+            fc2_bias: torch.Tensor | None, activation: Activation) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out (R, M), what the backward keeps of the hidden layer (activation.py))."""
+        hidden = torch._grouped_mm(rows, fc1.transpose(1, 2), offs=self.ends)
+        if fc1_bias is not None:
+            hidden.add_(self._per_row(fc1_bias))
+        out = torch._grouped_mm(activate(activation, hidden), fc2, offs=self.ends)
+        if fc2_bias is not None:
+            out.add_(self._per_row(fc2_bias))
+        return out, hidden
+
+    def ffn_backward(self, grad_out: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor, fc1: torch.Tensor,
+                     fc2: torch.Tensor, activation: Activation, scale: float,
+                     with_bias: tuple[bool, bool]) -> Gradients:
+        grad_activated = torch._grouped_mm(grad_out, fc2.transpose(1, 2), offs=self.ends)
+        activated, grad_pre = activation_backward(activation, hidden, grad_activated)
+        grad_fc2 = torch._grouped_mm(activated.t(), grad_out, offs=self.ends)
+        grad_fc1 = torch._grouped_mm(grad_pre.t(), rows, offs=self.ends)
+        if scale != 1.0:
+            grad_fc1.mul_(scale)
+            grad_fc2.mul_(scale)
+        grad_fc1_bias = self._summed(grad_pre, scale) if with_bias[0] else None
+        grad_fc2_bias = self._summed(grad_out, scale) if with_bias[1] else None
+        grad_rows = torch._grouped_mm(grad_pre, fc1, offs=self.ends)
+        return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias

@@ -1,0 +1,114 @@
+"""The experts' FFN on ragged rows as grouped GEMMs (moe_runtime/experts/grouped.py)
+against the loop over the experts (ragged_ffn.py's fallback): y and every
+gradient, with experts that get no rows, biases or not, relu or not, the
+layer's weight-gradient scale; and where the grouped GEMM is not used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_runtime.experts import grouped, ragged_ffn
+from moe_runtime.experts.ragged_ffn import ragged_ffn as ffn
+
+
+def run(rows, offsets, weights, activation, scale, use_grouped, monkeypatch):
+    """y and the gradients of sum(y * w) through ragged_ffn, grouped or by the loop."""
+    if not use_grouped:
+        monkeypatch.setattr(ragged_ffn, "grouped_rows", lambda *args: None)
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in (rows, *weights)]
+    y = ffn(leaves[0], offsets, *leaves[1:], activation, weight_grad_scale=scale)
+    probe = torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)
+    (y * probe).sum().backward()
+    monkeypatch.undo()
+    return [y.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 7, 1], [12], [0, 0, 9], [3, 0]])
+@pytest.mark.parametrize("biases", [True, False])
+@pytest.mark.parametrize("activation", [torch.nn.functional.relu, torch.nn.functional.gelu])
+def test_grouped_gemms_compute_what_the_loop_does(counts, biases, activation, monkeypatch):
+    torch.manual_seed(len(counts) + sum(counts))
+    n, M, H = len(counts), 16, 8
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    rows = torch.randn(offsets[-1], M)
+    weights = (torch.randn(n, H, M), torch.randn(n, H) if biases else None, torch.randn(n, H, M),
+               torch.randn(n, M) if biases else None)
+    assert grouped.grouped_rows(rows, weights[0], weights[2], offsets) is not None
+    got = run(rows, offsets, weights, activation, 0.25, True, monkeypatch)
+    want = run(rows, offsets, weights, activation, 0.25, False, monkeypatch)
+    for name, g, w in zip(("y", "rows", "fc1", "fc1_bias", "fc2", "fc2_bias"), got, want):
+        if w is None:
+            assert g is None, name
+            continue
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
+    for e, count in enumerate(counts):
+        if count == 0:
+            assert not got[2][e].any() and not got[4][e].any()
+
+
+def test_grouped_gemms_in_bfloat16(monkeypatch):
+    torch.manual_seed(1)
+    offsets = [0, 6, 6, 16]
+    rows = torch.randn(16, 16).bfloat16()
+    weights = (torch.randn(3, 8, 16).bfloat16(), torch.randn(3, 8).bfloat16(), torch.randn(3, 8, 16).bfloat16(),
+               torch.randn(3, 16).bfloat16())
+    got = run(rows, offsets, weights, torch.relu, 1.0, True, monkeypatch)
+    want = run(rows, offsets, weights, torch.relu, 1.0, False, monkeypatch)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("case", ["float64", "odd width", "odd hidden", "rows past the last expert", "no rows",
+                                  "strided weights"])
+def test_the_loop_where_grouped_gemms_do_not_apply(case):
+    rows, fc1, offsets = torch.randn(10, 16), torch.randn(2, 8, 16), [0, 4, 10]
+    fc2 = torch.randn(2, 8, 16)
+    if case == "float64":
+        rows, fc1 = rows.double(), fc1.double()
+    elif case == "odd width":
+        rows, fc1 = torch.randn(10, 6), torch.randn(2, 8, 6)
+    elif case == "odd hidden":
+        fc1 = torch.randn(2, 6, 16)
+    elif case == "rows past the last expert":
+        offsets = [0, 4, 8]
+    elif case == "no rows":
+        rows, offsets = torch.randn(0, 16), [0, 0, 0]
+    else:
+        fc2 = torch.randn(2, 16, 8).transpose(1, 2)
+    assert grouped.grouped_rows(rows, fc1, fc2.to(fc1.dtype), offsets) is None
+
+
+@pytest.mark.parametrize("flow", ["dropless", "dynamic"])
+def test_the_layer_on_grouped_gemms_against_the_float64_reference(comm, flow, monkeypatch):
+    """A float32 layer whose ragged flow takes the grouped GEMMs, against moe_reference in float64."""
+    import moe_runtime
+
+    used = []
+    original = ragged_ffn.grouped_rows
+
+    def counted(*args):
+        groups = original(*args)
+        used.append(groups is not None)
+        return groups
+
+    monkeypatch.setattr(ragged_ffn, "grouped_rows", counted)
+    M = 16
+    experts = {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 8}
+    layer = moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": 0.0}, M, experts, comm=comm,
+                                 seeds=(5, 6), flow=flow)
+    x = torch.randn(13, M, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    y = layer(x)
+    (y.sum() + y.l_aux).backward()
+    assert used and all(used)
+    weights = {name: t.double().requires_grad_(True) for name, t in layer.gather_experts().items()}
+    wg = layer.gates[0].wg.weight.detach().double().requires_grad_(True)
+    xr = x.detach().double().requires_grad_(True)
+    (y_ref,), (l_ref,), _ = moe_runtime.moe_reference([xr], wg, weights, top_k=2, capacity_factor=1000.0)
+    (y_ref.sum() + l_ref).backward()
+    torch.testing.assert_close(y.double(), y_ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-4, atol=1e-5)
+    for name, grad in layer.gather_experts(grad=True).items():
+        torch.testing.assert_close(grad.double(), weights[name].grad, rtol=1e-4, atol=1e-5, msg=name)
