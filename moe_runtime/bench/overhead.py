@@ -242,7 +242,8 @@ def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
 
     world = MPI.COMM_WORLD
     turns = "all in turns" if comm.size == 1 else "ours (the slowest rank), then the peers in turns"
-    factor = f"f = {args.capacity_factor:g}" + (f" ({args.dropless_capacity})" if args.capacity_factor == 0 else "")
+    sized = args.capacity_factor == 0 and args.flow == "expert"  # dropless_capacity is the expert flow's
+    factor = f"f = {args.capacity_factor:g}" + (f" ({args.dropless_capacity})" if sized else "")
     factor += "" if args.flow == "expert" else f", our flow {args.flow}"
     header = (f"# one training step (forward + backward) per layer: M = H = {args.model_dim}, {args.experts} experts "
               f"per rank, top-2, {factor}, float32, torch {torch.__version__}, 1 thread; ours on {comm.size} rank(s), "
