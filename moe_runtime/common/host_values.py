@@ -17,7 +17,7 @@ import numpy as np
 
 import a2a
 
-__all__ = ["all_gather_values", "all_reduce_values", "torch_device"]
+__all__ = ["all_gather_values", "all_reduce_values", "torch_device", "uploaded"]
 
 
 def torch_device(comm: a2a.Comm) -> Any:
@@ -51,3 +51,12 @@ def all_gather_values(values: Any, comm: a2a.Comm) -> np.ndarray:
 def all_reduce_values(values: Any, comm: a2a.Comm, op: str = "sum") -> np.ndarray:
     """`values` (an array of n numbers) reduced elementwise over the ranks by `op`: (n,) NumPy."""
     return _exchanged(a2a.all_reduce, values, comm, op=op)
+
+
+def uploaded(host: Any, device: Any) -> Any:
+    """A host tensor on `device`; to a GPU through page-locked memory, so
+    that the copy is queued on the stream instead of waiting for it (torch's
+    copy from pageable memory synchronizes the stream)."""
+    if host.device == device or getattr(device, "type", device) == "cpu":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -35,9 +35,10 @@ Two steps, :func:`dispatch` (up to ``received``) and
 With an expert cache (inference, Deployment paper Section VI) the count
 exchange tells which local experts receive rows; those are fetched into the
 cache's device slots before the data exchange (so the copies overlap it), or
-one at a time when they outnumber the slots, and the FFN reads the slots.
-The same ops on the same values: the output equals the uncached layer's
-bitwise.
+one at a time when they outnumber the slots, and the FFN reads the slots:
+the loop over the experts, the uncached layer's where it runs no grouped
+GEMMs (experts/grouped.py), so the output equals the uncached layer's
+bitwise there and to rounding elsewhere.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
+from ..common.host_values import uploaded
 from ..common.precision import FP8_BLOCK
 from ..experts.activation import Activation
 from ..experts.ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
@@ -167,7 +169,7 @@ def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
     by_expert, local_perm = received, None
     if not one_source:
         expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
-        expert_of_row = torch.from_numpy(expert_of_row).to(received.device).view(-1, 1)
+        expert_of_row = uploaded(torch.from_numpy(expert_of_row), received.device).view(-1, 1)
         by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
     # The local permutation's offsets, known on the host already (no read of its tables).
     offsets = [0, *np.cumsum(per_source.sum(axis=0)).tolist()]

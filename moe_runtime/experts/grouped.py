@@ -15,11 +15,13 @@ An expert without rows gets zero weight gradients. The biases go by the
 row's expert (a search of the experts' ends, sized by R: no read), and
 their gradients are segment sums over the rows.
 
-torch's grouped GEMM takes float32, bfloat16 and float16 with every stride
-a multiple of 16 bytes, on the CPU and on the GPUs its kernels support
-(bfloat16 on sm_90 among them); :func:`grouped_rows` asks torch once per
-device type and dtype with a tiny call, and says None where it does not run,
-for the caller's loop over the experts.
+torch's grouped GEMM takes bfloat16 and float16 (and float32 on the CPU:
+on a GPU it may take TF32 whatever torch's setting) with every stride a
+multiple of 16 bytes, on the CPU and on the GPUs its kernels support
+(sm_90 among them); :func:`grouped_rows` asks torch once per device and dtype
+with a tiny call, and says None where it does not run, for the caller's loop
+over the experts. The bias gradients are summed in float32, as torch.sum
+sums half precision.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..common.host_values import uploaded
 from .activation import Activation, activate, activation_backward
 
 __all__ = ["GroupedRows", "grouped_rows"]
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# float32 on the CPU only: on a GPU torch's float32 grouped GEMM may take TF32 whatever
+# torch.backends.cuda.matmul.allow_tf32 says, where the loop's mm follows it.
+_DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16, torch.float16)}
 _RUNS: dict[tuple[str, int | None, torch.dtype], bool] = {}  # (device type, index, dtype) -> torch's grouped GEMM runs
 
 
@@ -44,26 +49,34 @@ def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
     does not take them (see the module docstring)."""
     num_rows, model_dim = rows.shape
     item = rows.element_size()
-    if (rows.dtype not in _DTYPES or fc1.dtype != rows.dtype or fc2.dtype != rows.dtype or offsets[0] != 0
-            or offsets[-1] != num_rows or num_rows == 0 or (model_dim * item) % 16 or (fc1.shape[1] * item) % 16
+    if (rows.dtype not in _DTYPES.get(rows.device.type, ()) or fc1.dtype != rows.dtype or fc2.dtype != rows.dtype
+            or offsets[0] != 0 or offsets[-1] != num_rows or num_rows == 0 or (model_dim * item) % 16
+            or (fc1.shape[1] * item) % 16
             or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())):
         return None
     if not _runs(rows.device, rows.dtype):
         return None
-    bounds = torch.tensor(offsets, dtype=torch.int32, device=rows.device)
-    return GroupedRows(bounds[1:], bounds.diff(), num_rows)
+    bounds = uploaded(torch.tensor(offsets, dtype=torch.int32), rows.device)
+    has_empty = any(offsets[e] == offsets[e + 1] for e in range(len(offsets) - 1))
+    return GroupedRows(bounds[1:], bounds.diff(), num_rows, has_empty)
 
 
 def _runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's grouped GEMM runs on `device` in `dtype`, in both
+    layouts the FFN takes (3-D weights, and grouped along the rows), with an
+    expert without rows; asked once."""
     key = (device.type, device.index, dtype)
     if key not in _RUNS:
         grouped_mm = getattr(torch, "_grouped_mm", None)
         try:
-            a = torch.zeros(8, 8, dtype=dtype, device=device)
-            b = torch.zeros(2, 8, 8, dtype=dtype, device=device)
-            ends = torch.tensor([4, 8], dtype=torch.int32, device=device)
-            _RUNS[key] = grouped_mm is not None and grouped_mm(a, b, offs=ends).shape == (8, 8)
-        except RuntimeError:  # no kernel for this device or dtype
+            a = torch.ones(8, 8, dtype=dtype, device=device)
+            b = torch.ones(3, 8, 8, dtype=dtype, device=device)
+            ends = torch.tensor([4, 4, 8], dtype=torch.int32, device=device)
+            _RUNS[key] = (grouped_mm is not None and grouped_mm(a, b, offs=ends).shape == (8, 8)
+                          and grouped_mm(a.t(), a, offs=ends).shape == (3, 8, 8))
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:  # no kernel for this device, dtype or layout
             _RUNS[key] = False
     return _RUNS[key]
 
@@ -76,6 +89,7 @@ class GroupedRows:
     ends: torch.Tensor
     counts: torch.Tensor
     num_rows: int
+    has_empty: bool  # some expert has no rows
     _expert_of_row: torch.Tensor | None = None
 
     # (grad rows, grad fc1, grad fc1_bias, grad fc2, grad fc2_bias)
@@ -90,7 +104,9 @@ class GroupedRows:
 
     def _summed(self, grad: torch.Tensor, scale: float) -> torch.Tensor:
         """(n, width): the sum of each expert's rows of `grad`, times `scale`."""
-        return torch.segment_reduce(grad, "sum", lengths=self.counts, axis=0, unsafe=True).mul_(scale)
+        # In float32: segment_reduce sums in the tensor's own dtype (bfloat16 stops counting at 256).
+        summed = torch.segment_reduce(grad.float(), "sum", lengths=self.counts, axis=0, unsafe=True).mul_(scale)
+        return summed.to(grad.dtype)
 
     def ffn(self, rows: torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None, fc2: torch.Tensor,
             fc2_bias: torch.Tensor | None, activation: Activation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +129,10 @@ class GroupedRows:
         if scale != 1.0:
             grad_fc1.mul_(scale)
             grad_fc2.mul_(scale)
+        if self.has_empty:  # zero, whatever a device's grouped GEMM leaves for a group without rows
+            gone = (self.counts == 0).view(-1, 1, 1)
+            grad_fc1.masked_fill_(gone, 0)
+            grad_fc2.masked_fill_(gone, 0)
         grad_fc1_bias = self._summed(grad_pre, scale) if with_bias[0] else None
         grad_fc2_bias = self._summed(grad_out, scale) if with_bias[1] else None
         grad_rows = torch._grouped_mm(grad_pre, fc1, offs=self.ends)

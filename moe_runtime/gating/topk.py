@@ -21,7 +21,9 @@ and the backward is the few ops the math needs::
         dlogits = softmax's backward of dscores
 
 Other losses (``is_gshard_loss=False``) and the z-loss take the logits
-through autograd beside this node.
+through autograd beside this node. The scores carry no gradient (the flows
+read them detached), and the node is differentiable once (no double
+backward through the gate).
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ class _TopKGating(torch.autograd.Function):
         ctx.mark_non_differentiable(scores, indices)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(scores, indices, gates, sums, denominators, share_per_token)
-        ctx.logits_dtype = logits.dtype
         return scores, indices, gates, l_aux
 
     @staticmethod
@@ -79,4 +80,6 @@ class _TopKGating(torch.autograd.Function):
             d_scores.scatter_(1, indices, d_top)
         if d_l_aux is not None and share_per_token is not None:
             d_scores.addcmul_(share_per_token, d_l_aux)
-        return torch._softmax_backward_data(d_scores, scores, 1, ctx.logits_dtype), None, None, None
+        # The softmax's own input dtype: under autocast it ran on the logits cast to float32 (autograd casts
+        # the gradient back to the logits' dtype).
+        return torch._softmax_backward_data(d_scores, scores, 1, scores.dtype), None, None, None

@@ -61,6 +61,23 @@ def test_grouped_gemms_in_bfloat16(monkeypatch):
         torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bias_gradients_of_many_rows_in_half_precision(dtype, monkeypatch):
+    # Thousands of rows per expert: a sum in bfloat16 itself would stop at 256 (float16: 2048).
+    offsets = [0, 3000, 3000, 8192]
+    rows = torch.zeros(8192, 16, dtype=dtype)
+    weights = (torch.zeros(3, 8, 16, dtype=dtype), torch.ones(3, 8, dtype=dtype), torch.zeros(3, 8, 16, dtype=dtype),
+               torch.zeros(3, 16, dtype=dtype))
+    for use_grouped in (True, False):
+        if not use_grouped:
+            monkeypatch.setattr(ragged_ffn, "grouped_rows", lambda *args: None)
+        leaves = [t.clone().requires_grad_(True) for t in (rows, *weights)]
+        ffn(leaves[0], offsets, *leaves[1:], torch.relu).float().sum().backward()
+        monkeypatch.undo()
+        want = torch.tensor([3000.0, 0.0, 5192.0]).to(dtype).tolist()  # fc2 bias: rows per expert, rounded once
+        assert leaves[4].grad[:, 0].tolist() == want, use_grouped
+
+
 @pytest.mark.parametrize("case", ["float64", "odd width", "odd hidden", "rows past the last expert", "no rows",
                                   "strided weights"])
 def test_the_loop_where_grouped_gemms_do_not_apply(case):

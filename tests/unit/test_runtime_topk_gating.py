@@ -78,3 +78,17 @@ def test_no_tokens():
     assert scores.shape == (0, 4) and indices.shape == (0, 2) and gates.shape == (0, 2)
     (gates.sum() + l_aux).backward()
     assert float(l_aux.detach()) == 0.0 and logits.grad.shape == (0, 4)
+
+
+def test_scores_in_float32_from_half_logits(monkeypatch):
+    # CUDA's autocast runs softmax on the logits cast to float32: the node's backward takes the scores' dtype
+    # as the softmax's input, and autograd casts the gradient back to the logits' (emulated on the CPU).
+    from moe_runtime.gating import topk
+
+    real_softmax = torch.softmax
+    monkeypatch.setattr(topk.torch, "softmax", lambda x, dim: real_softmax(x.float(), dim))
+    logits = torch.randn(5, 8).half().requires_grad_(True)
+    scores, _, gates, l_aux = top_k_gating(logits, 2, True, True)
+    assert scores.dtype == torch.float32
+    (gates.sum() + l_aux).backward()
+    assert logits.grad.dtype == torch.float16 and torch.isfinite(logits.grad).all()
