@@ -55,8 +55,10 @@ def route(
     locations: int,
     counts: int,
     offsets: int,
+    host_counts: int,
 ) -> tuple[int, int, int]:
-    """a2a_route: fills locations, counts and offsets; returns (capacity, num_rows, num_dropped)."""
+    """a2a_route_host_counts: fills locations, counts and offsets, and host_counts (E int64, host) with a copy
+    of counts; returns (capacity, num_rows, num_dropped)."""
 
 def route_capacities(
     exec: _Exec,

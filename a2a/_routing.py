@@ -50,8 +50,8 @@ class Routing:
     read (read-only for NumPy), so the routing cannot be changed through them.
     """
 
-    __slots__ = ("_capacity", "_counts", "_indices", "_locations", "_num_dropped", "_num_rows", "_offsets",
-                 "_unread")
+    __slots__ = ("_capacity", "_counts", "_host_counts", "_indices", "_locations", "_num_dropped", "_num_rows",
+                 "_offsets", "_unread")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("an a2a.Routing is made by a2a.route or a2a.permute, not directly")
@@ -59,8 +59,9 @@ class Routing:
     @classmethod
     def _create(cls, indices: ArrayView, locations: Any, counts: Any, offsets: Any,
                 capacity: int | tuple[int, ...] | None, num_rows: int, num_dropped: int | None,
-                unread: _Tables | None = None) -> Routing:
+                unread: _Tables | None = None, host_counts: np.ndarray | None = None) -> Routing:
         self = object.__new__(cls)
+        self._host_counts = host_counts  # counts on the host, where the route waited for them
         self._indices = indices  # a view of the private copy of the caller's indices
         self._locations, self._counts, self._offsets = locations, counts, offsets
         self._capacity, self._num_rows, self._num_dropped = capacity, num_rows, num_dropped
@@ -72,12 +73,13 @@ class Routing:
         copy or an unpickled routing views its own indices."""
         tables = (self._locations, self._counts, self._offsets)
         sizes = (self._capacity, self._num_rows, self.num_dropped)  # (read now for a routing of route(wait=False))
-        return {"indices": self._indices.obj, "tables": tables, "sizes": sizes}
+        return {"indices": self._indices.obj, "tables": tables, "sizes": sizes, "host_counts": self._host_counts}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._indices = view(state["indices"], "indices")
         self._locations, self._counts, self._offsets = state["tables"]
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
+        self._host_counts = state.get("host_counts")
         self._unread = None
 
     _show = staticmethod(shown_copy)
@@ -96,6 +98,16 @@ class Routing:
     def counts(self) -> Any:
         """(E,) int64: choices kept per expert."""
         return self._show(self._counts)
+
+    @property
+    def host_counts(self) -> np.ndarray | None:
+        """``counts`` as a read-only (E,) int64 NumPy array, known on the host
+        since the route waited for the device (route with one capacity or a
+        capacity rule, and permute): reading it waits for nothing, where
+        ``counts`` of a CUDA routing is a device tensor whose read waits for
+        the stream. None where the route waited for nothing (``wait=False``)
+        or took per-expert capacities."""
+        return None if self._host_counts is None else self._show(self._host_counts)
 
     @property
     def offsets(self) -> Any:
@@ -336,13 +348,17 @@ def _locate(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int | l
     outputs = (address_of(tables.workspace), tables.workspace.nbytes, address_of(tables.locations),
                address_of(tables.counts), address_of(tables.offsets))
     with idx.device_guard():
+        host_counts = None
         if isinstance(capacity, list):
             num_rows, num_dropped, agreed = _C.route_capacities(*problem, capacity, *outputs)
             kept: int | tuple[int, ...] | None = tuple(agreed)
         else:
-            final_capacity, num_rows, num_dropped = _C.route(*problem, capacity, setting, *outputs)
+            host_counts = np.empty(num_experts, dtype=np.int64)  # the counts the route knows on the host
+            final_capacity, num_rows, num_dropped = _C.route(*problem, capacity, setting, *outputs,
+                                                             host_counts.ctypes.data)
             kept = None if final_capacity < 0 else final_capacity
-    return Routing._create(idx, tables.locations, tables.counts, tables.offsets, kept, num_rows, num_dropped)
+    return Routing._create(idx, tables.locations, tables.counts, tables.offsets, kept, num_rows, num_dropped,
+                           host_counts=host_counts)
 
 
 def _is_per_expert(capacity: Any) -> bool:

@@ -88,6 +88,8 @@ struct CapacityRequest {
   double setting;
   const int64_t* capacities;  // host, E entries (per_expert only)
   int64_t* final_capacities;  // host, may be NULL or `capacities`
+  int64_t* host_counts;       // host, E entries: a copy of counts
+  bool want_host_counts;      // a2a_route_host_counts (host_counts must not be NULL)
 };
 
 int64_t checked_sum(const std::vector<int64_t>& values, const char* what) {
@@ -157,6 +159,10 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
     if (request.final_capacities != nullptr)  // host; may be the capacities themselves (read above)
       buffers.output("final_capacities", request.final_capacities,
                      static_cast<size_t>(num_experts) * sizeof(int64_t));
+    if (request.want_host_counts) {
+      require(request.host_counts != nullptr, op, ": host_counts is NULL");
+      buffers.output("host_counts", request.host_counts, static_cast<size_t>(num_experts) * sizeof(int64_t));
+    }
     // The demand comes back to the host: on a GPU the host waits for the scan.
     count(counters, Count::kKernelCalls);
     count(counters, Count::kHostWaits);
@@ -222,6 +228,7 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
   kernels->upload(expert_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
   if (per_expert && request.final_capacities != nullptr)
     std::copy(capacities.begin(), capacities.end(), request.final_capacities);
+  if (request.want_host_counts) std::copy(kept.begin(), kept.end(), request.host_counts);
   return a2a_route_info_t{per_expert ? A2A_CAPACITY_PER_EXPERT : capacities[0], offsets[E], num_dropped};
 }
 
@@ -230,10 +237,11 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
 a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
                        int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
                        int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
-                       int64_t* locations, int64_t* counts, int64_t* expert_offsets) {
+                       int64_t* locations, int64_t* counts, int64_t* expert_offsets, int64_t* host_counts,
+                       bool want_host_counts) {
   return route_with(exec, comm, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
-                    {false, capacity, capacity_setting, nullptr, nullptr}, workspace, workspace_bytes, locations, counts,
-                    expert_offsets);
+                    {false, capacity, capacity_setting, nullptr, nullptr, host_counts, want_host_counts}, workspace,
+                    workspace_bytes, locations, counts, expert_offsets);
 }
 
 a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
@@ -242,8 +250,8 @@ a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void
                                   size_t workspace_bytes, int64_t* locations, int64_t* counts,
                                   int64_t* expert_offsets, int64_t* final_capacities) {
   return route_with(exec, comm, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
-                    {true, A2A_CAPACITY_PER_EXPERT, 0.0, capacities, final_capacities}, workspace, workspace_bytes,
-                    locations, counts, expert_offsets);
+                    {true, A2A_CAPACITY_PER_EXPERT, 0.0, capacities, final_capacities, nullptr, false}, workspace,
+                    workspace_bytes, locations, counts, expert_offsets);
 }
 
 void route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype, int64_t num_tokens,

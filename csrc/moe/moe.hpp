@@ -14,11 +14,13 @@ namespace a2a::moe {
 
 size_t route_workspace_size(const a2a_exec_t* exec, int64_t num_tokens, int64_t top_k, int64_t num_experts);
 
-// comm may be NULL (a local call).
+// comm may be NULL (a local call). With want_host_counts (a2a_route_host_counts),
+// host_counts (E, host) gets a copy of counts; NULL then fails like any bad argument.
 a2a_route_info_t route(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,
                        int64_t num_tokens, int64_t top_k, int64_t num_experts, const int64_t* token_order,
                        int64_t capacity, double capacity_setting, void* workspace, size_t workspace_bytes,
-                       int64_t* locations, int64_t* counts, int64_t* expert_offsets);
+                       int64_t* locations, int64_t* counts, int64_t* expert_offsets, int64_t* host_counts = nullptr,
+                       bool want_host_counts = false);
 
 // a2a_route_capacities: one capacity per expert (host), the ragged layout.
 a2a_route_info_t route_capacities(const a2a_exec_t* exec, Comm* comm, const void* indices, a2a_dtype_t index_dtype,

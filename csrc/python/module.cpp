@@ -355,23 +355,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("route_workspace_size", [](const Exec& exec, int64_t num_tokens, int64_t top_k, int64_t num_experts) {
     return a2a::route_workspace_size(make_exec(exec), num_tokens, top_k, num_experts);
   });
-  // Returns (capacity, num_rows, num_dropped).
+  // Returns (capacity, num_rows, num_dropped); host_counts (E int64, host) gets a copy of counts.
   m.def(
       "route",
       [](const Exec& exec, const a2a::Communicator* comm, uintptr_t indices, int index_dtype, int64_t num_tokens,
          int64_t top_k, int64_t num_experts, uintptr_t token_order, int64_t capacity, double capacity_setting,
-         uintptr_t workspace, size_t workspace_bytes, uintptr_t locations, uintptr_t counts, uintptr_t offsets) {
-        const a2a_route_info_t info = a2a::route(
+         uintptr_t workspace, size_t workspace_bytes, uintptr_t locations, uintptr_t counts, uintptr_t offsets,
+         uintptr_t host_counts) {
+        const a2a_route_info_t info = a2a::route_host_counts(
             make_exec(exec), comm, as_pointer(indices), static_cast<a2a_dtype_t>(index_dtype), num_tokens, top_k,
             num_experts, static_cast<const int64_t*>(as_pointer(token_order)), capacity, capacity_setting,
             as_mutable(workspace), workspace_bytes, static_cast<int64_t*>(as_mutable(locations)),
-            static_cast<int64_t*>(as_mutable(counts)), static_cast<int64_t*>(as_mutable(offsets)));
+            static_cast<int64_t*>(as_mutable(counts)), static_cast<int64_t*>(as_mutable(offsets)),
+            static_cast<int64_t*>(as_mutable(host_counts)));
         return std::make_tuple(info.capacity, info.num_rows, info.num_dropped);
       },
       py::arg("exec"), py::arg("comm").none(true), py::arg("indices"), py::arg("index_dtype"), py::arg("num_tokens"),
       py::arg("top_k"), py::arg("num_experts"), py::arg("token_order"), py::arg("capacity"),
       py::arg("capacity_setting"), py::arg("workspace"), py::arg("workspace_bytes"), py::arg("locations"),
-      py::arg("counts"), py::arg("offsets"), py::call_guard<py::gil_scoped_release>());
+      py::arg("counts"), py::arg("offsets"), py::arg("host_counts"), py::call_guard<py::gil_scoped_release>());
   // capacities: one per expert (host); returns (num_rows, num_dropped, the capacities agreed).
   m.def(
       "route_capacities",

@@ -245,6 +245,17 @@ int main(int argc, char** argv) {
     moe_wrong += memcmp(fixed_tables, locations, sizeof(int64_t) * tokens * top_k) != 0;
     moe_wrong += memcmp(fixed_counts, counts, sizeof(int64_t) * experts) != 0;
     moe_wrong += memcmp(fixed_offsets, offsets, sizeof(int64_t) * (experts + 1)) != 0;
+    /* The same route with the counts copied to the host as well (what the
+     * route knew there after its wait: no second read of a device's counts);
+     * a NULL host array is refused. */
+    int64_t* host_counts = malloc(sizeof(int64_t) * experts);
+    CHECK(a2a_route_host_counts(&exec, comm, indices, A2A_INT32, tokens, top_k, experts, NULL, 0, 0.0,
+                                route_workspace, route_bytes, locations, counts, offsets, host_counts, &info));
+    moe_wrong += memcmp(host_counts, counts, sizeof(int64_t) * experts) != 0;
+    moe_wrong += a2a_route_host_counts(&exec, NULL, indices, A2A_INT32, tokens, top_k, experts, NULL, 0, 0.0,
+                                       route_workspace, route_bytes, locations, counts, offsets, NULL,
+                                       &info) != A2A_ERROR_INVALID_ARGUMENT;
+    free(host_counts);
     /* An expert index out of range is reported with its position: at once by
      * a2a_route, by a2a_route_fixed_dropped after a2a_route_fixed. */
     indices[1] = (int32_t)experts;

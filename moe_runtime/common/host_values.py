@@ -17,7 +17,7 @@ import numpy as np
 
 import a2a
 
-__all__ = ["all_gather_values", "all_reduce_values", "torch_device", "uploaded"]
+__all__ = ["all_gather_values", "all_reduce_values", "all_to_all_values", "torch_device", "uploaded"]
 
 
 def torch_device(comm: a2a.Comm) -> Any:
@@ -46,6 +46,12 @@ def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **op
 def all_gather_values(values: Any, comm: a2a.Comm) -> np.ndarray:
     """Every rank's `values` (an array of n numbers), rank after rank: (W n,) NumPy."""
     return _exchanged(a2a.all_gather, values, comm)
+
+
+def all_to_all_values(values: Any, comm: a2a.Comm) -> np.ndarray:
+    """`values` (W blocks of n numbers, block j for rank j) exchanged: block
+    i of every rank, rank after rank, (W n,) NumPy."""
+    return _exchanged(a2a.all_to_all, values, comm)
 
 
 def all_reduce_values(values: Any, comm: a2a.Comm, op: str = "sum") -> np.ndarray:

@@ -104,7 +104,7 @@ class CachedDispatch:
 
             def send() -> tuple:
                 x_sorted, perm = a2a.permute(rows, indices, num_experts)
-                send_counts = rows_per_rank(perm.counts, comm.size)
+                send_counts = rows_per_rank(perm.host_counts, comm.size)  # known on the host: no read
                 received, recv_counts = a2a.all_to_all_v(x_sorted, send_counts, comm=comm, algo=algo)
                 return perm, send_counts, received, recv_counts
 
@@ -144,9 +144,9 @@ class CachedDispatch:
         _, perm = a2a.permute(tokens.detach().new_zeros((tokens.shape[0], 1)), indices.detach(), num_experts)
         missed = torch.from_numpy(np.where(hit, -1, actual)).to(tokens.device)
         correction, correction_perm = a2a.permute(tokens.detach(), missed, num_experts)
-        counts = perm.counts.cpu().numpy()
+        counts = perm.host_counts  # known on the host since permute waited: no read of the device
         send = rows_per_rank(counts, ranks)
-        correction_send = rows_per_rank(correction_perm.counts, ranks)
+        correction_send = rows_per_rank(correction_perm.host_counts, ranks)
 
         # Each routed choice's place in its destination's block of pool_p or pool_c.
         routed = actual >= 0

@@ -6,7 +6,9 @@ One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::
     tokens (T, M), indices (T, k)
     permute          -> x_sorted (N, M), rows grouped by expert; counts (E,)
     count exchange   -> per source rank, the rows of each of my n experts
-                        (a2a.all_to_all of E int64 per rank)
+                        (the counts permute knew on the host, an all_to_all
+                        of E int64 per rank over the layer's host twin: the
+                        step's one wait for the device is permute's)
     all_to_all_v     -> received (R, M): source-major, then expert-major
                         (FP8 dispatch: the tokens quantized before permute,
                         their pairs exchanged, dequantized on arrival)
@@ -51,7 +53,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
-from ..common.host_values import uploaded
+from ..common.host_values import all_to_all_values, uploaded
 from ..common.precision import FP8_BLOCK
 from ..experts.activation import Activation
 from ..experts.ragged_ffn import ExpertWeights, ffn_rows, ragged_ffn
@@ -77,17 +79,17 @@ def _fetch_if_they_fit(cache: ExpertCache, rows_per_expert: np.ndarray) -> dict[
     return cache.fetch(active.tolist()) if active.size <= cache.num_slots else None
 
 
-def _count_exchange(counts: torch.Tensor, comm: a2a.Comm) -> tuple[np.ndarray, np.ndarray]:
+def _count_exchange(perm: a2a.Routing, comm: a2a.Comm, count_comm: a2a.Comm) -> tuple[np.ndarray, np.ndarray]:
     """((W,) rows this rank sends to each rank, (W, n) rows each source rank
-    sends to each of my n experts), read back together: one wait for the
-    device. `counts` (E,) is this rank's rows per expert, on the tokens'
-    device; E = n W, experts of rank j are [j n, (j + 1) n)."""
-    if comm.size == 1:  # my counts are every source's: one read, no exchange
-        mine = counts.cpu().numpy()
-        return mine.sum(keepdims=True), mine.reshape(1, -1)
-    received = a2a.all_to_all(counts, comm=comm)  # block j of rank i's counts goes to rank j
-    both = torch.cat([counts, received]).cpu().numpy()
-    return rows_per_rank(both[:counts.numel()], comm.size), both[counts.numel():].reshape(comm.size, -1)
+    sends to each of my n experts). This rank's rows per expert are the
+    permutation's counts, known on the host since permute waited for them;
+    the other ranks' come over `count_comm` (the layer's host twin: no wait
+    for a device). E = n W, experts of rank j are [j n, (j + 1) n)."""
+    counts = perm.host_counts
+    if comm.size == 1:  # my counts are every source's
+        return counts.sum(keepdims=True), counts.reshape(1, -1)
+    received = all_to_all_values(counts, count_comm)  # block j of rank i's counts goes to rank j
+    return rows_per_rank(counts, comm.size), received.reshape(comm.size, -1)
 
 
 @dataclass
@@ -110,17 +112,20 @@ class Dispatched:
 
 
 def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, comm: a2a.Comm,
-             algo: str, expert_cache: ExpertCache | None = None, fp8: str | None = None) -> Dispatched:
+             algo: str, expert_cache: ExpertCache | None = None, fp8: str | None = None,
+             count_comm: a2a.Comm | None = None) -> Dispatched:
     """permute, the count exchange and all_to_all_v (autograd through a2a.torch).
     With `expert_cache`, the experts receiving rows are fetched between the
     count exchange and the data exchange when they fit the slots at once.
     `fp8` (a2a's format): the tokens are quantized once and their FP8 rows
-    permuted and exchanged (_Fp8Arrival), dequantized on arrival."""
+    permuted and exchanged (_Fp8Arrival), dequantized on arrival.
+    `count_comm`: where the counts (host values) are exchanged (default
+    `comm`; the layer passes its host twin)."""
     if fp8 is None:
         x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
     else:
         x_sorted, perm = a2a.permute(a2a.quantize_fp8(tokens.detach(), FP8_BLOCK, format=fp8), indices, num_experts)
-    send_counts, per_source = _count_exchange(perm.counts, comm)  # (W,), (W, n)
+    send_counts, per_source = _count_exchange(perm, comm, count_comm or comm)  # (W,), (W, n)
     # On CUDA the cache copies on a stream of its own: they overlap the exchange.
     slots = None if expert_cache is None else _fetch_if_they_fit(expert_cache, per_source.sum(axis=0))
     if fp8 is None and comm.size == 1:
@@ -211,16 +216,17 @@ def _cached_ffn(rows: torch.Tensor, offsets: list[int], rows_per_expert: np.ndar
 def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor | None, *,
                  weights: ExpertWeights, activation: Activation, comm: a2a.Comm, algo: str,
                  weight_grad_scale: float = 1.0, dispatched: Dispatched | None = None,
-                 expert_cache: ExpertCache | None = None, fp8: str | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
+                 expert_cache: ExpertCache | None = None, fp8: str | None = None,
+                 count_comm: a2a.Comm | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
     """y (T, M) of this rank's tokens, the rows each local expert computed
     (n,), and the rows this rank sent to other ranks (in each exchange).
     ``dispatched``: the dispatch of (tokens, indices) made already (by the
     sample-assignment cache, moe_runtime.deployment.cached_dispatch); else it is made
-    here. `fp8`: the dispatch's FP8 format (:func:`dispatch`). For the other
+    here. `fp8` and `count_comm`: see :func:`dispatch`. For the other
     arguments see :func:`experts_and_return`."""
     if dispatched is None:
         dispatched = dispatch(tokens, indices, weights[0].shape[0] * comm.size, comm=comm, algo=algo,
-                              expert_cache=expert_cache, fp8=fp8)
+                              expert_cache=expert_cache, fp8=fp8, count_comm=count_comm)
     y = experts_and_return(dispatched, gates, weights=weights, activation=activation, comm=comm, algo=algo,
                            weight_grad_scale=weight_grad_scale, expert_cache=expert_cache)
     send_counts = dispatched.send_counts

@@ -117,7 +117,8 @@ class DroplessFlow(WholeExpertFlow):
         y, rows, sent = dropless_moe(call.tokens, indices, call.decision.gates, weights=weights,
                                      activation=context.experts.activation_fn, comm=context.exchange_comm,
                                      algo=call.choice.algo, weight_grad_scale=context.weight_grad_scale,
-                                     dispatched=dispatched, expert_cache=cache, fp8=context.dispatch_format)
+                                     dispatched=dispatched, expert_cache=cache, fp8=context.dispatch_format,
+                                     count_comm=context.kept.comm)
         self.assignment_stats = stats
         # As the dictionary's choice the plan keeps the agreed capacity (its key); alone, the most rows.
         capacity = call.capacity or (int(rows.max()) if rows.size else 0)

@@ -105,3 +105,29 @@ def test_the_ragged_ffn_runs_as_grouped_gemms_on_the_gpu(cuda_available, dtype):
     tolerance = 5e-2
     for got, want in zip(step(True), step(False)):
         torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+def test_a_dropless_step_on_the_gpu_makes_no_stream_sync_of_torch(cuda_comm):
+    """The dropless flow's one wait per forward is a2a.permute's (in the core, for its counts): a training
+    step on one rank, after a warm-up, makes no synchronizing torch call (torch.cuda.set_sync_debug_mode
+    raises on any: a count read back, a copy from pageable memory)."""
+    from moe_runtime import MoELayer
+
+    device = torch.device("cuda", cuda_comm.cuda_device)
+    layer = MoELayer({"type": "top", "k": 2, "capacity_factor": 0.0}, 64,
+                     {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 64},
+                     comm=cuda_comm, seeds=(3, 4), flow="dropless").to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(256, 64, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
+    x.requires_grad_(True)
+
+    def step():
+        y = layer(x)
+        (y.float().sum() + y.l_aux).backward()
+
+    step()  # the grouped GEMMs' probe, buffers
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize(device)

@@ -409,3 +409,27 @@ def test_workspace_query_refuses_experts_whose_histograms_would_overflow():
 
     raises_invalid(lambda: _C.route_workspace_size((0, 0, 0), 3, 2, 2**62), "num_experts", "2^58")
     assert _C.route_workspace_size((0, 0, 0), 3, 2, 2**40) >= 2**40 * 8
+
+
+@pytest.mark.parametrize("name", ["top2", "top2-skewed-drops", "factor-1.25", "no-drop", "fixed-3", "all-unrouted"])
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_host_counts_are_the_counts_read_without_the_device(name, framework):
+    """A waiting route knows its counts on the host: ``host_counts`` equals ``counts``, as a read-only NumPy
+    array whatever the framework; permute's too. None where the route waited for nothing (wait=False) or took
+    per-expert capacities. A pickled routing keeps them."""
+    import pickle
+
+    indices, num_experts, kwargs = case_indices(name)
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        indices = torch.from_numpy(indices)
+    routing = a2a.route(indices, num_experts, **kwargs)
+    counts = np.asarray(routing.counts)
+    host = routing.host_counts
+    assert isinstance(host, np.ndarray) and host.dtype == np.int64 and np.array_equal(host, counts)
+    assert not host.flags.writeable
+    assert np.array_equal(pickle.loads(pickle.dumps(routing)).host_counts, counts)
+    _, perm = a2a.permute(np.zeros((indices.shape[0], 4), dtype=np.float32), np.asarray(indices), num_experts)
+    assert np.array_equal(perm.host_counts, perm.counts)
+    assert a2a.route(indices, num_experts, capacity=3, wait=False).host_counts is None
+    assert a2a.route(indices, num_experts, capacity=[2] * num_experts).host_counts is None

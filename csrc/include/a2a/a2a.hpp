@@ -299,6 +299,19 @@ inline a2a_route_info_t route(const a2a_exec_t& exec, const Communicator* comm, 
   return info;
 }
 
+inline a2a_route_info_t route_host_counts(const a2a_exec_t& exec, const Communicator* comm, const void* indices,
+                                          a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k,
+                                          int64_t num_experts, const int64_t* token_order, int64_t capacity,
+                                          double capacity_setting, void* workspace, size_t workspace_bytes,
+                                          int64_t* locations, int64_t* counts, int64_t* expert_offsets,
+                                          int64_t* host_counts) {
+  a2a_route_info_t info{};
+  check(a2a_route_host_counts(&exec, comm ? comm->get() : nullptr, indices, index_dtype, num_tokens, top_k,
+                              num_experts, token_order, capacity, capacity_setting, workspace, workspace_bytes,
+                              locations, counts, expert_offsets, host_counts, &info));
+  return info;
+}
+
 inline a2a_route_info_t route_capacities(const a2a_exec_t& exec, const Communicator* comm, const void* indices,
                                          a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k,
                                          int64_t num_experts, const int64_t* token_order, const int64_t* capacities,
