@@ -4,7 +4,7 @@ The collectives of a CUDA communicator take memory of its device only (a
 NumPy array fails the call on every rank), so the runtime's agreements --
 NumPy rows of a few int64 or float64 -- travel there as a tensor on the
 communicator's device and come back as NumPy. On a host communicator they
-go as they are (and torch is not needed). Both functions are collective
+go as they are (and torch is not needed). The exchanges are collective
 over ``comm``; on one rank they move nothing.
 """
 
@@ -35,7 +35,8 @@ def _exchanged(collective: Callable[..., Any], values: Any, comm: a2a.Comm, **op
         return collective(values, comm=comm, **options)
     import torch
 
-    result = collective(torch.tensor(values, device=torch_device(comm)), comm=comm, **options)
+    # Up through page-locked memory (no wait for the stream), so that the read back below is the one wait.
+    result = collective(uploaded(torch.from_numpy(values), torch_device(comm)), comm=comm, **options)
     # Where the check of this call was posted (a.Comm.predicts_check), it completes before the host waits for
     # the stream: a rank that left the call would leave this wait, unbounded, behind the NCCL work it never meets.
     if comm.predicts_check:

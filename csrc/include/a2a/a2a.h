@@ -486,10 +486,13 @@ A2A_API a2a_status_t a2a_route(const a2a_exec_t* exec, a2a_comm_t comm, const vo
                                a2a_route_info_t* info);
 
 /* a2a_route, and a copy of counts on the host: host_counts (num_experts
- * int64, host memory) receives the kept choices per expert, which a2a_route
- * knows on the host once its one wait for the device is over. A caller that
- * sizes its exchanges by them (a dropless layer's all-to-all-v counts) then
- * needs no second read of the device. */
+ * int64, host memory even on CUDA, sharing no byte with the other arguments)
+ * receives the kept choices per expert, which a2a_route knows on the host
+ * once its one wait for the device is over. A caller that sizes its
+ * exchanges by them (a dropless layer's all-to-all-v counts) then needs no
+ * second read of the device. A NULL host_counts fails with
+ * A2A_ERROR_INVALID_ARGUMENT (on every rank with a comm, like any bad
+ * argument). */
 A2A_API a2a_status_t a2a_route_host_counts(const a2a_exec_t* exec, a2a_comm_t comm, const void* indices,
                                            a2a_dtype_t index_dtype, int64_t num_tokens, int64_t top_k,
                                            int64_t num_experts, const int64_t* token_order, int64_t capacity,
