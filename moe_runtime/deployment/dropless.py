@@ -86,9 +86,7 @@ def _count_exchange(perm: a2a.Routing, comm: a2a.Comm, count_comm: a2a.Comm) -> 
     the other ranks' come over `count_comm` (the layer's host twin: no wait
     for a device). E = n W, experts of rank j are [j n, (j + 1) n)."""
     counts = perm.host_counts
-    if comm.size == 1:  # my counts are every source's
-        return counts.sum(keepdims=True), counts.reshape(1, -1)
-    received = all_to_all_values(counts, count_comm)  # block j of rank i's counts goes to rank j
+    received = all_to_all_values(counts, count_comm)  # block j of rank i's counts goes to rank j (one rank: mine)
     return rows_per_rank(counts, comm.size), received.reshape(comm.size, -1)
 
 

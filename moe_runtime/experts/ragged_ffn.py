@@ -12,9 +12,9 @@ of every expert's ops; the backward writes each weight gradient once with the
 layer's 1/W (`weight_grad_scale`) folded into its matmul, like the padded
 flows' segment (flows.py).
 
-Where torch's grouped GEMM takes the rows (``torch._grouped_mm``: float32,
-bfloat16 or float16, rows of a multiple of 16 bytes, on a device where it
-runs: grouped.py asks once), every matmul of the step is one grouped GEMM
+Where torch's grouped GEMM takes the rows (``torch._grouped_mm``: bfloat16
+or float16, and float32 on the CPU; rows of a multiple of 16 bytes, on a
+device where it runs: grouped.py asks once), every matmul of the step is one grouped GEMM
 over all experts, forward and backward: 2 GEMMs forward and 4 backward
 whatever n, where the loop launches 2 n and 4 n (on a GPU, as many kernel
 launches, most of them small). Otherwise the loop over the experts.

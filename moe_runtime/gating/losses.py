@@ -21,20 +21,23 @@ import math
 
 import torch
 
-__all__ = ["first_choice_share", "gshard_loss", "load_importance_loss", "z_loss"]
+__all__ = ["gshard_loss", "gshard_loss_and_share", "load_importance_loss", "z_loss"]
 
 
 def gshard_loss(scores: torch.Tensor, top_indices: torch.Tensor) -> torch.Tensor:
     """scores (T, E), top_indices (T, k): E * sum_e mean_t(scores) * share of first choices."""
+    return gshard_loss_and_share(scores, top_indices)[0]
+
+
+def gshard_loss_and_share(scores: torch.Tensor, top_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GShard's loss and the share of the tokens whose first choice
+    (``top_indices[:, 0]``) is each expert, (E,); None without tokens (the
+    loss is then 0). d loss / d scores[t, e] = E share[e] / T."""
     num_tokens, num_experts = scores.shape
     if num_tokens == 0:
-        return scores.sum() * 0.0
-    return (scores.mean(0) * first_choice_share(scores, top_indices)).sum() * num_experts
-
-
-def first_choice_share(scores: torch.Tensor, top_indices: torch.Tensor) -> torch.Tensor:
-    """(E,): the share of the T > 0 tokens whose first choice (``top_indices[:, 0]``) is each expert."""
-    return torch.zeros_like(scores).scatter_(1, top_indices[:, :1], 1.0).mean(0)
+        return scores.sum() * 0.0, None
+    share = torch.zeros_like(scores).scatter_(1, top_indices[:, :1], 1.0).mean(0)
+    return (scores.mean(0) * share).sum() * num_experts, share
 
 
 def _squared_cv(values: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .losses import first_choice_share
+from .losses import gshard_loss_and_share
 
 __all__ = ["top_k_gating"]
 
@@ -54,13 +54,11 @@ class _TopKGating(torch.autograd.Function):
             denominators = sums.clamp(min=torch.finfo(top.dtype).eps)
             gates = top / denominators
         l_aux = share_per_token = None
-        num_tokens, num_experts = scores.shape
-        if gshard_loss and num_tokens == 0:
-            l_aux = scores.sum() * 0.0
-        elif gshard_loss:
-            share = first_choice_share(scores, indices)
-            l_aux = (scores.mean(0) * share).sum() * num_experts
-            share_per_token = share * (num_experts / num_tokens)  # d l_aux / d scores[t, e], for every t
+        if gshard_loss:
+            l_aux, share = gshard_loss_and_share(scores, indices)
+            if share is not None:  # d l_aux / d scores[t, e], for every t
+                num_tokens, num_experts = scores.shape
+                share_per_token = share * (num_experts / num_tokens)
         ctx.mark_non_differentiable(scores, indices)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(scores, indices, gates, sums, denominators, share_per_token)
