@@ -238,8 +238,9 @@ def testing_comm_create_external_by_round(
     """Tests only: from_transport's communicator checking every call by a round (a2a_testing.h)."""
 
 def transpose_chunks(exec: _Exec, dst: int, src: int, rows: int, cols: int, chunk_bytes: int, /) -> None: ...
-def copy_ranges(exec: _Exec, dst: int, src: int, ranges: list[tuple[int, int, int]], /) -> None:
-    """Each (dst offset, src offset, bytes) range copied."""
+def copy_ranges(exec: _Exec, dst: int, src: int, ranges: np.ndarray | list[tuple[int, int, int]], /) -> None:
+    """Each (src offset, dst offset, bytes) range copied: (n, 3) uint64 rows,
+    read in place (a list of triples is converted first)."""
 
 class Comm:
     """a2a::Communicator: one a2a_comm_t."""

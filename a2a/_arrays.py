@@ -42,14 +42,36 @@ _NUMPY_NAMES = {np.dtype(name): name for name in DTYPE_CODES if name != "bfloat1
 NUMPY_CODES = {dtype: DTYPE_CODES[name] for dtype, name in _NUMPY_NAMES.items()}
 
 
+_TORCH: Any = None  # torch once the caller has imported it (a lookup in sys.modules costs on every call)
+_NO_GUARD = contextlib.nullcontext()
+
+
 def _torch():
     """torch if the caller already imported it (a2a never imports it itself)."""
-    return sys.modules.get("torch")
+    global _TORCH
+    if _TORCH is None:
+        _TORCH = sys.modules.get("torch")
+    return _TORCH
 
 
 def is_torch_tensor(x: Any) -> bool:
-    torch = _torch()
+    torch = _TORCH or _torch()
     return torch is not None and isinstance(x, torch.Tensor)
+
+
+def torch_execution(cuda_device: int | None) -> tuple[tuple[int, int, int], Any]:
+    """(execution, guard) of a kernel on torch tensors of `cuda_device`
+    (None: host memory): the ``(device type, stream, threads)`` that a2a._C
+    takes, and a context making that device the current one (nothing to do
+    when it is already)."""
+    if cuda_device is None:
+        return (DEVICE_CPU, 0, 0), _NO_GUARD
+    return (DEVICE_CUDA, _torch().cuda.current_stream(cuda_device).cuda_stream, 0), _torch_guard(cuda_device)
+
+
+def _torch_guard(cuda_device: int) -> Any:
+    cuda = _torch().cuda
+    return _NO_GUARD if cuda.current_device() == cuda_device else cuda.device(cuda_device)
 
 
 def records_autograd(*arrays: Any) -> bool:
@@ -143,10 +165,10 @@ class ArrayView:
         """A context making this array's CUDA device the current one (for
         kernels and allocations); does nothing for host memory."""
         if self.cuda_device is None:
-            return contextlib.nullcontext()
+            return _NO_GUARD
         if self.framework == "cupy":
             return _cupy().cuda.Device(self.cuda_device)
-        return _torch().cuda.device(self.cuda_device)
+        return _torch_guard(self.cuda_device)
 
 
 def view(x: Any, what: str) -> ArrayView:

@@ -13,7 +13,18 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _C
-from ._arrays import DTYPE_CODES, ArrayView, address_of, argument_view, empty_like, is_torch_tensor, read_only
+from ._arrays import (
+    DTYPE_CODES,
+    ArrayView,
+    _torch,
+    address_of,
+    argument_view,
+    empty_like,
+    is_torch_tensor,
+    read_only,
+    torch_execution,
+)
+from ._counters import note_allocation
 from ._errors import InvalidArgumentError
 from ._routing import Routing, native_routing, routing_view
 
@@ -69,10 +80,69 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
     return o.obj
 
 
+def _torch_place(x: Any, rows: int, routing: Routing, dtypes: tuple[str, ...]) -> tuple[int, int] | None:
+    """(dtype code, model_dim) of a torch tensor that passes every check of
+    _data, told without a view (a view costs microseconds, which a GPU step
+    pays per kernel); None for anything else: the general path then checks
+    it and reports what is wrong."""
+    place = routing._indices
+    if place.framework != "torch" or not is_torch_tensor(x) or x.dim() != 2 or x.shape[0] != rows:
+        return None
+    name = _TORCH_NAMES.get(x.dtype)
+    if name is None:
+        name = _TORCH_NAMES[x.dtype] = str(x.dtype).removeprefix("torch.")
+    if name not in dtypes or not x.is_contiguous():
+        return None
+    if not (x.is_cpu if place.cuda_device is None else x.is_cuda and x.get_device() == place.cuda_device):
+        return None
+    return DTYPE_CODES[name], x.shape[1]
+
+
+# torch.dtype -> its name (str(dtype) costs microseconds).
+_TORCH_NAMES: dict[Any, str] = {}
+
+
+def _torch_gates(gates: Any, routing: Routing, data: Any) -> int | None:
+    """The dtype code of `gates` that pass _gates' checks beside torch `data`
+    (told without a view), else None."""
+    if not (is_torch_tensor(gates) and gates.shape == (routing.num_tokens, routing.top_k) and gates.is_contiguous()
+            and gates.device == data.device):
+        return None
+    if gates.dtype == data.dtype:
+        return DTYPE_CODES[_TORCH_NAMES[data.dtype]]
+    return DTYPE_CODES["float32"] if gates.dtype == _torch().float32 else None
+
+
+def _torch_kernel(kernel: Callable, data: Any, rows_in: int, rows_out: int, routing: Routing, gates: Any,
+                  dtypes: tuple[str, ...]) -> Any:
+    """The kernel's new result for torch tensors that pass every check
+    (told without views); None for anything else."""
+    placed = _torch_place(data, rows_in, routing, dtypes)
+    if placed is None:
+        return None
+    code, model_dim = placed
+    gate_code = code
+    if gates is not None:
+        gate_code = None if code == DTYPE_CODES["uint8"] else _torch_gates(gates, routing, data)
+        if gate_code is None:
+            return None
+    note_allocation()
+    result = _torch().empty((rows_out, model_dim), dtype=data.dtype, device=data.device)
+    execution, guard = torch_execution(routing._indices.cuda_device)
+    with guard:
+        kernel(execution, native_routing(routing), data.data_ptr(), code, model_dim,
+               0 if gates is None else gates.data_ptr(), gate_code, result.data_ptr())
+    return result
+
+
 def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out: int, routing: Routing,
                   gates: Any, op: str, out: Any, dtypes: tuple[str, ...] = FLOAT_DTYPES) -> Any:
     """Runs a dispatch or combine kernel: data (rows_in, M) -> (rows_out, M)
     (out= reshaped to that)."""
+    if out is None:
+        result = _torch_kernel(kernel, data, rows_in, rows_out, routing, gates, dtypes)
+        if result is not None:
+            return result
     a = _data(data, what, op, rows_in, routing, dtypes)
     if a.dtype_name == "uint8" and gates is not None:
         _fail(op, "rows of bytes (FP8 pairs) take no gates; apply them at the combine")
@@ -104,6 +174,17 @@ def combine(rows: Any, routing: Routing, gates: Any, op: str, out: Any = None, w
 
 def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str) -> Any:
     """(T, k) of gate_dtype: dot(tokens[t], rows[row(t, j)]), 0 when not kept."""
+    placed = _torch_place(tokens, routing.num_tokens, routing, FLOAT_DTYPES)
+    if placed is not None and _torch_place(rows, routing.num_rows, routing, FLOAT_DTYPES) == placed:
+        code, model_dim = placed
+        note_allocation()
+        grad = _torch().empty((routing.num_tokens, routing.top_k), dtype=getattr(_torch(), gate_dtype),
+                              device=tokens.device)
+        execution, guard = torch_execution(routing._indices.cuda_device)
+        with guard:
+            _C.moe_gate_grad(execution, native_routing(routing), tokens.data_ptr(), rows.data_ptr(), code, model_dim,
+                             DTYPE_CODES[gate_dtype], grad.data_ptr())
+        return grad
     t = _data(tokens, "tokens", op, routing.num_tokens, routing)
     r = _data(rows, "rows", op, routing.num_rows, routing)
     if (t.dtype_name, t.shape[1]) != (r.dtype_name, r.shape[1]):

@@ -50,8 +50,8 @@ class Routing:
     read (read-only for NumPy), so the routing cannot be changed through them.
     """
 
-    __slots__ = ("_capacity", "_counts", "_host_counts", "_indices", "_locations", "_num_dropped", "_num_rows",
-                 "_offsets", "_unread")
+    __slots__ = ("_capacity", "_counts", "_host_counts", "_indices", "_locations", "_native", "_num_dropped",
+                 "_num_rows", "_offsets", "_unread")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("an a2a.Routing is made by a2a.route or a2a.permute, not directly")
@@ -66,6 +66,7 @@ class Routing:
         self._locations, self._counts, self._offsets = locations, counts, offsets
         self._capacity, self._num_rows, self._num_dropped = capacity, num_rows, num_dropped
         self._unread = unread  # route(wait=False): the tables whose workspace holds num_dropped and any fault
+        self._native = None  # native_routing's tuple, made at the first kernel call
         return self
 
     def __getstate__(self) -> dict[str, Any]:
@@ -81,6 +82,7 @@ class Routing:
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
         self._host_counts = state.get("host_counts")
         self._unread = None
+        self._native = None
 
     _show = staticmethod(shown_copy)
 
@@ -207,7 +209,14 @@ def routing_view(routing: Routing) -> ArrayView:
 
 
 def native_routing(routing: Routing) -> tuple:
-    """The routing as a2a._C's kernels take it (a2a_routing_t's fields)."""
+    """The routing as a2a._C's kernels take it (a2a_routing_t's fields),
+    made once: a routing's tables never change."""
+    if routing._native is None:
+        routing._native = _native_fields(routing)
+    return routing._native
+
+
+def _native_fields(routing: Routing) -> tuple:
     return (
         routing.num_tokens,
         routing.top_k,

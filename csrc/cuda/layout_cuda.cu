@@ -25,7 +25,8 @@
 // W-byte vectors, a byte tail. Ranges of one W go in batches of up to
 // kRangesPerLaunch, passed by value in the kernel's parameter (the table is
 // never copied to the device), one launch per batch: with the usual aligned
-// buffers, all ranges have W = 16 and a batch is simply the next 120 ranges.
+// buffers, all ranges have W = 16 and a batch is simply the next 1023 ranges
+// (120 with a CUDA older than 12.1).
 // A range's vectors are cut into tiles of kThreads * kUnroll, and the blocks
 // grid-stride over the tiles of all ranges of the batch, so a large range is
 // spread over many blocks and the grid is sized from the tiles, not from the
@@ -41,6 +42,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 namespace a2a {
 
@@ -66,9 +68,17 @@ constexpr uint64_t kMaxWidth = 16;
 static_assert(kThreads >= 2 * kMaxWidth, "head and tail threads");
 // copy_ranges: vectors per tile, one block step.
 constexpr uint64_t kTileVectors = uint64_t{kThreads} * kUnroll;
-// Ranges per launch: 120 x 32 bytes keeps the parameter under the 4 KiB that
-// every architecture and driver accepts.
-constexpr uint32_t kRangesPerLaunch = 120;
+// Kernel parameter bytes: 32764 since CUDA 12.1 (Volta and newer, which is
+// every architecture CUDA 12 builds with a parameter this size; nvcc refuses
+// it for older ones, loudly), 4096 before. A launch costs the host about the
+// same whatever its ranges, so the fewer launches the better: 1023 ranges per
+// launch where 120 fit before, so 2DH's and the bench's thousands of chunks
+// are a few launches, not one per 120 ranges.
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12010
+constexpr size_t kMaxParameterBytes = 32764;
+#else
+constexpr size_t kMaxParameterBytes = 4096;
+#endif
 // Devices whose SM count is cached; any others are asked on every launch.
 constexpr int kMaxCachedDevices = 64;
 
@@ -263,11 +273,15 @@ struct RangeEntry {
   uint64_t tile_end;  // tiles of this and the earlier ranges of the batch
 };
 
+// Ranges per launch: as many as the parameter holds beside the two pointers and the tile count.
+constexpr uint32_t kRangesPerLaunch =
+    static_cast<uint32_t>((kMaxParameterBytes - 2 * sizeof(void*) - sizeof(uint64_t)) / sizeof(RangeEntry));
+
 struct RangeBatch {
   RangeEntry range[kRangesPerLaunch];
   uint64_t tiles;  // range[last].tile_end
 };
-static_assert(sizeof(RangeBatch) + 2 * sizeof(void*) <= 4096, "copy_ranges parameter must stay under 4 KiB");
+static_assert(sizeof(RangeBatch) + 2 * sizeof(void*) <= kMaxParameterBytes, "copy_ranges parameter too large");
 
 struct RangeSplit {
   uint64_t head;     // bytes before the first W boundary of the source (< W)
@@ -354,7 +368,8 @@ int for_each_range_batch(const void* dst, const void* src, const CopyRange* rang
     RangeBatch batch;
     uint32_t size;
   };
-  Pending pending[5] = {};  // by log2(width); 5 x 3.9 KB on the host stack
+  // By log2(width), made for the widths that occur (32 KiB each: the heap, not the stack).
+  std::unique_ptr<Pending> pending[5];
   for (size_t i = 0; i < count; ++i) {
     const CopyRange& range = ranges[i];
     if (range.bytes == 0) continue;
@@ -362,7 +377,9 @@ int for_each_range_batch(const void* dst, const void* src, const CopyRange* rang
     const uintptr_t to = reinterpret_cast<uintptr_t>(dst) + range.dst_offset;
     const unsigned width = range_width(to, from);
     const RangeSplit split = split_range(from, range.bytes, width);
-    Pending& p = pending[log2_of(width)];
+    std::unique_ptr<Pending>& slot = pending[log2_of(width)];
+    if (!slot) slot = std::make_unique<Pending>();  // value-initialized: no ranges, no tiles
+    Pending& p = *slot;
     p.batch.tiles += split.vectors > kTileVectors ? ceil_div(split.vectors, kTileVectors) : 1;  // tile 0 at least
     p.batch.range[p.size++] = {range.src_offset, range.dst_offset, range.bytes, p.batch.tiles};
     if (p.size == kRangesPerLaunch) {
@@ -372,8 +389,8 @@ int for_each_range_batch(const void* dst, const void* src, const CopyRange* rang
     }
   }
   for (unsigned log_width = 0; log_width < 5; ++log_width)
-    if (pending[log_width].size > 0)
-      if (const int status = launch(1u << log_width, static_cast<const RangeBatch&>(pending[log_width].batch)))
+    if (pending[log_width] && pending[log_width]->size > 0)
+      if (const int status = launch(1u << log_width, static_cast<const RangeBatch&>(pending[log_width]->batch)))
         return status;
   return 0;
 }

@@ -524,13 +524,18 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "copy_ranges",
-      [](const Exec& exec, uintptr_t dst, uintptr_t src, const std::vector<std::tuple<size_t, size_t, size_t>>& ranges) {
-        std::vector<a2a_copy_range_t> list;
-        list.reserve(ranges.size());
-        for (const auto& r : ranges) list.push_back({std::get<0>(r), std::get<1>(r), std::get<2>(r)});
-        a2a::copy_ranges(make_exec(exec), as_mutable(dst), as_pointer(src), list);
-      },
-      py::call_guard<py::gil_scoped_release>());
+      // ranges: (n, 3) uint64 rows of (src_offset, dst_offset, bytes), read in
+      // place (a list of n triples is converted first, at about 50-100 ns a range).
+      [](const Exec& exec, uintptr_t dst, uintptr_t src,
+         const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& ranges) {
+        static_assert(sizeof(a2a_copy_range_t) == 3 * sizeof(uint64_t), "a range is three 64-bit words");
+        if (ranges.size() != 0 && (ranges.ndim() != 2 || ranges.shape(1) != 3))
+          throw std::invalid_argument("copy_ranges: ranges must be (n, 3) rows of (src_offset, dst_offset, bytes)");
+        const auto* rows = reinterpret_cast<const a2a_copy_range_t*>(ranges.data());
+        const auto count = static_cast<size_t>(ranges.size() / 3);
+        py::gil_scoped_release released;
+        a2a::copy_ranges(make_exec(exec), as_mutable(dst), as_pointer(src), rows, count);
+      });
 
   py::class_<a2a::Communicator>(m, "Comm")
       .def(py::init([](uintptr_t mpi_comm_address, int local_size, double timeout_s, int use_mpi_datatypes,

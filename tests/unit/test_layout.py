@@ -57,6 +57,20 @@ def test_copy_ranges():
     np.testing.assert_array_equal(dst, np.concatenate([src[90:100], src[5:25]]))
 
 
+def test_copy_ranges_reads_an_array_of_ranges():
+    """(n, 3) uint64 rows of (src offset, dst offset, bytes), as a list of triples gives them."""
+    src = np.arange(100, dtype=np.uint8)
+    table = np.array([(90, 0, 10), (0, 10, 0), (5, 10, 20)], dtype=np.uint64)
+    from_table, from_list = np.zeros(30, np.uint8), np.zeros(30, np.uint8)
+    _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, table)
+    _C.copy_ranges(CPU, from_list.ctypes.data, src.ctypes.data, table.tolist())
+    np.testing.assert_array_equal(from_table, np.concatenate([src[90:100], src[5:25]]))
+    np.testing.assert_array_equal(from_list, from_table)
+    _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, np.zeros((0, 3), np.uint64))  # nothing to copy
+    with pytest.raises(ValueError, match=r"\(n, 3\) rows"):
+        _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, table.reshape(-1))
+
+
 def test_overlapping_buffers_are_rejected():
     buf = np.zeros(64, np.uint8)
     with pytest.raises(a2a.InvalidArgumentError, match="overlap"):

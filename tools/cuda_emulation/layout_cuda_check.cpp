@@ -33,6 +33,7 @@ long long transpose_width[5], range_width[5], multi_piece, heads, tails, batched
 
 constexpr uint64_t kBlockPieceVectors = 256 * 4;  // kThreads * kUnroll of layout_cuda.cu
 constexpr uint64_t kBlocksPerSm = 5;
+constexpr size_t kRangesPerLaunch = 1023;  // layout_cuda.cu's with CUDA >= 12.1 (the emulation's CUDART_VERSION)
 
 void random_bytes(unsigned char* p, size_t n) {
   for (size_t i = 0; i < n; ++i) p[i] = static_cast<unsigned char>(rng());
@@ -85,7 +86,7 @@ void transpose_case() {
 }
 
 void copy_ranges_case() {
-  const size_t count = static_cast<size_t>(pick({0, 1, 2, 5, 40, 120, 121, 250, 361}));
+  const size_t count = static_cast<size_t>(pick({0, 1, 2, 5, 40, 120, 121, 361, 1023, 1024, 2100}));
   const bool aligned = rng() % 3 == 0;  // the usual case: every range 16-byte aligned on both sides
   const bool large = count <= 5;
   std::vector<a2a::CopyRange> ranges(count);
@@ -137,7 +138,7 @@ void copy_ranges_case() {
     tails += (r.bytes - head) % w != 0;
     grid_strided += (r.bytes - head) / w > kBlocksPerSm * emu::device_sms[emu::device] * kBlockPieceVectors;
   }
-  for (size_t n : by_width) batched += n > 120;
+  for (size_t n : by_width) batched += n > kRangesPerLaunch;
 }
 
 // A transpose whose size wraps around 2^64 describes no buffer: an error, no launch.
@@ -162,8 +163,9 @@ int main(int argc, char** argv) {
               transpose_width[4], transpose_width[3], transpose_width[2], transpose_width[1], transpose_width[0],
               multi_piece);
   std::printf("range widths 16/8/4/2/1: %lld %lld %lld %lld %lld; byte heads %lld, tails %lld; "
-              "widths of > 120 ranges (several launches): %lld; grid-stride loops: %lld\n",
-              range_width[4], range_width[3], range_width[2], range_width[1], range_width[0], heads, tails, batched,
+              "widths of > %zu ranges (several launches): %lld; grid-stride loops: %lld\n",
+              range_width[4], range_width[3], range_width[2], range_width[1], range_width[0], heads, tails, kRangesPerLaunch,
+              batched,
               grid_strided);
   return summary("layout_cuda");
 }

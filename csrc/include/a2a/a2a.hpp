@@ -471,8 +471,12 @@ inline void transpose_chunks(const a2a_exec_t& exec, void* dst, const void* src,
   check(a2a_transpose_chunks(&exec, dst, src, rows, cols, chunk_bytes));
 }
 
+inline void copy_ranges(const a2a_exec_t& exec, void* dst, const void* src, const a2a_copy_range_t* ranges,
+                        size_t count) {
+  check(a2a_copy_ranges(&exec, dst, src, ranges, count));
+}
 inline void copy_ranges(const a2a_exec_t& exec, void* dst, const void* src, const std::vector<a2a_copy_range_t>& ranges) {
-  check(a2a_copy_ranges(&exec, dst, src, ranges.data(), ranges.size()));
+  copy_ranges(exec, dst, src, ranges.data(), ranges.size());
 }
 
 }  // namespace a2a

@@ -35,6 +35,9 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 // ---------------------------------------------------------------------------
 // Runtime API (the stream is ignored: everything runs at once, in order)
 
+// The toolkit the project builds with (nvcc 13): kernel parameters up to 32764 bytes.
+#define CUDART_VERSION 13000
+
 typedef void* cudaStream_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
