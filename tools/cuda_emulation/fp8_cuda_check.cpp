@@ -53,10 +53,29 @@ namespace {
 // Tallies of what the cases covered, printed at the end.
 long long packed_cases, separate_cases, short_blocks, grid_strided, zero_blocks, infinite_scales, tiny_amax_blocks;
 long long nan_codes, saturated_codes, subnormal_codes, nan_outputs, nan_payload_differences;
+long long vector_blocks, vector_rows;  // (row, block) pairs quantized in units, rows dequantized in vectors
 long long code_seen[256];
 
 constexpr int64_t kWarpsPerBlock = 256 / 32;  // kThreads / kWarp of fp8_cuda.cu
 constexpr int64_t kThreadsPerBlock = 256;
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// fp8_cuda.cu's rules for its wide paths, to tell which ran: quantize's units
+// of 4 elements, dequantize's vectors of 16 codes and its threads per row.
+template <typename T>
+bool quantized_in_units(const T* src, const unsigned char* q, int64_t n) {
+  return n >= 4 && aligned(src, std::min<size_t>(16, 4 * sizeof(T))) && aligned(q, 4);
+}
+template <typename T>
+bool dequantized_in_vectors(const unsigned char* q, const T* y, int64_t cols, int64_t block) {
+  return cols >= 16 && block % 16 == 0 && aligned(q, 16) && aligned(y, 16);
+}
+int64_t dequantize_lanes(int64_t cols) {
+  int64_t lanes = 1;
+  while (lanes < 32 && lanes * 16 < cols) lanes *= 2;
+  return lanes;
+}
 
 const char* format_name(a2a_fp8_format_t format) { return format == A2A_FP8_E5M2 ? "e5m2" : "e4m3"; }
 
@@ -369,6 +388,12 @@ void quantize_case(a2a_fp8_format_t format, const Layout& l, int max_blocks) {
   (l.packed ? packed_cases : separate_cases) += 1;
   short_blocks += l.cols % l.block != 0;
   grid_strided += l.rows * l.blocks > kWarpsPerBlock * max_blocks;
+  for (int64_t r = 0; r < l.rows; ++r)
+    for (int64_t b = 0; b < l.blocks; ++b)
+      vector_blocks += quantized_in_units(x.as<T>() + r * l.cols + b * l.block,
+                                          static_cast<const unsigned char*>(gpu_rows.q) + r * gpu_rows.q_stride +
+                                              b * l.block,
+                                          std::min(l.block, l.cols - b * l.block));
   for (int64_t r = 0; r < l.rows; ++r) {
     const T* row = x.as<T>() + r * l.cols;
     for (int64_t b = 0; b < l.blocks; ++b) {
@@ -438,7 +463,10 @@ void dequantize_case(a2a_fp8_format_t format, const Layout& l, int max_blocks) {
     nan_payload_differences += nan && std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
   }
   expect(gpu_y.guards_intact(), "%s: wrote outside y", what.c_str());
-  grid_strided += elements > kThreadsPerBlock * max_blocks;
+  grid_strided += l.rows > kThreadsPerBlock / dequantize_lanes(l.cols) * max_blocks;
+  for (int64_t r = 0; r < l.rows; ++r)
+    vector_rows += dequantized_in_vectors(static_cast<const unsigned char*>(rows.q) + r * rows.q_stride,
+                                          gpu_y.as<T>() + r * l.cols, l.cols, l.block);
   expect(std::equal(q_before.begin(), q_before.end(), q.data()) &&
              std::equal(s_before.begin(), s_before.end(), s.data()),
          "%s: changed q or the scales", what.c_str());
@@ -475,5 +503,7 @@ int main(int argc, char** argv) {
   std::printf("codes: %lld distinct bytes, %lld NaN, %lld at +-MAX, %lld subnormal; dequantize: %lld NaN outputs "
               "(%lld with other NaN bits than the CPU's)\n",
               distinct, nan_codes, saturated_codes, subnormal_codes, nan_outputs, nan_payload_differences);
+  std::printf("wide paths: %lld (row, block) pairs quantized in units of 4, %lld rows dequantized in vectors of 16\n",
+              vector_blocks, vector_rows);
   return summary("fp8_cuda");
 }
