@@ -83,8 +83,8 @@ class MoELayer(FlowStateNames, torch.nn.Module):
     Tutel's capacity flow), ``"dropless"`` / ``Dropless(expert_cache=,
     assignment_cache=)``, ``"dynamic"`` / ``DynamicCapacity(...)``,
     ``"flex"`` / ``FlexConfig(...)``, ``"data_centric"`` /
-    ``DataCentric(hidden_split=, shared_cache=)``, ``"model_centric"`` /
-    ``ModelCentric(hidden_split=)``. ``flows``: the other flows the
+    ``DataCentric(hidden_split=, shared_cache=, kernels=)``, ``"model_centric"`` /
+    ``ModelCentric(hidden_split=, kernels=)``. ``flows``: the other flows the
     dictionary of an expert layer may time and choose per capacity window,
     of ``"dropless"``, ``"data_centric"``, ``"model_centric"``.
 

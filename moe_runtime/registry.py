@@ -13,8 +13,9 @@ flow=              settings object                  runs (package)
 "dynamic"          DynamicCapacity(...)              one capacity per expert (moe_runtime.dynamic)
 "flex"             FlexConfig(...)                   FlexMoE's vExpert replicas (moe_runtime.flex)
 "data_centric"     DataCentric(hidden_split=,        Hexa-MoE, experts sharded along H, gathered
-                   shared_cache=)                    whole per call (moe_runtime.hexa)
-"model_centric"    ModelCentric(hidden_split=)       Hexa-MoE, tokens gathered (moe_runtime.hexa)
+                   shared_cache=, kernels=)          whole per call (moe_runtime.hexa)
+"model_centric"    ModelCentric(hidden_split=,       Hexa-MoE, tokens gathered (moe_runtime.hexa)
+                   kernels=)
 =================  ===============================  =========================================
 
 A name gives the flow its default settings. ``flows=`` names the other

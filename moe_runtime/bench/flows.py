@@ -2,7 +2,7 @@
 layer, the dropless one, and Hexa-MoE's data- and model-centric layers, over tokens per rank.
 
     python -m moe_runtime.bench --flows [--np 2] [--tokens 64,256,1024,4096] [-M 512] [-H 1024] [-E 8]
-                                        [--steps 8] [--warmup 2] [--json F]
+                                        [--steps 8] [--warmup 2] [--kernels auto|es|grouped] [--json F]
 
 Every flow computes the same function here (nothing is dropped: the expert-parallel layer runs
 Tutel's capacity rule with factor 0, the smallest capacity that drops nothing), with the same
@@ -13,7 +13,8 @@ seeds, so only the time differs:
 * ``dropless``: ``flow="dropless"`` (permute + all_to_all_v, no padding);
 * ``data_centric``: the experts all-gathered into the pipeline-shared cache, tokens stay;
 * ``model_centric``: the tokens all-gathered, each rank computes its hidden slice, the outputs
-  reduce-scattered: the weights stay, the tokens travel;
+  reduce-scattered: the weights stay, the tokens travel (both Hexa flows with ``--kernels``:
+  a2a's expert-specific operators, "es", or grouped GEMMs on permuted rows, "grouped");
 * ``dictionary`` (when the layer offers it: ``flows=``): an adaptive layer choosing among the flows
   by timed trials; ``choice`` is what it settled on.
 
@@ -58,6 +59,10 @@ class Run(RankRun):
         elif flow == "dictionary":
             gate["capacity_factor"] = 0.0
             options = {"parallel_type": "adaptive:auto", "flows": tuple(f for f in FLOWS if f != "expert")}
+        elif flow == "data_centric":
+            options["flow"] = moe_runtime.DataCentric(kernels=args.kernels)
+        elif flow == "model_centric":
+            options["flow"] = moe_runtime.ModelCentric(kernels=args.kernels)
         else:
             options["flow"] = flow
         return moe_runtime.MoELayer(gate, args.model_dim, spec, comm=self.comm, seeds=(args.seed, args.seed + 1),
@@ -82,7 +87,8 @@ class Run(RankRun):
 def report(rows: list[dict], args: argparse.Namespace, ranks: int, argv: list[str]) -> None:
     print(f"# {common.command_line(argv, 'moe_runtime.bench')}")
     print(f"# {ranks} ranks, {args.threads} thread(s) each; M = {args.model_dim}, H = {args.hidden}, E = {args.experts}, "
-          f"k = {args.top_k}; step = forward + backward, slowest rank, median of {args.steps} (ms)")
+          f"k = {args.top_k}; Hexa kernels {args.kernels}; step = forward + backward, slowest rank, median of "
+          f"{args.steps} (ms)")
     extra = "dictionary" in rows[0]
     print(f"# {'T/rank':>7} " + " ".join(f"{flow:>13}" for flow in FLOWS) + f" {'best':>13}"
           + (f" {'dictionary':>11} {'choice':>24}" if extra else ""))
@@ -135,6 +141,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--settle", type=int, default=40, help="steps the dictionary gets to try the flows first")
     p.add_argument("--dictionary", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the adaptive layer that chooses among the flows (when the layer offers flows=)")
+    p.add_argument("--kernels", choices=("auto", "es", "grouped"), default="auto",
+                   help="how the data- and model-centric flows compute the experts (default auto: grouped GEMMs "
+                        "where torch runs them, else the expert-specific operators)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="small sizes and counts, for a test run in seconds")
     p.add_argument("--json", metavar="FILE", help="write the run as JSON to FILE (rank 0)")

@@ -18,7 +18,7 @@ their gradients are segment sums over the rows.
 torch's grouped GEMM takes bfloat16 and float16 (and float32 on the CPU:
 on a GPU it may take TF32 whatever torch's setting) with every stride a
 multiple of 16 bytes, on the CPU and on the GPUs its kernels support
-(sm_90 among them); :func:`grouped_rows` asks torch once per device and dtype
+(sm_90 among them); :func:`grouped_gemms_run` asks torch once per device and dtype
 with a tiny call, and says None where it does not run, for the caller's loop
 over the experts. The bias gradients are summed in float32, as torch.sum
 sums half precision.
@@ -34,12 +34,20 @@ import torch
 from ..common.host_values import uploaded
 from .activation import Activation, activate, activation_backward
 
-__all__ = ["GroupedRows", "grouped_rows"]
+__all__ = ["GroupedRows", "grouped_gemms_run", "grouped_rows"]
 
 # float32 on the CPU only: on a GPU torch's float32 grouped GEMM may take TF32 whatever
 # torch.backends.cuda.matmul.allow_tf32 says, where the loop's mm follows it.
 _DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16, torch.float16)}
 _RUNS: dict[tuple[str, int | None, torch.dtype], bool] = {}  # (device type, index, dtype) -> torch's grouped GEMM runs
+
+
+def grouped_gemms_run(device: torch.device, dtype: torch.dtype, model_dim: int, hidden: int) -> bool:
+    """Whether torch's grouped GEMM takes rows of `model_dim` and experts of
+    `hidden` units in `dtype` on `device` (see the module docstring)."""
+    item = dtype.itemsize
+    return (dtype in _DTYPES.get(device.type, ()) and (model_dim * item) % 16 == 0 and (hidden * item) % 16 == 0
+            and _runs(device, dtype))
 
 
 def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
@@ -48,13 +56,9 @@ def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
     the weights fc1 and fc2 (n, H, M), or None where torch's grouped GEMM
     does not take them (see the module docstring)."""
     num_rows, model_dim = rows.shape
-    item = rows.element_size()
-    if (rows.dtype not in _DTYPES.get(rows.device.type, ()) or fc1.dtype != rows.dtype or fc2.dtype != rows.dtype
-            or offsets[0] != 0 or offsets[-1] != num_rows or num_rows == 0 or (model_dim * item) % 16
-            or (fc1.shape[1] * item) % 16
-            or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())):
-        return None
-    if not _runs(rows.device, rows.dtype):
+    if (offsets[0] != 0 or offsets[-1] != num_rows or num_rows == 0 or fc1.dtype != rows.dtype
+            or fc2.dtype != rows.dtype or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())
+            or not grouped_gemms_run(rows.device, rows.dtype, model_dim, fc1.shape[1])):
         return None
     bounds = uploaded(torch.tensor(offsets, dtype=torch.int32), rows.device)
     has_empty = any(offsets[e] == offsets[e + 1] for e in range(len(offsets) - 1))

@@ -30,7 +30,7 @@ import torch
 from .activation import Activation, activate, activation_backward
 from .grouped import GroupedRows, grouped_rows
 
-__all__ = ["ComputeClock", "ExpertWeights", "ffn_rows", "ragged_ffn"]
+__all__ = ["ComputeClock", "ExpertWeights", "RaggedForward", "ffn_rows", "ragged_backward", "ragged_ffn", "ragged_forward"]
 
 # One expert's (fc1 (H, M), fc1_bias (H,) or None, fc2 (H, M), fc2_bias (M,) or None).
 ExpertWeights = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
@@ -70,20 +70,54 @@ def ffn_rows(rows: torch.Tensor, offsets: Sequence[int], experts: Iterable[tuple
             torch.addmm(fc2_bias, activated, fc2, out=out[lo:hi])
 
 
+@dataclass
+class RaggedForward:
+    """What :func:`ragged_forward` computed and what its backward needs: the
+    grouped GEMMs' groups (None: the loop ran) and the offsets."""
+
+    out: torch.Tensor
+    hidden: torch.Tensor
+    groups: GroupedRows | None
+    offsets: Sequence[int]
+
+
+def ragged_forward(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+                   fc2: torch.Tensor, fc2_bias: torch.Tensor | None, activation: Activation) -> RaggedForward:
+    """out (R, M) of every expert on its rows, as grouped GEMMs where torch
+    runs them, else expert after expert; no autograd (see ragged_backward)."""
+    groups = grouped_rows(rows, fc1, fc2, offsets)
+    if groups is not None:
+        out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
+    else:
+        hidden = rows.new_empty((rows.shape[0], fc1.shape[1]))
+        out = rows.new_empty((rows.shape[0], fc2.shape[2]))
+        weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
+        ffn_rows(rows, offsets, weights, activation, out, hidden)
+    return RaggedForward(out, hidden, groups, offsets)
+
+
+def ragged_backward(forward: RaggedForward, grad_out: torch.Tensor, rows: torch.Tensor, fc1: torch.Tensor,
+                    fc2: torch.Tensor, activation: Activation, scale: float,
+                    with_bias: tuple[bool, bool]) -> GroupedRows.Gradients:
+    """(grad rows, grad fc1, grad fc1_bias, grad fc2, grad fc2_bias) of
+    ragged_forward's `forward` (the bias gradients None where `with_bias`
+    says there is none), the weight gradients times `scale`."""
+    if forward.groups is not None:
+        return forward.groups.ffn_backward(grad_out, rows, forward.hidden, fc1, fc2, activation, scale, with_bias)
+    return _loop_backward(grad_out, rows, forward.hidden, fc1, fc2, forward.offsets, activation, scale, with_bias)
+
+
 class _RaggedFFN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, scale, clock):
         start = None if clock is None else clock.timer()
-        groups = grouped_rows(rows, fc1, fc2, offsets)
-        if groups is not None:
-            out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
-        else:
-            hidden = rows.new_empty((rows.shape[0], fc1.shape[1]))
-            out = rows.new_empty((rows.shape[0], fc2.shape[2]))
-            weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
-            ffn_rows(rows, offsets, weights, activation, out, hidden)
-        ctx.save_for_backward(rows, hidden, fc1, fc2)
-        ctx.offsets, ctx.groups, ctx.activation, ctx.scale, ctx.clock = offsets, groups, activation, scale, clock
+        computed = ragged_forward(rows, offsets, fc1, fc1_bias, fc2, fc2_bias, activation)
+        ctx.save_for_backward(rows, computed.hidden, fc1, fc2)
+        out = computed.out
+        # The context keeps neither tensor again: hidden is saved above, and out (whose grad_fn
+        # holds the context) would be a reference cycle.
+        computed.out = computed.hidden = None
+        ctx.computed, ctx.activation, ctx.scale, ctx.clock = computed, activation, scale, clock
         ctx.with_bias = (fc1_bias is not None, fc2_bias is not None)
         if clock is not None:
             clock.seconds += clock.timer() - start
@@ -95,12 +129,10 @@ class _RaggedFFN(torch.autograd.Function):
         clock = ctx.clock
         start = None if clock is None else clock.timer()
         rows, hidden, fc1, fc2 = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        if ctx.groups is not None:
-            grads = ctx.groups.ffn_backward(grad_out, rows, hidden, fc1, fc2, ctx.activation, ctx.scale, ctx.with_bias)
-        else:
-            grads = _loop_backward(grad_out, rows, hidden, fc1, fc2, ctx.offsets, ctx.activation, ctx.scale,
-                                   ctx.with_bias)
+        computed = ctx.computed
+        computed.hidden = hidden
+        grads = ragged_backward(computed, grad_out.contiguous(), rows, fc1, fc2, ctx.activation, ctx.scale,
+                                ctx.with_bias)
         if clock is not None:
             clock.seconds += clock.timer() - start
         return (*grads, None, None, None, None)

@@ -36,7 +36,7 @@ import a2a
 from ..common.host_values import all_reduce_values
 from ..common.overlap import Overlap, check_thread_level
 
-__all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache", "full_elements"]
+__all__ = ["SHARED_CACHE", "CachedExperts", "GatheredLayout", "PipelineSharedCache", "full_elements", "scatter_gradient"]
 
 CachedExperts = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]  # fc1_w (E, H, M), fc1_bias (E, H), fc2_w
 
@@ -55,6 +55,17 @@ class GatheredLayout(Protocol):
 
     def gather_whole(self, shard: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
         """`out` <- every rank's `shard` of one tensor, whole (collective)."""
+
+    def reduce_scatter_whole(self, whole: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
+        """`out` (a shard) <- its part of the sum over ranks of `whole`."""
+
+
+def scatter_gradient(whole: torch.Tensor, experts: GatheredLayout, shard: torch.Tensor, comm: a2a.Comm,
+                     scale: float) -> torch.Tensor:
+    """A shard's gradient from the gradient of its whole tensor on every rank
+    (gather_whole's adjoint): its part of the sum over ranks, times `scale`."""
+    grad = experts.reduce_scatter_whole(whole.contiguous(), comm, torch.empty_like(shard))
+    return grad.mul_(scale) if scale != 1.0 else grad
 
 
 def full_elements(experts: GatheredLayout) -> int:

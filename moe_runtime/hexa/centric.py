@@ -49,9 +49,11 @@ import a2a
 import a2a.torch as a2a_torch
 
 from ..experts.activation import activate, activation_backward
-from .cache import GatheredLayout, PipelineSharedCache
+from ..experts.grouped import grouped_gemms_run
+from .cache import GatheredLayout, PipelineSharedCache, scatter_gradient
+from .rows import data_centric_rows, model_centric_rows
 
-__all__ = ["HexaLayout", "data_centric_moe", "fc2_bias_term", "model_centric_moe"]
+__all__ = ["KERNELS", "HexaLayout", "data_centric_moe", "fc2_bias_term", "model_centric_moe", "on_rows"]
 
 
 class HexaLayout(GatheredLayout, Protocol):
@@ -66,9 +68,6 @@ class HexaLayout(GatheredLayout, Protocol):
 
     def fc2_bias(self, comm: a2a.Comm) -> torch.Tensor | None:
         """The whole fc2 bias (E, M), with autograd to the shards (their gradient complete)."""
-
-    def reduce_scatter_whole(self, whole: torch.Tensor, comm: a2a.Comm, out: torch.Tensor) -> torch.Tensor:
-        """`out` (a shard) <- its part of the sum over ranks of `whole`."""
 
 
 class _ScaleGradient(torch.autograd.Function):
@@ -103,6 +102,22 @@ def _scaled(tensor: torch.Tensor | None, scale: float) -> torch.Tensor | None:
     return tensor if tensor is None or scale == 1.0 else _ScaleGradient.apply(tensor, scale)
 
 
+# How the flows compute the experts: "es", a2a's expert-specific operators
+# on the tokens in their order (Hexa-MoE's); "grouped", the FFN on rows
+# grouped by expert (rows.py: torch's grouped GEMM where it runs, else
+# expert after expert); "auto", grouped where torch's grouped GEMM takes the
+# tokens' device, dtype and widths, else es.
+KERNELS = ("auto", "es", "grouped")
+
+
+def on_rows(kernels: str, tokens: torch.Tensor, hidden: int) -> bool:
+    """Whether a call with `kernels` (KERNELS) computes on rows grouped by
+    expert, for experts of `hidden` units (a rank's slice of them, or whole)."""
+    if kernels != "auto":
+        return kernels == "grouped"
+    return grouped_gemms_run(tokens.device, tokens.dtype, tokens.shape[-1], hidden)
+
+
 def _with_fc2_bias(y: torch.Tensor, experts: HexaLayout, indices: torch.Tensor, gates: torch.Tensor,
                    comm: a2a.Comm, scale: float) -> torch.Tensor:
     bias = experts.fc2_bias(comm)
@@ -111,18 +126,22 @@ def _with_fc2_bias(y: torch.Tensor, experts: HexaLayout, indices: torch.Tensor, 
 
 def model_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *,
                       experts: HexaLayout, token_counts: Sequence[int], comm: a2a.Comm,
-                      weight_grad_scale: float = 1.0) -> torch.Tensor:
+                      weight_grad_scale: float = 1.0, kernels: str = "auto") -> torch.Tensor:
     """y (T_w, M) of this rank's tokens (T_w = token_counts[rank]) through
-    this rank's hidden slice of every expert (see the module docstring)."""
+    this rank's hidden slice of every expert (see the module docstring).
+    `kernels`: see :func:`on_rows`."""
     counts = [int(count) for count in token_counts]
     all_tokens = a2a_torch.all_gather_v(tokens, counts, comm=comm)
     all_gates = a2a_torch.all_gather_v(_gates_for(gates, tokens.dtype).contiguous(), counts, comm=comm)
     all_indices = a2a.all_gather_v(indices.contiguous(), counts, comm=comm)
-    index = a2a.es_index(all_indices, experts.num_experts)
     fc1, fc1_bias, fc2 = (_scaled(t, weight_grad_scale) for t in experts.hidden_slices(comm))
-    hidden = a2a.esmm(all_tokens, fc1, index, bias=fc1_bias, x_rows="token", y_rows="choice", w_layout="nk")
-    partial = a2a.esmm(experts.activation_fn(hidden), fc2, index, gates=all_gates, x_rows="choice",
-                       y_rows="token", w_layout="kn")
+    if on_rows(kernels, tokens, fc1.shape[1]):
+        partial = model_centric_rows(all_tokens, all_indices, all_gates, fc1, fc1_bias, fc2, experts.activation_fn)
+    else:
+        index = a2a.es_index(all_indices, experts.num_experts)
+        hidden = a2a.esmm(all_tokens, fc1, index, bias=fc1_bias, x_rows="token", y_rows="choice", w_layout="nk")
+        partial = a2a.esmm(experts.activation_fn(hidden), fc2, index, gates=all_gates, x_rows="choice",
+                           y_rows="token", w_layout="kn")
     y = a2a_torch.reduce_scatter_v(partial, counts, comm=comm)
     return _with_fc2_bias(y, experts, indices, gates, comm, weight_grad_scale)
 
@@ -135,7 +154,7 @@ class DataCentricCall:
     cache: PipelineSharedCache
     token: int  # the layer's token in the cache
     comm: a2a.Comm  # the gathers' communicator
-    index: a2a.ESIndex
+    index: a2a.ESIndex | None  # None on rows grouped by expert (rows.py)
     weight_grad_scale: float = 1.0
 
 
@@ -173,33 +192,32 @@ class _DataCentricExperts(torch.autograd.Function):
         grad_gates = (ungated * activated).sum(dim=1).view(num_tokens, top_k).to(gates.dtype)
         del ungated
         comm, scale = call.comm, call.weight_grad_scale
-        grad_fc2_shard = _scatter(a2a.estmm(activated, grad_y, index, gates=gates, a_rows="choice", b_rows="token"),
-                                  experts, experts.batched_fc2_w, comm, scale)
-        grad_fc1_shard = _scatter(a2a.estmm(grad_hidden, tokens, index, a_rows="choice", b_rows="token"),
-                                  experts, experts.batched_fc1_w, comm, scale)
+        grad_fc2_whole = a2a.estmm(activated, grad_y, index, gates=gates, a_rows="choice", b_rows="token")
+        grad_fc2_shard = scatter_gradient(grad_fc2_whole, experts, experts.batched_fc2_w, comm, scale)
+        grad_fc1_whole = a2a.estmm(grad_hidden, tokens, index, a_rows="choice", b_rows="token")
+        grad_fc1_shard = scatter_gradient(grad_fc1_whole, experts, experts.batched_fc1_w, comm, scale)
         grad_fc1_bias_shard = None
         if ctx.with_fc1_bias:
-            grad_fc1_bias_shard = _scatter(a2a.ess(grad_hidden, index, rows="choice"), experts,
-                                           experts.batched_fc1_bias, comm, scale)
+            grad_fc1_bias_shard = scatter_gradient(a2a.ess(grad_hidden, index, rows="choice"), experts,
+                                                   experts.batched_fc1_bias, comm, scale)
         grad_tokens = a2a.esmm(grad_hidden, fc1, index, x_rows="choice", y_rows="token", w_layout="kn")
         return grad_tokens, grad_gates, grad_fc1_shard, grad_fc1_bias_shard, grad_fc2_shard, None
 
 
-def _scatter(whole: torch.Tensor, experts: HexaLayout, shard: torch.Tensor, comm: a2a.Comm,
-             scale: float) -> torch.Tensor:
-    """The shard's gradient: its part of the sum over ranks of `whole`, scaled."""
-    grad = experts.reduce_scatter_whole(whole.contiguous(), comm, torch.empty_like(shard))
-    return grad.mul_(scale) if scale != 1.0 else grad
-
-
 def data_centric_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *,
                      experts: HexaLayout, cache: PipelineSharedCache, token: int, comm: a2a.Comm,
-                     weight_grad_scale: float = 1.0) -> torch.Tensor:
+                     weight_grad_scale: float = 1.0, kernels: str = "auto") -> torch.Tensor:
     """y (T, M) of this rank's tokens through the experts gathered whole
     into `cache` (see the module docstring); `token`: the layer's in the
-    cache; `comm`: the gathers' communicator (every rank, the layer's own)."""
+    cache; `comm`: the gathers' communicator (every rank, the layer's own).
+    `kernels`: see :func:`on_rows`."""
+    gates_in = _gates_for(gates, tokens.dtype).contiguous()
+    if on_rows(kernels, tokens, experts.hidden_size):
+        call = DataCentricCall(experts, cache, token, comm, None, weight_grad_scale)
+        y = data_centric_rows(tokens, indices, gates_in, call, experts.sharded_weights())
+        return _with_fc2_bias(y, experts, indices, gates, comm, weight_grad_scale)
     index = a2a.es_index(indices.contiguous(), experts.num_experts)
     call = DataCentricCall(experts, cache, token, comm, index, weight_grad_scale)
     fc1, fc1_bias, fc2 = experts.sharded_weights()
-    y = _DataCentricExperts.apply(tokens, _gates_for(gates, tokens.dtype).contiguous(), fc1, fc1_bias, fc2, call)
+    y = _DataCentricExperts.apply(tokens, gates_in, fc1, fc1_bias, fc2, call)
     return _with_fc2_bias(y, experts, indices, gates, comm, weight_grad_scale)

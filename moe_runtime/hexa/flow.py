@@ -7,7 +7,9 @@ over every rank (moe_runtime.hexa.experts; ``hidden_split``: the ranks' H_w,
 uniform by default, e.g. ``split_by_latency(H, latencies)``). As choices of
 an expert-parallel layer's dictionary (``flows=``) they run on Tutel's whole
 experts and gather what they need from them. Either way tokens go in their
-order through the expert-specific operators, nothing is dropped, and ranks
+order through the expert-specific operators, or on rows grouped by expert
+through grouped GEMMs (``kernels``; by default the grouped GEMMs wherever
+torch runs them: moe_runtime.hexa.rows), nothing is dropped, and ranks
 may hold different numbers of tokens.
 """
 
@@ -23,7 +25,7 @@ import a2a
 
 from ..flows.base import Call, Flow, Plan
 from .cache import SHARED_CACHE, PipelineSharedCache
-from .centric import data_centric_moe, model_centric_moe
+from .centric import KERNELS, data_centric_moe, model_centric_moe
 from .experts import HiddenShardedExperts
 
 __all__ = ["DataCentric", "DataCentricFlow", "ModelCentric", "ModelCentricFlow"]
@@ -31,28 +33,42 @@ __all__ = ["DataCentric", "DataCentricFlow", "ModelCentric", "ModelCentricFlow"]
 _WHY = "nothing is dropped or pipelined here, and no rows are exchanged by all-to-all"
 
 
+def _check_kernels(kernels: Any) -> None:
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+
+
 @dataclass(frozen=True)
 class DataCentric:
     """The data-centric flow's settings: the hidden split of the experts'
     shards (None: uniform), the pipeline-shared cache the layer's full
-    experts go into (None: moe_runtime.hexa.cache.SHARED_CACHE)."""
+    experts go into (None: moe_runtime.hexa.cache.SHARED_CACHE), and how the
+    experts are computed (``kernels``: "auto", "es" or "grouped";
+    moe_runtime.hexa.centric.KERNELS)."""
 
     hidden_split: Sequence[int] | None = None
     shared_cache: PipelineSharedCache | None = None
+    kernels: str = "auto"
     flow = "data_centric"
 
     def __post_init__(self) -> None:
         if self.shared_cache is not None and not isinstance(self.shared_cache, PipelineSharedCache):
             raise TypeError(f"shared_cache must be a moe_runtime.PipelineSharedCache, got "
                             f"{type(self.shared_cache).__name__}")
+        _check_kernels(self.kernels)
 
 
 @dataclass(frozen=True)
 class ModelCentric:
-    """The model-centric flow's settings: the hidden split (None: uniform)."""
+    """The model-centric flow's settings: the hidden split (None: uniform)
+    and ``kernels`` (as DataCentric's)."""
 
     hidden_split: Sequence[int] | None = None
+    kernels: str = "auto"
     flow = "model_centric"
+
+    def __post_init__(self) -> None:
+        _check_kernels(self.kernels)
 
 
 class _HexaFlow(Flow):
@@ -118,7 +134,7 @@ class DataCentricFlow(_HexaFlow):
         self.require_one_dtype(call)
         y = data_centric_moe(call.tokens, call.decision.indices, call.decision.gates, experts=context.experts,
                              cache=self.cache, token=self.cache_token, comm=context.exchange_comm,
-                             weight_grad_scale=context.weight_grad_scale)
+                             weight_grad_scale=context.weight_grad_scale, kernels=self.settings.kernels)
         return y, self.plan(call, 0, 0)
 
 
@@ -136,5 +152,5 @@ class ModelCentricFlow(_HexaFlow):
         self.require_one_dtype(call)
         y = model_centric_moe(call.tokens, call.decision.indices, call.decision.gates, experts=context.experts,
                               token_counts=call.token_counts, comm=context.exchange_comm,
-                              weight_grad_scale=context.weight_grad_scale)
+                              weight_grad_scale=context.weight_grad_scale, kernels=self.settings.kernels)
         return y, self.plan(call, world, call.tokens.shape[0] * (world - 1))

@@ -131,3 +131,37 @@ def test_a_dropless_step_on_the_gpu_makes_no_stream_sync_of_torch(cuda_comm):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("flow", ["data_centric", "model_centric"])
+def test_the_hexa_flows_on_grouped_gemms_on_the_gpu(cuda_comm, flow):
+    """Hexa-MoE's flows on rows grouped by expert (moe_runtime/hexa/rows.py; "auto" takes them in bfloat16
+    where torch's grouped GEMM runs) against the expert-specific operators, both held against the float64
+    layer on the GPU: the grouped path's error at most 1.5x the ES path's plus 1e-3 of the largest value."""
+    import moe_runtime
+    from moe_runtime.experts.grouped import grouped_gemms_run
+    from moe_runtime.hexa.cache import PipelineSharedCache
+
+    device = torch.device("cuda", cuda_comm.cuda_device)
+    if not grouped_gemms_run(device, torch.bfloat16, 64, 128):
+        pytest.skip("torch's grouped GEMM does not run on this GPU in bfloat16")
+    settings = {"data_centric": moe_runtime.DataCentric, "model_centric": moe_runtime.ModelCentric}[flow]
+
+    def step(kernels, dtype):
+        options = {"kernels": kernels, **({"shared_cache": PipelineSharedCache()} if flow == "data_centric" else {})}
+        layer = moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": 0.0}, 64,
+                                     {"type": "ffn", "num_experts_per_device": 8, "hidden_size_per_expert": 128},
+                                     comm=cuda_comm, seeds=(3, 4), flow=settings(**options)).to(device, dtype)
+        x = torch.randn(256, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(5)).to(device, dtype)
+        x.requires_grad_(True)
+        y = layer(x)
+        (y.double().mul(torch.linspace(-1, 1, y.numel(), device=device, dtype=torch.float64).view(y.shape)).sum()
+         + y.l_aux).backward()
+        return [t.detach().double().cpu() for t in (y, x.grad, *(p.grad for p in layer.parameters()))]
+
+    exact = step("es", torch.float64)
+    grouped, es = step("grouped", torch.bfloat16), step("es", torch.bfloat16)
+    for i, (want, ours, theirs) in enumerate(zip(exact, grouped, es)):
+        scale = max(want.abs().max().item(), 1e-30)
+        error, es_error = (ours - want).abs().max().item() / scale, (theirs - want).abs().max().item() / scale
+        assert error <= 1.5 * es_error + 1e-3, (i, error, es_error)

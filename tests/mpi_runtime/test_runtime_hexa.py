@@ -40,25 +40,30 @@ def uneven_split(world: int) -> list[int]:
     return moe_runtime.split_by_latency(HIDDEN, [1.0 + rank % 3 for rank in range(world)])
 
 
-def hexa_settings(flow, hidden_split=None, shared_cache=None):
+def hexa_settings(flow, hidden_split=None, shared_cache=None, kernels="auto"):
     """The flow= of a Hexa-MoE layer: a data-centric one gets its own cache unless given one."""
     if flow == "data_centric":
-        return moe_runtime.DataCentric(hidden_split, shared_cache or PipelineSharedCache())
-    return moe_runtime.ModelCentric(hidden_split)
+        return moe_runtime.DataCentric(hidden_split, shared_cache or PipelineSharedCache(), kernels)
+    return moe_runtime.ModelCentric(hidden_split, kernels)
 
 
-def hexa_layer(comm, num_experts, flow, dtype=torch.float64, *, hidden_split=None, shared_cache=None, **options):
-    return make_layer(comm, num_experts, dtype, flow=hexa_settings(flow, hidden_split, shared_cache), **options)
+def hexa_layer(comm, num_experts, flow, dtype=torch.float64, *, hidden_split=None, shared_cache=None,
+               kernels="auto", **options):
+    return make_layer(comm, num_experts, dtype, flow=hexa_settings(flow, hidden_split, shared_cache, kernels),
+                      **options)
 
 
+# "es": a2a's expert-specific operators; "grouped": rows grouped by expert (torch's grouped GEMM in float32 on
+# the CPU, the loop over the experts in float64 and where the widths are not multiples of 16 bytes).
+@pytest.mark.parametrize("kernels", ["es", "grouped"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("flow", HEXA_FLOWS)
-def test_equals_the_reference(comm, flow, k, dtype):
+def test_equals_the_reference(comm, flow, k, dtype, kernels):
     for num_experts in experts_cases(comm.size):
-        layer = hexa_layer(comm, num_experts, flow, dtype, k=k)
+        layer = hexa_layer(comm, num_experts, flow, dtype, k=k, kernels=kernels)
         want = reference(layer, comm, dtype, capacity_factor=NOTHING_DROPS)
-        what = f"{flow} E={num_experts} k={k} {dtype}"
+        what = f"{flow} E={num_experts} k={k} {dtype} {kernels}"
         assert_matches(run_layer(layer, comm, dtype), want, TOLERANCE[dtype], what)
         plan = layer.last_plan
         assert plan.parallel == flow and plan.dropped == 0, what
@@ -78,9 +83,10 @@ def test_uneven_hidden_splits(comm, flow):
             assert_matches(run_layer(layer, comm, torch.float64), want, 1e-12, f"{flow} split={split}")
 
 
+@pytest.mark.parametrize("kernels", ["es", "grouped"])
 @pytest.mark.parametrize("case", ["by-latency", "a-rank-without-tokens"])
 @pytest.mark.parametrize("flow", HEXA_FLOWS)
-def test_a_global_batch_split_by_latency(comm, flow, case):
+def test_a_global_batch_split_by_latency(comm, flow, case, kernels):
     """Equation 1: every rank takes its rows of one global batch by the
     ranks' latencies (uneven T per rank), with an uneven hidden split; or
     W - 1 rows over W equal ranks, which leaves the last rank none."""
@@ -94,7 +100,7 @@ def test_a_global_batch_split_by_latency(comm, flow, case):
     upstream = torch.randn(batch.shape, generator=generator, dtype=torch.float64)
     pieces = [moe_runtime.local_batch(batch, latencies, rank) for rank in range(world)]
     assert len({p.shape[0] for p in pieces}) > 1 or world == 1
-    layer = hexa_layer(comm, experts_cases(world)[0], flow, hidden_split=uneven_split(world))
+    layer = hexa_layer(comm, experts_cases(world)[0], flow, hidden_split=uneven_split(world), kernels=kernels)
 
     x = on_device(pieces[comm.rank].clone()).requires_grad_(True)
     y = layer(x)
