@@ -11,13 +11,16 @@ uniformly random, float32 softmax gates), timed in turns (a2a.bench.common):
   y_rows="token")``. padded: ``fast_encode`` at capacity factor ``-f`` +
   ``torch.bmm`` + ``fast_decode`` with the gates (Tutel's path; a factor
   below the demand drops choices, so its result is not compared).
-  dropless: ``permute`` + one ``torch.mm`` per expert + ``unpermute``.
+  dropless: ``permute`` + the experts' matmuls + ``unpermute``, the matmuls
+  as one ``torch._grouped_mm`` where torch runs it for the device and dtype
+  (bfloat16 and float16 on a GPU, float32 too on the CPU: what the runtime's
+  dropless and Hexa flows run), else one ``torch.mm`` per expert.
 * ``ess``: the bias gradient (E, H) = per-expert sum of g * dy rows.
   padded: ``fast_encode(dy, gates)`` + a sum over the capacity; dropless:
   ``permute`` + per-expert sums (gates folded in before the permute).
 * ``estmm``: the weight gradient (E, H, M) = per expert sum of g dy_t x_t^T.
   padded: two ``fast_encode`` + ``torch.bmm``; dropless: two ``permute`` +
-  one ``torch.mm`` per expert.
+  the experts' matmuls (one grouped GEMM, or one ``torch.mm`` per expert, as for esmm).
 * ``dense``: the physical limit in the same run: one ``torch.mm`` of the
   same multiply-adds (esmm, estmm: (N, M) @ (M, H) with N the routed
   choices), or a sum over the same elements (ess).
@@ -86,6 +89,7 @@ class _Case:
         self.routing = a2a.route(self.indices, E, capacity_setting=factor)
         self.routed = T * k
         self.E = E
+        self._grouped_runs: bool | None = None
 
     # -- esmm: y (T, H) = sum_j g W[e] x_t
     def esmm(self):
@@ -99,9 +103,30 @@ class _Case:
         offsets = perm.offsets.tolist()
         return [fn(e, rows[offsets[e]:offsets[e + 1]]) for e in range(self.E)]
 
+    def _grouped_ends(self, perm: Any) -> Any:
+        """The experts' ends as torch's grouped GEMM takes them (int32 on the device), or None where it does
+        not run for this device and dtype (asked once per case with a tiny call)."""
+        if self._grouped_runs is None:
+            torch, dtype, device = self.torch, self.x.dtype, self.x.device
+            try:
+                a = torch.ones(8, 8, dtype=dtype, device=device)
+                ends = torch.tensor([4, 8], dtype=torch.int32, device=device)
+                torch._grouped_mm(a, torch.ones(2, 8, 8, dtype=dtype, device=device), offs=ends)
+                torch._grouped_mm(a.t(), a, offs=ends)
+                self._grouped_runs = not (device.type == "cuda" and dtype == torch.float32)  # (TF32 there)
+            except (AttributeError, RuntimeError):
+                self._grouped_runs = False
+        if not self._grouped_runs:
+            return None
+        return perm.offsets[1:].to(self.torch.int32)
+
     def esmm_dropless(self):
         rows, perm = self.a2a.permute(self.x, self.indices, self.E)
-        out = self.torch.cat(self._per_expert(rows, perm, lambda e, r: r @ self.w[e].t()))
+        ends = self._grouped_ends(perm)
+        if ends is not None:
+            out = self.torch._grouped_mm(rows, self.w.transpose(1, 2), offs=ends)
+        else:
+            out = self.torch.cat(self._per_expert(rows, perm, lambda e, r: r @ self.w[e].t()))
         return self.a2a.unpermute(out, perm, self.gates)
 
     def esmm_dense(self):
@@ -134,6 +159,9 @@ class _Case:
         a, perm = self.a2a.permute(self.dy, self.indices, self.E)
         b, _ = self.a2a.permute(self.x, self.indices, self.E)
         a = a * self._permuted_gates(perm).unsqueeze(1).to(a.dtype)
+        ends = self._grouped_ends(perm)
+        if ends is not None:
+            return self.torch._grouped_mm(a.t(), b, offs=ends)
         offsets = perm.offsets.tolist()
         return self.torch.stack([a[offsets[e]:offsets[e + 1]].t() @ b[offsets[e]:offsets[e + 1]] for e in range(self.E)])
 
