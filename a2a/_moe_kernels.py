@@ -105,8 +105,9 @@ _TORCH_NAMES: dict[Any, str] = {}
 def _torch_gates(gates: Any, routing: Routing, data: Any) -> int | None:
     """The dtype code of `gates` that pass _gates' checks beside torch `data`
     (told without a view), else None."""
-    if not (is_torch_tensor(gates) and gates.shape == (routing.num_tokens, routing.top_k) and gates.is_contiguous()
-            and gates.device == data.device):
+    # (shape by its parts: comparing a torch.Size with a tuple goes through torch's symbolic shapes, microseconds)
+    if not (is_torch_tensor(gates) and gates.dim() == 2 and gates.shape[0] == routing.num_tokens
+            and gates.shape[1] == routing.top_k and gates.is_contiguous() and gates.device == data.device):
         return None
     if gates.dtype == data.dtype:
         return DTYPE_CODES[_TORCH_NAMES[data.dtype]]
