@@ -239,8 +239,9 @@ def testing_comm_create_external_by_round(
 
 def transpose_chunks(exec: _Exec, dst: int, src: int, rows: int, cols: int, chunk_bytes: int, /) -> None: ...
 def copy_ranges(exec: _Exec, dst: int, src: int, ranges: np.ndarray | list[tuple[int, int, int]], /) -> None:
-    """Each (src offset, dst offset, bytes) range copied: (n, 3) uint64 rows,
-    read in place (a list of triples is converted first)."""
+    """Each (src offset, dst offset, bytes) range copied: (n, 3) C-contiguous
+    uint64 rows (or int64 without a negative entry), read in place; a list
+    of non-negative triples is converted first."""
 
 class Comm:
     """a2a::Communicator: one a2a_comm_t."""

@@ -108,6 +108,10 @@ class _Case:
         not run for this device and dtype (asked once per case with a tiny call)."""
         if self._grouped_runs is None:
             torch, dtype, device = self.torch, self.x.dtype, self.x.device
+            item = self.x.element_size()
+            if (self.x.shape[1] * item) % 16 or (self.dy.shape[1] * item) % 16:  # its strides: 16-byte multiples
+                self._grouped_runs = False
+                return None
             try:
                 a = torch.ones(8, 8, dtype=dtype, device=device)
                 ends = torch.tensor([4, 8], dtype=torch.int32, device=device)
@@ -160,8 +164,8 @@ class _Case:
         b, _ = self.a2a.permute(self.x, self.indices, self.E)
         a = a * self._permuted_gates(perm).unsqueeze(1).to(a.dtype)
         ends = self._grouped_ends(perm)
-        if ends is not None:
-            return self.torch._grouped_mm(a.t(), b, offs=ends)
+        if ends is not None:  # an expert without rows: zero, whatever the grouped GEMM leaves there
+            return self.torch._grouped_mm(a.t(), b, offs=ends).masked_fill_((perm.counts == 0).view(-1, 1, 1), 0)
         offsets = perm.offsets.tolist()
         return self.torch.stack([a[offsets[e]:offsets[e + 1]].t() @ b[offsets[e]:offsets[e + 1]] for e in range(self.E)])
 

@@ -26,7 +26,7 @@
 // kRangesPerLaunch, passed by value in the kernel's parameter (the table is
 // never copied to the device), one launch per batch: with the usual aligned
 // buffers, all ranges have W = 16 and a batch is simply the next 1023 ranges
-// (120 with a CUDA older than 12.1).
+// (127 with a CUDA older than 12.1).
 // A range's vectors are cut into tiles of kThreads * kUnroll, and the blocks
 // grid-stride over the tiles of all ranges of the batch, so a large range is
 // spread over many blocks and the grid is sized from the tiles, not from the
@@ -70,8 +70,9 @@ static_assert(kThreads >= 2 * kMaxWidth, "head and tail threads");
 constexpr uint64_t kTileVectors = uint64_t{kThreads} * kUnroll;
 // Kernel parameter bytes: 32764 since CUDA 12.1 (Volta and newer, which is
 // every architecture CUDA 12 builds with a parameter this size; nvcc refuses
-// it for older ones, loudly), 4096 before. A launch costs the host about the
-// same whatever its ranges, so the fewer launches the better: 1023 ranges per
+// it for older ones, loudly; the driver must be R530 or newer, else the launch
+// fails with an error), 4096 before. A launch costs the host about the same
+// whatever its ranges, so the fewer launches the better: 1023 ranges per
 // launch where 120 fit before, so 2DH's and the bench's thousands of chunks
 // are a few launches, not one per 120 ranges.
 #if defined(CUDART_VERSION) && CUDART_VERSION >= 12010

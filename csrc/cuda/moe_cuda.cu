@@ -371,7 +371,7 @@ __device__ __forceinline__ T scale(T value, typename Num<T>::Acc gate) {
 // source, and a row pays a memory latency per vector it holds. In batches, a
 // lane has a batch of loads per source in flight. The batches trade
 // registers (occupancy) for loads in flight; ptxas for sm_90 (bf16): dispatch
-// 32 -> 55 registers at 4, combine 55 -> 80 at 2 (128 at 4, with its eight
+// 32 -> 55 registers at 4, combine 55 -> 78 at 2 (128 at 4, with its eight
 // cached sources). Not yet measured on a GPU: 1 is the loop before batches.
 constexpr int kDispatchBatch = 4;
 constexpr int kCombineBatch = 2;
@@ -547,9 +547,11 @@ __device__ __forceinline__ void combine_batch(const Sources<T>& s, int64_t head,
     for (int u = 0; u < kCombineBatch; ++u)
       if (first + u * lanes < vectors) values[u] = load_vec(s.src[c] + head + (first + u * lanes) * kSize);
 #pragma unroll
-    for (int u = 0; u < kCombineBatch; ++u)
+    for (int u = 0; u < kCombineBatch; ++u) {
+      if (first + u * lanes >= vectors) continue;  // not loaded, not stored
 #pragma unroll
       for (int e = 0; e < kSize; ++e) acc[u][e] += mul_rn(s.gate[c], Num<T>::load(values[u].v[e]));
+    }
   }
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) {

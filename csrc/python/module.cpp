@@ -524,15 +524,47 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>());
   m.def(
       "copy_ranges",
-      // ranges: (n, 3) uint64 rows of (src_offset, dst_offset, bytes), read in
-      // place (a list of n triples is converted first, at about 50-100 ns a range).
-      [](const Exec& exec, uintptr_t dst, uintptr_t src,
-         const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& ranges) {
+      // ranges: an (n, 3) C-contiguous array of uint64, or of int64 with no
+      // negative entry, read in place; or a sequence of n (src_offset,
+      // dst_offset, bytes) triples of non-negative integers, converted (50-100
+      // ns a range). A table of another dtype is refused, not converted: a cast
+      // would wrap a negative offset or truncate a float.
+      [](const Exec& exec, uintptr_t dst, uintptr_t src, const py::object& ranges) {
         static_assert(sizeof(a2a_copy_range_t) == 3 * sizeof(uint64_t), "a range is three 64-bit words");
-        if (ranges.size() != 0 && (ranges.ndim() != 2 || ranges.shape(1) != 3))
+        if (!py::isinstance<py::array>(ranges)) {
+          std::vector<std::tuple<size_t, size_t, size_t>> triples;
+          try {
+            triples = ranges.cast<std::vector<std::tuple<size_t, size_t, size_t>>>();
+          } catch (const py::cast_error&) {
+            throw py::type_error(
+                "copy_ranges: ranges must be an (n, 3) uint64 or int64 array, or a sequence of (src_offset, "
+                "dst_offset, bytes) triples of non-negative integers");
+          }
+          std::vector<a2a_copy_range_t> list;
+          list.reserve(triples.size());
+          for (const auto& r : triples) list.push_back({std::get<0>(r), std::get<1>(r), std::get<2>(r)});
+          py::gil_scoped_release released;
+          a2a::copy_ranges(make_exec(exec), as_mutable(dst), as_pointer(src), list);
+          return;
+        }
+        const auto table = py::reinterpret_borrow<py::array>(ranges);
+        const bool unsigned_table = table.dtype().is(py::dtype::of<uint64_t>());
+        if (!unsigned_table && !table.dtype().is(py::dtype::of<int64_t>()))
+          throw py::type_error("copy_ranges: a table of ranges must be uint64 or int64, got " +
+                               std::string(py::str(table.dtype())));
+        if (table.size() != 0 && (table.ndim() != 2 || table.shape(1) != 3))
           throw std::invalid_argument("copy_ranges: ranges must be (n, 3) rows of (src_offset, dst_offset, bytes)");
-        const auto* rows = reinterpret_cast<const a2a_copy_range_t*>(ranges.data());
-        const auto count = static_cast<size_t>(ranges.size() / 3);
+        if (!(table.flags() & py::array::c_style))
+          throw std::invalid_argument("copy_ranges: the table of ranges must be C-contiguous");
+        const auto count = static_cast<size_t>(table.size() / 3);
+        if (!unsigned_table) {
+          const auto* words = static_cast<const int64_t*>(table.data());
+          for (size_t i = 0; i < 3 * count; ++i)
+            if (words[i] < 0)
+              throw std::invalid_argument("copy_ranges: range " + std::to_string(i / 3) + " has a negative entry (" +
+                                          std::to_string(words[i]) + ")");
+        }
+        const auto* rows = static_cast<const a2a_copy_range_t*>(table.data());
         py::gil_scoped_release released;
         a2a::copy_ranges(make_exec(exec), as_mutable(dst), as_pointer(src), rows, count);
       });

@@ -22,6 +22,7 @@ launches, most of them small). Otherwise the loop over the experts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -129,8 +130,8 @@ class _RaggedFFN(torch.autograd.Function):
         clock = ctx.clock
         start = None if clock is None else clock.timer()
         rows, hidden, fc1, fc2 = ctx.saved_tensors
-        computed = ctx.computed
-        computed.hidden = hidden
+        # A copy holding hidden: the context outlives the backward (as long as the output's grad_fn).
+        computed = dataclasses.replace(ctx.computed, hidden=hidden)
         grads = ragged_backward(computed, grad_out.contiguous(), rows, fc1, fc2, ctx.activation, ctx.scale,
                                 ctx.with_bias)
         if clock is not None:

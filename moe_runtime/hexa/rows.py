@@ -31,6 +31,7 @@ and reduce-scatters the weight gradients onto the shards.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,7 +84,7 @@ class _CachedRowsExperts(torch.autograd.Function):
         call, computed = ctx.call, ctx.computed
         experts = call.experts
         fc1, _, fc2 = call.cache.acquire(call.token, experts, call.comm)  # the fc1 bias is not needed here
-        computed.hidden = hidden
+        computed = dataclasses.replace(computed, hidden=hidden)  # the context outlives the backward
         grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, _ = ragged_backward(
             computed, grad_out.contiguous(), rows, fc1, fc2, experts.activation_fn, 1.0, (ctx.with_fc1_bias, False))
         comm, scale = call.comm, call.weight_grad_scale

@@ -69,6 +69,19 @@ def test_copy_ranges_reads_an_array_of_ranges():
     _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, np.zeros((0, 3), np.uint64))  # nothing to copy
     with pytest.raises(ValueError, match=r"\(n, 3\) rows"):
         _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, table.reshape(-1))
+    signed = table.astype(np.int64)
+    _C.copy_ranges(CPU, from_list.ctypes.data, src.ctypes.data, signed)  # int64 without a negative entry
+    np.testing.assert_array_equal(from_list, from_table)
+    signed[2, 1] = -8  # a cast to uint64 would wrap it into an offset far outside dst
+    with pytest.raises(ValueError, match=r"range 2 has a negative entry \(-8\)"):
+        _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, signed)
+    with pytest.raises(TypeError, match="must be uint64 or int64, got float64"):
+        _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, table.astype(np.float64))
+    for bad in ([(0.9, 0, 4)], [(0, -8, 4)], [(0, 0)]):
+        with pytest.raises(TypeError, match="triples of non-negative integers"):
+            _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, bad)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _C.copy_ranges(CPU, from_table.ctypes.data, src.ctypes.data, np.asfortranarray(np.tile(table, (1, 2)))[:, ::2])
 
 
 def test_overlapping_buffers_are_rejected():

@@ -129,3 +129,19 @@ def test_the_layer_on_grouped_gemms_against_the_float64_reference(comm, flow, mo
     torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-4, atol=1e-5)
     for name, grad in layer.gather_experts(grad=True).items():
         torch.testing.assert_close(grad.double(), weights[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("use_grouped", [True, False])
+def test_the_context_keeps_no_tensor_after_the_backward(use_grouped, monkeypatch):
+    """The output's grad_fn (the Function's context) lives as long as the output: after the backward it holds
+    neither the hidden activations nor the output (which would be a reference cycle)."""
+    if not use_grouped:
+        monkeypatch.setattr(ragged_ffn, "grouped_rows", lambda *args: None)
+    torch.manual_seed(2)
+    rows = torch.randn(12, 16, requires_grad=True)
+    fc1, fc2 = torch.randn(2, 8, 16, requires_grad=True), torch.randn(2, 8, 16, requires_grad=True)
+    y = ffn(rows, [0, 5, 12], fc1, None, fc2, None, torch.relu)
+    computed = y.grad_fn.computed
+    assert computed.out is None and computed.hidden is None and (computed.groups is not None) == use_grouped
+    y.sum().backward()
+    assert computed.out is None and computed.hidden is None
