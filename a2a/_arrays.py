@@ -66,7 +66,22 @@ def torch_execution(cuda_device: int | None) -> tuple[tuple[int, int, int], Any]
     when it is already)."""
     if cuda_device is None:
         return (DEVICE_CPU, 0, 0), _NO_GUARD
-    return (DEVICE_CUDA, _torch().cuda.current_stream(cuda_device).cuda_stream, 0), _torch_guard(cuda_device)
+    return (DEVICE_CUDA, _torch_stream(cuda_device), 0), _torch_guard(cuda_device)
+
+
+_RAW_STREAM: Any = None  # torch._C._cuda_getCurrentRawStream (CUDA builds of torch), False where torch lacks it
+
+
+def _torch_stream(cuda_device: int) -> int:
+    """torch's current CUDA stream of a device as a cudaStream_t (an int):
+    through torch's raw accessor where it has one, which makes no Stream
+    object (microseconds on every kernel call), else current_stream()."""
+    global _RAW_STREAM
+    if _RAW_STREAM is None:
+        _RAW_STREAM = getattr(_torch()._C, "_cuda_getCurrentRawStream", False)
+    if _RAW_STREAM:
+        return _RAW_STREAM(cuda_device)
+    return _torch().cuda.current_stream(cuda_device).cuda_stream
 
 
 def _torch_guard(cuda_device: int) -> Any:
@@ -132,7 +147,7 @@ class ArrayView:
         """The framework's current CUDA stream on this array's device (a
         cudaStream_t as an int; 0 is the legacy default stream)."""
         if self.framework == "torch":
-            return _torch().cuda.current_stream(self.cuda_device).cuda_stream
+            return _torch_stream(self.cuda_device)
         if self.framework == "cupy":
             with _cupy().cuda.Device(self.cuda_device):
                 return _cupy().cuda.get_current_stream().ptr

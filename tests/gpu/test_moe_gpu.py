@@ -573,3 +573,15 @@ def test_cupy_arrays_match_torch_cuda():
         a2a.unpermute(permuted[1][0], permuted[1][1], cupy.asarray(gates.numpy())),
         "unpermute",
     )
+
+
+def test_a2a_takes_torch_current_stream_of_each_device():
+    """The stream a2a's kernels run on is torch's current one, whichever way a2a asks for it (torch's raw
+    accessor where it has one): the default stream, and a side stream inside torch.cuda.stream."""
+    from a2a._arrays import _torch_stream
+
+    device = torch.cuda.current_device()
+    assert _torch_stream(device) == torch.cuda.current_stream(device).cuda_stream
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        assert _torch_stream(device) == side.cuda_stream != torch.cuda.default_stream(device).cuda_stream
