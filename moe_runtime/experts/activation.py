@@ -36,7 +36,9 @@ def activation_backward(activation: Activation, kept: torch.Tensor,
     hidden tensor of `activate`; relu's gradient is masked in place in
     `grad_activated`."""
     if is_relu(activation):
-        return kept, grad_activated.masked_fill_(kept <= 0, 0)
+        # grad_activated where kept > 0, else 0, in place: one kernel (a mask and masked_fill_ were two, and a
+        # temporary); the same bits, NaN and -0.0 included (threshold_backward's rule is kept <= 0 -> 0).
+        return kept, torch.ops.aten.threshold_backward.grad_input(grad_activated, kept, 0, grad_input=grad_activated)
     with torch.enable_grad():
         pre = kept.detach().requires_grad_(True)
         activated = activation(pre)
