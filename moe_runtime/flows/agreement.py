@@ -80,12 +80,13 @@ class Agreed:
     table: np.ndarray | None = None  # every rank's row (W, columns), as gathered
 
 
-def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
+def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow, values: np.ndarray | None = None) -> Agreed:
     """The all-gather, then the checks in the order that names the cause:
     the tokens and a rank's own error, then refused arguments, then the
     fields that differ. On one rank the row is the table: only its own
-    error and its refused arguments can raise."""
-    values = row.values()
+    error and its refused arguments can raise. `values`: ``row.values()``
+    when the caller made it already."""
+    values = row.values() if values is None else values
     where = f"{owner} on rank {comm.rank}"
     if comm.size == 1:
         if row.call.error is not None:
@@ -101,9 +102,9 @@ def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow) -> Agreed:
     if refusing:
         _refuse(where, flow, refusing, row)
     for name in _EQUAL:
-        values = column[name]
-        if (values != values[0]).any():
-            shown = ", ".join(f"rank {i}: {_shown(name, v)}" for i, v in enumerate(values))
+        given = column[name]
+        if (given != given[0]).any():
+            shown = ", ".join(f"rank {i}: {_shown(name, v)}" for i, v in enumerate(given))
             raise a2a.MismatchError(f"{where}: the ranks passed different {name} ({shown}); every rank must call "
                                     "the layer with the same arguments")
     return Agreed(int(column["capacity"].max()), column["tokens"].tolist(), column["seconds"],

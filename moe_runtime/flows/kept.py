@@ -79,14 +79,14 @@ class KeptAgreement:
                 pass  # a rank's row changed: its all-gather met this call's first exchange on every rank
             self.forget()  # (after the except: the failed attempt's buffers are back in the layer's pool)
         try:
-            agreed = agree_call(row, comm, owner, flow)  # after a failed kept call: with every rank
+            agreed = agree_call(row, comm, owner, flow, values)  # after a failed kept call: with every rank
         except a2a.MismatchError:
             if comm is self.comm or kept is not None:
                 raise
             # This rank's row changed; the other ranks' first exchange (or all-gather) met this one: every
             # rank gathers once more, those that tried to keep the agreement for the first time.
             self.forget()
-            agreed = agree_call(row, comm, owner, flow)
+            agreed = agree_call(row, comm, owner, flow, values)
         return run(agreed, values)
 
     def _for_row(self, values: np.ndarray) -> Agreed | None:
