@@ -243,11 +243,16 @@ def _torch_view(x: Any, what: str) -> ArrayView:
         device = where.index if where.index is not None else _torch().cuda.current_device()
     else:
         raise InvalidArgumentError(f"{what} is a torch tensor on {where}; a2a takes host or CUDA memory")
-    dtype = x.dtype
+    return ArrayView(x, "torch", tuple(x.shape), *torch_dtype_named(x.dtype), x.data_ptr(), x.is_contiguous(), True,
+                     device)
+
+
+def torch_dtype_named(dtype: Any) -> tuple[str, int]:
+    """(name, itemsize) of a torch.dtype, made once per dtype."""
     named = _TORCH_DTYPES.get(dtype)
     if named is None:
-        named = _TORCH_DTYPES[dtype] = (str(dtype).removeprefix("torch."), x.element_size())
-    return ArrayView(x, "torch", tuple(x.shape), *named, x.data_ptr(), x.is_contiguous(), True, device)
+        named = _TORCH_DTYPES[dtype] = (str(dtype).removeprefix("torch."), dtype.itemsize)
+    return named
 
 
 # DLPack (code, bits) -> dtype name.

@@ -22,6 +22,7 @@ from ._arrays import (
     empty_like,
     is_torch_tensor,
     read_only,
+    torch_dtype_named,
     torch_execution,
 )
 from ._counters import note_allocation
@@ -88,9 +89,7 @@ def _torch_place(x: Any, rows: int, routing: Routing, dtypes: tuple[str, ...]) -
     place = routing._indices
     if place.framework != "torch" or not is_torch_tensor(x) or x.dim() != 2 or x.shape[0] != rows:
         return None
-    name = _TORCH_NAMES.get(x.dtype)
-    if name is None:
-        name = _TORCH_NAMES[x.dtype] = str(x.dtype).removeprefix("torch.")
+    name, _ = torch_dtype_named(x.dtype)
     if name not in dtypes or not x.is_contiguous():
         return None
     if not (x.is_cpu if place.cuda_device is None else x.is_cuda and x.get_device() == place.cuda_device):
@@ -98,19 +97,15 @@ def _torch_place(x: Any, rows: int, routing: Routing, dtypes: tuple[str, ...]) -
     return DTYPE_CODES[name], x.shape[1]
 
 
-# torch.dtype -> its name (str(dtype) costs microseconds).
-_TORCH_NAMES: dict[Any, str] = {}
-
-
-def _torch_gates(gates: Any, routing: Routing, data: Any) -> int | None:
+def _torch_gates(gates: Any, routing: Routing, data: Any, data_code: int) -> int | None:
     """The dtype code of `gates` that pass _gates' checks beside torch `data`
-    (told without a view), else None."""
+    (of dtype code `data_code`), told without a view, else None."""
     # (shape by its parts: comparing a torch.Size with a tuple goes through torch's symbolic shapes, microseconds)
     if not (is_torch_tensor(gates) and gates.dim() == 2 and gates.shape[0] == routing.num_tokens
             and gates.shape[1] == routing.top_k and gates.is_contiguous() and gates.device == data.device):
         return None
     if gates.dtype == data.dtype:
-        return DTYPE_CODES[_TORCH_NAMES[data.dtype]]
+        return data_code
     return DTYPE_CODES["float32"] if gates.dtype == _torch().float32 else None
 
 
@@ -124,15 +119,22 @@ def _torch_kernel(kernel: Callable, data: Any, rows_in: int, rows_out: int, rout
     code, model_dim = placed
     gate_code = code
     if gates is not None:
-        gate_code = None if code == DTYPE_CODES["uint8"] else _torch_gates(gates, routing, data)
+        gate_code = None if code == DTYPE_CODES["uint8"] else _torch_gates(gates, routing, data, code)
         if gate_code is None:
             return None
+    gate_address = 0 if gates is None else gates.data_ptr()
+    return _torch_result(routing, (rows_out, model_dim), data.dtype, data, lambda execution, native, address: kernel(
+        execution, native, data.data_ptr(), code, model_dim, gate_address, gate_code, address))
+
+
+def _torch_result(routing: Routing, shape: tuple[int, ...], dtype: Any, like: Any, launch: Callable) -> Any:
+    """A new torch tensor of `shape` and `dtype` beside `like`, filled by
+    launch(execution, native routing, its address) on the routing's device."""
     note_allocation()
-    result = _torch().empty((rows_out, model_dim), dtype=data.dtype, device=data.device)
+    result = _torch().empty(shape, dtype=dtype, device=like.device)
     execution, guard = torch_execution(routing._indices.cuda_device)
     with guard:
-        kernel(execution, native_routing(routing), data.data_ptr(), code, model_dim,
-               0 if gates is None else gates.data_ptr(), gate_code, result.data_ptr())
+        launch(execution, native_routing(routing), result.data_ptr())
     return result
 
 
@@ -178,14 +180,10 @@ def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str
     placed = _torch_place(tokens, routing.num_tokens, routing, FLOAT_DTYPES)
     if placed is not None and _torch_place(rows, routing.num_rows, routing, FLOAT_DTYPES) == placed:
         code, model_dim = placed
-        note_allocation()
-        grad = _torch().empty((routing.num_tokens, routing.top_k), dtype=getattr(_torch(), gate_dtype),
-                              device=tokens.device)
-        execution, guard = torch_execution(routing._indices.cuda_device)
-        with guard:
-            _C.moe_gate_grad(execution, native_routing(routing), tokens.data_ptr(), rows.data_ptr(), code, model_dim,
-                             DTYPE_CODES[gate_dtype], grad.data_ptr())
-        return grad
+        return _torch_result(routing, (routing.num_tokens, routing.top_k), getattr(_torch(), gate_dtype), tokens,
+                             lambda execution, native, address: _C.moe_gate_grad(
+                                 execution, native, tokens.data_ptr(), rows.data_ptr(), code, model_dim,
+                                 DTYPE_CODES[gate_dtype], address))
     t = _data(tokens, "tokens", op, routing.num_tokens, routing)
     r = _data(rows, "rows", op, routing.num_rows, routing)
     if (t.dtype_name, t.shape[1]) != (r.dtype_name, r.shape[1]):

@@ -22,7 +22,6 @@ launches, most of them small). Otherwise the loop over the experts.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ import torch
 from .activation import Activation, activate, activation_backward
 from .grouped import GroupedRows, grouped_rows
 
-__all__ = ["ComputeClock", "ExpertWeights", "RaggedForward", "ffn_rows", "ragged_backward", "ragged_ffn", "ragged_forward"]
+__all__ = ["ComputeClock", "ExpertWeights", "RaggedGroups", "ffn_rows", "ragged_backward", "ragged_ffn", "ragged_forward"]
 
 # One expert's (fc1 (H, M), fc1_bias (H,) or None, fc2 (H, M), fc2_bias (M,) or None).
 ExpertWeights = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]
@@ -71,21 +70,22 @@ def ffn_rows(rows: torch.Tensor, offsets: Sequence[int], experts: Iterable[tuple
             torch.addmm(fc2_bias, activated, fc2, out=out[lo:hi])
 
 
-@dataclass
-class RaggedForward:
-    """What :func:`ragged_forward` computed and what its backward needs: the
-    grouped GEMMs' groups (None: the loop ran) and the offsets."""
+@dataclass(frozen=True)
+class RaggedGroups:
+    """How :func:`ragged_forward` ran, what :func:`ragged_backward` needs
+    besides the tensors: the grouped GEMMs' groups (None: the loop over the
+    experts ran) and the offsets."""
 
-    out: torch.Tensor
-    hidden: torch.Tensor
     groups: GroupedRows | None
     offsets: Sequence[int]
 
 
 def ragged_forward(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
-                   fc2: torch.Tensor, fc2_bias: torch.Tensor | None, activation: Activation) -> RaggedForward:
-    """out (R, M) of every expert on its rows, as grouped GEMMs where torch
-    runs them, else expert after expert; no autograd (see ragged_backward)."""
+                   fc2: torch.Tensor, fc2_bias: torch.Tensor | None,
+                   activation: Activation) -> tuple[torch.Tensor, torch.Tensor, RaggedGroups]:
+    """(out (R, M) of every expert on its rows, the (R, H) hidden tensor the
+    backward needs, how they were computed): grouped GEMMs where torch runs
+    them, else expert after expert; no autograd (see ragged_backward)."""
     groups = grouped_rows(rows, fc1, fc2, offsets)
     if groups is not None:
         out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
@@ -94,31 +94,27 @@ def ragged_forward(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor
         out = rows.new_empty((rows.shape[0], fc2.shape[2]))
         weights = ((e, (fc1[e], _bias(fc1_bias, e), fc2[e], _bias(fc2_bias, e))) for e in range(fc1.shape[0]))
         ffn_rows(rows, offsets, weights, activation, out, hidden)
-    return RaggedForward(out, hidden, groups, offsets)
+    return out, hidden, RaggedGroups(groups, offsets)
 
 
-def ragged_backward(forward: RaggedForward, grad_out: torch.Tensor, rows: torch.Tensor, fc1: torch.Tensor,
-                    fc2: torch.Tensor, activation: Activation, scale: float,
+def ragged_backward(how: RaggedGroups, grad_out: torch.Tensor, rows: torch.Tensor, hidden: torch.Tensor,
+                    fc1: torch.Tensor, fc2: torch.Tensor, activation: Activation, scale: float,
                     with_bias: tuple[bool, bool]) -> GroupedRows.Gradients:
     """(grad rows, grad fc1, grad fc1_bias, grad fc2, grad fc2_bias) of
-    ragged_forward's `forward` (the bias gradients None where `with_bias`
-    says there is none), the weight gradients times `scale`."""
-    if forward.groups is not None:
-        return forward.groups.ffn_backward(grad_out, rows, forward.hidden, fc1, fc2, activation, scale, with_bias)
-    return _loop_backward(grad_out, rows, forward.hidden, fc1, fc2, forward.offsets, activation, scale, with_bias)
+    ragged_forward (the bias gradients None where `with_bias` says there is
+    none), the weight gradients times `scale`."""
+    if how.groups is not None:
+        return how.groups.ffn_backward(grad_out, rows, hidden, fc1, fc2, activation, scale, with_bias)
+    return _loop_backward(grad_out, rows, hidden, fc1, fc2, how.offsets, activation, scale, with_bias)
 
 
 class _RaggedFFN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, scale, clock):
         start = None if clock is None else clock.timer()
-        computed = ragged_forward(rows, offsets, fc1, fc1_bias, fc2, fc2_bias, activation)
-        ctx.save_for_backward(rows, computed.hidden, fc1, fc2)
-        out = computed.out
-        # The context keeps neither tensor again: hidden is saved above, and out (whose grad_fn
-        # holds the context) would be a reference cycle.
-        computed.out = computed.hidden = None
-        ctx.computed, ctx.activation, ctx.scale, ctx.clock = computed, activation, scale, clock
+        out, hidden, how = ragged_forward(rows, offsets, fc1, fc1_bias, fc2, fc2_bias, activation)
+        ctx.save_for_backward(rows, hidden, fc1, fc2)
+        ctx.how, ctx.activation, ctx.scale, ctx.clock = how, activation, scale, clock
         ctx.with_bias = (fc1_bias is not None, fc2_bias is not None)
         if clock is not None:
             clock.seconds += clock.timer() - start
@@ -130,9 +126,7 @@ class _RaggedFFN(torch.autograd.Function):
         clock = ctx.clock
         start = None if clock is None else clock.timer()
         rows, hidden, fc1, fc2 = ctx.saved_tensors
-        # A copy holding hidden: the context outlives the backward (as long as the output's grad_fn).
-        computed = dataclasses.replace(ctx.computed, hidden=hidden)
-        grads = ragged_backward(computed, grad_out.contiguous(), rows, fc1, fc2, ctx.activation, ctx.scale,
+        grads = ragged_backward(ctx.how, grad_out.contiguous(), rows, hidden, fc1, fc2, ctx.activation, ctx.scale,
                                 ctx.with_bias)
         if clock is not None:
             clock.seconds += clock.timer() - start

@@ -31,7 +31,6 @@ and reduce-scatters the weight gradients onto the shards.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,23 +69,21 @@ class _CachedRowsExperts(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, fc1_shard, fc1_bias_shard, fc2_shard, call, offsets):
         fc1, fc1_bias, fc2 = call.cache.acquire(call.token, call.experts, call.comm)
-        computed = ragged_forward(rows, offsets, fc1, fc1_bias, fc2, None, call.experts.activation_fn)
-        ctx.save_for_backward(rows, computed.hidden)
-        out = computed.out
-        computed.out = computed.hidden = None  # saved above; out's grad_fn holds this context
-        ctx.call, ctx.computed, ctx.with_fc1_bias = call, computed, fc1_bias_shard is not None
+        out, hidden, how = ragged_forward(rows, offsets, fc1, fc1_bias, fc2, None, call.experts.activation_fn)
+        ctx.save_for_backward(rows, hidden)
+        ctx.call, ctx.how, ctx.with_fc1_bias = call, how, fc1_bias_shard is not None
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         rows, hidden = ctx.saved_tensors
-        call, computed = ctx.call, ctx.computed
+        call = ctx.call
         experts = call.experts
         fc1, _, fc2 = call.cache.acquire(call.token, experts, call.comm)  # the fc1 bias is not needed here
-        computed = dataclasses.replace(computed, hidden=hidden)  # the context outlives the backward
         grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, _ = ragged_backward(
-            computed, grad_out.contiguous(), rows, fc1, fc2, experts.activation_fn, 1.0, (ctx.with_fc1_bias, False))
+            ctx.how, grad_out.contiguous(), rows, hidden, fc1, fc2, experts.activation_fn, 1.0,
+            (ctx.with_fc1_bias, False))
         comm, scale = call.comm, call.weight_grad_scale
         # In the ES path's order (fc2, fc1, fc1 bias): every rank reduce-scatters alike.
         grad_fc2_shard = scatter_gradient(grad_fc2, experts, experts.batched_fc2_w, comm, scale)
