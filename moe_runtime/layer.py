@@ -34,7 +34,7 @@ import a2a
 from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
-from .common.graphs import StepGraphs, autograd_records
+from .common.graphs import StepGraphs, autograd_records, call_in_graphs
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
 from .construction import agreed_construction, agreed_seeds
@@ -151,14 +151,12 @@ class MoELayer(FlowStateNames, torch.nn.Module):
             comm, gate_type, model_dim, experts, flow=flow, flows=flows, deprecated=deprecated,
             parallel_type=parallel_type, a2a_ffn_overlap_degree=a2a_ffn_overlap_degree, use_2dh=use_2dh,
             adaptive=adaptive, capacity_rule=capacity_rule, dropless_capacity=dropless_capacity,
-            cuda_graphs=cuda_graphs, is_postscore=is_postscore,
-            batch_prioritized_routing=batch_prioritized_routing, normalize_gate=normalize_gate,
-            is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient,
+            cuda_graphs=cuda_graphs, is_postscore=is_postscore, batch_prioritized_routing=batch_prioritized_routing,
+            normalize_gate=normalize_gate, is_gshard_loss=is_gshard_loss, expert_gradient=expert_gradient,
             dispatch_dtype=dispatch_dtype)
         self.comm, self.model_dim, self.flows = comm, model_dim, tuple(others)
         self.parallel_type, self.use_2dh, self.capacity_rule = parallel_type, use_2dh, capacity_rule
-        self.dropless_capacity = dropless_capacity
-        self.graphs = StepGraphs(cuda_graphs) if cuda_graphs else None  # captured steps (common/graphs.py)
+        self.dropless_capacity, self.graphs = dropless_capacity, StepGraphs(cuda_graphs) if cuda_graphs else None
         self.a2a_ffn_overlap_degree = positive_degree(a2a_ffn_overlap_degree)
         self.is_postscore, self.batch_prioritized_routing = bool(is_postscore), bool(batch_prioritized_routing)
         self.normalize_gate, self.is_gshard_loss = bool(normalize_gate), bool(is_gshard_loss)
@@ -305,9 +303,11 @@ class MoELayer(FlowStateNames, torch.nn.Module):
         arguments = {"gate_index": gate_index, "capacity_factor": capacity_factor, "top_k": top_k,
                      "a2a_ffn_overlap_degree": a2a_ffn_overlap_degree, "adaptive_r": adaptive_r, "algo": algo,
                      "flow": flow, "sample_ids": sample_ids}
-        if self.graphs is not None:
-            return self.graphs.run(self, self._call, x, arguments)  # common/graphs.py (eager unless training)
-        return self._call(x, **arguments)
+        return call_in_graphs(self, self._call, x, arguments)  # eager, the caller's graph or ours (common/graphs.py)
+
+    def drop_captured_buffers(self) -> None:
+        """Gives back the buffers of the calls captured into the caller's CUDA graphs, once those are gone."""
+        self._pool.drop_captured()
 
     def _call(self, x: torch.Tensor, *, gate_index: int, capacity_factor: float | None, top_k: int | None,
               a2a_ffn_overlap_degree: int | None, adaptive_r: int | None, algo: str | None, flow: str | None,

@@ -33,7 +33,8 @@ which is ``--device cuda --np 1 --dtype bfloat16 --tokens 0 --peer-tokens
 --dropless-factors '' --dynamic-steps 0 --profile 12``: no sweep (``--tokens 0``), the
 T = 4096 and 16384, f = 1 cases alone: the dictionary's search, then the
 step, its expert compute, the same step replayed from CUDA graphs
-(``MoELayer(cuda_graphs=1)``), Tutel's and Megatron-Core's layers over the
+(``MoELayer(cuda_graphs=1)``) and captured whole by its caller (forward,
+loss and backward in one ``torch.cuda.graph``, replayed), Tutel's and Megatron-Core's layers over the
 same weights (moe_runtime.bench.peers, where installed: the GPU check's kit
 installs them) and GShard taking turns, 10 rounds after 3 warm-up steps;
 then, for each of them, the 12 kernels with the most device time in one
@@ -43,9 +44,10 @@ Before, on one rank, every peer is checked against the layer in float64
 sizes: the same run on the CPU, without the graphed row). Its JSON: each
 comparison summary holds ``adaptive.time_ms`` (the step),
 ``adaptive.config``, ``expert.time_ms``, ``step_vs_expert``, ``gshard_ms``,
-``gshard_vs_step``, ``graphed_ms``, ``graphed_vs_expert`` and ``peers``
+``gshard_vs_step``, ``graphed_ms``, ``graphed_vs_expert``, ``captured_ms``,
+``captured_vs_expert`` and ``peers``
 (name -> ``time_ms``, ``vs_step``; or ``missing``: not installed, or
-"failed: ..." where a peer or the graphed step raised, which the run
+"failed: ..." where a peer, the graphed or the captured step raised, which the run
 reports instead of stopping); ``targets`` the
 ``expert`` (step within 1.15x of its expert compute) and ``gshard`` (>= 4x
 faster than GShard at the issue's size) verdicts, ``met`` or ``missed``,

@@ -26,7 +26,7 @@ WINDOW = 128  # the dictionary's capacity window (its default)
 class Timing:
     """One configuration of a case: a step to warm up and time."""
 
-    kind: str  # "static", "adaptive", "expert", "gshard"
+    kind: str  # "static", "adaptive", "expert", "gshard", "graphed", "captured", a peer's name
     step: Callable[[], None]
     r: int | None = None
     d: int | None = None
@@ -113,6 +113,37 @@ class LayerBench:
             layer.zero_grad(set_to_none=True)
             y = layer(x, **options)
             (y.sum() + y.l_aux).backward()
+
+        return step
+
+    @staticmethod
+    def captured_step(layer: Any, x: Any, **options: Any) -> Callable[[], None]:
+        """The step as a caller captures it whole (forward, loss, backward in one torch.cuda.graph, as
+        Megatron-Core's full-iteration graphs): three eager steps on a side stream, the capture at the
+        first call, then a replay per call. The gradients stay in the graph's memory, where each replay
+        writes them."""
+        import torch
+
+        graph = None
+
+        def step() -> None:
+            nonlocal graph
+            if graph is None:
+                plain = LayerBench.layer_step(layer, x, **options)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        plain()
+                torch.cuda.current_stream().wait_stream(side)
+                x.grad = None
+                layer.zero_grad(set_to_none=True)
+                capture = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(capture):
+                    y = layer(x, **options)
+                    (y.sum() + y.l_aux).backward()
+                graph = capture
+            graph.replay()
 
         return step
 
@@ -306,6 +337,10 @@ class LayerBench:
             graphed = self.new_layer(cuda_graphs=1)
             probed("graphed", self.layer_step(graphed, x, capacity_factor=factor, adaptive_r=plan.r,
                                               a2a_ffn_overlap_degree=plan.d, algo=plan.algo),
+                   plan.r, plan.d, plan.algo)
+            options = {"capacity_factor": factor, "adaptive_r": plan.r, "a2a_ffn_overlap_degree": plan.d,
+                       "algo": plan.algo}
+            probed("captured", self.captured_step(self.new_layer(), x.detach().clone().requires_grad_(), **options),
                    plan.r, plan.d, plan.algo)
         for name, build in peer_builders(self.layer, factor, drop_biases=True):
             try:

@@ -57,6 +57,7 @@ def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int
     expert_ms = by_kind["expert"]["time_ms"]
     gshard = by_kind.get("gshard")
     graphed = by_kind.get("graphed")
+    captured = by_kind.get("captured")
 
     def config(row: dict | None) -> dict | None:
         if row is None:
@@ -81,6 +82,9 @@ def summarize(case: Case, rows: list[dict], tuning: dict, expert_shape: list[int
         "gshard_vs_step": None if gshard is None else gshard["time_ms"] / adaptive_ms,
         "graphed_ms": None if graphed is None else graphed["time_ms"],
         "graphed_vs_expert": None if graphed is None else graphed["time_ms"] / expert_ms,
+        # the whole step in the caller's one CUDA graph (forward, loss, backward)
+        "captured_ms": None if captured is None else captured["time_ms"],
+        "captured_vs_expert": None if captured is None else captured["time_ms"] / expert_ms,
         # Tutel's and Megatron-Core's layers over the same weights (rows of their names): their time over the step's
         "peers": {name: {"time_ms": row["time_ms"], "vs_step": row["time_ms"] / adaptive_ms}
                   for name, row in by_kind.items() if name in PEER_KINDS},

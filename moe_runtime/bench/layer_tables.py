@@ -45,6 +45,8 @@ def format_comparison(s: dict) -> str | None:
     parts = []
     if s.get("graphed_ms") is not None:
         parts.append(f"graphed {s['graphed_ms']:.2f} ms ({s['graphed_vs_expert']:.2f}x expert)")
+    if s.get("captured_ms") is not None:
+        parts.append(f"captured whole {s['captured_ms']:.2f} ms ({s['captured_vs_expert']:.2f}x expert)")
     for name, peer in (s.get("peers") or {}).items():
         parts.append(f"{name}: {peer['missing']}" if "missing" in peer
                      else f"{name} {peer['time_ms']:.2f} ms ({peer['vs_step']:.2f}x the step)")

@@ -28,6 +28,9 @@ class BufferPool:
     def __init__(self) -> None:
         self._free: list[dict[str, torch.Tensor]] = []
         self.sets_created = 0  # how many sets were ever made (tests, benchmarks)
+        self._isolating = False
+        # The sets that captures by the layer's caller took (for_capture): kept, as the graphs write them.
+        self.captured: list[list[dict[str, torch.Tensor]]] = []
 
     def lease(self) -> Lease:
         if self._free:
@@ -41,11 +44,29 @@ class BufferPool:
         (yielded: whoever keeps it keeps their buffers), never the pool's:
         the buffers of a captured CUDA graph, which its replays write, are
         then never a later eager call's (common/graphs.py)."""
-        kept, self._free = self._free, []
+        kept, self._free, self._isolating = self._free, [], True
         try:
             yield self._free
         finally:
-            self._free = kept
+            self._free, self._isolating = kept, False
+
+    @contextlib.contextmanager
+    def for_capture(self) -> Iterator[None]:
+        """Leases taken inside, in a CUDA graph that the layer's caller
+        captures, come from sets kept in :attr:`captured` until
+        :meth:`drop_captured`: the graph's replays write those buffers, so no
+        eager call may take or grow them. Inside :meth:`isolated` (the layer's
+        own captures, which keep their sets) it changes nothing."""
+        if self._isolating:
+            yield
+            return
+        with self.isolated() as sets:
+            self.captured.append(sets)
+            yield
+
+    def drop_captured(self) -> None:
+        """Forgets the sets of the caller's captures (once their graphs are gone)."""
+        self.captured.clear()
 
     def snapshot(self) -> list[tuple[str, int, int]]:
         """(name, address, bytes) of every buffer of the free sets, sorted: two

@@ -58,7 +58,8 @@ import torch
 from ..gating.capacity import set_by_tokens
 from .host_values import all_gather_values
 
-__all__ = ["StepGraphs", "autograd_records", "check_capturable"]
+__all__ = ["CALLERS_CAPTURE", "StepGraphs", "autograd_records", "call_in_graphs",
+           "captured_by_caller", "check_capturable", "in_callers_graph"]
 
 WARMUP_RUNS = 3  # make_graphed_callables' eager runs before the capture (its default)
 
@@ -190,13 +191,27 @@ def autograd_records(module: torch.nn.Module, x: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters()))
 
 
+OWN_CAPTURE = "MoELayer(cuda_graphs=...) cannot capture this call"
+CALLERS_CAPTURE = "MoELayer cannot run inside the CUDA graph being captured"
+
+
 def _refused(why: str) -> str:
-    return f"MoELayer(cuda_graphs=...) cannot capture this call: {why}"
+    return f"{OWN_CAPTURE}: {why}"
 
 
-def check_capturable(layer: Any, arguments: dict[str, Any]) -> None:
-    """Raises ValueError naming why the call of `arguments` cannot be captured, if it cannot."""
+def captured_by_caller(comm: Any) -> bool:
+    """Whether the layer is called inside a CUDA graph that its caller captures (a whole step, say)."""
+    return comm.device == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_capturable(layer: Any, arguments: dict[str, Any], refused: str = OWN_CAPTURE) -> None:
+    """Raises ValueError naming why the call of `arguments` cannot be captured, if it cannot
+    (`refused`: the message's start, which says whose capture it is)."""
     comm = layer.comm
+
+    def _refused(why: str) -> str:
+        return f"{refused}: {why}"
+
     if comm.device != "cuda":
         raise ValueError(_refused(f"the layer's communicator is a {comm.device} one (move the layer to its GPU: "
                                   "layer.cuda(), or construct it on a2a.Comm.from_mpi(device='cuda'))"))
@@ -223,6 +238,28 @@ def check_capturable(layer: Any, arguments: dict[str, Any]) -> None:
         raise ValueError(_refused(f"capacity_factor={factor} sizes the capacity from the experts' counts, read "
                                   "back on the host" + (": construct the layer with dropless_capacity='worst_case'"
                                                         if factor == 0 else "")))
+
+
+def call_in_graphs(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,
+                   arguments: dict[str, Any]) -> torch.Tensor:
+    """The layer's call: inside the caller's CUDA graph being captured (the layer's own graphs step
+    aside), else through the layer's own graphs (cuda_graphs=N), else `eager(x, **arguments)`."""
+    if captured_by_caller(layer.comm):
+        return in_callers_graph(layer, eager, x, arguments)
+    if layer.graphs is not None:
+        return layer.graphs.run(layer, eager, x, arguments)  # eager unless training
+    return eager(x, **arguments)
+
+
+def in_callers_graph(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,
+                     arguments: dict[str, Any]) -> torch.Tensor:
+    """`eager(x, **arguments)` inside a CUDA graph that the layer's caller captures (a whole training
+    step, say): refused as ``cuda_graphs=`` refuses what cannot be captured, before anything is
+    launched, and with buffers that stay the graph's (BufferPool.for_capture) until
+    ``layer.drop_captured_buffers()``: every replay writes them."""
+    check_capturable(layer, arguments, CALLERS_CAPTURE)
+    with layer._pool.for_capture():
+        return eager(x, **arguments)
 
 
 def _capture(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor, arguments: dict[str, Any]) -> _Captured:

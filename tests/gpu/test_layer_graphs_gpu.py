@@ -3,7 +3,10 @@ gloo group): training steps replayed from CUDA graphs equal the eager
 layer's bitwise, step after step on new tokens, for every r and d that apply
 on one rank, at f > 0 and at f = 0 with the worst-case capacity, through
 MoELayer and Tutel's surface; a replay allocates nothing; what cannot be
-captured is refused (common/graphs.py). Skipped without a GPU."""
+captured is refused (common/graphs.py). A whole training step (forward, loss,
+backward, the optimizer's step) that the caller captures in one
+torch.cuda.graph, as Megatron-Core's full-iteration graphs do, replays the
+eager steps bitwise too. Skipped without a GPU.""" 
 
 from __future__ import annotations
 
@@ -165,3 +168,72 @@ def test_a_from_torch_communicator_of_one_rank_replays_too(torch_comm):
     assert len(graphed_layer.graphs) == 1
     for g, e in zip(graphed, eager):
         assert all(torch.equal(a, b) for a, b in zip(g, e))
+
+
+def _trained(layer, comm, call, captured, steps=4):
+    """SGD steps on new tokens each (same shape), eagerly or as the caller's capture of the whole
+    step replayed: every output, gradient and updated weight, copied out."""
+    device = torch.device("cuda", comm.cuda_device)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.05)
+    x = torch.zeros(T, M, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        y = layer(x, **call)
+        (y.float().square().sum() + y.l_aux).backward()
+        optimizer.step()
+        return y
+
+    graph = None
+    if captured:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # lazy state (buffers, plans, cuBLAS' workspace) before the capture
+            for _ in range(3):
+                y = layer(x, **call)
+                (y.float().square().sum() + y.l_aux).backward()
+                x.grad = None
+                optimizer.zero_grad(set_to_none=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = step()
+    got = []
+    for n in range(steps):
+        tokens = torch.randn(T, M, generator=torch.Generator().manual_seed(10 + n)).to(device, torch.bfloat16)
+        x.detach().copy_(tokens)
+        if graph is None:
+            x.grad = None
+            optimizer.zero_grad(set_to_none=True)
+            y = step()
+        else:
+            graph.replay()
+            y = static_y
+        got.append([t.detach().clone() for t in (y, y.l_aux, x.grad, *(p.grad for p in layer.parameters()),
+                                                  *layer.parameters())])
+    torch.cuda.synchronize()
+    if graph is not None:
+        graph.reset()  # before the communicator can go (NCCL's finalize waits for a live graph's work)
+        layer.drop_captured_buffers()
+    return got
+
+
+@pytest.mark.parametrize("options,call", CASES[:4], ids=["r=0", "r=1", "r=1 d=2", "f=0 worst case"])
+def test_a_whole_step_captured_by_the_caller_replays_the_eager_steps_bitwise(nccl_comm, options, call):
+    eager = _trained(_layer(nccl_comm, **options), nccl_comm, call, captured=False)
+    layer = _layer(nccl_comm, **options)
+    replayed = _trained(layer, nccl_comm, call, captured=True)
+    for step, (g, e) in enumerate(zip(replayed, eager)):
+        for i, (a, b) in enumerate(zip(g, e)):
+            assert torch.equal(a, b), f"step {step}, tensor {i}: the replay differs from the eager step"
+    assert layer._pool.captured == []
+
+
+def test_what_cannot_run_in_the_callers_capture_is_refused_before_it_breaks_the_capture(nccl_comm):
+    layer = _layer(nccl_comm, 0.0)  # f = 0 reads the counts back
+    x = torch.randn(T, M, device=torch.device("cuda", nccl_comm.cuda_device), dtype=torch.bfloat16)
+    layer(x)  # lazy state, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="MoELayer cannot run inside the CUDA graph being captured: "
+                                         "capacity_factor=0.0"), torch.cuda.graph(graph):
+        layer(x)
+

@@ -194,3 +194,15 @@ def test_the_summary_names_the_machine_the_steps_the_targets_and_the_failures(tm
     assert "| tests | tests/gpu | failed (exit 1) | 70.0 | 80 | 1 failed, 898 passed |" in text
     assert "| layout transpose | >= 0.80 | worst 0.91 | met |" in text
     assert "needs sm_100" in text and "FAILED tests/gpu/test_x.py::test_b" in text
+
+
+def test_both_graphed_steps_are_judged_against_the_expert_compute():
+    """The GPU run's comparison case (the CPU run has neither graphed row): cuda_graphs=1 and the whole
+    step captured by its caller, each against 1.15x its expert compute at T = 4096."""
+    case = {"tokens": 4096, "factor": 1.0, "comparison": True, "adaptive": {"config": "r0/d1/linear", "time_ms": 4.0},
+            "expert": {"time_ms": 0.5}, "graphed_ms": 1.3, "captured_ms": 0.55, "gshard_ms": 8.0, "peers": {}}
+    found = {t.name.split(" against")[0]: t for t in targets.layer({"summaries": [case], "dtype": "bfloat16"})}
+    graphed, captured = found["the step replayed from CUDA graphs"], found[
+        "the whole step captured by its caller in one CUDA graph"]
+    assert (graphed.goal, graphed.measured, graphed.verdict) == ("<= 1.15x", "1.30 ms / 0.50 ms = 2.60x", "missed")
+    assert (captured.goal, captured.measured, captured.verdict) == ("<= 1.15x", "0.55 ms / 0.50 ms = 1.10x", "met")

@@ -214,3 +214,67 @@ def test_a_routing_trace_is_refused(comm):
     layer = layer_of(comm)
     layer.routing_trace = []
     assert "routing_trace reads each call's counts back" in refusal(layer)
+
+
+def test_a_call_in_the_callers_capture_keeps_its_buffers_until_dropped(comm, monkeypatch):
+    from moe_runtime.common import graphs
+
+    layer, eager = layer_of(comm), layer_of(comm)
+    x = torch.randn(8, M, requires_grad=True)
+    y = layer(x)  # eager: the pool's set
+    (y.sum() + y.l_aux).backward()
+    del y
+    pooled = {address for _, address, _ in layer._pool.snapshot()}
+    checked = []
+    with monkeypatch.context() as patch:
+        patch.setattr(graphs, "captured_by_caller", lambda comm: True)
+        patch.setattr(graphs, "check_capturable", lambda layer, arguments, refused: checked.append(refused))
+        y = layer(x)  # "captured": a set of its own, which the pool keeps for the graph
+        (y.sum() + y.l_aux).backward()
+    assert checked == ["MoELayer cannot run inside the CUDA graph being captured"]
+    assert torch.equal(y, eager(x))
+    del y  # its step's graph, and so its lease, goes: back to the capture's list
+    [captured] = layer._pool.captured
+    kept = {t.data_ptr() for buffers in captured for t in buffers.values()}
+    assert kept and not kept & pooled and {address for _, address, _ in layer._pool.snapshot()} == pooled
+    y = layer(x)  # eager again: never the capture's buffers
+    (y.sum() + y.l_aux).backward()
+    del y
+    assert {address for _, address, _ in layer._pool.snapshot()} == pooled
+    layer.drop_captured_buffers()
+    assert layer._pool.captured == []
+
+
+def test_a_call_in_the_callers_capture_is_refused_as_the_layers_own(comm, monkeypatch):
+    from moe_runtime.common import graphs
+
+    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm: True)
+    layer = layer_of(comm, 0.0)  # f = 0 reads the counts back
+    with pytest.raises(ValueError, match="MoELayer cannot run inside the CUDA graph being captured: the layer's "
+                                         "communicator is a cpu one"):
+        layer(torch.randn(8, M))
+    layer.comm = CudaLike()
+    with pytest.raises(ValueError, match="inside the CUDA graph being captured: capacity_factor=0.0 sizes"):
+        check_capturable(layer, CALL, "MoELayer cannot run inside the CUDA graph being captured")
+
+
+def test_the_layers_own_capture_inside_a_callers_keeps_one_set():
+    """for_capture inside isolated (cuda_graphs= under an outer capture) leaves the sets to the inner one."""
+    pool = BufferPool()
+    with pool.isolated() as own, pool.for_capture():
+        lease = pool.lease()
+        lease.get("a", (4,), torch.float32, torch.device("cpu"))
+        del lease
+    assert len(own) == 1 and pool.captured == []
+
+
+def test_the_layers_own_graphs_step_aside_in_the_callers_capture(comm, monkeypatch, capture_on_the_host):
+    from moe_runtime.common import graphs
+
+    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm: True)
+    monkeypatch.setattr(graphs, "check_capturable", lambda layer, arguments, refused: None)
+    layer = layer_of(comm, cuda_graphs=1)
+    y = layer(torch.randn(8, M, requires_grad=True))
+    (y.sum() + y.l_aux).backward()
+    del y
+    assert len(capture_on_the_host) == 0 and len(layer.graphs) == 0 and len(layer._pool.captured) == 1
