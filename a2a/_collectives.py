@@ -30,6 +30,7 @@ from ._arrays import (
 from ._comm import Comm
 from ._counters import note_allocation
 from ._errors import A2AError, InvalidArgumentError, MismatchError
+from ._torch_exchange import torch_exchange
 
 # The collectives by name, written once: defined here (plain), in
 # a2a._torch_collectives (autograd) and a2a._collective_api (public), and
@@ -155,6 +156,15 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
             if out is None:
                 note_allocation()
             return result
+    if algo in _ALGO_NAMES and type(comm) is Comm and is_torch_tensor(x) and x.dim() and x.shape[0] % comm.size == 0:
+        count = x.numel() // comm.size
+        with _ReportToAllRanks(comm, op):
+            fast = torch_exchange(x, out, comm, tuple(x.shape), lambda code: comm._native.all_to_all_workspace_size(
+                count, code, ALGORITHMS[algo]))
+        if fast is not None:
+            result, address, out_address, code, ws, ws_bytes = fast
+            comm._native.all_to_all(address, out_address, count, code, ALGORITHMS[algo], ws, ws_bytes)
+            return result
     # The general path: any framework, and every error reported to every rank.
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):
@@ -204,6 +214,21 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
         if result is not None:
             if out is None:
                 note_allocation()
+            return result
+    if (algo in _ALGO_NAMES and type(comm) is Comm and is_torch_tensor(x) and type(split_axis) is int
+            and type(concat_axis) is int and -x.dim() <= split_axis < x.dim() and -x.dim() <= concat_axis < x.dim()
+            and x.shape[split_axis] % comm.size == 0):
+        split, concat, dims = split_axis % x.dim(), concat_axis % x.dim(), list(x.shape)
+        shape = list(dims)
+        shape[split] //= comm.size
+        shape[concat] *= comm.size
+        with _ReportToAllRanks(comm, op):
+            fast = torch_exchange(x, out, comm, tuple(shape), lambda code: comm._native.all_to_all_flex_workspace_size(
+                dims, split, concat, code, ALGORITHMS[algo]))
+        if fast is not None:
+            result, address, out_address, code, ws, ws_bytes = fast
+            comm._native.all_to_all_flex(address, out_address, dims, split, concat, code, ALGORITHMS[algo], ws,
+                                         ws_bytes)
             return result
     _check_comm(comm, op)
     with _ReportToAllRanks(comm, op):

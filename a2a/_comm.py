@@ -364,11 +364,14 @@ class Comm:
                 f"input is a {v.framework} array on {v.device_text} but this communicator moves memory of "
                 f"cuda:{self.cuda_device}"
             )
-        stream = v.stream()
+        self._use_stream(v.stream())
+        return None
+
+    def _use_stream(self, stream: int) -> None:
+        """The next collective runs on `stream` (a cudaStream_t as an int)."""
         if stream != self._stream:
             self._native.set_stream(stream)
             self._stream = stream
-        return None
 
     def workspace(self, nbytes: int, like: ArrayView | None = None) -> tuple[int, int]:
         """(address, size) of a cached workspace of at least nbytes: host

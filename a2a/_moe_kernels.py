@@ -110,8 +110,8 @@ def _torch_gates(gates: Any, routing: Routing, data: Any, data_code: int) -> int
 
 
 def _torch_kernel(kernel: Callable, data: Any, rows_in: int, rows_out: int, routing: Routing, gates: Any,
-                  dtypes: tuple[str, ...]) -> Any:
-    """The kernel's new result for torch tensors that pass every check
+                  dtypes: tuple[str, ...], out: Any) -> Any:
+    """The kernel's result, new or `out`'s (rows_out, M) view, for torch tensors that pass every check
     (told without views); None for anything else."""
     placed = _torch_place(data, rows_in, routing, dtypes)
     if placed is None:
@@ -122,30 +122,46 @@ def _torch_kernel(kernel: Callable, data: Any, rows_in: int, rows_out: int, rout
         gate_code = None if code == DTYPE_CODES["uint8"] else _torch_gates(gates, routing, data, code)
         if gate_code is None:
             return None
+    if out is not None:
+        out = _torch_out(out, data, rows_out, model_dim)
+        if out is None:
+            return None
     gate_address = 0 if gates is None else gates.data_ptr()
     return _torch_result(routing, (rows_out, model_dim), data.dtype, data, lambda execution, native, address: kernel(
-        execution, native, data.data_ptr(), code, model_dim, gate_address, gate_code, address))
+        execution, native, data.data_ptr(), code, model_dim, gate_address, gate_code, address), out)
 
 
-def _torch_result(routing: Routing, shape: tuple[int, ...], dtype: Any, like: Any, launch: Callable) -> Any:
-    """A new torch tensor of `shape` and `dtype` beside `like`, filled by
-    launch(execution, native routing, its address) on the routing's device."""
-    note_allocation()
-    result = _torch().empty(shape, dtype=dtype, device=like.device)
+def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
+    """`out` as (rows, model_dim) where it passes _output's checks beside torch `data` (told without a
+    view): a contiguous tensor of data's dtype and device, of rows * model_dim elements, that does not
+    require grad; else None."""
+    if not (is_torch_tensor(out) and out.dtype == data.dtype and out.is_contiguous() and not out.requires_grad
+            and out.is_cuda == data.is_cuda and (not out.is_cuda or out.get_device() == data.get_device())
+            and out.numel() == rows * model_dim):
+        return None
+    return out if out.dim() == 2 and out.shape[0] == rows else out.view(rows, model_dim)
+
+
+def _torch_result(routing: Routing, shape: tuple[int, ...], dtype: Any, like: Any, launch: Callable,
+                  out: Any = None) -> Any:
+    """`out`, or a new torch tensor of `shape` and `dtype` beside `like`, filled by launch(execution,
+    native routing, its address) on the routing's device."""
+    if out is None:
+        note_allocation()
+        out = _torch().empty(shape, dtype=dtype, device=like.device)
     execution, guard = torch_execution(routing._indices.cuda_device)
     with guard:
-        launch(execution, native_routing(routing), result.data_ptr())
-    return result
+        launch(execution, native_routing(routing), out.data_ptr())
+    return out
 
 
 def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out: int, routing: Routing,
                   gates: Any, op: str, out: Any, dtypes: tuple[str, ...] = FLOAT_DTYPES) -> Any:
     """Runs a dispatch or combine kernel: data (rows_in, M) -> (rows_out, M)
     (out= reshaped to that)."""
-    if out is None:
-        result = _torch_kernel(kernel, data, rows_in, rows_out, routing, gates, dtypes)
-        if result is not None:
-            return result
+    result = _torch_kernel(kernel, data, rows_in, rows_out, routing, gates, dtypes, out)
+    if result is not None:
+        return result
     a = _data(data, what, op, rows_in, routing, dtypes)
     if a.dtype_name == "uint8" and gates is not None:
         _fail(op, "rows of bytes (FP8 pairs) take no gates; apply them at the combine")
@@ -207,13 +223,18 @@ def dispatched_shape(routing: Routing, model_dim: int) -> tuple[int, ...]:
 
 def dispatched_rows(dispatched: Any, routing: Routing, op: str) -> Any:
     """The dispatched buffer of a padded routing as (num_rows, M) rows (a view)."""
+    per_expert = routing.per_expert
+    experts, capacity = routing.num_experts, None if per_expert else routing.capacity
+    if (not per_expert and is_torch_tensor(dispatched) and dispatched.dim() == 3
+            and dispatched.shape[0] == experts and dispatched.shape[1] == capacity and dispatched.is_contiguous()
+            and torch_dtype_named(dispatched.dtype)[0] in FLOAT_DTYPES):  # told without a view
+        return dispatched.view(experts * capacity, dispatched.shape[2])
     d = argument_view(dispatched, "dispatched", op)
-    if routing.per_expert:
+    if per_expert:
         if len(d.shape) != 2 or d.shape[0] != routing.num_rows or d.dtype_name not in FLOAT_DTYPES:
             _fail(op, f"dispatched must be (num_rows, model_dim) = ({routing.num_rows}, M) of "
                       f"{', '.join(FLOAT_DTYPES)} (per-expert capacities); got {d.describe()}")
         return d.obj
-    experts, capacity = routing.num_experts, routing.capacity
     if len(d.shape) != 3 or d.shape[:2] != (experts, capacity) or d.dtype_name not in FLOAT_DTYPES:
         _fail(
             op,
