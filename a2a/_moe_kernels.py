@@ -136,10 +136,12 @@ def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
     view): a contiguous tensor of data's dtype and device, of rows * model_dim elements, that does not
     require grad; else None."""
     if not (is_torch_tensor(out) and out.dtype == data.dtype and out.is_contiguous() and not out.requires_grad
-            and out.is_cuda == data.is_cuda and (not out.is_cuda or out.get_device() == data.get_device())
+            and (out.is_cuda and out.get_device() == data.get_device() if data.is_cuda else out.is_cpu)
             and out.numel() == rows * model_dim):
         return None
-    return out if out.dim() == 2 and out.shape[0] == rows else out.view(rows, model_dim)
+    # Always a view, never `out` itself: an autograd Function returning a tensor that is not one of its
+    # inputs would make the caller's buffer its output (requires_grad, a grad_fn).
+    return out.view(rows, model_dim)
 
 
 def _torch_result(routing: Routing, shape: tuple[int, ...], dtype: Any, like: Any, launch: Callable,

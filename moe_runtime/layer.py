@@ -34,7 +34,7 @@ import a2a
 from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
-from .common.graphs import StepGraphs, autograd_records, call_in_graphs
+from .common.graphs import StepGraphs, autograd_records, call_in_graphs, complete_posted_checks
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
 from .construction import agreed_construction, agreed_seeds
@@ -203,17 +203,14 @@ class MoELayer(FlowStateNames, torch.nn.Module):
         """Tutel's expert-flow settings of this layer: name -> (value, default)."""
         given = {"parallel_type": self.parallel_type, "a2a_ffn_overlap_degree": self.a2a_ffn_overlap_degree,
                  "use_2dh": self.use_2dh, "adaptive": self.adaptive, "capacity_rule": self.capacity_rule,
-                 "dropless_capacity": self.dropless_capacity,
-                 "is_postscore": self.is_postscore, "batch_prioritized_routing": self.batch_prioritized_routing,
-                 "flows": self.flows}
+                 "dropless_capacity": self.dropless_capacity, "is_postscore": self.is_postscore,
+                 "batch_prioritized_routing": self.batch_prioritized_routing, "flows": self.flows}
         return {name: (value, EXPERT_PARALLEL_DEFAULTS[name]) for name, value in given.items()}
 
     def use_comm(self, comm: a2a.Comm) -> None:
-        """Collective: the layer's collectives run on `comm` from now on, a
-        communicator of the same ranks in the same order (the CUDA one after
-        ``layer.cuda()``, say). The flows are made anew on it; flows that keep
-        state between calls (moe_runtime.binding.REBINDABLE says which do not)
-        refuse."""
+        """Collective: the layer's collectives run on `comm` from now on, a communicator of the same
+        ranks in the same order (the CUDA one after ``layer.cuda()``, say). The flows are made anew
+        on it; flows that keep state between calls (moe_runtime.binding.REBINDABLE says which do not) refuse."""
         check_rebind(self, comm)
         self.comm = comm
         self.flow, self._flows = bind_flows(self, comm, *self._construction)
@@ -283,14 +280,12 @@ class MoELayer(FlowStateNames, torch.nn.Module):
         return self.flex
 
     def prefetch(self) -> None:
-        """Collective, flow="data_centric" only: starts gathering this layer's
-        experts into the pipeline-shared cache on the communication thread (a
-        CUDA side stream on the GPU), so that the gather overlaps what the
-        caller runs before the layer's forward; the forward waits for it. Call
-        it on every rank at the same point, after the previous data-centric
-        layer's forward. Until the forward, the caller makes no MPI call of its
-        own unless MPI granted MPI_THREAD_MULTIPLE. A parameter changed since
-        (an optimizer step) makes the forward gather again."""
+        """Collective, flow="data_centric" only: starts gathering this layer's experts into the
+        pipeline-shared cache on the communication thread (a CUDA side stream on the GPU), so that the
+        gather overlaps what the caller runs before the layer's forward; the forward waits for it. Call
+        it on every rank at the same point, after the previous data-centric layer's forward. Until the
+        forward, the caller makes no MPI call of its own unless MPI granted MPI_THREAD_MULTIPLE. A
+        parameter changed since (an optimizer step) makes the forward gather again."""
         if self.parallel != "data_centric":
             raise ValueError(f"MoELayer.prefetch gathers the experts of flow='data_centric' into the "
                              f"pipeline-shared cache; this layer has flow={self.flow.name!r}")
@@ -308,6 +303,11 @@ class MoELayer(FlowStateNames, torch.nn.Module):
     def drop_captured_buffers(self) -> None:
         """Gives back the buffers of the calls captured into the caller's CUDA graphs, once those are gone."""
         self._pool.drop_captured()
+
+    def check(self) -> None:
+        """Collective: completes the cross-rank checks that the layer's communicators posted (a2a.Comm.check):
+        after capturing the layer into the caller's CUDA graph at W > 1, or at the end of a loop."""
+        complete_posted_checks(self)
 
     def _call(self, x: torch.Tensor, *, gate_index: int, capacity_factor: float | None, top_k: int | None,
               a2a_ffn_overlap_degree: int | None, adaptive_r: int | None, algo: str | None, flow: str | None,

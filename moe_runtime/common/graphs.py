@@ -59,7 +59,7 @@ from ..gating.capacity import set_by_tokens
 from .host_values import all_gather_values
 
 __all__ = ["CALLERS_CAPTURE", "StepGraphs", "autograd_records", "call_in_graphs",
-           "captured_by_caller", "check_capturable", "in_callers_graph"]
+           "captured_by_caller", "check_capturable", "complete_posted_checks", "in_callers_graph"]
 
 WARMUP_RUNS = 3  # make_graphed_callables' eager runs before the capture (its default)
 
@@ -111,11 +111,8 @@ class StepGraphs:
         if not autograd_records(layer, x):
             return eager(x, **arguments)  # inference runs eagerly
         comm = layer.comm
-        if comm.size > 1 and comm.transport == "nccl" and comm.mpi_comm is None and comm.control_group is None:
-            raise ValueError(_refused(f"its communicator ({comm.size} ranks) has NCCL as its only channel, so "
-                                      "checking a replay's call across ranks would wait for the stream: use "
-                                      "a2a.Comm.from_torch over a group with gloo (or control_group=), or "
-                                      "a2a.Comm.from_mpi(device='cuda')"))
+        if _nccl_alone(comm):  # before the all-gather below, which would cross NCCL
+            raise ValueError(_refused(_nccl_alone(comm)))
         row = np.array([*_signature(layer, x, arguments), int(self._pending is not None)], dtype=np.int64)
         table = row.reshape(1, -1) if comm.size == 1 else \
             all_gather_values(row, layer.flow.context.kept.comm).reshape(comm.size, -1)
@@ -199,9 +196,18 @@ def _refused(why: str) -> str:
     return f"{OWN_CAPTURE}: {why}"
 
 
-def captured_by_caller(comm: Any) -> bool:
+def _nccl_alone(comm: Any) -> str:
+    """Why a communicator with NCCL as its only channel at W > 1 cannot be captured ("" where it can)."""
+    if comm.size > 1 and comm.transport == "nccl" and comm.mpi_comm is None and comm.control_group is None:
+        return (f"its communicator ({comm.size} ranks) has NCCL as its only channel, so checking a call across "
+                "ranks would wait for the stream: use a2a.Comm.from_torch over a group with gloo (or "
+                "control_group=), or a2a.Comm.from_mpi(device='cuda')")
+    return ""
+
+
+def captured_by_caller(comm: Any, x: torch.Tensor) -> bool:
     """Whether the layer is called inside a CUDA graph that its caller captures (a whole step, say)."""
-    return comm.device == "cuda" and torch.cuda.is_current_stream_capturing()
+    return (comm.device == "cuda" or x.is_cuda) and torch.cuda.is_current_stream_capturing()
 
 
 def check_capturable(layer: Any, arguments: dict[str, Any], refused: str = OWN_CAPTURE) -> None:
@@ -218,6 +224,8 @@ def check_capturable(layer: Any, arguments: dict[str, Any], refused: str = OWN_C
     if comm.transport == "mpi" and comm.size > 1:
         raise ValueError(_refused("the staged MPI transport waits for the stream before every exchange; "
                                   "use transport='nccl'"))
+    if _nccl_alone(comm):
+        raise ValueError(_refused(_nccl_alone(comm)))
     if layer.flow.name != "expert" or layer.flows or layer.adaptive is not None:
         raise ValueError(_refused(f"flow {layer.flow.name!r}" + (f" with the dictionary (flows={layer.flows})"
                                   if layer.flows or layer.adaptive is not None else "")
@@ -244,7 +252,7 @@ def call_in_graphs(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tens
                    arguments: dict[str, Any]) -> torch.Tensor:
     """The layer's call: inside the caller's CUDA graph being captured (the layer's own graphs step
     aside), else through the layer's own graphs (cuda_graphs=N), else `eager(x, **arguments)`."""
-    if captured_by_caller(layer.comm):
+    if captured_by_caller(layer.comm, x):
         return in_callers_graph(layer, eager, x, arguments)
     if layer.graphs is not None:
         return layer.graphs.run(layer, eager, x, arguments)  # eager unless training
@@ -272,8 +280,14 @@ def _capture(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor, ar
                                                     allow_unused_input=True)
     # A check the capture posted (a communicator that predicts its checks) completes now, on every rank:
     # the replays run no host code to complete it at a next call.
+    complete_posted_checks(layer)
+    return _Captured(graphed, buffers)
+
+
+def complete_posted_checks(layer: Any) -> None:
+    """Collective: the checks that the layer's communicators posted rather than waited for (those that
+    predict their checks) complete now, raising on every rank where a call was not the same everywhere."""
     context = layer.flow.context
     for comm in {id(c): c for c in (context.comm, context.exchange_comm)}.values():
         if comm.predicts_check:
             comm.check()
-    return _Captured(graphed, buffers)

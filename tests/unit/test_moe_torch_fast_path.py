@@ -83,3 +83,16 @@ def test_an_unusual_dispatched_buffer_is_reported_as_before():
         a2a.fast_decode(torch.empty(E, C + 1, M), routing, gates)
     with pytest.raises(a2a.InvalidArgumentError, match="not C-contiguous"):
         a2a.fast_decode(torch.empty(E, M, C).transpose(1, 2), routing, gates)
+
+
+@pytest.mark.parametrize("shape", [(E * C, M), (E, C, M)], ids=["rows", "dispatched"])
+def test_a_buffer_given_as_out_stays_the_callers_under_autograd(shape):
+    """The Function's output is a view of out=, never out itself: autograd would otherwise make the
+    caller's buffer its output (requires_grad, a grad_fn), and the next call would refuse it."""
+    routing, x, gates = problem()
+    x.requires_grad_(True)
+    buffer = torch.empty(shape)
+    for _ in range(2):
+        rows = a2a_torch.fast_encode(x, routing, gates, out=buffer)
+        rows.sum().backward()
+        assert not buffer.requires_grad and buffer.grad_fn is None and rows.data_ptr() == buffer.data_ptr()

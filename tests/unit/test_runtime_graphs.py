@@ -31,6 +31,8 @@ class CudaLike:
     device: str = "cuda"
     transport: str = "nccl"
     size: int = 1
+    mpi_comm: object = None
+    control_group: object = None
 
 
 CALL = {"gate_index": 0, "capacity_factor": None, "top_k": None, "a2a_ffn_overlap_degree": None,
@@ -90,6 +92,14 @@ def test_what_is_refused(comm, case, call, match):
 def test_the_staged_transport_is_refused_across_ranks(comm):
     why = refusal(layer_of(comm), CudaLike(transport="mpi", size=2))
     assert "staged MPI transport waits for the stream" in why
+
+
+def test_nccl_alone_is_refused_across_ranks_in_either_capture(comm):
+    """Its call's check (the agreement, a replay's table) would wait for the stream: refused by
+    check_capturable, which both the layer's own graphs and the caller's capture go through."""
+    assert "has NCCL as its only channel" in refusal(layer_of(comm), CudaLike(size=2))
+    assert refusal(layer_of(comm), CudaLike(size=2, mpi_comm=object())) is None  # MPI beside NCCL
+    assert refusal(layer_of(comm), CudaLike(size=2, control_group=object())) is None  # gloo beside NCCL
 
 
 def test_a_capture_keeps_its_buffers_to_itself():
@@ -227,7 +237,7 @@ def test_a_call_in_the_callers_capture_keeps_its_buffers_until_dropped(comm, mon
     pooled = {address for _, address, _ in layer._pool.snapshot()}
     checked = []
     with monkeypatch.context() as patch:
-        patch.setattr(graphs, "captured_by_caller", lambda comm: True)
+        patch.setattr(graphs, "captured_by_caller", lambda comm, x: True)
         patch.setattr(graphs, "check_capturable", lambda layer, arguments, refused: checked.append(refused))
         y = layer(x)  # "captured": a set of its own, which the pool keeps for the graph
         (y.sum() + y.l_aux).backward()
@@ -248,7 +258,7 @@ def test_a_call_in_the_callers_capture_keeps_its_buffers_until_dropped(comm, mon
 def test_a_call_in_the_callers_capture_is_refused_as_the_layers_own(comm, monkeypatch):
     from moe_runtime.common import graphs
 
-    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm: True)
+    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm, x: True)
     layer = layer_of(comm, 0.0)  # f = 0 reads the counts back
     with pytest.raises(ValueError, match="MoELayer cannot run inside the CUDA graph being captured: the layer's "
                                          "communicator is a cpu one"):
@@ -271,10 +281,34 @@ def test_the_layers_own_capture_inside_a_callers_keeps_one_set():
 def test_the_layers_own_graphs_step_aside_in_the_callers_capture(comm, monkeypatch, capture_on_the_host):
     from moe_runtime.common import graphs
 
-    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm: True)
+    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm, x: True)
     monkeypatch.setattr(graphs, "check_capturable", lambda layer, arguments, refused: None)
     layer = layer_of(comm, cuda_graphs=1)
     y = layer(torch.randn(8, M, requires_grad=True))
     (y.sum() + y.l_aux).backward()
     del y
     assert len(capture_on_the_host) == 0 and len(layer.graphs) == 0 and len(layer._pool.captured) == 1
+
+
+def test_the_layers_check_completes_what_its_communicators_posted(comm, monkeypatch):
+    """layer.check() (after the caller's capture at W > 1): check() on each communicator of the layer that
+    predicts its checks, once each; the others (a 1-rank or host one) are left alone."""
+    layer = layer_of(comm)
+    layer.check()  # nothing posted: a no-op
+    completed = []
+
+    @dataclasses.dataclass(eq=False)
+    class Predicting:
+        name: str
+        predicts_check: bool = True
+
+        def check(self):
+            completed.append(self.name)
+
+    shared = Predicting("shared")
+    monkeypatch.setattr(layer.flow, "context", dataclasses.replace(layer.flow.context, comm=shared,
+                                                                   exchange_comm=Predicting("exchanges")))
+    layer.check()
+    monkeypatch.setattr(layer.flow, "context", dataclasses.replace(layer.flow.context, exchange_comm=shared))
+    layer.check()
+    assert completed == ["shared", "exchanges", "shared"]
