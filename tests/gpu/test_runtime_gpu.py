@@ -1,8 +1,9 @@
 """moe_runtime.MoELayer on a CUDA communicator (1 rank, NCCL and staged MPI):
 its control values (the agreement all-gather) through the GPU, one training
-step equal to the same layer on the host communicator, and the GShard peer
-of python -m moe_runtime.bench agreeing with the layer there. Skipped
-without a GPU or a CUDA build of a2a."""
+step equal to the same layer on the host communicator, training steps that
+make no synchronizing torch call (f > 0, the worst-case f = 0, dropless),
+and the GShard peer of python -m moe_runtime.bench agreeing with the layer
+there. Skipped without a GPU or a CUDA build of a2a."""
 
 from __future__ import annotations
 
@@ -125,6 +126,37 @@ def test_a_dropless_step_on_the_gpu_makes_no_stream_sync_of_torch(cuda_comm):
         (y.float().sum() + y.l_aux).backward()
 
     step()  # the grouped GEMMs' probe, buffers
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("options,call", [({}, {"adaptive_r": 0}), ({}, {"adaptive_r": 1}),
+                                          ({}, {"adaptive_r": 1, "a2a_ffn_overlap_degree": 2}),
+                                          ({"dropless_capacity": "worst_case", "factor": 0.0}, {})],
+                         ids=["r=0", "r=1", "r=1 d=2", "f=0 worst case"])
+def test_a_step_whose_shapes_are_known_makes_no_stream_sync_of_torch(cuda_comm, options, call):
+    """The expert flow at f > 0 (and at f = 0 with the worst-case capacity) reads nothing back: after a
+    warm-up, a training step makes no synchronizing torch call (torch.cuda.set_sync_debug_mode raises on
+    any, naming the op), on either communicator."""
+    from moe_runtime import MoELayer
+
+    options = dict(options)
+    device = torch.device("cuda", cuda_comm.cuda_device)
+    layer = MoELayer({"type": "top", "k": 2, "capacity_factor": options.pop("factor", 1.0)}, 64,
+                     {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 64},
+                     comm=cuda_comm, seeds=(3, 4), **options).to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(256, 64, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
+    x.requires_grad_(True)
+
+    def step():
+        y = layer(x, **call)
+        (y.float().sum() + y.l_aux).backward()
+
+    step()  # buffers, cuBLAS' workspace
     torch.cuda.set_sync_debug_mode("error")
     try:
         step()

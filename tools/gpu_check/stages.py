@@ -156,7 +156,8 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 # Budgets: the H200 runs of 2026-11-29 and 2026-11-30 (docs/benchmarks.md) took 38-55 s to build; 25 s
 # for the kernel tests alone and 35+ s beside the peers' install (59% done at 35 s); about 10 s for
 # FP8's; 27 s for the graphed layer's, the runtime's and Tutel's helloworld (before the tests of the
-# step captured whole); 23 s for the unit CUDA cases; 2, 24 and 12 s for mpirun's steps; 36 + 60 s for
+# step captured whole and of the runtime's steps without a torch sync: 4 s more, from the peers' wait,
+# whose install is done long before its stage); 23 s for the unit CUDA cases; 2, 24 and 12 s for mpirun's steps; 36 + 60 s for
 # the runtime's two configurations; 6-9 s per a2a.bench step, 29 s for the layer step with its profile
 # (before its row of the step captured whole: 4 s more here, 2 s each from the layer tests' step and
 # the runtime's) and 3 s per nccl_tests_ext program. Tutel's extension (one C++ file against torch's
@@ -168,7 +169,7 @@ STAGES = (
              GPU_KERNEL_TESTS, collect(GPU_KERNEL_TESTS)),
         Step("tests/gpu: FP8 (kernels, the layer's dispatch, low latency)", 35, GPU_FP8_TESTS,
              collect(GPU_FP8_TESTS)),
-        Step("tests/gpu: the graphed layer, the runtime, Tutel's helloworld", 36, GPU_LAYER_TESTS,
+        Step("tests/gpu: the graphed layer, the runtime, Tutel's helloworld", 40, GPU_LAYER_TESTS,
              collect(GPU_LAYER_TESTS)),
         Step("tests/unit CUDA cases", 26, UNIT_CUDA, collect(UNIT_CUDA)),
     )),
@@ -184,7 +185,7 @@ STAGES = (
         Step("tests/run_mpi.py --gpu", 101, RUNTIME, lambda e: [*RUNTIME(e), "--collect-only"]),
     )),
     Stage("peers", "Tutel and Megatron-Core from the kit, for the layer step's comparison", "4-peers.log", (
-        Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 19, PEERS, lambda e: [*PEERS(e), "--dry"],
+        Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 15, PEERS, lambda e: [*PEERS(e), "--dry"],
              early=True),
     )),
     Stage("bench", "the GPU benchmarks and their targets", "5-bench.log", (
