@@ -30,6 +30,13 @@ replay lives in the graph's memory until the graph's next replay, as
 make_graphed_callables' outputs do. The buffers the graph writes are its
 own (BufferPool.isolated): no eager call of the layer shares them.
 
+A caller may also capture the layer inside its own graph (a whole training
+step in one ``torch.cuda.graph``, optimizer included): the call then runs
+eagerly into that capture (call_in_graphs, in_callers_graph), after the same
+refusals, with buffers kept for the graph (BufferPool.for_capture) until
+``layer.drop_captured_buffers()``; the layer's own graphs step aside, and at
+W > 1 ``layer.check()`` completes the checks the capture posted.
+
 What cannot be captured is refused with ValueError before any capture (the
 same on every rank): a host or staged-MPI communicator (the staged transport
 waits for the stream at every exchange), NCCL alone at W > 1 (``from_torch``
@@ -111,8 +118,9 @@ class StepGraphs:
         if not autograd_records(layer, x):
             return eager(x, **arguments)  # inference runs eagerly
         comm = layer.comm
-        if _nccl_alone(comm):  # before the all-gather below, which would cross NCCL
-            raise ValueError(_refused(_nccl_alone(comm)))
+        alone = _nccl_alone(comm)
+        if alone:  # before the all-gather below, which would cross NCCL
+            raise ValueError(_refused(alone))
         row = np.array([*_signature(layer, x, arguments), int(self._pending is not None)], dtype=np.int64)
         table = row.reshape(1, -1) if comm.size == 1 else \
             all_gather_values(row, layer.flow.context.kept.comm).reshape(comm.size, -1)
@@ -215,35 +223,36 @@ def check_capturable(layer: Any, arguments: dict[str, Any], refused: str = OWN_C
     (`refused`: the message's start, which says whose capture it is)."""
     comm = layer.comm
 
-    def _refused(why: str) -> str:
+    def refusal(why: str) -> str:
         return f"{refused}: {why}"
 
     if comm.device != "cuda":
-        raise ValueError(_refused(f"the layer's communicator is a {comm.device} one (move the layer to its GPU: "
+        raise ValueError(refusal(f"the layer's communicator is a {comm.device} one (move the layer to its GPU: "
                                   "layer.cuda(), or construct it on a2a.Comm.from_mpi(device='cuda'))"))
     if comm.transport == "mpi" and comm.size > 1:
-        raise ValueError(_refused("the staged MPI transport waits for the stream before every exchange; "
+        raise ValueError(refusal("the staged MPI transport waits for the stream before every exchange; "
                                   "use transport='nccl'"))
-    if _nccl_alone(comm):
-        raise ValueError(_refused(_nccl_alone(comm)))
+    alone = _nccl_alone(comm)
+    if alone:
+        raise ValueError(refusal(alone))
     if layer.flow.name != "expert" or layer.flows or layer.adaptive is not None:
-        raise ValueError(_refused(f"flow {layer.flow.name!r}" + (f" with the dictionary (flows={layer.flows})"
+        raise ValueError(refusal(f"flow {layer.flow.name!r}" + (f" with the dictionary (flows={layer.flows})"
                                   if layer.flows or layer.adaptive is not None else "")
                                   + " times its steps, reads counts back or changes its plan between calls; "
                                   "the expert flow at a fixed (r, d) is captured"))
     if arguments.get("flow") not in (None, "expert") or arguments.get("sample_ids") is not None:
-        raise ValueError(_refused("flow= and sample_ids= pick flows that read counts back"))
+        raise ValueError(refusal("flow= and sample_ids= pick flows that read counts back"))
     if layer.routing_trace is not None:
-        raise ValueError(_refused("layer.routing_trace reads each call's counts back (set it to None)"))
+        raise ValueError(refusal("layer.routing_trace reads each call's counts back (set it to None)"))
     if torch.is_autocast_enabled("cuda") and torch.is_autocast_cache_enabled():
-        raise ValueError(_refused("autocast caches its casts across calls; use torch.autocast(..., "
+        raise ValueError(refusal("autocast caches its casts across calls; use torch.autocast(..., "
                                   "cache_enabled=False)"))
     gate_index = arguments.get("gate_index", 0)
     factor = arguments.get("capacity_factor")
     if factor is None and 0 <= gate_index < len(layer.gates):
         factor = layer.gates[gate_index].capacity_factor
     if factor is not None and not set_by_tokens(factor, layer.dropless_capacity):
-        raise ValueError(_refused(f"capacity_factor={factor} sizes the capacity from the experts' counts, read "
+        raise ValueError(refusal(f"capacity_factor={factor} sizes the capacity from the experts' counts, read "
                                   "back on the host" + (": construct the layer with dropless_capacity='worst_case'"
                                                         if factor == 0 else "")))
 
