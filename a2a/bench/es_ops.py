@@ -31,7 +31,8 @@ GFLOP/s (2 * N * M * H for esmm / estmm, N * H for ess, over a2a's time),
 CPU), ``vs padded`` and ``vs dropless`` = that path's time / a2a's (above 1:
 a2a faster), ``#wrong``: elements of a2a's result that differ from the
 dropless path's beyond the tolerance (fp32 accumulation in both; exit status
-1 if any).
+1 if any). ``--profile N`` prints, after each row, a2a's call's N kernels
+with the most device self time (CPU: ops), from torch.profiler.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for a2a and torch (default: every core)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when torch sees a GPU")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after each row, a2a's call under torch.profiler: its N kernels (ops on the CPU) with the "
+                        "most self time (JSON: the row's profile); 0: none (default)")
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
     return p
 
@@ -183,6 +187,17 @@ class _Case:
         self._dense_rows_h = self.dy.repeat_interleave(self.indices.shape[1], dim=0)
 
 
+def _profiled(torch: Any, call: Any, label: str, seconds: float, device: str, top: int) -> dict:
+    """a2a's call under torch.profiler (a2a.bench.kernel_profile): which kernels hold its time (the
+    operator's own, the index's, the sum over choices), printed as comment lines after its row."""
+    from .kernel_profile import format_profile, top_self_time
+
+    profile = top_self_time(torch, call, device=device, top=top)
+    for line in format_profile(label, profile, seconds * 1e3, "kernel" if device == "cuda" else "op"):
+        print(line, flush=True)
+    return profile
+
+
 def _flops(op: str, routed: int, M: int, H: int) -> int:
     return routed * H if op == "ess" else 2 * routed * M * H
 
@@ -237,6 +252,9 @@ def main(argv: list[str]) -> int:
                                       f"{row['time_us']:>10.0f} {row['gflops']:>8.1f} {row['dense_gflops']:>8.1f} "
                                       f"{row['vs_dense']:>8.2f} {row['vs_padded']:>9.2f} {row['vs_dropless']:>11.2f} "
                                       f"{wrong:>6}", flush=True)
+                                if args.profile:
+                                    row["profile"] = _profiled(torch, paths[0], f"{op} {dtype_name}", t, device,
+                                                               args.profile)
     if args.json:
         common.write_json(args.json, rows)
     return 1 if failed else 0

@@ -38,7 +38,7 @@ loss and backward in one ``torch.cuda.graph``, replayed), Tutel's and Megatron-C
 same weights (moe_runtime.bench.peers, where installed: the GPU check's kit
 installs them) and GShard taking turns, 10 rounds after 3 warm-up steps;
 then, for each of them, the 12 kernels with the most device time in one
-step (moe_runtime.bench.kernel_profile; JSON: the summary's ``profiles``).
+step (a2a.bench.kernel_profile; JSON: the summary's ``profiles``).
 Before, on one rank, every peer is checked against the layer in float64
 (``peers_check``). Flags given with it win (``--device cpu`` and smaller
 sizes: the same run on the CPU, without the graphed row). Its JSON: each
@@ -212,8 +212,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from mpi4py import MPI
 
     import a2a
+    from a2a.bench.kernel_profile import format_profile
 
-    from .kernel_profile import format_profile
     from .peer import check_peer
     from .peers import check_peers, start_group
 

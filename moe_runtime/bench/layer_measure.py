@@ -362,9 +362,9 @@ class LayerBench:
 
     def profiles(self, timings: list[Timing], seconds: list[float]) -> dict[str, dict]:
         """By timing's kind (the static sweep's left out): where one step's
-        self time goes (moe_runtime.bench.kernel_profile), with the step's
+        self time goes (a2a.bench.kernel_profile), with the step's
         median time; on one rank only."""
-        from .kernel_profile import top_self_time
+        from a2a.bench.kernel_profile import top_self_time
 
         if self.comm.size != 1:
             return {}

@@ -9,7 +9,7 @@ and its maximum is the peak above what was live when the step began. The
 layer's pooled buffers (moe_runtime.common.buffers) are reused from step to step, so
 a warm step allocates none of them: their bytes are added, since the step
 needs them as much as what it allocates. The profiler's own lines on
-stderr are held back (profiler_chatter.py).
+stderr are held back (a2a/bench/profiler_chatter.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from a2a.bench.profiler_chatter import without_profiler_chatter
+
 from ..common.buffers import BufferPool
-from .profiler_chatter import without_profiler_chatter
 
 __all__ = ["peak_step_bytes"]
 

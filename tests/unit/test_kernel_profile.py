@@ -1,11 +1,11 @@
-"""moe_runtime.bench.kernel_profile: the ops of a step by self time, on the CPU
+"""a2a.bench.kernel_profile: the ops of a step by self time, on the CPU
 (the same call lists CUDA kernels on a GPU, in the GPU check's --gpu-step)."""
 
 from __future__ import annotations
 
 import torch
 
-from moe_runtime.bench.kernel_profile import format_profile, top_self_time
+from a2a.bench.kernel_profile import format_profile, top_self_time
 
 
 def test_the_largest_ops_of_a_step_come_first_with_their_counts_per_step():

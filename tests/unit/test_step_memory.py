@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from moe_runtime.bench.profiler_chatter import is_chatter
+from a2a.bench.profiler_chatter import is_chatter
 from moe_runtime.bench.step_memory import peak_step_bytes
 from moe_runtime.common.buffers import BufferPool
 
