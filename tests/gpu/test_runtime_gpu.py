@@ -108,47 +108,16 @@ def test_the_ragged_ffn_runs_as_grouped_gemms_on_the_gpu(cuda_available, dtype):
         torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
 
 
-def test_a_dropless_step_on_the_gpu_makes_no_stream_sync_of_torch(cuda_comm):
-    """The dropless flow's one wait per forward is a2a.permute's (in the core, for its counts): a training
-    step on one rank, after a warm-up, makes no synchronizing torch call (torch.cuda.set_sync_debug_mode
-    raises on any: a count read back, a copy from pageable memory)."""
+def _second_step_makes_no_sync(comm, factor, options, call):
+    """A layer of the given construction options on `comm`'s GPU: one training step (buffers, the grouped
+    GEMMs' probe, cuBLAS' workspace), then one under torch.cuda.set_sync_debug_mode("error"), which raises
+    on any synchronizing torch call, naming it (a count read back, a copy from pageable memory)."""
     from moe_runtime import MoELayer
 
-    device = torch.device("cuda", cuda_comm.cuda_device)
-    layer = MoELayer({"type": "top", "k": 2, "capacity_factor": 0.0}, 64,
+    device = torch.device("cuda", comm.cuda_device)
+    layer = MoELayer({"type": "top", "k": 2, "capacity_factor": factor}, 64,
                      {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 64},
-                     comm=cuda_comm, seeds=(3, 4), flow="dropless").to(device=device, dtype=torch.bfloat16)
-    x = torch.randn(256, 64, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
-    x.requires_grad_(True)
-
-    def step():
-        y = layer(x)
-        (y.float().sum() + y.l_aux).backward()
-
-    step()  # the grouped GEMMs' probe, buffers
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    torch.cuda.synchronize(device)
-
-
-@pytest.mark.parametrize("options,call", [({}, {"adaptive_r": 0}), ({}, {"adaptive_r": 1}),
-                                          ({}, {"adaptive_r": 1, "a2a_ffn_overlap_degree": 2}),
-                                          ({"dropless_capacity": "worst_case", "factor": 0.0}, {})],
-                         ids=["r=0", "r=1", "r=1 d=2", "f=0 worst case"])
-def test_a_step_whose_shapes_are_known_makes_no_stream_sync_of_torch(cuda_comm, options, call):
-    """The expert flow at f > 0 (and at f = 0 with the worst-case capacity) reads nothing back: after a
-    warm-up, a training step makes no synchronizing torch call (torch.cuda.set_sync_debug_mode raises on
-    any, naming the op), on either communicator."""
-    from moe_runtime import MoELayer
-
-    options = dict(options)
-    device = torch.device("cuda", cuda_comm.cuda_device)
-    layer = MoELayer({"type": "top", "k": 2, "capacity_factor": options.pop("factor", 1.0)}, 64,
-                     {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 64},
-                     comm=cuda_comm, seeds=(3, 4), **options).to(device=device, dtype=torch.bfloat16)
+                     comm=comm, seeds=(3, 4), **options).to(device=device, dtype=torch.bfloat16)
     x = torch.randn(256, 64, generator=torch.Generator().manual_seed(5)).to(device, torch.bfloat16)
     x.requires_grad_(True)
 
@@ -156,13 +125,30 @@ def test_a_step_whose_shapes_are_known_makes_no_stream_sync_of_torch(cuda_comm, 
         y = layer(x, **call)
         (y.float().sum() + y.l_aux).backward()
 
-    step()  # buffers, cuBLAS' workspace
+    step()
     torch.cuda.set_sync_debug_mode("error")
     try:
         step()
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize(device)
+
+
+def test_a_dropless_step_on_the_gpu_makes_no_stream_sync_of_torch(cuda_comm):
+    """The dropless flow's one wait per forward is a2a.permute's (in the core, for its counts), not
+    torch's."""
+    _second_step_makes_no_sync(cuda_comm, 0.0, {"flow": "dropless"}, {})
+
+
+@pytest.mark.parametrize("options,call", [({}, {"adaptive_r": 0}), ({}, {"adaptive_r": 1}),
+                                          ({}, {"adaptive_r": 1, "a2a_ffn_overlap_degree": 2}),
+                                          ({"dropless_capacity": "worst_case", "factor": 0.0}, {})],
+                         ids=["r=0", "r=1", "r=1 d=2", "f=0 worst case"])
+def test_a_step_whose_shapes_are_known_makes_no_stream_sync_of_torch(cuda_comm, options, call):
+    """The expert flow at f > 0 (and at f = 0 with the worst-case capacity) reads nothing back, on either
+    communicator."""
+    options = dict(options)
+    _second_step_makes_no_sync(cuda_comm, options.pop("factor", 1.0), options, call)
 
 
 @pytest.mark.parametrize("flow", ["data_centric", "model_centric"])
