@@ -247,6 +247,12 @@ def _torch_view(x: Any, what: str) -> ArrayView:
                      device)
 
 
+def torch_on(x: Any, cuda_device: int | None) -> bool:
+    """Whether torch tensor `x` lives in host memory (`cuda_device` None) or on that CUDA device: the
+    placement check of the fast paths, which tell it without a view."""
+    return x.is_cpu if cuda_device is None else x.is_cuda and x.get_device() == cuda_device
+
+
 def torch_dtype_named(dtype: Any) -> tuple[str, int]:
     """(name, itemsize) of a torch.dtype, made once per dtype."""
     named = _TORCH_DTYPES.get(dtype)

@@ -24,6 +24,7 @@ from ._arrays import (
     read_only,
     torch_dtype_named,
     torch_execution,
+    torch_on,
 )
 from ._counters import note_allocation
 from ._errors import InvalidArgumentError
@@ -92,7 +93,7 @@ def _torch_place(x: Any, rows: int, routing: Routing, dtypes: tuple[str, ...]) -
     name, _ = torch_dtype_named(x.dtype)
     if name not in dtypes or not x.is_contiguous():
         return None
-    if not (x.is_cpu if place.cuda_device is None else x.is_cuda and x.get_device() == place.cuda_device):
+    if not torch_on(x, place.cuda_device):
         return None
     return DTYPE_CODES[name], x.shape[1]
 
@@ -136,7 +137,7 @@ def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
     view): a contiguous tensor of data's dtype and device, of rows * model_dim elements, that does not
     require grad; else None."""
     if not (is_torch_tensor(out) and out.dtype == data.dtype and out.is_contiguous() and not out.requires_grad
-            and (out.is_cuda and out.get_device() == data.get_device() if data.is_cuda else out.is_cpu)
+            and torch_on(out, data.get_device() if data.is_cuda else None)
             and out.numel() == rows * model_dim):
         return None
     # Always a view, never `out` itself: an autograd Function returning a tensor that is not one of its

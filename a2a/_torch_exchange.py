@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._arrays import DTYPE_CODES, _torch, _torch_stream, is_torch_tensor, torch_dtype_named, view
+from ._arrays import DTYPE_CODES, _torch, _torch_stream, is_torch_tensor, torch_dtype_named, torch_on, view
 from ._comm import Comm
 from ._counters import note_allocation
 
@@ -21,16 +21,16 @@ def torch_exchange(x: Any, out: Any, comm: Any, shape: tuple[int, ...], workspac
     """(result, input address, result address, dtype code, workspace, workspace bytes) of an exchange of
     the torch tensor `x` into `out` (or a new tensor) of `shape`, on the communicator's device and
     torch's current stream; ``workspace_size(dtype code)`` gives the bytes the core asks for. None where
-    a check might fail (the caller checked the algorithm's name and `shape`'s divisibility)."""
+    a check might fail (the caller checked the algorithm's name and `shape`'s divisibility). The caller
+    runs the exchange after its error-reporting block, as the general path does."""
     if type(comm) is not Comm or not is_torch_tensor(x) or not x.is_contiguous():
         return None
     code = DTYPE_CODES.get(torch_dtype_named(x.dtype)[0])
     cuda = comm.cuda_device
-    if code is None or not (x.is_cpu if cuda is None else x.is_cuda and x.get_device() == cuda):
+    if code is None or not torch_on(x, cuda):
         return None
     if out is not None and not (is_torch_tensor(out) and out.dtype == x.dtype and out.is_contiguous()
-                                and (out.is_cpu if cuda is None else out.is_cuda and out.get_device() == cuda)
-                                and tuple(out.shape) == shape):
+                                and torch_on(out, cuda) and tuple(out.shape) == shape):
         return None
     try:
         nbytes = workspace_size(code)
