@@ -136,12 +136,9 @@ class LayerBench:
                     for _ in range(3):
                         plain()
                 torch.cuda.current_stream().wait_stream(side)
-                x.grad = None
-                layer.zero_grad(set_to_none=True)
                 capture = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(capture):
-                    y = layer(x, **options)
-                    (y.sum() + y.l_aux).backward()
+                    plain()  # its gradients set to None first: the captured backward makes them, in the graph
                 graph = capture
             graph.replay()
 
@@ -335,11 +332,9 @@ class LayerBench:
 
         if self.args.device == "cuda":
             graphed = self.new_layer(cuda_graphs=1)
-            probed("graphed", self.layer_step(graphed, x, capacity_factor=factor, adaptive_r=plan.r,
-                                              a2a_ffn_overlap_degree=plan.d, algo=plan.algo),
-                   plan.r, plan.d, plan.algo)
             options = {"capacity_factor": factor, "adaptive_r": plan.r, "a2a_ffn_overlap_degree": plan.d,
                        "algo": plan.algo}
+            probed("graphed", self.layer_step(graphed, x, **options), plan.r, plan.d, plan.algo)
             probed("captured", self.captured_step(self.new_layer(), x.detach().clone().requires_grad_(), **options),
                    plan.r, plan.d, plan.algo)
         for name, build in peer_builders(self.layer, factor, drop_biases=True):
