@@ -73,6 +73,7 @@ A2A_VARIABLES = (
     "A2A_FLEX_PATH",
     "A2A_NUM_THREADS",
     "A2A_TEST_LAUNCHER",
+    "A2A_TEST_LARGE",
 )
 # JAX arrays against jax.lax.all_to_all: their own configurations (A2A_TEST_JAX=1), so that the other
 # configurations do not import JAX in every rank.
@@ -115,17 +116,21 @@ class Config:
         return self.np // local, local
 
 
+# tests/mpi/test_mpi_large.py's 64 MiB runs (5-10 s a configuration) stay in np2, np3, 2x2, 4x2, the staged
+# data path and torchrun-np2: one or two nodes, an odd world, 8 ranks on 2dh, each transport.
+SMALL = {"A2A_TEST_LARGE": "0"}
+
 CONFIGS = [
-    Config("np1", 1),
+    Config("np1", 1, env=SMALL),
     Config("np2", 2),
     Config("np3", 3),
-    Config("np4", 4),
-    Config("np8", 8),
+    Config("np4", 4, env=SMALL),
+    Config("np8", 8, env=SMALL),
     Config("2x2", 4, 2, note="2 nodes x 2 ranks"),
     Config("4x2", 8, 2, note="4 nodes x 2 ranks"),
-    Config("2x4", 8, 4, note="2 nodes x 4 ranks"),
-    Config("3x1", 3, 1, note="3 nodes x 1 rank"),
-    Config("np3-local2", 3, 2, note="irregular: 2dh must be rejected"),
+    Config("2x4", 8, 4, env=SMALL, note="2 nodes x 4 ranks"),
+    Config("3x1", 3, 1, env=SMALL, note="3 nodes x 1 rank"),
+    Config("np3-local2", 3, 2, env=SMALL, note="irregular: 2dh must be rejected"),
     # The code of the CUDA communicators with host copies for device ones
     # (A2A_TEST_STAGING, tests/mpi/conftest.py): data staged through host buffers
     # as with transport="mpi", device="cuda"; control messages through a
@@ -145,7 +150,7 @@ CONFIGS = [
         "predicted-np3",
         3,
         paths=COLLECTIVE_TESTS,
-        env={"A2A_TEST_STAGING": "predicted"},
+        env={"A2A_TEST_STAGING": "predicted", **SMALL},
         note="staged, predicted check",
     ),
     Config(
@@ -153,7 +158,7 @@ CONFIGS = [
         4,
         2,
         paths=COLLECTIVE_TESTS,
-        env={"A2A_TEST_STAGING": "control"},
+        env={"A2A_TEST_STAGING": "control", **SMALL},
         note="control via device",
     ),
     # Every flexible all-to-all through one forced path (A2A_FLEX_PATH): the
@@ -171,7 +176,8 @@ CONFIGS = [
     # that use MPI themselves skip.
     Config("torchrun-np2", 2, paths=COLLECTIVE_TESTS, launcher="torchrun", note="the collectives over gloo"),
     Config("torchrun-2x2", 4, 2, paths=[*COLLECTIVE_TESTS, LAYER_TESTS, ONE_MODEL_TESTS, GRAPH_TESTS, TUTEL_TESTS],
-           launcher="torchrun", note="the collectives, the layer and Tutel's surface over gloo, 2 nodes x 2 ranks",
+           launcher="torchrun", env=SMALL,
+           note="the collectives, the layer and Tutel's surface over gloo, 2 nodes x 2 ranks",
            timeout=900),
     # moe_runtime's layer against its reference: the issue's (W, E) pairs,
     # on one node (linear only) and on two (linear and 2dh).
@@ -304,6 +310,8 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
         pytest_args += ["-k", args.k]
     if args.collect_only:
         pytest_args.append("--collect-only")
+    if args.durations:
+        pytest_args.append(f"--durations={args.durations}")
     rank_command = [sys.executable, WRAPPER, "--log-dir", log_dir, "--", *pytest_args]
     if config.cluster:
         nodes, local = config.cluster_shape()
@@ -470,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--np", type=int, help="run one custom configuration with this many ranks")
     parser.add_argument("--local-size", type=int, help="with --np: emulated ranks per node")
     parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("--durations", type=int, default=0, help="rank 0 reports its N slowest tests (pytest)")
     parser.add_argument("-v", "--verbose", action="store_true", help="stream rank 0's pytest output")
     parser.add_argument("--timeout", type=int, default=900, help="wall-clock limit per mpirun, seconds")
     parser.add_argument("--rank-timeout", type=int, default=60, help="A2A_TIMEOUT_S for the ranks")

@@ -13,24 +13,18 @@ round and the staged waits: there the budget is the count of collectives."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
+from checks import counting_alone
 from launcher import TORCHRUN
 from runtime_util import DEVICE, experts_cases, random_rows, two_level, whole_expert_cases
 from test_runtime_layer import make_layer
 
-import a2a
-
 
 def step_costs(layer, x, algo):
-    # Earlier tests' communicators, collected inside the window, would count their
-    # destruction (a call and a host wait each) in the process's totals.
-    gc.collect()
-    with a2a.counting() as forward:
+    with counting_alone() as forward:
         y = layer(x, algo=algo)
-    with a2a.counting() as backward:
+    with counting_alone() as backward:
         (y.sum() + layer.l_aux).backward()
     return forward.counters, backward.counters
 

@@ -11,10 +11,9 @@ meets a changed rank, and the chunks behind it do not start)."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
+from checks import counting_alone
 from runtime_util import experts_cases, make_layer, random_rows, suite_comm, train_step, whole_expert_cases
 
 import a2a
@@ -26,8 +25,7 @@ def unchecked_comm(world):
 
 
 def forward_collectives(layer, x, **options):
-    gc.collect()  # earlier tests' communicators, collected inside the window, would count their destruction
-    with a2a.counting() as cost:
+    with counting_alone() as cost:
         y = layer(x, **options)
     return y, cost.counters.collectives
 

@@ -16,13 +16,12 @@ dropless_capacity="worst_case", at f == 0, it is T, and nothing is read."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import a2a
+from checks import counting_alone
+
 import moe_runtime
 from moe_runtime.bench.dispatched import DispatchedOps
 from moe_runtime.bench.overhead import SIZED_BY_VALUES
@@ -54,9 +53,8 @@ CASES = {
 
 
 def step_cost(layer, x, call):
-    gc.collect()  # an earlier test's communicator, collected inside the window, would count its teardown
     ops = DispatchedOps()
-    with a2a.counting() as cost, ops:
+    with counting_alone() as cost, ops:
         y = layer(x, **call)
         (y.sum() + y.l_aux).backward()
     return ops.ops, cost.counters
