@@ -95,7 +95,7 @@ def route_fixed(
     offsets: int,
     /,
 ) -> None:
-    """a2a_route_fixed: fills locations, counts and offsets at one capacity; reads nothing back."""
+    """a2a_route_fixed: fills locations, counts and offsets at one capacity (or packed: -1); reads nothing back."""
 
 def route_fixed_dropped(exec: _Exec, num_tokens: int, top_k: int, num_experts: int, workspace: int,
                         workspace_bytes: int, /) -> int:

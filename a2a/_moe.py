@@ -72,14 +72,23 @@ def fast_decode(dispatched: Any, routing: Routing, gates: Any = None, *, out: An
     return combine(dispatched_rows(dispatched, routing, op), routing, gates, op, out, what="dispatched")
 
 
-def permute(x: Any, indices: Any, num_experts: int, *, out: Any = None) -> tuple[Any, Routing]:
+def permute(x: Any, indices: Any, num_experts: int, *, out: Any = None, wait: bool = True) -> tuple[Any, Routing]:
     """Dropless dispatch: x (T, M) -> (x_sorted (N, M), perm). Rows are
     grouped by expert (expert e owns rows perm.offsets[e] .. perm.offsets[e+1]-1,
     perm.counts[e] of them), in Tutel's slot order; N is the number of routed
     choices. Nothing is dropped and nothing is padded. ``indices`` as for
-    ``a2a.route``. x may be an FP8 pair (q, scales), as for fast_encode."""
+    ``a2a.route``. x may be an FP8 pair (q, scales), as for fast_encode.
+
+    ``wait=False``: nothing comes back to the host, so on a GPU the call only
+    enqueues kernels (a CUDA graph may capture it): N is T * k, a bound, and
+    where some choices are not routed the rows past the routed ones are the
+    last expert's, zeroed (perm.offsets[E] = T * k, perm.counts as before).
+    For a top-k's indices, every choice routed, that is the layout of
+    ``wait=True`` itself. ``perm.host_counts`` is None; an index >=
+    num_experts is not routed meanwhile and raised when ``perm.num_dropped``
+    is first read (always 0 otherwise), as for ``route(..., wait=False)``."""
     op = "permute"
-    perm = permutation(indices, num_experts, op)
+    perm = permutation(indices, num_experts, op, wait)
     if _fp8.is_fp8_pair(x):
         return _encoded_pair(x, perm, None, op, out, lambda r, width: (r.num_rows, width)), perm
     if _records_autograd(op, out, x):

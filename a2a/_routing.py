@@ -50,8 +50,8 @@ class Routing:
     read (read-only for NumPy), so the routing cannot be changed through them.
     """
 
-    __slots__ = ("_capacity", "_counts", "_host_counts", "_indices", "_locations", "_native", "_num_dropped",
-                 "_num_rows", "_offsets", "_unread")
+    __slots__ = ("_bounded", "_capacity", "_counts", "_host_counts", "_indices", "_locations", "_native",
+                 "_num_dropped", "_num_rows", "_offsets", "_unread")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("an a2a.Routing is made by a2a.route or a2a.permute, not directly")
@@ -59,8 +59,12 @@ class Routing:
     @classmethod
     def _create(cls, indices: ArrayView, locations: Any, counts: Any, offsets: Any,
                 capacity: int | tuple[int, ...] | None, num_rows: int, num_dropped: int | None,
-                unread: _Tables | None = None, host_counts: np.ndarray | None = None) -> Routing:
+                unread: _Tables | None = None, host_counts: np.ndarray | None = None,
+                bounded: bool = False) -> Routing:
         self = object.__new__(cls)
+        # permute(wait=False): dropless with num_rows = T*k, a bound; the rows past the routed choices are the
+        # last expert's padding, which the kernels zero (they take it as per-expert capacities).
+        self._bounded = bounded
         self._host_counts = host_counts  # counts on the host, where the route waited for them
         self._indices = indices  # a view of the private copy of the caller's indices
         self._locations, self._counts, self._offsets = locations, counts, offsets
@@ -74,13 +78,15 @@ class Routing:
         copy or an unpickled routing views its own indices."""
         tables = (self._locations, self._counts, self._offsets)
         sizes = (self._capacity, self._num_rows, self.num_dropped)  # (read now for a routing of route(wait=False))
-        return {"indices": self._indices.obj, "tables": tables, "sizes": sizes, "host_counts": self._host_counts}
+        return {"indices": self._indices.obj, "tables": tables, "sizes": sizes, "host_counts": self._host_counts,
+                "bounded": self._bounded}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._indices = view(state["indices"], "indices")
         self._locations, self._counts, self._offsets = state["tables"]
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
         self._host_counts = state.get("host_counts")
+        self._bounded = state.get("bounded", False)
         self._unread = None
         self._native = None
 
@@ -121,18 +127,19 @@ class Routing:
     def row_map(self) -> Any:
         """(T, k) int64: the row each choice occupies in the dispatched buffer, -1 when not kept (a new array)."""
         e, locations, counts, offsets = self._indices.obj, self._locations, self._counts, self._offsets
+        last = len(counts) - 1  # an index >= E (not routed by a route or permute that did not wait) is not kept
         if self._indices.framework == "torch":
             import torch
 
             e = e.long()
-            safe = e.clamp(min=0)
-            kept = (e >= 0) & (locations < counts[safe])
+            safe = e.clamp(0, last)
+            kept = (e >= 0) & (e <= last) & (locations < counts[safe])
             return torch.where(kept, offsets[safe] + locations, torch.full_like(locations, -1))
         xp = _array_module(self._indices)
         with self._indices.device_guard():
             e = e.astype(xp.int64)
-            safe = xp.maximum(e, 0)
-            kept = (e >= 0) & (locations < counts[safe])
+            safe = xp.clip(e, 0, last)
+            kept = (e >= 0) & (e <= last) & (locations < counts[safe])
             return xp.where(kept, offsets[safe] + locations, -1)
 
     @property
@@ -175,13 +182,13 @@ class Routing:
     @property
     def num_rows(self) -> int:
         """Rows of the dispatched buffer: E * C, the sum of the per-expert capacities, or the routed
-        choices when dropless."""
+        choices when dropless (T * k for ``permute(..., wait=False)``: a bound, known without the device)."""
         return self._num_rows
 
     @property
     def num_dropped(self) -> int:
         """Routed choices that did not fit their expert's capacity. For a
-        routing of ``route(..., wait=False)`` every read waits for the current
+        routing of ``route(..., wait=False)`` or ``permute(..., wait=False)`` every read waits for the current
         stream (where the count is: a routing captured in a CUDA graph gives
         its last replay's) and raises InvalidArgumentError for an index >=
         num_experts, as ``route`` would have."""
@@ -226,7 +233,8 @@ def _native_fields(routing: Routing) -> tuple:
         address_of(routing._locations),
         address_of(routing._counts),
         address_of(routing._offsets),
-        DROPLESS if routing._capacity is None else PER_EXPERT if routing.per_expert else routing._capacity,
+        PER_EXPERT if routing.per_expert or routing._bounded else DROPLESS if routing._capacity is None
+        else routing._capacity,
         routing._num_rows,
     )
 
@@ -339,13 +347,17 @@ class _Tables:
 
 
 def _locate_fixed(idx: ArrayView, tables: _Tables, num_experts: int, capacity: int, order: Any) -> Routing:
-    """Runs the core's route_fixed into `tables`: nothing is read back."""
+    """Runs the core's route_fixed into `tables`: nothing is read back. DROPLESS: permute's layout with
+    T*k rows (a bound)."""
     num_tokens, top_k = idx.shape
     with idx.device_guard():
         _C.route_fixed(tables.execution, idx.address, idx.dtype_code, num_tokens, top_k, num_experts,
                        0 if order is None else address_of(order), capacity, address_of(tables.workspace),
                        tables.workspace.nbytes, address_of(tables.locations), address_of(tables.counts),
                        address_of(tables.offsets))
+    if capacity == DROPLESS:
+        return Routing._create(idx, tables.locations, tables.counts, tables.offsets, None, num_tokens * top_k, None,
+                               tables, bounded=True)
     return Routing._create(idx, tables.locations, tables.counts, tables.offsets, capacity, num_experts * capacity,
                            None, tables)
 
@@ -464,8 +476,14 @@ def route(
     return _locate(idx, tables, num_experts, 0 if capacity is None else capacity, setting, order, comm)
 
 
-def permutation(indices: Any, num_experts: Any, op: str) -> Routing:
-    """The dropless routing of permute (every routed choice kept, rows packed by expert)."""
+def permutation(indices: Any, num_experts: Any, op: str, wait: bool = True) -> Routing:
+    """The dropless routing of permute (every routed choice kept, rows packed by expert); `wait` False:
+    T*k rows, nothing read back (see a2a.permute)."""
     idx = _private_indices(indices, op)
     num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
-    return _locate(idx, _Tables(idx, num_experts), num_experts, DROPLESS, 0.0, None, None)
+    if not isinstance(wait, bool):
+        raise TypeError(f"{op}: wait must be True or False, got {wait!r}")
+    tables = _Tables(idx, num_experts)
+    if not wait:
+        return _locate_fixed(idx, tables, num_experts, DROPLESS, None)
+    return _locate(idx, tables, num_experts, DROPLESS, 0.0, None, None)

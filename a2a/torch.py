@@ -135,15 +135,16 @@ def _check_grad_buffer(buffer: Any, like: torch.Tensor, op: str) -> None:
         )
 
 
-def permute(x: torch.Tensor, indices: Any, num_experts: int | None = None) -> tuple[torch.Tensor, Routing]:
-    """(x_sorted, perm) as a2a.permute. ``indices`` may also be a dropless
+def permute(x: torch.Tensor, indices: Any, num_experts: int | None = None, *,
+            wait: bool = True) -> tuple[torch.Tensor, Routing]:
+    """(x_sorted, perm) as a2a.permute (``wait`` too). ``indices`` may also be a dropless
     Routing from an earlier permute (then num_experts is not needed)."""
     if isinstance(indices, Routing):
         perm = require_dropless(indices, "permute", what="indices")
     elif num_experts is None:
         raise InvalidArgumentError("permute: num_experts is required with indices")
     else:
-        perm = permutation(indices, num_experts, "permute")
+        perm = permutation(indices, num_experts, "permute", wait)
     return _GatedKernel.apply(x, None, perm, "permute", True, "x"), perm
 
 

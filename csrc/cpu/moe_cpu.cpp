@@ -400,12 +400,22 @@ class CpuKernels final : public Kernels {
     std::vector<int64_t> demand;
     if (!scan(p, workspace, locations, demand, result.fault))  // a bad token_order: nothing is routed
       std::fill(locations, locations + p.num_tokens * p.top_k, -1);
-    for (int64_t e = 0; e < E; ++e) {
-      counts[e] = std::min(demand[e], capacity);
-      result.dropped += demand[e] - counts[e];
-      expert_offsets[e] = e * capacity;
+    if (capacity == A2A_CAPACITY_DROPLESS) {  // packed, bounded at T*k rows: nothing dropped
+      int64_t next = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        counts[e] = demand[e];
+        expert_offsets[e] = next;
+        next += demand[e];
+      }
+      expert_offsets[E] = p.num_tokens * p.top_k;
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        counts[e] = std::min(demand[e], capacity);
+        result.dropped += demand[e] - counts[e];
+        expert_offsets[e] = e * capacity;
+      }
+      expert_offsets[E] = E * capacity;
     }
-    expert_offsets[E] = E * capacity;
     std::memcpy(workspace, &result, sizeof result);
   }
 

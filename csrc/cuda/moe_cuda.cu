@@ -23,7 +23,8 @@
 // was, as on the CPU. Then demand and the error record come back to the host
 // in one copy, after the one wait for the stream (bounded; the copy itself is
 // waited for too). At a fixed capacity (locate_fixed) nothing waits: cap_kernel
-// turns the demand into counts, offsets and the dropped choices on the device,
+// turns the demand into counts, offsets and the dropped choices on the device
+// (or, packed, into counts and their running sum),
 // the error record stays in the workspace, and fixed_result reads both later.
 //
 // Data kernels (dispatch, combine, gate_grad). A group of `lanes` threads
@@ -283,12 +284,50 @@ __global__ void error_values_kernel(const void* __restrict__ indices, a2a_dtype_
     record[kBadOrderValue] = static_cast<unsigned long long>(order[record[kBadOrderEntry]]);
 }
 
+// The packed layout's tables from the demand (one block): counts[e] =
+// demand[e], expert_offsets[e] = the demand of the experts before e,
+// expert_offsets[E] = `rows` (T*k, a bound), and nothing dropped. Each thread
+// takes a run of consecutive experts: it sums its run, the block scans the
+// sums (the same number of barriers whatever E), and the thread writes its
+// run's offsets from its exclusive prefix. Integer sums: the CPU's values.
+__device__ void packed_tables(const int64_t* __restrict__ demand, int64_t E, int64_t rows,
+                              int64_t* __restrict__ counts, int64_t* __restrict__ offsets,
+                              unsigned long long* record, int64_t* scan) {
+  const int64_t per_thread = (E + blockDim.x - 1) / blockDim.x;
+  const int64_t first = min(E, threadIdx.x * per_thread), last = min(E, first + per_thread);
+  int64_t run = 0;
+  for (int64_t e = first; e < last; ++e) run += demand[e];
+  scan[threadIdx.x] = run;
+  __syncthreads();
+  for (unsigned step = 1; step < blockDim.x; step *= 2) {  // Hillis-Steele: an inclusive scan of the runs
+    const int64_t before = threadIdx.x >= step ? scan[threadIdx.x - step] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += before;
+    __syncthreads();
+  }
+  int64_t next = scan[threadIdx.x] - run;
+  for (int64_t e = first; e < last; ++e) {
+    counts[e] = demand[e];
+    offsets[e] = next;
+    next += demand[e];
+  }
+  if (threadIdx.x == 0) {
+    offsets[E] = rows;
+    record[kDropped] = 0;
+  }
+}
+
 // A fixed capacity's tables from the demand (one block): counts[e] =
-// min(demand[e], C), expert_offsets[e] = e * C, and the dropped choices.
+// min(demand[e], C), expert_offsets[e] = e * C, and the dropped choices;
+// C == A2A_CAPACITY_DROPLESS: packed_tables' (rows: T*k).
 __global__ void __launch_bounds__(kScanThreads)
-    cap_kernel(const int64_t* __restrict__ demand, int64_t E, int64_t capacity, int64_t* __restrict__ counts,
-               int64_t* __restrict__ offsets, unsigned long long* record) {
+    cap_kernel(const int64_t* __restrict__ demand, int64_t E, int64_t capacity, int64_t rows,
+               int64_t* __restrict__ counts, int64_t* __restrict__ offsets, unsigned long long* record) {
   __shared__ int64_t dropped[kScanThreads];
+  if (capacity == A2A_CAPACITY_DROPLESS) {
+    packed_tables(demand, E, rows, counts, offsets, record, dropped);
+    return;
+  }
   int64_t mine = 0;
   for (int64_t e = threadIdx.x; e <= E; e += blockDim.x) {
     offsets[e] = e * capacity;
@@ -673,7 +712,8 @@ class CudaKernels final : public Kernels {
     if (locate_layout(T, k, E).tiles == 0)  // nothing scanned: no demand
       check_cuda(cudaMemsetAsync(scan.demand, 0, static_cast<size_t>(E) * sizeof(int64_t), stream_),
                  "cudaMemsetAsync");
-    cap_kernel<<<1, kScanThreads, 0, stream_>>>(scan.demand, E, capacity, counts, expert_offsets, scan.record);
+    cap_kernel<<<1, kScanThreads, 0, stream_>>>(scan.demand, E, capacity, T * k, counts, expert_offsets,
+                                                scan.record);
     check_launch("cap_kernel");
   }
 

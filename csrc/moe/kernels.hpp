@@ -178,7 +178,11 @@ class Kernels {
   // The location scan at one capacity C > 0 (a2a_route_fixed), without
   // waiting for the device: locations as locate's, and on the backend
   // counts[e] = min(demand[e], C), expert_offsets[e] = e * C (e <= E) and the
-  // number dropped, kept in the workspace with what the scan found wrong. An
+  // number dropped, kept in the workspace with what the scan found wrong.
+  // C == A2A_CAPACITY_DROPLESS: the packed layout bounded at T*k rows,
+  // counts[e] = demand[e], expert_offsets[e] = demand[0] + .. + demand[e-1]
+  // (e < E), expert_offsets[E] = T*k (the rows past the routed choices are
+  // the last expert's padding), nothing dropped. An
   // index >= E is not routed (location -1); with a bad token_order nothing is
   // (every location -1, every count 0). So the tables are always safe for the
   // kernels, and the error waits for fixed_result.

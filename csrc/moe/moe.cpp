@@ -260,8 +260,10 @@ void route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_
   const char* op = "route_fixed";
   check_shape(op, num_tokens, top_k, num_experts);
   require(is_index(index_dtype), op, ": indices dtype ", dtype_name(index_dtype), " is not int32 or int64");
-  require(capacity > 0, op, ": capacity ", capacity, " must be > 0 (a2a_route takes the other capacity modes)");
-  checked_product(num_experts, capacity, "num_experts * capacity");  // bounds every offset
+  require(capacity > 0 || capacity == A2A_CAPACITY_DROPLESS, op, ": capacity ", capacity,
+          " must be > 0 or A2A_CAPACITY_DROPLESS (a2a_route takes the other capacity modes)");
+  // Bounds every offset (packed: T*k, which check_shape bounds).
+  if (capacity > 0) checked_product(num_experts, capacity, "num_experts * capacity");
   std::unique_ptr<Kernels> kernels = make_kernels(exec);
   route_arrays(op, *kernels, indices, index_dtype, num_tokens, top_k, num_experts, token_order, workspace,
                workspace_bytes, locations, counts, expert_offsets);

@@ -227,6 +227,46 @@ def test_route_without_waiting_is_captured_in_a_cuda_graph():
         assert_bitwise(y, a2a.fast_decode(a2a.fast_encode(x.to(DEVICE), eager), eager), f"replay {seed}")
 
 
+@pytest.mark.parametrize("name", ROUTE_CASES)
+def test_permute_without_waiting_matches_cpu(name):
+    # permute(wait=False): T*k rows, the packed offsets made on the device by cap_kernel's block scan.
+    T, k, E, index_dtype, _, unrouted, skew = ROUTE_CASES[name]
+    indices = make_indices(T, k, E, dtype=index_dtype, unrouted=unrouted, skew=skew)
+    x = make_data((T, 40), torch.float32, 3)
+    cpu_rows, cpu = a2a.permute(x, indices, E, wait=False)
+    gpu_rows, gpu = a2a.permute(x.to(DEVICE), indices.to(DEVICE), E, wait=False)
+    assert_same_routing(gpu, cpu)
+    assert_bitwise(gpu_rows, cpu_rows, f"{name}: permuted rows")
+
+
+def test_permute_without_waiting_is_captured_in_a_cuda_graph_and_makes_no_sync():
+    # permute(wait=False) + unpermute in one graph, replayed on new indices: what eager gives; eagerly, no sync.
+    T, k, E, M = 3000, 2, 16, 64
+    static_indices = make_indices(T, k, E, skew=1.0).to(DEVICE)
+    static_x = make_data((T, M), torch.float32, 4).to(DEVICE)
+    gates = make_data((T, k), torch.float32, 5).abs().to(DEVICE)
+    a2a.permute(static_x, static_indices, E, wait=False)  # warm up outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows, perm = a2a.permute(static_x, static_indices, E, wait=False)
+        a2a.unpermute(rows, perm, gates)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rows, perm = a2a.permute(static_x, static_indices, E, wait=False)
+        y = a2a.unpermute(rows, perm, gates)
+    for seed in (1, 2):
+        indices = make_indices(T, k, E, skew=float(seed), seed=seed)
+        static_indices.copy_(indices)
+        graph.replay()
+        eager_rows, eager = a2a.permute(static_x, indices.to(DEVICE), E, wait=False)
+        assert_bitwise(rows, eager_rows, f"replay {seed}: rows")
+        assert_bitwise(y, a2a.unpermute(eager_rows, eager, gates), f"replay {seed}")
+        assert perm.num_dropped == 0
+
+
 # --- encode / decode -----------------------------------------------------------------------
 
 

@@ -532,7 +532,17 @@ A2A_API a2a_status_t a2a_route_capacities(const a2a_exec_t* exec, a2a_comm_t com
  * a token_order that is not a permutation no choice is, so the tables are
  * always safe for the kernels; a2a_route_fixed_dropped then fails with
  * A2A_ERROR_INVALID_ARGUMENT naming it, as a2a_route would have. Keep the
- * workspace until then. */
+ * workspace until then.
+ *
+ * capacity == A2A_CAPACITY_DROPLESS: the dropless (packed) layout of
+ * a2a_route with that capacity, but with num_rows = T * k, a bound known
+ * without the device: counts[e] = the routed choices of expert e,
+ * expert_offsets[e] = counts[0] + .. + counts[e - 1] for e < E, and
+ * expert_offsets[E] = T * k. Where every choice is routed (a top-k's
+ * indices) that is the dropless layout itself; otherwise the rows past the
+ * routed ones are the last expert's padding. Give the kernels this routing
+ * with capacity A2A_CAPACITY_PER_EXPERT (which it satisfies), so that
+ * a2a_moe_dispatch zeroes those rows. Nothing is dropped. */
 A2A_API a2a_status_t a2a_route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_dtype,
                                      int64_t num_tokens, int64_t top_k, int64_t num_experts,
                                      const int64_t* token_order, int64_t capacity, void* workspace,
