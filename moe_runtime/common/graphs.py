@@ -43,9 +43,10 @@ waits for the stream at every exchange), NCCL alone at W > 1 (``from_torch``
 over a NCCL-only subgroup without ``control_group``: a replay's check would
 wait for the stream; with the gloo group beside NCCL it crosses gloo, as it
 crosses MPI under ``from_mpi``), flows other than
-"expert" and the dictionary (they time steps, read counts back or change
-their plan between calls), capacity factors that read counts back (f < 0,
-and f == 0 without ``dropless_capacity="worst_case"``), ``sample_ids``,
+"expert" and ``Dropless(wait=False)``, and the dictionary (they time steps,
+read counts back or change their plan between calls), capacity factors that
+read counts back (f < 0, and f == 0 without ``dropless_capacity="worst_case"``,
+but for ``Dropless(wait=False)``), ``sample_ids``,
 ``layer.routing_trace`` (it reads each call's counts) and autocast with its
 cache on (torch's make_graphed_callables refuses it). Calls that autograd
 does not record (inference, ``torch.no_grad()``) run eagerly.
@@ -235,11 +236,12 @@ def check_capturable(layer: Any, arguments: dict[str, Any], refused: str = OWN_C
     alone = _nccl_alone(comm)
     if alone:
         raise ValueError(refusal(alone))
-    if layer.flow.name != "expert" or layer.flows or layer.adaptive is not None:
+    waitless = _dropless_without_a_wait(layer.flow)
+    if (layer.flow.name != "expert" and not waitless) or layer.flows or layer.adaptive is not None:
         raise ValueError(refusal(f"flow {layer.flow.name!r}" + (f" with the dictionary (flows={layer.flows})"
                                   if layer.flows or layer.adaptive is not None else "")
                                   + " times its steps, reads counts back or changes its plan between calls; "
-                                  "the expert flow at a fixed (r, d) is captured"))
+                                  "the expert flow at a fixed (r, d) is captured, and Dropless(wait=False)"))
     if arguments.get("flow") not in (None, "expert") or arguments.get("sample_ids") is not None:
         raise ValueError(refusal("flow= and sample_ids= pick flows that read counts back"))
     if layer.routing_trace is not None:
@@ -251,10 +253,15 @@ def check_capturable(layer: Any, arguments: dict[str, Any], refused: str = OWN_C
     factor = arguments.get("capacity_factor")
     if factor is None and 0 <= gate_index < len(layer.gates):
         factor = layer.gates[gate_index].capacity_factor
-    if factor is not None and not set_by_tokens(factor, layer.dropless_capacity):
+    if factor is not None and not waitless and not set_by_tokens(factor, layer.dropless_capacity):
         raise ValueError(refusal(f"capacity_factor={factor} sizes the capacity from the experts' counts, read "
                                   "back on the host" + (": construct the layer with dropless_capacity='worst_case'"
                                                         if factor == 0 else "")))
+
+
+def _dropless_without_a_wait(flow: Any) -> bool:
+    """The dropless flow that reads nothing back (Dropless(wait=False), one rank): capturable at f = 0."""
+    return flow.name == "dropless" and not flow.settings.wait
 
 
 def call_in_graphs(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,

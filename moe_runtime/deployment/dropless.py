@@ -21,7 +21,10 @@ One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::
 On one rank (W = 1) the rows are their own: the counts are read without an
 exchange, and the permuted rows are the experts' input as they are (no
 exchange, no local permutation: from one source they are grouped by expert
-already), so the flow is permute, FFN, unpermute.
+already), so the flow is permute, FFN, unpermute. With ``wait=False`` (one
+rank only) not even the counts are read: a2a.permute(..., wait=False) gives
+T*k rows and the offsets on the device, which the grouped GEMMs take as they
+are (experts/grouped.py), so the step reads nothing back.
 
 Every step is a differentiable a2a.torch function (or a torch op), so
 autograd runs the reverse flow. Only r = 1 with whole experts: with s > 1
@@ -100,25 +103,31 @@ class Dispatched:
     each source rank for each of my n experts (R = its sum). ``perm``: the
     permutation of this rank's choices (a2a.permute's Routing); ``send_counts``
     (W,) int64: rows this rank sent to each rank. ``slots``: {expert: slot}
-    of the expert cache when the dispatch fetched the experts already."""
+    of the expert cache when the dispatch fetched the experts already. On one
+    rank without a wait (``dispatch(wait=False)``) per_source and send_counts
+    are None: the counts stay on the device, in perm."""
 
     received: torch.Tensor
-    per_source: np.ndarray
+    per_source: np.ndarray | None
     perm: a2a.Routing
-    send_counts: np.ndarray
+    send_counts: np.ndarray | None
     slots: dict[int, int] | None = None
 
 
 def dispatch(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int, *, comm: a2a.Comm,
              algo: str, expert_cache: ExpertCache | None = None, fp8: str | None = None,
-             count_comm: a2a.Comm | None = None) -> Dispatched:
+             count_comm: a2a.Comm | None = None, wait: bool = True) -> Dispatched:
     """permute, the count exchange and all_to_all_v (autograd through a2a.torch).
     With `expert_cache`, the experts receiving rows are fetched between the
     count exchange and the data exchange when they fit the slots at once.
     `fp8` (a2a's format): the tokens are quantized once and their FP8 rows
     permuted and exchanged (_Fp8Arrival), dequantized on arrival.
     `count_comm`: where the counts (host values) are exchanged (default
-    `comm`; the layer passes its host twin)."""
+    `comm`; the layer passes its host twin). `wait` False (one rank, no
+    cache, no FP8: the flow checks): nothing is read back."""
+    if not wait:
+        received, perm = a2a_torch.permute(tokens, indices, num_experts, wait=False)
+        return Dispatched(received, None, perm, None)
     if fp8 is None:
         x_sorted, perm = a2a_torch.permute(tokens, indices, num_experts)
     else:
@@ -174,8 +183,9 @@ def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
         expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
         expert_of_row = uploaded(torch.from_numpy(expert_of_row), received.device).view(-1, 1)
         by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
-    # The local permutation's offsets, known on the host already (no read of its tables).
-    offsets = [0, *np.cumsum(per_source.sum(axis=0)).tolist()]
+    # The local permutation's offsets, known on the host already (no read of its tables); without a wait
+    # (one source), the permutation's own, on the device.
+    offsets = dispatched.perm.offsets if per_source is None else [0, *np.cumsum(per_source.sum(axis=0)).tolist()]
     if expert_cache is None:
         computed = ragged_ffn(by_expert, offsets, *weights, activation, weight_grad_scale)
     else:
@@ -215,18 +225,21 @@ def dropless_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tenso
                  weights: ExpertWeights, activation: Activation, comm: a2a.Comm, algo: str,
                  weight_grad_scale: float = 1.0, dispatched: Dispatched | None = None,
                  expert_cache: ExpertCache | None = None, fp8: str | None = None,
-                 count_comm: a2a.Comm | None = None) -> tuple[torch.Tensor, np.ndarray, int]:
+                 count_comm: a2a.Comm | None = None, wait: bool = True) -> tuple[torch.Tensor, np.ndarray | None, int]:
     """y (T, M) of this rank's tokens, the rows each local expert computed
-    (n,), and the rows this rank sent to other ranks (in each exchange).
+    (n,; None without a wait: they stay on the device), and the rows this
+    rank sent to other ranks (in each exchange). `wait`: see :func:`dispatch`.
     ``dispatched``: the dispatch of (tokens, indices) made already (by the
     sample-assignment cache, moe_runtime.deployment.cached_dispatch); else it is made
     here. `fp8` and `count_comm`: see :func:`dispatch`. For the other
     arguments see :func:`experts_and_return`."""
     if dispatched is None:
         dispatched = dispatch(tokens, indices, weights[0].shape[0] * comm.size, comm=comm, algo=algo,
-                              expert_cache=expert_cache, fp8=fp8, count_comm=count_comm)
+                              expert_cache=expert_cache, fp8=fp8, count_comm=count_comm, wait=wait)
     y = experts_and_return(dispatched, gates, weights=weights, activation=activation, comm=comm, algo=algo,
                            weight_grad_scale=weight_grad_scale, expert_cache=expert_cache)
+    if dispatched.per_source is None:
+        return y, None, 0  # one rank: nothing sent to others
     send_counts = dispatched.send_counts
     sent_to_others = int(send_counts.sum() - send_counts[comm.rank])
     return y, dispatched.per_source.sum(axis=0), sent_to_others

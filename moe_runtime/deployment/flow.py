@@ -35,13 +35,18 @@ class Dropless:
     inference), ``assignment_cache`` (an :class:`AssignmentCache`, calls with
     ``sample_ids``); either may be None. ``low_latency_tokens`` N > 0: calls
     that record no autograd on any rank, with at most N tokens on every rank,
-    go through a2a.LowLatencyBuffer (deployment/low_latency.py)."""
+    go through a2a.LowLatencyBuffer (deployment/low_latency.py). ``wait``
+    False (one rank, no cache, no low-latency path, no FP8 dispatch): the
+    step reads nothing back, not even the counts (a2a.permute(...,
+    wait=False), the experts on torch's grouped GEMMs by offsets on the
+    device); the call's plan then gives T, the bound, as its capacity."""
 
     expert_cache: ExpertCache | None = None
     assignment_cache: AssignmentCache | None = None
     # Inference calls whose every rank has at most this many tokens go through a2a.LowLatencyBuffer
     # (deployment/low_latency.py); 0: never.
     low_latency_tokens: int = 0
+    wait: bool = True
     flow = "dropless"
 
     def __post_init__(self) -> None:
@@ -53,6 +58,13 @@ class Dropless:
         tokens = self.low_latency_tokens
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
             raise ValueError(f"low_latency_tokens must be an int >= 0 (0: no low-latency path), got {tokens!r}")
+        if not isinstance(self.wait, bool):
+            raise TypeError(f"wait must be True or False, got {self.wait!r}")
+        others = [name for name, on in (("expert_cache", self.expert_cache is not None),
+                                        ("assignment_cache", cache is not None),
+                                        ("low_latency_tokens", tokens > 0)) if on]
+        if not self.wait and others:
+            raise ValueError(f"Dropless(wait=False) reads no count back, which {', '.join(others)} need")
 
 
 class DroplessFlow(WholeExpertFlow):
@@ -70,6 +82,12 @@ class DroplessFlow(WholeExpertFlow):
         if self.assignment_cache is not None and context.dispatch_format is not None:
             raise ValueError("MoELayer(flow=Dropless(assignment_cache=...)) predicts its dispatch in the tokens' "
                              "dtype; it does not take dispatch_dtype (FP8)")
+        if not self.settings.wait and (context.exchange_comm.size > 1 or context.dispatch_format is not None):
+            raise ValueError(
+                "MoELayer(flow=Dropless(wait=False)) takes one rank and no dispatch_dtype: an exchange sizes its "
+                f"messages by the counts (here {context.exchange_comm.size} ranks, dispatch_dtype "
+                f"{context.dispatch_format}); over several ranks the expert flow's capacity_factor=0 with "
+                "dropless_capacity='worst_case' drops nothing without a wait")
         if self.assignment_cache is not None:
             self.assignment_cache.bind(self)  # one layer per cache
         self.low_latency = None
@@ -118,10 +136,11 @@ class DroplessFlow(WholeExpertFlow):
                                      activation=context.experts.activation_fn, comm=context.exchange_comm,
                                      algo=call.choice.algo, weight_grad_scale=context.weight_grad_scale,
                                      dispatched=dispatched, expert_cache=cache, fp8=context.dispatch_format,
-                                     count_comm=context.kept.comm)
+                                     count_comm=context.kept.comm, wait=self.settings.wait)
         self.assignment_stats = stats
-        # As the dictionary's choice the plan keeps the agreed capacity (its key); alone, the most rows.
-        capacity = call.capacity or (int(rows.max()) if rows.size else 0)
+        # As the dictionary's choice the plan keeps the agreed capacity (its key); alone, the most rows, or
+        # without a wait T, which bounds them (a token chooses an expert once).
+        capacity = call.capacity or (call.tokens.shape[0] if rows is None else int(rows.max()) if rows.size else 0)
         return y, Plan(1, 1, call.choice.algo, capacity, capacity, 0, sent, flow=self.name)
 
     def _bound_cache(self, device: torch.device) -> ExpertCache:

@@ -34,7 +34,7 @@ import torch
 from ..common.host_values import uploaded
 from .activation import Activation, activate, activation_backward
 
-__all__ = ["GroupedRows", "grouped_gemms_run", "grouped_rows"]
+__all__ = ["GroupedRows", "grouped_gemms_run", "grouped_rows", "grouped_rows_on_device"]
 
 # float32 on the CPU only: on a GPU torch's float32 grouped GEMM may take TF32 whatever
 # torch.backends.cuda.matmul.allow_tf32 says, where the loop's mm follows it.
@@ -63,6 +63,21 @@ def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
     bounds = uploaded(torch.tensor(offsets, dtype=torch.int32), rows.device)
     has_empty = any(offsets[e] == offsets[e + 1] for e in range(len(offsets) - 1))
     return GroupedRows(bounds[1:], bounds.diff(), num_rows, has_empty)
+
+
+def grouped_rows_on_device(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
+                           offsets: torch.Tensor) -> GroupedRows | None:
+    """:func:`grouped_rows` by `offsets` on the rows' device ((n + 1,) int64,
+    offsets[n] = R: a2a.permute(..., wait=False)'s), read by nothing on the
+    host: every expert may be empty, so the backward zeroes the weight
+    gradients of those without rows on the device."""
+    num_rows, model_dim = rows.shape
+    if (num_rows == 0 or fc1.dtype != rows.dtype or fc2.dtype != rows.dtype
+            or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())
+            or not grouped_gemms_run(rows.device, rows.dtype, model_dim, fc1.shape[1])):
+        return None
+    bounds = offsets.to(torch.int32)
+    return GroupedRows(bounds[1:], bounds.diff(), num_rows, has_empty=True)
 
 
 def _runs(device: torch.device, dtype: torch.dtype) -> bool:

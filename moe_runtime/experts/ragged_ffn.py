@@ -18,6 +18,10 @@ device where it runs: grouped.py asks once), every matmul of the step is one gro
 over all experts, forward and backward: 2 GEMMs forward and 4 backward
 whatever n, where the loop launches 2 n and 4 n (on a GPU, as many kernel
 launches, most of them small). Otherwise the loop over the experts.
+
+The offsets are host integers, or a tensor on the rows' device (a2a.permute(...,
+wait=False)'s: nothing read back); a tensor takes the grouped GEMMs, and where
+they do not run the call fails naming what they need.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .activation import Activation, activate, activation_backward
-from .grouped import GroupedRows, grouped_rows
+from .grouped import GroupedRows, grouped_rows, grouped_rows_on_device
 
 __all__ = ["ComputeClock", "ExpertWeights", "RaggedGroups", "ffn_rows", "ragged_backward", "ragged_ffn", "ragged_forward"]
 
@@ -80,12 +84,22 @@ class RaggedGroups:
     offsets: Sequence[int]
 
 
-def ragged_forward(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+def ragged_forward(rows: torch.Tensor, offsets: Sequence[int] | torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
                    fc2: torch.Tensor, fc2_bias: torch.Tensor | None,
                    activation: Activation) -> tuple[torch.Tensor, torch.Tensor, RaggedGroups]:
     """(out (R, M) of every expert on its rows, the (R, H) hidden tensor the
     backward needs, how they were computed): grouped GEMMs where torch runs
     them, else expert after expert; no autograd (see ragged_backward)."""
+    if isinstance(offsets, torch.Tensor):
+        groups = grouped_rows_on_device(rows, fc1, fc2, offsets)
+        if groups is None:
+            raise RuntimeError(
+                f"the experts' rows are grouped by offsets on the device, which only torch's grouped GEMM takes, "
+                f"and it does not take {tuple(rows.shape)} {rows.dtype} rows on {rows.device} with experts of "
+                f"{fc1.shape[1]} units (it takes bfloat16 or float16, float32 on the CPU, rows and hidden units "
+                f"of a multiple of 16 bytes)")
+        out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
+        return out, hidden, RaggedGroups(groups, ())
     groups = grouped_rows(rows, fc1, fc2, offsets)
     if groups is not None:
         out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
@@ -157,9 +171,10 @@ def _loop_backward(grad_out: torch.Tensor, rows: torch.Tensor, hidden: torch.Ten
     return grad_rows, grad_fc1, grad_fc1_bias, grad_fc2, grad_fc2_bias
 
 
-def ragged_ffn(rows: torch.Tensor, offsets: Sequence[int], fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
+def ragged_ffn(rows: torch.Tensor, offsets: Sequence[int] | torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
                fc2: torch.Tensor, fc2_bias: torch.Tensor | None, activation: Activation,
                weight_grad_scale: float = 1.0, clock: ComputeClock | None = None) -> torch.Tensor:
     """out (R, M) of every local expert on its rows (see the module docstring);
     differentiable. `clock` adds the forward's and the backward's seconds."""
-    return _RaggedFFN.apply(rows, fc1, fc1_bias, fc2, fc2_bias, list(offsets), activation, weight_grad_scale, clock)
+    offsets = offsets if isinstance(offsets, torch.Tensor) else list(offsets)
+    return _RaggedFFN.apply(rows, fc1, fc1_bias, fc2, fc2_bias, offsets, activation, weight_grad_scale, clock)

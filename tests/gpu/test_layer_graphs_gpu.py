@@ -217,6 +217,22 @@ def _trained(layer, comm, call, captured, steps=4):
     return got
 
 
+def test_a_dropless_step_without_a_wait_replays_bitwise_in_either_capture(nccl_comm):
+    """Dropless(wait=False) (one rank): the layer's own graphs and the caller's capture of the whole step."""
+    from moe_runtime import Dropless
+
+    options = {"factor": 0.0, "flow": Dropless(wait=False)}
+    eager = _steps(_layer(nccl_comm, **options), nccl_comm, {})
+    graphed_layer = _layer(nccl_comm, cuda_graphs=1, **options)
+    for g, e in zip(_steps(graphed_layer, nccl_comm, {}), eager):
+        assert all(torch.equal(a, b) for a, b in zip(g, e))
+    assert len(graphed_layer.graphs) == 1
+    trained = _trained(_layer(nccl_comm, **options), nccl_comm, {}, captured=False)
+    replayed = _trained(_layer(nccl_comm, **options), nccl_comm, {}, captured=True)
+    for g, e in zip(replayed, trained):
+        assert all(torch.equal(a, b) for a, b in zip(g, e))
+
+
 @pytest.mark.parametrize("options,call", CASES[:4], ids=["r=0", "r=1", "r=1 d=2", "f=0 worst case"])
 def test_a_whole_step_captured_by_the_caller_replays_the_eager_steps_bitwise(nccl_comm, options, call):
     eager = _trained(_layer(nccl_comm, **options), nccl_comm, call, captured=False)

@@ -140,6 +140,13 @@ def test_a_dropless_step_on_the_gpu_makes_no_stream_sync_of_torch(cuda_comm):
     _second_step_makes_no_sync(cuda_comm, 0.0, {"flow": "dropless"}, {})
 
 
+def test_a_dropless_step_without_a_wait_makes_no_stream_sync_of_torch(cuda_comm):
+    """Dropless(wait=False): a2a.permute(..., wait=False) and the grouped GEMMs by offsets on the device."""
+    from moe_runtime import Dropless
+
+    _second_step_makes_no_sync(cuda_comm, 0.0, {"flow": Dropless(wait=False)}, {})
+
+
 @pytest.mark.parametrize("options,call", [({}, {"adaptive_r": 0}), ({}, {"adaptive_r": 1}),
                                           ({}, {"adaptive_r": 1, "a2a_ffn_overlap_degree": 2}),
                                           ({"dropless_capacity": "worst_case", "factor": 0.0}, {})],

@@ -95,6 +95,9 @@ def test_dropless_errors(comm):
     if comm.size > 1:  # E = W / 2: two ranks share each expert
         with pytest.raises(ValueError, match="whole experts on each rank"):
             make_layer(comm, comm.size // 2, flow="dropless")
+        # No wait: one rank only (an exchange sizes its messages by the counts).
+        with pytest.raises(ValueError, match=f"takes one rank.*here {comm.size} ranks"):
+            make_layer(comm, num_experts, flow=moe_runtime.Dropless(wait=False))
 
 
 @pytest.mark.parametrize("slots", [1, 2, 64], ids=["one-slot", "two-slots", "all-fit"])

@@ -70,6 +70,7 @@ def test_what_can_be_captured(comm):
     assert refusal(layer_of(comm), a2a_ffn_overlap_degree=2, adaptive_r=0) is None
     assert refusal(layer_of(comm, 0.0, dropless_capacity="worst_case")) is None
     assert refusal(layer_of(comm), CudaLike(transport="mpi")) is None  # one rank exchanges with nobody
+    assert refusal(layer_of(comm, 0.0, flow=moe_runtime.Dropless(wait=False))) is None  # reads nothing back
 
 
 @pytest.mark.parametrize("case,call,match", [

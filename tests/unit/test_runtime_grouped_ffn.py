@@ -49,6 +49,29 @@ def test_grouped_gemms_compute_what_the_loop_does(counts, biases, activation, mo
             assert not got[2][e].any() and not got[4][e].any()
 
 
+@pytest.mark.parametrize("counts", [[5, 0, 7, 1], [0, 0, 9], [3, 0]])
+@pytest.mark.parametrize("biases", [True, False])
+def test_offsets_on_the_device_give_what_host_offsets_give(counts, biases, monkeypatch):
+    torch.manual_seed(sum(counts))
+    n, M, H = len(counts), 16, 8
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    rows = torch.randn(offsets[-1], M)
+    weights = (torch.randn(n, H, M), torch.randn(n, H) if biases else None, torch.randn(n, H, M),
+               torch.randn(n, M) if biases else None)
+    on_device = run(rows, torch.tensor(offsets), weights, torch.relu, 0.5, True, monkeypatch)
+    on_host = run(rows, offsets, weights, torch.relu, 0.5, True, monkeypatch)
+    for name, g, w in zip(("y", "rows", "fc1", "fc1_bias", "fc2", "fc2_bias"), on_device, on_host):
+        assert (g is None and w is None) or torch.equal(g, w), name
+
+
+def test_offsets_on_the_device_without_grouped_gemms_fail_naming_them():
+    rows, weight = torch.randn(4, 16, dtype=torch.float64), torch.randn(2, 8, 16, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="only torch's grouped GEMM takes.*float64"):
+        ffn(rows, torch.tensor([0, 1, 4]), weight, None, weight, None, torch.relu)
+
+
 def test_grouped_gemms_in_bfloat16(monkeypatch):
     torch.manual_seed(1)
     offsets = [0, 6, 6, 16]
