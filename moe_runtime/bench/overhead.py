@@ -6,6 +6,7 @@ the host, for this layer and the layers users would pick instead, in one run.
     python -m moe_runtime.bench --overhead --tokens 16 --steps 20 --repetitions 3   # seconds
     python -m moe_runtime.bench --overhead --capacity-factor 0 --dropless-capacity worst_case   # dropless
     python -m moe_runtime.bench --overhead --capacity-factor 0 --flow dropless --experts 8       # ragged rows
+    python -m moe_runtime.bench --overhead --capacity-factor 0 --flow dropless --no-wait        # nothing read back
 
 At tiny sizes the work is negligible and a step's time is host overhead, the
 part a GPU cannot hide: every torch op is at least one launch there, and
@@ -33,7 +34,8 @@ layer. Every layer has the same sizes, top-2, the capacity factor of
 capacity) and no biases; the peers run on a one-process gloo group.
 ``--dropless-capacity`` is our layer's ``dropless_capacity`` (at f = 0:
 "largest", read back, or "worst_case", T); ``--flow`` its flow (default
-"expert"; "dropless": ragged rows, the grouped GEMMs where torch runs them).
+"expert"; "dropless": ragged rows, the grouped GEMMs where torch runs them;
+``--no-wait`` with it: ``Dropless(wait=False)``, one rank, nothing read back).
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="our layer's capacity at factor 0 (default largest: read back)")
     p.add_argument("--flow", default="expert", choices=("expert", "dropless"),
                    help="our layer's flow (default expert; dropless: ragged rows, needs --capacity-factor 0)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="with --flow dropless on one rank: Dropless(wait=False), the step reads nothing back")
     args = p.parse_args(argv)
     try:
         args.tokens = [int(t) for t in str(args.tokens).split(",")]
@@ -79,6 +83,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--capacity-factor must be >= 0, got {args.capacity_factor:g}")
     if args.flow == "dropless" and args.capacity_factor != 0:
         p.error("--flow dropless drops nothing: its peers run dropless too, so pass --capacity-factor 0")
+    if args.no_wait and (args.flow != "dropless" or args.np != 1):
+        p.error("--no-wait is the dropless flow's on one rank: pass --flow dropless and no --np")
     return args
 
 
@@ -128,12 +134,13 @@ def _experts(args: argparse.Namespace) -> dict[str, Any]:
 def ours(comm: Any, tokens: int, args: argparse.Namespace) -> Layer:
     import torch
 
-    from moe_runtime import MoELayer
+    from moe_runtime import Dropless, MoELayer
 
     from .peers import installed_version
 
+    flow = Dropless(wait=False) if args.no_wait else args.flow
     layer = MoELayer(_gate(args), args.model_dim, _experts(args), comm=comm, seeds=(1, 2),
-                     dropless_capacity=args.dropless_capacity, flow=args.flow)
+                     dropless_capacity=args.dropless_capacity, flow=flow)
     x = torch.randn(tokens, args.model_dim, requires_grad=True)
     step = _step(_sum_and_l_aux(layer, x), layer.parameters(), x)
     return Layer("moe_runtime", installed_version("a2a"), step, ours=True)
@@ -244,7 +251,7 @@ def _measure(args: argparse.Namespace, comm: Any, lead: bool) -> list[str]:
     turns = "all in turns" if comm.size == 1 else "ours (the slowest rank), then the peers in turns"
     sized = args.capacity_factor == 0 and args.flow == "expert"  # dropless_capacity is the expert flow's
     factor = f"f = {args.capacity_factor:g}" + (f" ({args.dropless_capacity})" if sized else "")
-    factor += "" if args.flow == "expert" else f", our flow {args.flow}"
+    factor += "" if args.flow == "expert" else f", our flow {args.flow}" + (" without a wait" if args.no_wait else "")
     header = (f"# one training step (forward + backward) per layer: M = H = {args.model_dim}, {args.experts} experts "
               f"per rank, top-2, {factor}, float32, torch {torch.__version__}, 1 thread; ours on {comm.size} rank(s), "
               f"the peers on 1; median of {args.repetitions} x {args.steps} steps, {turns}")

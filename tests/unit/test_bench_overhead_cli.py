@@ -21,6 +21,18 @@ def test_the_flag_picks_the_mode_and_bad_arguments_are_refused():
         overhead.parse_args(["--tokens", "8,x"])
     with pytest.raises(SystemExit):
         overhead.parse_args(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        overhead.parse_args(["--no-wait", "--capacity-factor", "0"])  # the dropless flow's
+
+
+def test_the_dropless_flow_without_a_wait_reads_nothing_back(capsys):
+    argv = ["--tokens", "16", "--steps", "2", "--repetitions", "1", "--capacity-factor", "0", "--flow",
+            "dropless", "--no-wait"]
+    assert overhead.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("our flow dropless without a wait" in line for line in lines), lines
+    ours = next(line.split() for line in lines if line.split()[:2] == ["16", "moe_runtime"])
+    assert int(ours[5]) == 0, ours  # reads: a2a's host waits and torch's value reads
 
 
 def test_one_rank_prints_a_row_per_layer(capsys):
