@@ -24,18 +24,23 @@ def run(rows, offsets, weights, activation, scale, use_grouped, monkeypatch):
     return [y.detach()] + [t.grad if t is not None else None for t in leaves]
 
 
+def problem(counts, biases, seed, M=16, H=8):
+    """(rows, host offsets, (fc1, fc1_bias, fc2, fc2_bias)) of experts with `counts` rows each."""
+    torch.manual_seed(seed)
+    n = len(counts)
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    weights = (torch.randn(n, H, M), torch.randn(n, H) if biases else None, torch.randn(n, H, M),
+               torch.randn(n, M) if biases else None)
+    return torch.randn(offsets[-1], M), offsets, weights
+
+
 @pytest.mark.parametrize("counts", [[5, 0, 7, 1], [12], [0, 0, 9], [3, 0]])
 @pytest.mark.parametrize("biases", [True, False])
 @pytest.mark.parametrize("activation", [torch.nn.functional.relu, torch.nn.functional.gelu])
 def test_grouped_gemms_compute_what_the_loop_does(counts, biases, activation, monkeypatch):
-    torch.manual_seed(len(counts) + sum(counts))
-    n, M, H = len(counts), 16, 8
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    rows = torch.randn(offsets[-1], M)
-    weights = (torch.randn(n, H, M), torch.randn(n, H) if biases else None, torch.randn(n, H, M),
-               torch.randn(n, M) if biases else None)
+    rows, offsets, weights = problem(counts, biases, seed=len(counts) + sum(counts))
     assert grouped.grouped_rows(rows, weights[0], weights[2], offsets) is not None
     got = run(rows, offsets, weights, activation, 0.25, True, monkeypatch)
     want = run(rows, offsets, weights, activation, 0.25, False, monkeypatch)
@@ -52,14 +57,7 @@ def test_grouped_gemms_compute_what_the_loop_does(counts, biases, activation, mo
 @pytest.mark.parametrize("counts", [[5, 0, 7, 1], [0, 0, 9], [3, 0]])
 @pytest.mark.parametrize("biases", [True, False])
 def test_offsets_on_the_device_give_what_host_offsets_give(counts, biases, monkeypatch):
-    torch.manual_seed(sum(counts))
-    n, M, H = len(counts), 16, 8
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    rows = torch.randn(offsets[-1], M)
-    weights = (torch.randn(n, H, M), torch.randn(n, H) if biases else None, torch.randn(n, H, M),
-               torch.randn(n, M) if biases else None)
+    rows, offsets, weights = problem(counts, biases, seed=sum(counts))
     on_device = run(rows, torch.tensor(offsets), weights, torch.relu, 0.5, True, monkeypatch)
     on_host = run(rows, offsets, weights, torch.relu, 0.5, True, monkeypatch)
     for name, g, w in zip(("y", "rows", "fc1", "fc1_bias", "fc2", "fc2_bias"), on_device, on_host):
