@@ -63,6 +63,8 @@ from typing import Any
 import numpy as np
 import torch
 
+import a2a
+
 from ..gating.capacity import set_by_tokens
 from .host_values import all_gather_values
 
@@ -280,10 +282,39 @@ def in_callers_graph(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Te
     """`eager(x, **arguments)` inside a CUDA graph that the layer's caller captures (a whole training
     step, say): refused as ``cuda_graphs=`` refuses what cannot be captured, before anything is
     launched, and with buffers that stay the graph's (BufferPool.for_capture) until
-    ``layer.drop_captured_buffers()``: every replay writes them."""
-    check_capturable(layer, arguments, CALLERS_CAPTURE)
+    ``layer.drop_captured_buffers()``: every replay writes them. At W > 1 the ranks decide alike, from
+    one all-gather over the layer's host twin (no stream work): a rank that refuses, or whose call
+    differs, makes every rank raise before any launch, where the others would capture and wait."""
+    comm = layer.comm
+    if comm.size == 1 or _nccl_alone(comm):  # NCCL alone: refused alike on every rank, it has no host channel
+        check_capturable(layer, arguments, CALLERS_CAPTURE)
+    else:
+        _agree_to_capture(layer, x, arguments)
     with layer._pool.for_capture():
         return eager(x, **arguments)
+
+
+def _agree_to_capture(layer: Any, x: torch.Tensor, arguments: dict[str, Any]) -> None:
+    """Collective (the layer's host twin): check_capturable on every rank, this rank's refusal raised,
+    or the refusing ranks named; MismatchError naming the ranks whose call differs from rank 0's."""
+    try:
+        check_capturable(layer, arguments, CALLERS_CAPTURE)
+        refusal = None
+    except ValueError as error:
+        refusal = error
+    row = np.array([_signature(layer, x, arguments)[0], int(refusal is not None)], dtype=np.int64)
+    table = all_gather_values(row, layer.flow.context.kept.comm).reshape(layer.comm.size, -1)
+    if refusal is not None:
+        raise refusal
+    refusing = np.flatnonzero(table[:, 1]).tolist()
+    if refusing:
+        raise ValueError(f"{CALLERS_CAPTURE}: rank(s) {refusing} of {layer.comm.size} refuse this call (each "
+                         "raises why)")
+    differing = np.flatnonzero(table[:, 0] != table[0, 0]).tolist()
+    if differing:
+        raise a2a.MismatchError(f"{CALLERS_CAPTURE}: rank(s) {differing} call the layer differently from rank 0 "
+                                "(its arguments, the tokens' model dim, dtype or requires_grad, training mode or "
+                                "autocast); every rank must call it alike")
 
 
 def _capture(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor, arguments: dict[str, Any]) -> _Captured:

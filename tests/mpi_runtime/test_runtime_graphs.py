@@ -3,7 +3,9 @@ run the step eagerly (the GPU's captures and replays:
 tests/gpu/test_layer_graphs_gpu.py): every rank decides alike from the
 table of every rank's call (ranks of different token counts share one
 capture per table), and a rank whose call differs makes every rank raise
-the eager agreement's MismatchError instead of replaying."""
+the eager agreement's MismatchError instead of replaying. Inside the
+caller's capture (stood in for on the CPU) the ranks agree too: a rank that
+refuses, or whose call differs, makes every rank raise before any launch."""
 
 from __future__ import annotations
 
@@ -49,3 +51,29 @@ def test_every_rank_decides_from_the_table_of_every_ranks_call(comm, captures):
     with pytest.raises(a2a.MismatchError, match="top_k"):  # the eager call's agreement names the field
         layer(x, top_k=1 if comm.rank == comm.size - 1 else 2)
     assert len(layer.graphs) == 2
+
+
+def test_in_the_callers_capture_every_rank_decides_alike(comm, monkeypatch):
+    experts = experts_spec(comm.size, comm.size)
+    layer = on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, experts, comm=comm, seeds=(1, 2)),
+                      torch.float32)
+    eager = on_device(moe_runtime.MoELayer({"type": "top", "k": 2}, MODEL_DIM, experts, comm=comm, seeds=(1, 2)),
+                      torch.float32)
+    x = random_rows(6, 3, dtype=torch.float32).requires_grad_()
+    last = comm.rank == comm.size - 1
+    monkeypatch.setattr(graphs, "captured_by_caller", lambda comm, x: True)
+
+    def refuse_on_the_last_rank(layer, arguments, refused):
+        if last:
+            raise ValueError(f"{refused}: this rank's own reason")
+
+    monkeypatch.setattr(graphs, "check_capturable", refuse_on_the_last_rank)
+    own_or_named = "this rank's own reason" if last else rf"rank\(s\) \[{comm.size - 1}\] of {comm.size} refuse"
+    with pytest.raises(ValueError, match=own_or_named if comm.size > 1 else "own reason"):
+        layer(x)
+    monkeypatch.setattr(graphs, "check_capturable", lambda layer, arguments, refused: None)
+    if comm.size > 1:
+        with pytest.raises(a2a.MismatchError, match=rf"rank\(s\) \[{comm.size - 1}\] call the layer differently"):
+            layer(x, top_k=1 if last else 2)
+    assert torch.equal(layer(x), eager(x))  # every rank alike: the call runs (here eagerly)
+    layer.drop_captured_buffers()
