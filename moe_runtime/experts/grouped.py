@@ -34,7 +34,7 @@ import torch
 from ..common.host_values import uploaded
 from .activation import Activation, activate, activation_backward
 
-__all__ = ["GroupedRows", "grouped_gemms_run", "grouped_rows", "grouped_rows_on_device"]
+__all__ = ["GroupedRows", "grouped_gemms_run", "grouped_gemms_take", "grouped_rows", "grouped_rows_on_device"]
 
 # float32 on the CPU only: on a GPU torch's float32 grouped GEMM may take TF32 whatever
 # torch.backends.cuda.matmul.allow_tf32 says, where the loop's mm follows it.
@@ -50,15 +50,23 @@ def grouped_gemms_run(device: torch.device, dtype: torch.dtype, model_dim: int, 
             and _runs(device, dtype))
 
 
+def grouped_gemms_take(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> bool:
+    """Whether torch's grouped GEMM takes `rows` (R > 0, M) with the weights
+    fc1 and fc2 (n, H, M), whatever the groups: one dtype, contiguous, and
+    grouped_gemms_run."""
+    num_rows, model_dim = rows.shape
+    return (num_rows > 0 and fc1.dtype == rows.dtype and fc2.dtype == rows.dtype
+            and rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous()
+            and grouped_gemms_run(rows.device, rows.dtype, model_dim, fc1.shape[1]))
+
+
 def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
                  offsets: Sequence[int]) -> GroupedRows | None:
     """The grouped GEMMs of `rows` by `offsets` (n + 1 host integers) with
     the weights fc1 and fc2 (n, H, M), or None where torch's grouped GEMM
     does not take them (see the module docstring)."""
-    num_rows, model_dim = rows.shape
-    if (offsets[0] != 0 or offsets[-1] != num_rows or num_rows == 0 or fc1.dtype != rows.dtype
-            or fc2.dtype != rows.dtype or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())
-            or not grouped_gemms_run(rows.device, rows.dtype, model_dim, fc1.shape[1])):
+    num_rows = rows.shape[0]
+    if offsets[0] != 0 or offsets[-1] != num_rows or not grouped_gemms_take(rows, fc1, fc2):
         return None
     bounds = uploaded(torch.tensor(offsets, dtype=torch.int32), rows.device)
     has_empty = any(offsets[e] == offsets[e + 1] for e in range(len(offsets) - 1))
@@ -71,13 +79,10 @@ def grouped_rows_on_device(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Ten
     offsets[n] = R: a2a.permute(..., wait=False)'s), read by nothing on the
     host: every expert may be empty, so the backward zeroes the weight
     gradients of those without rows on the device."""
-    num_rows, model_dim = rows.shape
-    if (num_rows == 0 or fc1.dtype != rows.dtype or fc2.dtype != rows.dtype
-            or not (rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous())
-            or not grouped_gemms_run(rows.device, rows.dtype, model_dim, fc1.shape[1])):
+    if not grouped_gemms_take(rows, fc1, fc2):
         return None
     bounds = offsets.to(torch.int32)
-    return GroupedRows(bounds[1:], bounds.diff(), num_rows, has_empty=True)
+    return GroupedRows(bounds[1:], bounds.diff(), rows.shape[0], has_empty=True)
 
 
 def _runs(device: torch.device, dtype: torch.dtype) -> bool:

@@ -10,8 +10,10 @@ The same FFN of every routed choice, computed another way::
     y = a2a.unpermute(out, perm, gates)         (T, M): each token's gate-weighted sum
 
 where the ES operators read every expert's tokens in place through the
-re-index vector, in a2a's own kernels. Both count one host wait per call
-(permute's counts, es_index's slots). Where torch's grouped GEMM runs, its
+re-index vector, in a2a's own kernels. The ES path counts one host wait per
+call (es_index's slots); the rows path none where the grouped GEMMs take the
+rows (a2a.permute(..., wait=False): T*k rows, the experts' offsets on the
+device), else one (permute's counts, for the loop over the experts). Where torch's grouped GEMM runs, its
 matmuls are the vendor's: on the H200 a2a's bfloat16 ``esmm`` ran at 0.10-0.13
 of a cuBLAS matmul of the same FLOPs (docs/benchmarks.md), and on this
 project's CPU the grouped path took 0.45-0.85 of the ES path's time
@@ -41,15 +43,20 @@ import a2a
 import a2a.torch as a2a_torch
 
 from ..experts.activation import Activation
+from ..experts.grouped import grouped_gemms_run, grouped_gemms_take
 from ..experts.ragged_ffn import ragged_backward, ragged_ffn, ragged_forward
 from .cache import scatter_gradient
 
 __all__ = ["data_centric_rows", "model_centric_rows"]
 
 
-def _offsets(perm: a2a.Routing) -> list[int]:
-    """Each expert's first row and the end: the permutation's counts, known on the host."""
-    return [0, *np.cumsum(perm.host_counts).tolist()]
+def _permuted(tokens: torch.Tensor, indices: torch.Tensor, num_experts: int,
+              grouped: bool) -> tuple[torch.Tensor, a2a.Routing, list[int] | torch.Tensor]:
+    """(rows, perm, each expert's first row and the end) of the choices: where the grouped GEMMs take
+    the rows (`grouped`), permute without a wait and the offsets on the device (the GEMMs read them
+    there); else permute's counts, known on the host, for the loop over the experts."""
+    rows, perm = a2a_torch.permute(tokens, indices.contiguous(), num_experts, wait=not grouped)
+    return rows, perm, perm.offsets if grouped else [0, *np.cumsum(perm.host_counts).tolist()]
 
 
 def model_centric_rows(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, fc1: torch.Tensor,
@@ -57,8 +64,9 @@ def model_centric_rows(tokens: torch.Tensor, indices: torch.Tensor, gates: torch
     """(T, M): sum over each token's choices of gate * FFN of its expert, with
     the experts' weights fc1, fc2 (E, H, M) and fc1_bias (E, H) or None (no
     fc2 bias: the caller adds it once); differentiable."""
-    rows, perm = a2a_torch.permute(tokens, indices.contiguous(), fc1.shape[0])
-    out = ragged_ffn(rows, _offsets(perm), fc1, fc1_bias, fc2, None, activation)
+    # The permuted rows keep the tokens' width, dtype and device.
+    rows, perm, offsets = _permuted(tokens, indices, fc1.shape[0], grouped_gemms_take(tokens, fc1, fc2))
+    out = ragged_ffn(rows, offsets, fc1, fc1_bias, fc2, None, activation)
     return a2a_torch.unpermute(out, perm, gates)
 
 
@@ -100,7 +108,11 @@ def data_centric_rows(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.
     the cache (no fc2 bias: the caller adds it once). `call`: the
     data-centric call (centric.DataCentricCall: experts, cache, token, comm,
     weight_grad_scale); `shards`: this rank's (fc1, fc1_bias or None, fc2)."""
-    rows, perm = a2a_torch.permute(tokens, indices.contiguous(), call.experts.num_experts)
     fc1, fc1_bias, fc2 = shards
-    out = _CachedRowsExperts.apply(rows, fc1, fc1_bias, fc2, call, _offsets(perm))
+    experts = call.experts
+    # The whole experts, as the cache holds them: contiguous, in the shards' dtype.
+    grouped = (tokens.shape[0] > 0 and fc1.dtype == tokens.dtype and tokens.is_contiguous()
+               and grouped_gemms_run(tokens.device, tokens.dtype, tokens.shape[-1], experts.hidden_size))
+    rows, perm, offsets = _permuted(tokens, indices, experts.num_experts, grouped)
+    out = _CachedRowsExperts.apply(rows, fc1, fc1_bias, fc2, call, offsets)
     return a2a_torch.unpermute(out, perm, gates)

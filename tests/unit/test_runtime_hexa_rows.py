@@ -3,13 +3,16 @@
 rank: the output, the gate's and every expert weight's gradient over two
 training steps, with and without biases, in float32 and bfloat16 (torch's
 grouped GEMM), in float64 (the loop over the experts), and with experts that
-get no rows; which one "auto" runs. Several ranks: tests/mpi_runtime/test_runtime_hexa.py."""
+get no rows; which one "auto" runs; where the grouped GEMMs take the rows no
+host wait (permute without one, the offsets on the device), bit for bit the
+step with permute's wait. Several ranks: tests/mpi_runtime/test_runtime_hexa.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import a2a
 import moe_runtime
 from moe_runtime.hexa import centric, rows
 from moe_runtime.hexa.cache import PipelineSharedCache
@@ -131,3 +134,23 @@ def test_kernels_are_checked():
         moe_runtime.DataCentric(kernels="cublas")
     with pytest.raises(ValueError, match="kernels must be one of"):
         moe_runtime.ModelCentric(kernels=None)
+
+
+@pytest.mark.parametrize("flow", sorted(SETTINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_grouped_rows_wait_for_nothing_where_the_grouped_gemms_take_them(comm, flow, dtype, monkeypatch):
+    """float32 and bfloat16: no host wait, and the same bits as with permute's wait and host offsets
+    (the same grouped GEMMs); float64 (the loop over the experts): permute's one wait."""
+    def step_waits(layer):
+        with a2a.counting() as cost:
+            result = train(layer, dtype, steps=1)
+        return result, cost.counters.host_waits
+
+    got, waits = step_waits(layer_of(comm, flow, "grouped", dtype))
+    monkeypatch.setattr(rows, "grouped_gemms_take", lambda *args: False)  # permute waits, offsets on the host
+    monkeypatch.setattr(rows, "grouped_gemms_run", lambda *args: False)
+    want, waited = step_waits(layer_of(comm, flow, "grouped", dtype))
+    assert (waits, waited) == ((1, 1) if dtype == torch.float64 else (0, 1))
+    mine, theirs = outputs(got[0]), outputs(want[0])
+    for name in mine:
+        assert torch.equal(mine[name], theirs[name]), name
