@@ -12,7 +12,8 @@ One call, r = 1 (each rank holds n whole experts: E = n W), d = 1::
     all_to_all_v     -> received (R, M): source-major, then expert-major
                         (FP8 dispatch: the tokens quantized before permute,
                         their pairs exchanged, dequantized on arrival)
-    permute by local expert -> (R, M) grouped by my experts
+    permute by local expert -> (R, M) grouped by my experts (no wait: the
+                        counts are known, and every row is routed)
     FFN of each expert on its contiguous rows (no padding; ragged_ffn.py)
     unpermute        -> (R, M) in the received order
     all_to_all_v back (the received counts) -> (N, M) in x_sorted's order
@@ -182,7 +183,8 @@ def experts_and_return(dispatched: Dispatched, gates: torch.Tensor | None, *,
     if not one_source:
         expert_of_row = np.repeat(np.tile(np.arange(local, dtype=np.int64), comm.size), per_source.reshape(-1))
         expert_of_row = uploaded(torch.from_numpy(expert_of_row), received.device).view(-1, 1)
-        by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local)
+        # Every row routed, its expert's counts known here: the layout needs no wait (N = R rows).
+        by_expert, local_perm = a2a_torch.permute(received, expert_of_row, local, wait=False)
     # The local permutation's offsets, known on the host already (no read of its tables); without a wait
     # (one source), the permutation's own, on the device.
     offsets = dispatched.perm.offsets if per_source is None else [0, *np.cumsum(per_source.sum(axis=0)).tolist()]

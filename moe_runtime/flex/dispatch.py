@@ -151,12 +151,14 @@ def flex_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *
     if (slot_of_row < 0).any():  # the plan sends an expert only to ranks holding it
         missing = sorted(set(expert_of_row[slot_of_row < 0].tolist()))
         raise RuntimeError(f"flex_moe on rank {rank}: rows arrived for experts {missing}, which no slot here serves")
+    # Each slot's rows, known here: the local permutation needs no wait (every row routed, N = R).
+    slot_offsets = [0, *np.cumsum(np.bincount(slot_of_row, minlength=table.slots_per_rank)).tolist()]
     slot_of_row = torch.from_numpy(slot_of_row).to(received.device).view(-1, 1)
-    by_slot, slot_perm = a2a_torch.permute(received, slot_of_row, table.slots_per_rank)
+    by_slot, slot_perm = a2a_torch.permute(received, slot_of_row, table.slots_per_rank, wait=False)
     present = [w for w in weights if w is not None]
     synced = iter(ReplicaGradients.apply(sync, *present))
     fc1, fc1_bias, fc2, fc2_bias = (None if w is None else next(synced) for w in weights)
-    computed = ragged_ffn(by_slot, slot_perm.offsets.tolist(), fc1, fc1_bias, fc2, fc2_bias, activation,
+    computed = ragged_ffn(by_slot, slot_offsets, fc1, fc1_bias, fc2, fc2_bias, activation,
                           weight_grad_scale, call.compute)
     back = a2a_torch.unpermute(computed, slot_perm)
     start = timer()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks import counting_alone
 from runtime_util import (
     DEVICE,
     NOTHING_DROPS,
@@ -20,6 +21,7 @@ from runtime_util import (
 )
 
 import moe_runtime
+from moe_runtime import FlexConfig
 from moe_runtime.common.host_values import all_reduce_values
 
 
@@ -146,3 +148,22 @@ def test_the_expert_cache_must_be_an_expert_cache(comm):
     num_experts = whole_expert_cases(comm)[0]
     with pytest.raises(TypeError, match="expert_cache must be a moe_runtime.ExpertCache"):
         make_layer(comm, num_experts, flow=moe_runtime.Dropless(expert_cache=2))
+
+
+@pytest.mark.parametrize("flow", ["dropless", "flex"])
+def test_a_step_waits_once_in_its_forward_and_never_in_its_backward(comm, flow):
+    """The first permute's wait for the counts (they size the exchange), and no other: the local
+    permutation after the exchange knows its counts and routes every row (permute(wait=False)); on CUDA
+    the staged transport waits at every exchange as well."""
+    if DEVICE.type == "cuda":
+        pytest.skip("the staged MPI transport waits for the stream before every exchange")
+    num_experts = whole_expert_cases(comm)[0]
+    layer = make_layer(comm, num_experts, capacity_factor=0.0, flow=FlexConfig() if flow == "flex" else flow)
+    x = tokens_of(comm.rank, torch.float64).requires_grad_()
+    for _ in range(3):
+        with counting_alone() as forward:
+            y = layer(x)
+        with counting_alone() as backward:
+            (y.sum() + layer.l_aux).backward()
+    assert (forward.counters.host_waits, backward.counters.host_waits) == (1, 0), (forward.counters,
+                                                                                  backward.counters)
