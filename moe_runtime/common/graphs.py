@@ -297,12 +297,13 @@ def in_callers_graph(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Te
 def _agree_to_capture(layer: Any, x: torch.Tensor, arguments: dict[str, Any]) -> None:
     """Collective (the layer's host twin): check_capturable on every rank, this rank's refusal raised,
     or the refusing ranks named; MismatchError naming the ranks whose call differs from rank 0's."""
-    try:
+    call, refusal = 0, None
+    try:  # whatever it raises, this rank reaches the all-gather below: the others wait in it
         check_capturable(layer, arguments, CALLERS_CAPTURE)
-        refusal = None
-    except ValueError as error:
+        call = _signature(layer, x, arguments)[0]
+    except Exception as error:  # noqa: BLE001 -- raised after the all-gather
         refusal = error
-    row = np.array([_signature(layer, x, arguments)[0], int(refusal is not None)], dtype=np.int64)
+    row = np.array([call, int(refusal is not None)], dtype=np.int64)
     table = all_gather_values(row, layer.flow.context.kept.comm).reshape(layer.comm.size, -1)
     if refusal is not None:
         raise refusal

@@ -90,6 +90,10 @@ def _runs(device: torch.device, dtype: torch.dtype) -> bool:
     layouts the FFN takes (3-D weights, and grouped along the rows), with an
     expert without rows; asked once."""
     key = (device.type, device.index, dtype)
+    if key not in _RUNS and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # The probe copies its offsets to the device, which a capture refuses (and a refusal is no answer).
+        raise RuntimeError(f"torch's grouped GEMM is probed at its first use on {device} in {dtype}, which the "
+                           "CUDA graph being captured cannot do: run one step eagerly before the capture")
     if key not in _RUNS:
         grouped_mm = getattr(torch, "_grouped_mm", None)
         try:

@@ -90,6 +90,8 @@ def ragged_forward(rows: torch.Tensor, offsets: Sequence[int] | torch.Tensor, fc
     """(out (R, M) of every expert on its rows, the (R, H) hidden tensor the
     backward needs, how they were computed): grouped GEMMs where torch runs
     them, else expert after expert; no autograd (see ragged_backward)."""
+    if isinstance(offsets, torch.Tensor) and rows.shape[0] == 0:
+        offsets = [0] * (fc1.shape[0] + 1)  # no rows: every expert empty, known without reading them
     if isinstance(offsets, torch.Tensor):
         groups = grouped_rows_on_device(rows, fc1, fc2, offsets)
         if groups is None:

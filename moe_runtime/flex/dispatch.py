@@ -39,6 +39,7 @@ import torch
 import a2a
 import a2a.torch as a2a_torch
 
+from ..common.host_values import uploaded
 from ..experts.activation import Activation
 from ..experts.ragged_ffn import ComputeClock, ExpertWeights, ragged_ffn
 from .vexperts import SlotTable
@@ -153,7 +154,7 @@ def flex_moe(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.Tensor, *
         raise RuntimeError(f"flex_moe on rank {rank}: rows arrived for experts {missing}, which no slot here serves")
     # Each slot's rows, known here: the local permutation needs no wait (every row routed, N = R).
     slot_offsets = [0, *np.cumsum(np.bincount(slot_of_row, minlength=table.slots_per_rank)).tolist()]
-    slot_of_row = torch.from_numpy(slot_of_row).to(received.device).view(-1, 1)
+    slot_of_row = uploaded(torch.from_numpy(slot_of_row), received.device).view(-1, 1)  # no stream sync
     by_slot, slot_perm = a2a_torch.permute(received, slot_of_row, table.slots_per_rank, wait=False)
     present = [w for w in weights if w is not None]
     synced = iter(ReplicaGradients.apply(sync, *present))

@@ -106,7 +106,10 @@ class Job:
                 # loaded machine): not the fault under test, so the job is launched once more.
                 print(f"{os.path.basename(self.out)}: a daemon did not report back; launched once more")
                 self.relaunched = True
+                with contextlib.suppress(ProcessLookupError):  # anything the first launch left behind
+                    os.killpg(self.process.pid, signal.SIGKILL)
                 self.start()
+                deadline = time.monotonic() + START_BOUND_S
                 continue
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.end()

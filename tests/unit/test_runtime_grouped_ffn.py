@@ -175,3 +175,12 @@ def test_the_context_keeps_no_tensor_after_the_backward(use_grouped, monkeypatch
     assert kept_rows() == []
     y.sum().backward()
     assert kept_rows() == []
+
+
+def test_the_first_probe_inside_a_cuda_graph_capture_says_to_run_a_step_first(monkeypatch):
+    """The probe copies to the device, which a capture refuses: an error saying so, and no answer kept."""
+    monkeypatch.setattr(grouped, "_RUNS", {})
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="probed at its first use on cuda:0 .*run one step eagerly"):
+        grouped.grouped_gemms_run(torch.device("cuda", 0), torch.bfloat16, 64, 64)
+    assert grouped._RUNS == {}

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks import counting_alone
 
-import a2a
 import moe_runtime
 from moe_runtime.hexa import centric, rows
 from moe_runtime.hexa.cache import PipelineSharedCache
@@ -142,7 +142,7 @@ def test_grouped_rows_wait_for_nothing_where_the_grouped_gemms_take_them(comm, f
     """float32 and bfloat16: no host wait, and the same bits as with permute's wait and host offsets
     (the same grouped GEMMs); float64 (the loop over the experts): permute's one wait."""
     def step_waits(layer):
-        with a2a.counting() as cost:
+        with counting_alone() as cost:
             result = train(layer, dtype, steps=1)
         return result, cost.counters.host_waits
 

@@ -333,7 +333,6 @@ void route_case(int64_t i) {
   r.T = large ? pick({3000, 20000, 300000}) : pick({0, 1, 5, 33, 200, 700});
   r.k = i / 4 % 4 == 1 ? pick({9, 10}) : pick({1, 2, 3, 8});  // every dtype meets top_k > 8 (combine's kMany)
   if (r.T >= 20000) r.k = std::min<int64_t>(r.k, 2);
-  // Some with more experts than the packed tables' block has threads: its scan carries over chunks.
   r.E = large ? pick({2, 5}) : pick({1, 2, 3, 8, 17});
   r.index_dtype = rng() % 2 ? A2A_INT32 : A2A_INT64;
   emu::device = static_cast<int>(below(3));  // 1 to 3 SMs: grids of 16 to 48 blocks
