@@ -50,14 +50,14 @@ def grouped_gemms_run(device: torch.device, dtype: torch.dtype, model_dim: int, 
             and _runs(device, dtype))
 
 
-def grouped_gemms_take(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> bool:
-    """Whether torch's grouped GEMM takes `rows` (R > 0, M) with the weights
-    fc1 and fc2 (n, H, M), whatever the groups: one dtype, contiguous, and
-    grouped_gemms_run."""
+def grouped_gemms_take(rows: torch.Tensor, hidden: int, *weights: torch.Tensor) -> bool:
+    """Whether torch's grouped GEMM takes `rows` (R > 0, M) with experts of
+    `hidden` units whose weights are `weights` (fc1 and fc2 (n, H, M)), whatever
+    the groups: one dtype, contiguous, and grouped_gemms_run."""
     num_rows, model_dim = rows.shape
-    return (num_rows > 0 and fc1.dtype == rows.dtype and fc2.dtype == rows.dtype
-            and rows.is_contiguous() and fc1.is_contiguous() and fc2.is_contiguous()
-            and grouped_gemms_run(rows.device, rows.dtype, model_dim, fc1.shape[1]))
+    return (num_rows > 0 and rows.is_contiguous()
+            and all(w.dtype == rows.dtype and w.is_contiguous() for w in weights)
+            and grouped_gemms_run(rows.device, rows.dtype, model_dim, hidden))
 
 
 def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
@@ -66,7 +66,7 @@ def grouped_rows(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor,
     the weights fc1 and fc2 (n, H, M), or None where torch's grouped GEMM
     does not take them (see the module docstring)."""
     num_rows = rows.shape[0]
-    if offsets[0] != 0 or offsets[-1] != num_rows or not grouped_gemms_take(rows, fc1, fc2):
+    if offsets[0] != 0 or offsets[-1] != num_rows or not grouped_gemms_take(rows, fc1.shape[1], fc1, fc2):
         return None
     bounds = uploaded(torch.tensor(offsets, dtype=torch.int32), rows.device)
     has_empty = any(offsets[e] == offsets[e + 1] for e in range(len(offsets) - 1))
@@ -79,7 +79,7 @@ def grouped_rows_on_device(rows: torch.Tensor, fc1: torch.Tensor, fc2: torch.Ten
     offsets[n] = R: a2a.permute(..., wait=False)'s), read by nothing on the
     host: every expert may be empty, so the backward zeroes the weight
     gradients of those without rows on the device."""
-    if not grouped_gemms_take(rows, fc1, fc2):
+    if not grouped_gemms_take(rows, fc1.shape[1], fc1, fc2):
         return None
     bounds = offsets.to(torch.int32)
     return GroupedRows(bounds[1:], bounds.diff(), rows.shape[0], has_empty=True)

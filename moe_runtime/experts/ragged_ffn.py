@@ -81,7 +81,7 @@ class RaggedGroups:
     experts ran) and the offsets."""
 
     groups: GroupedRows | None
-    offsets: Sequence[int]
+    offsets: Sequence[int] | torch.Tensor
 
 
 def ragged_forward(rows: torch.Tensor, offsets: Sequence[int] | torch.Tensor, fc1: torch.Tensor, fc1_bias: torch.Tensor | None,
@@ -92,17 +92,14 @@ def ragged_forward(rows: torch.Tensor, offsets: Sequence[int] | torch.Tensor, fc
     them, else expert after expert; no autograd (see ragged_backward)."""
     if isinstance(offsets, torch.Tensor) and rows.shape[0] == 0:
         offsets = [0] * (fc1.shape[0] + 1)  # no rows: every expert empty, known without reading them
-    if isinstance(offsets, torch.Tensor):
-        groups = grouped_rows_on_device(rows, fc1, fc2, offsets)
-        if groups is None:
-            raise RuntimeError(
-                f"the experts' rows are grouped by offsets on the device, which only torch's grouped GEMM takes, "
-                f"and it does not take {tuple(rows.shape)} {rows.dtype} rows on {rows.device} with experts of "
-                f"{fc1.shape[1]} units (it takes bfloat16 or float16, float32 on the CPU, rows and hidden units "
-                f"of a multiple of 16 bytes)")
-        out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
-        return out, hidden, RaggedGroups(groups, ())
-    groups = grouped_rows(rows, fc1, fc2, offsets)
+    if not isinstance(offsets, torch.Tensor):
+        groups = grouped_rows(rows, fc1, fc2, offsets)
+    elif (groups := grouped_rows_on_device(rows, fc1, fc2, offsets)) is None:
+        raise RuntimeError(
+            f"the experts' rows are grouped by offsets on the device, which only torch's grouped GEMM takes, "
+            f"and it does not take {tuple(rows.shape)} {rows.dtype} rows on {rows.device} with experts of "
+            f"{fc1.shape[1]} units (it takes bfloat16 or float16, float32 on the CPU, rows and hidden units "
+            f"of a multiple of 16 bytes)")
     if groups is not None:
         out, hidden = groups.ffn(rows, fc1, fc1_bias, fc2, fc2_bias, activation)
     else:

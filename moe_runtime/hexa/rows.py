@@ -43,7 +43,7 @@ import a2a
 import a2a.torch as a2a_torch
 
 from ..experts.activation import Activation
-from ..experts.grouped import grouped_gemms_run, grouped_gemms_take
+from ..experts.grouped import grouped_gemms_take
 from ..experts.ragged_ffn import ragged_backward, ragged_ffn, ragged_forward
 from .cache import scatter_gradient
 
@@ -65,7 +65,7 @@ def model_centric_rows(tokens: torch.Tensor, indices: torch.Tensor, gates: torch
     the experts' weights fc1, fc2 (E, H, M) and fc1_bias (E, H) or None (no
     fc2 bias: the caller adds it once); differentiable."""
     # The permuted rows keep the tokens' width, dtype and device.
-    rows, perm, offsets = _permuted(tokens, indices, fc1.shape[0], grouped_gemms_take(tokens, fc1, fc2))
+    rows, perm, offsets = _permuted(tokens, indices, fc1.shape[0], grouped_gemms_take(tokens, fc1.shape[1], fc1, fc2))
     out = ragged_ffn(rows, offsets, fc1, fc1_bias, fc2, None, activation)
     return a2a_torch.unpermute(out, perm, gates)
 
@@ -111,8 +111,7 @@ def data_centric_rows(tokens: torch.Tensor, indices: torch.Tensor, gates: torch.
     fc1, fc1_bias, fc2 = shards
     experts = call.experts
     # The whole experts, as the cache holds them: contiguous, in the shards' dtype.
-    grouped = (tokens.shape[0] > 0 and fc1.dtype == tokens.dtype and tokens.is_contiguous()
-               and grouped_gemms_run(tokens.device, tokens.dtype, tokens.shape[-1], experts.hidden_size))
+    grouped = grouped_gemms_take(tokens, experts.hidden_size, fc1)
     rows, perm, offsets = _permuted(tokens, indices, experts.num_experts, grouped)
     out = _CachedRowsExperts.apply(rows, fc1, fc1_bias, fc2, call, offsets)
     return a2a_torch.unpermute(out, perm, gates)

@@ -100,7 +100,7 @@ class Job:
     def wait_looping(self) -> None:
         """Until every rank's first call has passed its check."""
         deadline = time.monotonic() + START_BOUND_S
-        while not all(os.path.exists(os.path.join(self.out, f"ready{rank}")) for rank in ALL_RANKS):
+        while not all(self.ready()):
             if self.process.poll() is not None and self.launch_failed() and not self.relaunched:
                 # Open MPI's runtime lost a node's daemon before it started any rank (seen once in CI, on a
                 # loaded machine): not the fault under test, so the job is launched once more.
@@ -117,10 +117,13 @@ class Job:
             time.sleep(0.1)
         time.sleep(0.5)  # a few calls more: the fault lands in the loop, not at its start
 
+    def ready(self) -> list[bool]:
+        """Whether each rank's first call has passed its check (fault_job.py's ready files)."""
+        return [os.path.exists(os.path.join(self.out, f"ready{rank}")) for rank in ALL_RANKS]
+
     def launch_failed(self) -> bool:
         """Whether mpirun ended because a node's daemon failed to start, before any rank was ready."""
-        started = any(os.path.exists(os.path.join(self.out, f"ready{rank}")) for rank in ALL_RANKS)
-        return not started and "failed to report back" in self.log()
+        return not any(self.ready()) and "failed to report back" in self.log()
 
     def wait(self, bound_s: float) -> float | None:
         """Seconds until the job ended, or None if it ran past `bound_s` (then it is ended)."""
