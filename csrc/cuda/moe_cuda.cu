@@ -427,61 +427,71 @@ __device__ __forceinline__ int64_t group_index(int lanes) { return global_thread
 __device__ __forceinline__ int64_t group_count(int lanes) { return thread_count() / lanes; }
 
 // ---------------------------------------------------------------------------
-// Dispatch: rows[row(t, j)] = g(t, j) * x[t]; then the padding rows are zeroed.
+// Dispatch: rows[row(t, j)] = g(t, j) * x[t], and in padded layouts zeros in
+// the rows past each expert's count: one launch for both (item i of the loop
+// is choice i and row i; a kept row is never a padding row, so no two items
+// write the same bytes).
 
+template <typename T, bool kScaled>
+__device__ __forceinline__ void dispatch_choice(const a2a_routing_t& r, const T* __restrict__ x, int64_t M,
+                                                const void* __restrict__ gates, bool gate_is_data,
+                                                T* __restrict__ rows, int lanes, int lane, int64_t choice) {
+  using Acc = typename Num<T>::Acc;
+  constexpr int64_t kSize = Vec<T>::kSize;
+  const int64_t row = kept_row(r, choice);
+  if (row < 0) return;
+  const T* src = x + choice / r.top_k * M;
+  T* dst = rows + row * M;
+  const Acc gate = kScaled ? load_gate<T>(gates, gate_is_data, choice) : Acc(1);
+  const RowSplit split = split_row<T>(common_misalignment(misalignment(src), misalignment(dst)), M);
+  for (int64_t i = lane; i < split.head; i += lanes) dst[i] = kScaled ? scale(src[i], gate) : src[i];
+  // kDispatchBatch vectors loaded before any is stored.
+  for (int64_t first = lane; first < split.vectors; first += lanes * kDispatchBatch) {
+    Vec<T> values[kDispatchBatch];
+#pragma unroll
+    for (int u = 0; u < kDispatchBatch; ++u)
+      if (first + u * lanes < split.vectors) values[u] = load_vec(src + split.head + (first + u * lanes) * kSize);
+#pragma unroll
+    for (int u = 0; u < kDispatchBatch; ++u) {
+      if (first + u * lanes >= split.vectors) continue;
+      if (kScaled) {
+#pragma unroll
+        for (int e = 0; e < kSize; ++e) values[u].v[e] = scale(values[u].v[e], gate);
+      }
+      store_vec(dst + split.head + (first + u * lanes) * kSize, values[u]);
+    }
+  }
+  for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes)
+    dst[i] = kScaled ? scale(src[i], gate) : src[i];
+}
+
+// Row `row` zeroed where it lies past its expert's count.
+template <typename T>
+__device__ __forceinline__ void zero_if_padding(const a2a_routing_t& r, int64_t M, T* __restrict__ rows, int lanes,
+                                                int lane, int64_t row) {
+  constexpr int64_t kSize = Vec<T>::kSize;
+  const int64_t expert = expert_of_row(r, row);
+  if (row - r.expert_offsets[expert] < r.counts[expert]) return;  // a kept row: its choice writes it
+  T* dst = rows + row * M;
+  const RowSplit split = split_row<T>(misalignment(dst), M);
+  for (int64_t i = lane; i < split.head; i += lanes) dst[i] = T{};
+  for (int64_t v = lane; v < split.vectors; v += lanes)
+    *reinterpret_cast<uint4*>(dst + split.head + v * kSize) = make_uint4(0, 0, 0, 0);
+  for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes) dst[i] = T{};
+}
+
+// `padded_rows`: the layout's rows in a padded layout (one capacity, or
+// per-expert capacities), 0 when dropless (no padding).
 template <typename T, bool kScaled>
 __global__ void __launch_bounds__(kThreads)
     dispatch_kernel(const a2a_routing_t r, const T* __restrict__ x, int64_t M, const void* __restrict__ gates,
-                    bool gate_is_data, T* __restrict__ rows, int lanes) {
-  using Acc = typename Num<T>::Acc;
-  constexpr int64_t kSize = Vec<T>::kSize;
+                    bool gate_is_data, T* __restrict__ rows, int lanes, int64_t padded_rows) {
   const int lane = threadIdx.x & (lanes - 1);
   const int64_t choices = r.num_tokens * r.top_k;
-  for (int64_t choice = group_index(lanes); choice < choices; choice += group_count(lanes)) {
-    const int64_t row = kept_row(r, choice);
-    if (row < 0) continue;
-    const T* src = x + choice / r.top_k * M;
-    T* dst = rows + row * M;
-    const Acc gate = kScaled ? load_gate<T>(gates, gate_is_data, choice) : Acc(1);
-    const RowSplit split = split_row<T>(common_misalignment(misalignment(src), misalignment(dst)), M);
-    for (int64_t i = lane; i < split.head; i += lanes) dst[i] = kScaled ? scale(src[i], gate) : src[i];
-    // kDispatchBatch vectors loaded before any is stored.
-    for (int64_t first = lane; first < split.vectors; first += lanes * kDispatchBatch) {
-      Vec<T> values[kDispatchBatch];
-#pragma unroll
-      for (int u = 0; u < kDispatchBatch; ++u)
-        if (first + u * lanes < split.vectors) values[u] = load_vec(src + split.head + (first + u * lanes) * kSize);
-#pragma unroll
-      for (int u = 0; u < kDispatchBatch; ++u) {
-        if (first + u * lanes >= split.vectors) continue;
-        if (kScaled) {
-#pragma unroll
-          for (int e = 0; e < kSize; ++e) values[u].v[e] = scale(values[u].v[e], gate);
-        }
-        store_vec(dst + split.head + (first + u * lanes) * kSize, values[u]);
-      }
-    }
-    for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes)
-      dst[i] = kScaled ? scale(src[i], gate) : src[i];
-  }
-}
-
-// Rows counts[e] .. of every expert up to the next expert's first row (padded
-// layouts only: one capacity, or per-expert capacities).
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    zero_padding_kernel(const a2a_routing_t r, int64_t M, T* __restrict__ rows, int lanes) {
-  constexpr int64_t kSize = Vec<T>::kSize;
-  const int lane = threadIdx.x & (lanes - 1);
-  for (int64_t row = group_index(lanes); row < r.num_rows; row += group_count(lanes)) {
-    const int64_t expert = expert_of_row(r, row);
-    if (row - r.expert_offsets[expert] < r.counts[expert]) continue;  // a kept row: dispatch_kernel writes it
-    T* dst = rows + row * M;
-    const RowSplit split = split_row<T>(misalignment(dst), M);
-    for (int64_t i = lane; i < split.head; i += lanes) dst[i] = T{};
-    for (int64_t v = lane; v < split.vectors; v += lanes)
-      *reinterpret_cast<uint4*>(dst + split.head + v * kSize) = make_uint4(0, 0, 0, 0);
-    for (int64_t i = split.head + split.vectors * kSize + lane; i < M; i += lanes) dst[i] = T{};
+  const int64_t items = choices > padded_rows ? choices : padded_rows;
+  for (int64_t item = group_index(lanes); item < items; item += group_count(lanes)) {
+    if (item < choices) dispatch_choice<T, kScaled>(r, x, M, gates, gate_is_data, rows, lanes, lane, item);
+    if (item < padded_rows) zero_if_padding<T>(r, M, rows, lanes, lane, item);
   }
 }
 
@@ -747,22 +757,18 @@ class CudaKernels final : public Kernels {
       if (model_dim == 0) return;
       const int lanes = lanes_for(model_dim, sizeof(T));
       const int64_t per_block = kThreads / lanes;
-      const int64_t choices = r.num_tokens * r.top_k;
-      if (choices > 0) {
-        const unsigned blocks = grid_for(choices, per_block, max_blocks());
-        if (gates != nullptr)
-          dispatch_kernel<T, true><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(x), model_dim, gates,
-                                                                      gate_is_data, static_cast<T*>(rows), lanes);
-        else
-          dispatch_kernel<T, false><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(x), model_dim, nullptr,
-                                                                       false, static_cast<T*>(rows), lanes);
-        check_launch("dispatch_kernel");
-      }
-      if (r.capacity != A2A_CAPACITY_DROPLESS && r.num_rows > 0) {  // padded: zero the rows past each count
-        zero_padding_kernel<T><<<grid_for(r.num_rows, per_block, max_blocks()), kThreads, 0, stream_>>>(
-            r, model_dim, static_cast<T*>(rows), lanes);
-        check_launch("zero_padding_kernel");
-      }
+      const int64_t padded_rows = r.capacity != A2A_CAPACITY_DROPLESS ? r.num_rows : 0;
+      const int64_t items = std::max(r.num_tokens * r.top_k, padded_rows);
+      if (items == 0) return;
+      const unsigned blocks = grid_for(items, per_block, max_blocks());
+      if (gates != nullptr)
+        dispatch_kernel<T, true><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(x), model_dim, gates,
+                                                                    gate_is_data, static_cast<T*>(rows), lanes,
+                                                                    padded_rows);
+      else
+        dispatch_kernel<T, false><<<blocks, kThreads, 0, stream_>>>(r, static_cast<const T*>(x), model_dim, nullptr,
+                                                                     false, static_cast<T*>(rows), lanes, padded_rows);
+      check_launch("dispatch_kernel");
     });
   }
 
