@@ -62,15 +62,32 @@ class Fp8Pair(tuple):
     quantize_fp8, unpack_fp8, fast_encode / permute and the exchanges return
     them. A plain tuple everywhere; ``packed`` is the buffer, so that the next
     exchange or encode of the pair takes it as it is (a plain tuple of
-    arrays is checked and, when its arrays are apart, packed first)."""
+    arrays is checked and, when its arrays are apart, packed first).
+
+    ``Fp8Pair(q, scales, packed)`` checks that q and scales are the two views
+    of ``packed`` (the calls trust a pair's buffer). A copy or a pickle holds
+    the buffer, and its q and scales are views of the copied buffer again."""
 
     def __new__(cls, q: Any, scales: Any, packed: Any) -> Self:
-        pair = super().__new__(cls, (q, scales))
+        op = "Fp8Pair(q, scales, packed)"
+        viewed = _packed(q, scales, op, copy=False, what="(q, scales)")
+        given, mine = argument_view(packed, "packed", op), view(viewed, "the rows q and scales view")
+        if not (given.same_place(mine) and given.dtype_name == "uint8" and tuple(given.shape) == tuple(mine.shape)
+                and given.address == mine.address and _strides_bytes(packed) == _strides_bytes(viewed)):
+            _fail(op, f"packed ({given.describe()}) is not the buffer that q and scales view: packed rows "
+                      f"{tuple(mine.shape)} of uint8 at q's address")
+        return cls._of(q, scales, packed)
+
+    @classmethod
+    def _of(cls, q: Any, scales: Any, packed: Any) -> Self:
+        """The pair of views that a2a made of `packed` itself (unchecked)."""
+        pair = tuple.__new__(cls, (q, scales))
         pair.packed = packed
         return pair
 
-    def __getnewargs__(self) -> tuple:  # copy / pickle: the three parts again
-        return (self[0], self[1], self.packed)
+    def __reduce__(self) -> tuple:  # copy / pickle: the buffer, viewed again on the other side
+        q, scales = self
+        return (unpack_views, (self.packed, q.shape[-1], scales.shape[-1], format_of_codes(q)))
 
 
 def _fail(op: str, message: str):
@@ -189,7 +206,7 @@ def unpack_views(packed: Any, model_dim: int, blocks: int, format: str) -> tuple
     model_dim codes and `blocks` scales (codes of torch's float8 dtype of
     `format` for torch)."""
     codes_dtype = _TORCH_NAMES[format] if is_torch_tensor(packed) else "uint8"
-    return Fp8Pair(*_views(packed, tuple(packed.shape[:-1]), model_dim, blocks, codes_dtype), packed)
+    return Fp8Pair._of(*_views(packed, tuple(packed.shape[:-1]), model_dim, blocks, codes_dtype), packed)
 
 
 def format_of_codes(q: Any) -> str:
@@ -352,9 +369,11 @@ def _checked_pair_out(out: Any, like: ArrayView, shape: tuple[int, ...], blocks:
     p = view(packed, "out")
     if not p.same_place(like) or tuple(p.shape) != shape or out[1].shape[-1] != blocks:
         _fail(op, f"out must be a pair over packed rows {shape} beside x ({like.describe()}); got {p.describe()}")
+    if not p.writeable:
+        _fail(op, f"out is a pair over read-only packed rows ({p.describe()})")
     if is_torch_tensor(out[0]) and _format_of(out[0], None, op) != format:
         _fail(op, f"out's codes are {out[0].dtype}, not the {format} asked for")
-    return packed, out if type(out) is Fp8Pair else Fp8Pair(out[0], out[1], packed)
+    return packed, out if type(out) is Fp8Pair else Fp8Pair._of(out[0], out[1], packed)
 
 
 def _checked_out(out: Any, like: ArrayView, shape: tuple[int, ...], dtype: str, op: str) -> Any:

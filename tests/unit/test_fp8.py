@@ -238,3 +238,37 @@ def test_quantize_into_out(framework):
     raises_invalid(lambda: a2a.quantize_fp8(x, 64, out=out), "quantize_fp8", "out must be a pair over packed rows")
     apart = (np.zeros((5, 300), np.uint8), np.zeros((5, 3), np.float32))
     raises_invalid(lambda: a2a.quantize_fp8(data((5, 300), "normal"), 128, out=apart), "written in place")
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_a_pair_is_checked_against_its_buffer_and_copies_view_their_own(framework):
+    import copy
+    import pickle
+
+    x = data((4, 256), "normal")
+    x = torch.from_numpy(x) if framework == "torch" else x
+    pair = a2a.quantize_fp8(x, 128, format="e5m2")
+    assert isinstance(a2a.Fp8Pair(pair[0], pair[1], pair.packed), a2a.Fp8Pair)
+    # A buffer that the views do not view would be trusted by every call that takes the pair.
+    other = a2a.quantize_fp8(x, 128, format="e5m2").packed
+    for wrong in (other, other[:2], pair.packed[:2]):
+        raises_invalid(lambda wrong=wrong: a2a.Fp8Pair(pair[0], pair[1], wrong), "Fp8Pair(q, scales, packed)",
+                       "is not the buffer that q and scales view")
+    raises_invalid(lambda: a2a.Fp8Pair(pair[0], pair[1], other[:, :16]), "Fp8Pair(q, scales, packed): packed")
+    raises_invalid(lambda: a2a.Fp8Pair(pair[0], pair[1][:2], pair.packed), "must share their leading axes")
+    # A copy's views view the copied buffer: writing into it (out=) changes what the copy holds.
+    fresh = a2a.quantize_fp8(2 * x, 128, format="e5m2")
+    for copied in (pickle.loads(pickle.dumps(pair)), copy.deepcopy(pair), copy.copy(pair)):
+        assert type(copied) is a2a.Fp8Pair and copied[0].dtype == pair[0].dtype
+        assert np.array_equal(ref.raw_bytes(copied.packed), ref.raw_bytes(pair.packed))
+        again = a2a.quantize_fp8(2 * x, 128, format="e5m2", out=copied)
+        assert again is copied
+        assert np.array_equal(as_float32(a2a.dequantize_fp8(*again)), as_float32(a2a.dequantize_fp8(*fresh)))
+
+
+def test_quantize_refuses_read_only_out():
+    x = data((4, 256), "normal")
+    frozen = bytes(4 * 272)
+    pair = a2a.unpack_fp8(np.frombuffer(frozen, np.uint8).reshape(4, 272), 256)
+    raises_invalid(lambda: a2a.quantize_fp8(x, out=pair), "quantize_fp8", "read-only packed rows")
+    assert frozen == bytes(4 * 272)
