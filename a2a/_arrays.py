@@ -243,6 +243,10 @@ def _torch_view(x: Any, what: str) -> ArrayView:
         device = where.index if where.index is not None else _torch().cuda.current_device()
     else:
         raise InvalidArgumentError(f"{what} is a torch tensor on {where}; a2a takes host or CUDA memory")
+    if x.is_neg() or x.is_conj():  # a lazy view: its memory holds the values before the negation (conjugation)
+        bit, resolve = ("negative", "resolve_neg") if x.is_neg() else ("conjugate", "resolve_conj")
+        raise InvalidArgumentError(f"{what} is a torch tensor whose {bit} bit is set (a lazy view, whose memory "
+                                   f"holds other values); pass {what}.{resolve}()")
     return ArrayView(x, "torch", tuple(x.shape), *torch_dtype_named(x.dtype), x.data_ptr(), x.is_contiguous(), True,
                      device)
 

@@ -91,7 +91,7 @@ def _torch_place(x: Any, rows: int, routing: Routing, dtypes: tuple[str, ...]) -
     if place.framework != "torch" or not is_torch_tensor(x) or x.dim() != 2 or x.shape[0] != rows:
         return None
     name, _ = torch_dtype_named(x.dtype)
-    if name not in dtypes or not x.is_contiguous():
+    if name not in dtypes or not x.is_contiguous() or x.is_neg():
         return None
     if not torch_on(x, place.cuda_device):
         return None
@@ -103,7 +103,8 @@ def _torch_gates(gates: Any, routing: Routing, data: Any, data_code: int) -> int
     (of dtype code `data_code`), told without a view, else None."""
     # (shape by its parts: comparing a torch.Size with a tuple goes through torch's symbolic shapes, microseconds)
     if not (is_torch_tensor(gates) and gates.dim() == 2 and gates.shape[0] == routing.num_tokens
-            and gates.shape[1] == routing.top_k and gates.is_contiguous() and gates.device == data.device):
+            and gates.shape[1] == routing.top_k and gates.is_contiguous() and not gates.is_neg()
+            and gates.device == data.device):
         return None
     if gates.dtype == data.dtype:
         return data_code
@@ -136,7 +137,8 @@ def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
     """`out` as (rows, model_dim) where it passes _output's checks beside torch `data` (told without a
     view): a contiguous tensor of data's dtype and device, of rows * model_dim elements, that does not
     require grad; else None."""
-    if not (is_torch_tensor(out) and out.dtype == data.dtype and out.is_contiguous() and not out.requires_grad
+    if not (is_torch_tensor(out) and out.dtype == data.dtype and out.is_contiguous() and not out.is_neg()
+            and not out.requires_grad
             and torch_on(out, data.get_device() if data.is_cuda else None)
             and out.numel() == rows * model_dim):
         return None

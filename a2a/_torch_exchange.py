@@ -23,13 +23,13 @@ def torch_exchange(x: Any, out: Any, comm: Any, shape: tuple[int, ...], workspac
     torch's current stream; ``workspace_size(dtype code)`` gives the bytes the core asks for. None where
     a check might fail (the caller checked the algorithm's name and `shape`'s divisibility). The caller
     runs the exchange after its error-reporting block, as the general path does."""
-    if type(comm) is not Comm or not is_torch_tensor(x) or not x.is_contiguous():
+    if type(comm) is not Comm or not is_torch_tensor(x) or not x.is_contiguous() or x.is_neg():
         return None
     code = DTYPE_CODES.get(torch_dtype_named(x.dtype)[0])
     cuda = comm.cuda_device
     if code is None or not torch_on(x, cuda):
         return None
-    if out is not None and not (is_torch_tensor(out) and out.dtype == x.dtype and out.is_contiguous()
+    if out is not None and not (is_torch_tensor(out) and out.dtype == x.dtype and out.is_contiguous() and not out.is_neg()
                                 and torch_on(out, cuda) and tuple(out.shape) == shape):
         return None
     try:
