@@ -390,7 +390,17 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
         reason = f"{what} has shape {o.shape} and dtype {o.dtype_name}; expected shape {shape} and dtype {like.dtype_name}"
     if reason is None and not o.writeable:
         reason = read_only(out, what)
-    return o, reason
+    return o, reason or recording_out(out, what)
+
+
+def recording_out(out: Any, what: str = "out") -> str | None:
+    """Why `out` cannot be written: a torch tensor that requires grad while
+    grad mode is on (a2a writes it in place, which autograd cannot record,
+    as torch refuses out= of such a tensor); else None."""
+    if is_torch_tensor(out) and out.requires_grad and _torch().is_grad_enabled():
+        return (f"{what} requires grad; a2a writes it in place, which autograd cannot record (pass a tensor "
+                f"that does not, or call it under torch.no_grad())")
+    return None
 
 
 def read_only(out: Any, what: str) -> str:

@@ -13,6 +13,7 @@ given.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -179,10 +180,10 @@ def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> 
 
 
 def _normalize_axis(axis: Any, ndim: int) -> int | None:
-    try:
-        a = int(axis)
-    except (TypeError, ValueError, OverflowError):
+    """The axis in [0, ndim), or None for anything that is no integer in [-ndim, ndim) (1.7, "1", True)."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
         return None
+    a = int(axis)
     if -ndim <= a < ndim:
         return a % ndim
     return None
@@ -238,7 +239,8 @@ def all_to_all_flex(x: Any, *, comm: Comm, split_axis: int, concat_axis: int, al
         if split is None or concat is None:
             bad = "split_axis" if split is None else "concat_axis"
             value = split_axis if split is None else concat_axis
-            _reject(comm, op, f"{bad}={value} is out of range for {v.describe()}")
+            _reject(comm, op, f"{bad}={value!r} is out of range: it takes an integer in [-{ndim}, {ndim}) for "
+                              f"{v.describe()}")
         if v.shape[split] % comm.size != 0:
             _reject(
                 comm,

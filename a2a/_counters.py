@@ -66,6 +66,8 @@ class Counters:
 
 def counters(comm: Any = None) -> Counters:
     """The counters of `comm` (an :class:`a2a.Comm`), or with None the process's totals."""
+    if comm is not None and not hasattr(comm, "_native"):
+        raise TypeError(f"counters: comm must be an a2a.Comm or None (the process's totals), got {type(comm).__name__}")
     if comm is None:
         counts = Counters(**_C.process_counters())
         return Counters(**{**counts.as_dict(), "allocations": counts.allocations + _python_allocations})
@@ -77,6 +79,8 @@ class counting:
     (None: the process); read inside the block, what it cost so far."""
 
     def __init__(self, comm: Any = None):
+        if comm is not None and not hasattr(comm, "_native"):
+            raise TypeError(f"counting: comm must be an a2a.Comm or None (the process), got {type(comm).__name__}")
         self.comm = comm
         self._start: Counters | None = None
         self._end: Counters | None = None

@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from . import _C
-from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, shown_copy, view
+from ._arrays import (
+    ArrayView,
+    address_of,
+    argument_view,
+    copy_of,
+    empty_like,
+    recording_out,
+    shown_copy,
+    view,
+)
 from ._errors import InvalidArgumentError
 from ._moe_kernels import FLOAT_DTYPES
 from ._routing import INDEX_DTYPES, MAX_EXPERTS, _as_int
@@ -144,7 +153,7 @@ def require_index(index: Any, op: str) -> ESIndex:
 
 
 def _choice(value: Any, options: dict[str, int], what: str, op: str) -> str:
-    if value not in options:
+    if not isinstance(value, str) or value not in options:
         _fail(op, f"{what} must be one of {', '.join(map(repr, options))}; got {value!r}")
     return value
 
@@ -185,6 +194,9 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
     if not o.same_place(like) or o.dtype_name != like.dtype_name or tuple(o.shape) != shape or not o.writeable:
         _fail(op, f"out is a {o.describe()}; expected a writeable {like.framework} {like.dtype_name} array of shape "
                   f"{shape} on {like.device_text}")
+    recorded = recording_out(out)
+    if recorded is not None:
+        _fail(op, recorded)
     return o.obj
 
 

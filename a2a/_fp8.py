@@ -23,6 +23,7 @@ separate arrays is packed first (one copy). q is ``torch.float8_e4m3fn`` /
 from __future__ import annotations
 
 import math
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from ._arrays import (
     empty_like,
     is_cupy_array,
     is_torch_tensor,
+    recording_out,
     view,
 )
 from ._errors import InvalidArgumentError
@@ -54,6 +56,7 @@ _TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 FP8_DTYPES = {name: fmt for fmt, name in _TORCH_NAMES.items()}
 # Channels per scale unless said otherwise (DeepSeek-V3's 1 x 128 tiles).
 FP8_BLOCK_DEFAULT = 128
+_MAX_BLOCK = 2**62  # the core's int64 block, with room
 _FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
@@ -215,8 +218,9 @@ def format_of_codes(q: Any) -> str:
 
 
 def _blocks(model_dim: int, block: int, op: str) -> int:
-    if not isinstance(block, int) or block < 1:
-        _fail(op, f"block must be a positive int (channels per scale); got {block!r}")
+    if isinstance(block, bool) or not isinstance(block, numbers.Integral) or not 1 <= block <= _MAX_BLOCK:
+        _fail(op, f"block must be an int in [1, 2**62] (channels per scale); got {block!r}")
+    block = int(block)
     if not isinstance(model_dim, int) or model_dim < 0:
         _fail(op, f"model_dim must be an int >= 0; got {model_dim!r}")
     return -(-model_dim // block)
@@ -381,4 +385,7 @@ def _checked_out(out: Any, like: ArrayView, shape: tuple[int, ...], dtype: str, 
     if not o.same_place(like) or o.shape != shape or o.dtype_name != dtype or not o.writeable:
         _fail(op, f"out is a {o.describe()}; expected a writeable {like.framework} array on {like.device_text} "
                   f"of shape {shape} and dtype {dtype}")
+    recorded = recording_out(out)
+    if recorded is not None:
+        _fail(op, recorded)
     return out

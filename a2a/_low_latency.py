@@ -21,6 +21,7 @@ CUDA graph; ``check()`` waits and raises what the in-band checks found. With
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from . import _C, _fp8
@@ -41,12 +42,25 @@ class LowLatencyBuffer:
 
     def __init__(self, comm: Comm, max_tokens_per_rank: int, model_dim: int, num_experts: int, top_k: int,
                  dtype: str = "bfloat16", *, dispatch_dtype: str | None = None):
-        torch = _torch()
-        if dtype not in _DTYPES:
-            raise InvalidArgumentError(f"LowLatencyBuffer: dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
+        if not isinstance(comm, Comm):
+            raise TypeError(f"LowLatencyBuffer: comm must be an a2a.Comm, got {type(comm).__name__}")
+        try:  # this rank's own arguments: a failure here fails the construction on every rank
+            torch = _torch()
+            if torch is None:
+                raise InvalidArgumentError("it takes torch tensors: import torch before constructing it")
+            if dtype not in _DTYPES:
+                raise InvalidArgumentError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
+            sizes = {"max_tokens_per_rank": max_tokens_per_rank, "model_dim": model_dim, "num_experts": num_experts,
+                     "top_k": top_k}
+            for name, value in sizes.items():
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise InvalidArgumentError(f"{name} must be an int; got {value!r}")
+            self.format = None if dispatch_dtype is None else _fp8_format(dispatch_dtype)
+        except InvalidArgumentError as error:
+            comm._native.report_invalid("low_latency_create", f"LowLatencyBuffer on rank {comm.rank}: "
+                                        f"{str(error).removeprefix('LowLatencyBuffer: ')}")
         self.comm, self.model_dim, self.top_k, self.dtype = comm, int(model_dim), int(top_k), dtype
         self.max_tokens = int(max_tokens_per_rank)
-        self.format = None if dispatch_dtype is None else _fp8_format(dispatch_dtype)
         element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
         blocks = -(-self.model_dim // _fp8.FP8_BLOCK_DEFAULT)
         row_bytes = _fp8.packed_layout(self.model_dim, blocks)[1] if self.format else self.model_dim * element

@@ -449,6 +449,8 @@ def route(
     try:
         idx = _private_indices(indices, op)
         num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
+        if not isinstance(wait, bool):
+            raise TypeError(f"{op}: wait must be True or False, got {wait!r}")
         if capacity is not None and capacity_setting is not None:
             _fail(op, "pass either capacity or capacity_setting, not both")
         if _is_per_expert(capacity):

@@ -30,6 +30,7 @@ def torch_exchange(x: Any, out: Any, comm: Any, shape: tuple[int, ...], workspac
     if code is None or not torch_on(x, cuda):
         return None
     if out is not None and not (is_torch_tensor(out) and out.dtype == x.dtype and out.is_contiguous() and not out.is_neg()
+                                and not out.requires_grad
                                 and torch_on(out, cuda) and tuple(out.shape) == shape):
         return None
     try:

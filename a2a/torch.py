@@ -96,7 +96,7 @@ def fast_encode(x: torch.Tensor, routing: Routing, gates: torch.Tensor | None = 
     ``x`` and ``gates``, never the output, so reusing the buffer after this
     call cannot change the gradients."""
     routing = require_padded(routing, "fast_encode")
-    if out is not None and out.requires_grad:
+    if isinstance(out, torch.Tensor) and out.requires_grad:
         raise InvalidArgumentError("fast_encode: out= must not require grad")
     rows = _GatedKernel.apply(x, gates, routing, "fast_encode", True, "x", (out, None))
     return rows.view(dispatched_shape(routing, rows.shape[1]))
@@ -118,6 +118,9 @@ def fast_decode(dispatched: torch.Tensor, routing: Routing, gates: torch.Tensor 
     rows = dispatched_rows(dispatched, routing, "fast_decode")
     if grad_buffer is not None:
         _check_grad_buffer(grad_buffer, dispatched, "fast_decode")
+        if gates is not None and _overlap(grad_buffer, dispatched):
+            raise InvalidArgumentError("fast_decode: grad_buffer overlaps dispatched, which the backward reads for "
+                                       "the gates' gradient after writing dispatched's gradient into grad_buffer")
     return _GatedKernel.apply(rows, gates, routing, "fast_decode", False, "dispatched", (None, grad_buffer))
 
 
@@ -133,6 +136,12 @@ def _check_grad_buffer(buffer: Any, like: torch.Tensor, op: str) -> None:
             f"{buffer.dtype} tensor on {buffer.device}; expected a contiguous {tuple(like.shape)} {like.dtype} "
             f"tensor on {like.device} (dispatched's)"
         )
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory of two contiguous tensors overlaps."""
+    first_a, first_b = a.data_ptr(), b.data_ptr()
+    return first_a < first_b + b.numel() * b.element_size() and first_b < first_a + a.numel() * a.element_size()
 
 
 def permute(x: torch.Tensor, indices: Any, num_experts: int | None = None, *,

@@ -51,7 +51,7 @@ from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.capacity import set_by_tokens
 from .gating.gates import decide, make_gate
-from .registry import call_top_k, check_capacity_factor, check_dictionary_layer, check_dispatch_dtype
+from .registry import call_capacity_factor, call_top_k, check_dictionary_layer, check_dispatch_dtype
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
 
@@ -328,9 +328,9 @@ class MoELayer(FlowStateNames, torch.nn.Module):
         decision, prepared = self._gate(tokens, gate_index, k, request, sample_ids, call)
         capacity, fixed = 0, False
         if decision is not None and named.uses_capacity:
-            factor = self.gates[gate_index].capacity_factor if capacity_factor is None else float(capacity_factor)
-            capacity = call.attempt(self._local_capacity, named, decision, factor) or 0
-            fixed = set_by_tokens(factor, self.dropless_capacity)  # the capacity follows from the token count alone
+            factor = call.attempt(call_capacity_factor, self.flows, self.gates[gate_index], capacity_factor)
+            capacity = 0 if factor is None else call.attempt(self._local_capacity, named, decision, factor) or 0
+            fixed = factor is not None and set_by_tokens(factor, self.dropless_capacity)  # known from T alone
         self.flow.settle()  # the flow's own communication in flight (a prefetch) ends before the agreement
         step_seconds = self.tuning.step_seconds  # the previous step's, for FlexMoE; the agreement clears it
         row = CallRow(capacity, k, gate_index, request, tokens.shape[0], self.tuning.seconds_column(),
@@ -386,8 +386,7 @@ class MoELayer(FlowStateNames, torch.nn.Module):
         return decision, prepared
 
     def _local_capacity(self, flow: Flow, decision, factor: float) -> int:
-        """This rank's capacity for `flow`; with flows=, a factor that may drop is refused."""
-        check_capacity_factor(self.flows, factor)
+        """This rank's capacity for `flow` at capacity factor `factor` (registry.call_capacity_factor's)."""
         return flow.local_capacity(decision, factor, self.capacity_rule, self.dropless_capacity)
 
     def extra_repr(self) -> str:

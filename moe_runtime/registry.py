@@ -31,6 +31,8 @@ naming the flow= that replaces them.
 
 from __future__ import annotations
 
+import math
+import numbers
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +49,7 @@ from .hexa.cache import PipelineSharedCache
 from .hexa.flow import DataCentric, DataCentricFlow, ModelCentric, ModelCentricFlow
 from .tuning.dictionary import FLOWS as TUNED_FLOWS
 
-__all__ = ["DICTIONARY_FLOWS", "FLOWS", "call_top_k", "check_capacity_factor", "check_dictionary_layer", "dictionary_flows_of",
+__all__ = ["DICTIONARY_FLOWS", "FLOWS", "call_capacity_factor", "call_top_k", "check_dictionary_layer", "dictionary_flows_of",
            "flow_of"]
 
 FLOWS: dict[str, type[Flow]] = {flow.name: flow for flow in (
@@ -200,11 +202,16 @@ def check_dictionary_layer(layer: Any, flow: type[Flow]) -> None:
                          f"{layer.comm.size} ranks")
 
 
-def check_capacity_factor(flows: tuple[str, ...], factor: float) -> None:
-    """A call's capacity factor (its own or the gate's), for a layer with flows."""
+def call_capacity_factor(flows: tuple[str, ...], gate: Any, given: Any) -> float:
+    """A call's capacity factor: `given` (the call's), else the gate's; a finite real number (0 or less:
+    dropless), else ValueError; and 0 for a layer with flows= (ValueError otherwise)."""
+    factor = gate.capacity_factor if given is None else given
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real) or not math.isfinite(factor):
+        raise ValueError(f"capacity_factor must be a finite real number (0 or less: dropless), got {factor!r}")
     if flows and factor != 0:
         raise ValueError(f"MoELayer(flows={flows}): capacity_factor={factor} may drop choices, which the other flows "
                          "never do, so they would not compute the same function; call with capacity_factor=0")
+    return float(factor)
 
 
 def check_dispatch_dtype(layer: Any, flow: type[Flow], others: Sequence[str]) -> None:

@@ -164,6 +164,8 @@ class CallFields:
         self.error: BaseException | None = None
         if self.model_dim != model_dim:
             self.error = ValueError(f"{owner}: input {tuple(x.shape)} must end with model_dim {model_dim}")
+        elif not x.is_floating_point():
+            self.error = TypeError(f"{owner}: input of dtype {x.dtype}; the layer takes floating-point tokens")
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """x as (T, its own last dimension): the layer's tokens when there is no error."""

@@ -270,6 +270,8 @@ def call_in_graphs(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tens
                    arguments: dict[str, Any]) -> torch.Tensor:
     """The layer's call: inside the caller's CUDA graph being captured (the layer's own graphs step
     aside), else through the layer's own graphs (cuda_graphs=N), else `eager(x, **arguments)`."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{type(layer).__name__}: the tokens must be a torch.Tensor, got {type(x).__name__}")
     if captured_by_caller(layer.comm, x):
         return in_callers_graph(layer, eager, x, arguments)
     if layer.graphs is not None:

@@ -157,3 +157,24 @@ def test_construction_is_agreed(comm):
     assert isinstance(error, a2a.MismatchError) and "max_tokens" in str(error)
     with pytest.raises(a2a.InvalidArgumentError, match="not a positive multiple"):  # every rank's own error
         a2a.LowLatencyBuffer(comm, 4, M, comm.size + 1, 1, "float32")
+
+
+@pytest.mark.parametrize("argument", ["dtype", "dispatch_dtype", "model_dim"])
+def test_a_rank_whose_own_arguments_are_wrong_fails_the_construction_on_every_rank(comm, argument):
+    """Its arguments checked in Python, before the agreed construction: the
+    other ranks hear of it there (RemoteError naming it) instead of waiting."""
+    if comm.size < 2:
+        pytest.skip("needs two ranks")
+    wrong = comm.rank == comm.size - 1
+    options = {"dtype": "float32", "dispatch_dtype": None, "model_dim": M}
+    options[argument] = {"dtype": "int8", "dispatch_dtype": "float8_e3m4", "model_dim": 40.5}[argument] if wrong \
+        else options[argument]
+    with pytest.raises(a2a.A2AError) as caught:
+        a2a.LowLatencyBuffer(comm, 4, options["model_dim"], comm.size, 1, options["dtype"],
+                             dispatch_dtype=options["dispatch_dtype"])
+    if wrong:
+        assert isinstance(caught.value, a2a.InvalidArgumentError), caught.value
+        assert f"LowLatencyBuffer on rank {comm.rank}: {argument}" in str(caught.value)
+    else:
+        assert isinstance(caught.value, a2a.RemoteError) and f"rank(s) {comm.size - 1}" in str(caught.value)
+    a2a.LowLatencyBuffer(comm, 4, M, comm.size, 1, "float32")  # the communicator works on

@@ -198,7 +198,10 @@ def test_fast_encode_and_permute_move_each_row_with_its_scales(framework, capaci
 
 def test_errors_name_the_argument():
     x = data((4, 256), "normal")
-    raises_invalid(lambda: a2a.quantize_fp8(x, 0), "quantize_fp8", "block must be a positive int")
+    raises_invalid(lambda: a2a.quantize_fp8(x, 0), "quantize_fp8", "block must be an int in [1, 2**62]")
+    raises_invalid(lambda: a2a.quantize_fp8(x, 2**63), "quantize_fp8", "block must be an int in [1, 2**62]")
+    raises_invalid(lambda: a2a.quantize_fp8(x, True), "quantize_fp8", "block must be an int")
+    assert np.array_equal(a2a.pack_fp8(*a2a.quantize_fp8(x, np.int64(64))), a2a.pack_fp8(*a2a.quantize_fp8(x, 64)))
     raises_invalid(lambda: a2a.quantize_fp8(x, format="e3m4"), "quantize_fp8", "format must be one of e4m3, e5m2")
     raises_invalid(lambda: a2a.quantize_fp8(x.astype(np.int32)), "quantize_fp8", "x must be (..., M) of float32")
     raises_invalid(lambda: a2a.quantize_fp8(x[:, ::2]), "quantize_fp8", "not C-contiguous")

@@ -224,6 +224,14 @@ def test_a_wrong_grad_buffer_is_refused_at_the_call(routing, buffer, match):
         a2a_torch.fast_decode(d, routing, grad_buffer=buffer)
 
 
+def test_a_grad_buffer_over_dispatched_is_refused_where_the_gates_gradient_reads_dispatched(routing):
+    d, g = randn(NUM_EXPERTS, 3, MODEL_DIM, dtype=torch.float32), rand_gates(torch.float32)
+    with pytest.raises(a2a.InvalidArgumentError, match="fast_decode: grad_buffer overlaps dispatched"):
+        a2a_torch.fast_decode(d, routing, g, grad_buffer=d.detach())
+    # Without gates the backward never reads dispatched: the buffer may take its place.
+    a2a_torch.fast_decode(d, routing, grad_buffer=d.detach()).sum().backward()
+
+
 def test_permute_unpermute_gradients_match_torch(perm):
     x, g = randn(NUM_TOKENS, MODEL_DIM, dtype=torch.float32), rand_gates(torch.float32)
     rm = torch.as_tensor(ref.as_numpy(perm.row_map))

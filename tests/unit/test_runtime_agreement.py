@@ -140,3 +140,19 @@ def test_layer_fields_read_one_setting_the_same_whatever_its_spelling():
     odd = layer_fields("top", "eight", None)  # invalid values are shown, not raised here
     assert odd["model_dim"] == "eight" and odd["gate_type"] == ("top",) and odd["experts_type"] is None
     assert list(odd) == list(two)  # the same fields whatever the values: one all-gather's row
+
+
+def test_a_call_refuses_tokens_that_are_not_floating_point_and_capacity_factors_that_are_no_finite_number(comm):
+    layer = moe_runtime.MoELayer({"type": "top", "k": 2, "capacity_factor": 1.0}, 6,
+                                 {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 8},
+                                 comm=comm, seeds=(1, 2))
+    for dtype in (torch.int64, torch.complex64, torch.bool):
+        with pytest.raises(TypeError, match=f"input of dtype {dtype}; the layer takes floating-point tokens"):
+            layer(torch.ones(5, 6, dtype=dtype))
+    with pytest.raises(TypeError, match="the tokens must be a torch.Tensor, got ndarray"):
+        layer(np.ones((5, 6), np.float32))
+    for factor in (float("nan"), float("inf"), -float("inf"), "0.5", True):
+        with pytest.raises(ValueError, match=r"capacity_factor must be a finite real number .* got " + repr(factor)):
+            layer(torch.randn(5, 6), capacity_factor=factor)
+    assert layer(torch.randn(5, 6), capacity_factor=np.float32(0.5)).shape == (5, 6)  # any real number
+    assert layer(torch.randn(5, 6), capacity_factor=0).shape == (5, 6)

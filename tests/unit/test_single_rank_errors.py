@@ -187,7 +187,7 @@ def test_out_partially_overlapping_the_input(comm):
 @pytest.mark.parametrize(
     "split, concat, bad",
     [(3, 0, "split_axis=3"), (0, 3, "concat_axis=3"), (-4, 0, "split_axis=-4"), (0, -4, "concat_axis=-4"),
-     ("a", 0, "split_axis=a"), (None, 0, "split_axis=None")],
+     ("a", 0, "split_axis='a'"), (None, 0, "split_axis=None")],
 )
 def test_flex_axis_out_of_range(comm, split, concat, bad):
     x = np.zeros((2, 3, 4), np.float16)
@@ -253,3 +253,11 @@ def test_non_native_byte_order_is_rejected():
     swapped = np.arange(4, dtype=np.dtype(np.float32).newbyteorder())
     with pytest.raises(a2a.InvalidArgumentError, match="non-native byte order"):
         a2a.all_to_all(swapped, comm=comm)
+
+
+def test_flex_axes_are_integers(comm):
+    x = np.ones((2, 4), np.float32)
+    for axis in (1.7, "1", True):
+        raises_invalid(lambda axis=axis: a2a.all_to_all_flex(x, comm=comm, split_axis=axis, concat_axis=0),
+                       "all_to_all_flex", f"split_axis={axis!r} is out of range: it takes an integer in [-2, 2)")
+    assert a2a.all_to_all_flex(x, comm=comm, split_axis=np.int64(1), concat_axis=0).shape == (2, 4)
