@@ -139,15 +139,29 @@ struct Signature {
   int64_t sequence;  // Comm::sequence() of this call
   int64_t enqueued;  // 1 when this rank predicted the call and enqueued its data (set for the verdict only)
   int64_t fields[kMaxFields];
+  // A 16-bit tag of each field's name (0: no field): a field compared by position means something only where
+  // the names agree (one op called with a plan on one rank and counts on another differs here).
+  uint16_t names[kMaxFields];
   char op[kOpBytes];
 };
+
+// A field name's tag: FNV-1a folded to 16 bits, never 0 (no field).
+uint16_t name_tag(const char* name) {
+  uint32_t hash = 2166136261u;
+  for (const char* c = name; *c != '\0'; ++c) hash = (hash ^ static_cast<unsigned char>(*c)) * 16777619u;
+  const auto tag = static_cast<uint16_t>(hash ^ (hash >> 16));
+  return tag == 0 ? 1 : tag;
+}
 
 Signature make_signature(const char* op, const std::vector<Field>& fields, bool rejected, int64_t sequence) {
   if (fields.size() > kMaxFields) fail(A2A_ERROR_INTERNAL, op, ": too many fields to agree on");
   Signature mine{};
   mine.rejected = rejected ? 1 : 0;
   mine.sequence = sequence;
-  for (size_t i = 0; i < fields.size(); ++i) mine.fields[i] = fields[i].value;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    mine.fields[i] = fields[i].value;
+    mine.names[i] = name_tag(fields[i].name);
+  }
   std::strncpy(mine.op, op, kOpBytes - 1);
   return mine;
 }
@@ -212,7 +226,20 @@ void verdict(int rank, int size, const char* op, const std::vector<Field>& field
     disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank,
          ": ranks called different collectives on the same communicator at the same time (", detail, ")");
   }
-  for (size_t i = 0; i < fields.size(); ++i) {
+  // Fields are compared by position, up to the first whose name differs on some rank (or that some rank has
+  // and this one lacks): from there on the ranks passed different kinds of arguments.
+  for (size_t i = 0; i < kMaxFields; ++i) {
+    std::string other_kinds;
+    for (int r = 0; r < size; ++r)
+      if (all[r].names[i] != mine.names[i]) other_kinds += cat(other_kinds.empty() ? "" : ", ", r);
+    if (!other_kinds.empty()) {
+      std::string names;
+      for (const Field& field : fields) names += cat(names.empty() ? "" : ", ", field.name);
+      disagree(A2A_ERROR_MISMATCH, op, " on rank ", rank, ": ranks called ", op, " with different kinds of ",
+               "arguments (this rank's: ", names, "; rank(s) ", other_kinds, " passed another kind: a plan where this ",
+               "rank passed counts, say)");
+    }
+    if (i >= fields.size()) continue;
     bool equal = true;
     for (int r = 0; r < size; ++r) equal &= all[r].fields[i] == mine.fields[i];
     if (equal) continue;

@@ -553,6 +553,17 @@ def test_different_v_plans(comm, two):
     mismatch_then_still_works(comm, lambda: plan.run(x), "all_to_all_v", "'plan' differs")
 
 
+def test_a_v_plan_on_one_rank_and_counts_on_the_others(comm, two):
+    """One op in two forms: the fields differ in kind, not only in value, and the message says so on every rank
+    (compared by position, rank 0's plan id was shown as the others' row elements)."""
+    x = np.zeros((comm.size, 2), np.float32)
+    plan = a2a.plan_v([1] * comm.size, like=x, comm=comm)
+    call = others_value(comm, lambda: plan.run(x), lambda: a2a.all_to_all_v(x, [1] * comm.size, comm=comm))
+    other = "1, 2" if comm.size == 3 else ", ".join(map(str, range(1, comm.size)))
+    mismatch_then_still_works(comm, call, "all_to_all_v", "with different kinds of arguments",
+                              f"rank(s) {other if comm.rank == 0 else 0} passed another kind")
+
+
 
 def test_ragged_counts_on_one_rank_reach_every_rank(comm, two):
     """The NumPy fast path of all_to_all_v must not raise locally on counts it
