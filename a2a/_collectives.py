@@ -363,8 +363,10 @@ class VPlan:
     def __init__(self, comm: Comm, native: Any, like: ArrayView, send_counts: list[int], algo: str):
         self.comm = comm
         self.algo = algo
-        self.send_counts = np.asarray(send_counts, dtype=np.int64)
-        self.recv_counts = np.asarray(native.recv_counts, dtype=np.int64)
+        # Read-only: the plan was made for these counts, and a change would show in repr but not in run.
+        self.send_counts = np.array(send_counts, dtype=np.int64)
+        self.recv_counts = np.array(native.recv_counts, dtype=np.int64)
+        self.send_counts.flags.writeable = self.recv_counts.flags.writeable = False
         self.row_shape = tuple(like.shape[1:])
         self.dtype = like.dtype_name
         self._native = native

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import socket
@@ -130,7 +131,7 @@ class Comm:
         native = _C.Comm(
             MPI._addressof(comm),
             int(local_size or 0),
-            float(timeout_s or 0.0),
+            _timeout(timeout_s),
             datatypes,
             DEVICES.index(device),
             TRANSPORTS.index(transport),
@@ -223,7 +224,7 @@ class Comm:
             from ._torch_transport import TorchGroupTransport, agree_tag_base
 
             transport = TorchGroupTransport(control, agree_tag_base(control))
-        native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, float(timeout_s or 0.0), int(cuda_device),
+        native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, _timeout(timeout_s), int(cuda_device),
                                       _cross_check(cross_check), control=transport,
                                       control_name=transport.backend if transport else "")
         return cls(native, control_group=control)
@@ -244,7 +245,7 @@ class Comm:
         transport = TorchGroupTransport(group, agree_tag_base(group))
         local = _torch_local_size(group, size, local_size)
         native = _C.Comm.from_transport(transport, transport.backend, size, rank, int(local or 0),
-                                        float(timeout_s or 0.0), _cross_check(cross_check))
+                                        _timeout(timeout_s), _cross_check(cross_check))
         if size > 1 and note:
             _note_the_slower_transport(rank)
         return cls(native)
@@ -487,6 +488,16 @@ def _torch_local_size(group: Any, size: int, given: int | None) -> int:
     blocks = [hosts[i : i + per_host] for i in range(0, size, per_host)]
     regular = size % per_host == 0 and all(len(set(b)) == 1 for b in blocks) and len({b[0] for b in blocks}) == len(blocks)
     return per_host if regular else 1
+
+
+def _timeout(value: float | None) -> float:
+    """The core's timeout setting: 0 (A2A_TIMEOUT_S, else its default) for None, else seconds > 0."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ValueError(f"timeout_s must be None (A2A_TIMEOUT_S, else the default) or a number of seconds > 0, "
+                         f"got {value!r}")
+    return float(value)
 
 
 def _cross_check(value: bool | None) -> int:

@@ -201,6 +201,8 @@ def unpack_fp8(packed: Any, model_dim: int, *, block: int = FP8_BLOCK_DEFAULT, f
     if p.dtype_name != "uint8" or not p.shape or p.shape[-1] != row_bytes:
         _fail(op, f"packed must be (..., {row_bytes}) of uint8 for M = {model_dim}, block = {block}; "
                   f"got {p.describe()}")
+    if p.address % 4 != 0:
+        _fail(op, f"packed ({p.describe()}) must start at a 4-byte aligned address: its scales are float32")
     return unpack_views(packed, model_dim, blocks, format)
 
 

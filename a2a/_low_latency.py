@@ -113,6 +113,9 @@ class LowLatencyBuffer:
         if x.dim() != 2 or x.shape[1] != self.model_dim or x.dtype != want or not x.is_contiguous():
             return (f"x must be a contiguous (T, {self.model_dim}) tensor of {self.dtype}; got {tuple(x.shape)} "
                     f"of {x.dtype}")
+        if x.requires_grad and torch.is_grad_enabled():
+            return ("x requires grad, and the low-latency dispatch records no autograd (it serves inference): call "
+                    "it under torch.no_grad(), or pass x.detach()")
         if x.shape[0] > self.max_tokens:
             return f"x has {x.shape[0]} tokens; this buffer takes up to {self.max_tokens} (max_tokens_per_rank)"
         if (indices.dim() != 2 or tuple(indices.shape) != (x.shape[0], self.top_k) or not indices.is_contiguous()

@@ -59,7 +59,8 @@ def _gates(gates: Any, op: str, routing: Routing, data: ArrayView) -> ArrayView 
         _fail(op, f"gates ({g.describe()}) are not where the data is ({data.describe()})")
     shape = (routing.num_tokens, routing.top_k)
     if g.shape != shape or g.dtype_name not in ("float32", data.dtype_name):
-        _fail(op, f"gates must be {shape} of float32 or {data.dtype_name} (the data's dtype); got {g.describe()}")
+        dtypes = "float32" if data.dtype_name == "float32" else f"float32 or {data.dtype_name} (the data's dtype)"
+        _fail(op, f"gates must be {shape} of {dtypes}; got {g.describe()}")
     return g
 
 

@@ -312,7 +312,8 @@ def _private_indices(indices: Any, op: str) -> ArrayView:
 
 def _token_order(scores: Any, idx: ArrayView, op: str) -> Any:
     """Batch Prioritized Routing: tokens by descending score (their row
-    maximum), ties in token order."""
+    maximum), ties in token order; a NaN score counts as -inf (last), in
+    every framework (torch's sort puts NaN first, NumPy's last)."""
     if scores is None:
         _fail(op, "batch_prioritized=True needs scores (tokens,) or (tokens, n)")
     s = argument_view(scores, "scores", op)
@@ -321,15 +322,19 @@ def _token_order(scores: Any, idx: ArrayView, op: str) -> Any:
     num_tokens = idx.shape[0]
     if len(s.shape) not in (1, 2) or s.shape[0] != num_tokens or (len(s.shape) == 2 and s.shape[1] == 0):
         _fail(op, f"scores must be (tokens,) or (tokens, n) with tokens = {num_tokens}; got {s.describe()}")
+    if s.dtype_name not in ("float32", "float64", "float16", "bfloat16"):
+        _fail(op, f"scores must be float32, float64, float16 or bfloat16; got {s.describe()}")
     if s.framework == "torch":
         import torch
 
         priority = s.obj if len(s.shape) == 1 else s.obj.amax(dim=1)
-        return torch.argsort(priority.detach(), descending=True, stable=True).contiguous()
+        priority = torch.nan_to_num(priority.detach(), nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+        return torch.argsort(priority, descending=True, stable=True).contiguous()
     xp = _array_module(s)
     with s.device_guard():
-        priority = s.obj if len(s.shape) == 1 else s.obj.max(axis=1)
-        return xp.ascontiguousarray(xp.argsort(-priority.astype(xp.float64), kind="stable").astype(xp.int64))
+        priority = (s.obj if len(s.shape) == 1 else s.obj.max(axis=1)).astype(xp.float64)
+        priority = xp.nan_to_num(priority, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+        return xp.ascontiguousarray(xp.argsort(-priority, kind="stable").astype(xp.int64))
 
 
 class _Tables:

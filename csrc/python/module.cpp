@@ -183,6 +183,9 @@ py::object all_to_all_v_numpy(a2a::Communicator& comm, const py::array& x, const
                               const py::object& out, int algo, py::array& workspace) {
   const int code = fast_input_code(x);
   if (code < 0 || !py::isinstance<py::list>(counts)) return py::none();
+  // Exact ints only, as the general path takes them: pybind would also take a bool as 1.
+  for (const py::handle item : counts)
+    if (!PyLong_CheckExact(item.ptr())) return py::none();
   std::vector<int64_t> send_counts;
   try {
     send_counts = counts.cast<std::vector<int64_t>>();

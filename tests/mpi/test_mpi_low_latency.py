@@ -95,7 +95,7 @@ def test_many_calls_and_token_counts(comm):
             assert torch.allclose(y[t], want[t], atol=1e-5), f"call {call} rank {rank} token {t}"
 
 
-@pytest.mark.parametrize("bad", ["too-many-tokens", "index-out-of-range", "expert-out-shape"])
+@pytest.mark.parametrize("bad", ["too-many-tokens", "index-out-of-range", "expert-out-shape", "requires-grad"])
 def test_bad_input_fails_on_every_rank_and_the_buffer_recovers(comm, bad):
     world, rank = comm.size, comm.rank
     culprit = world - 1
@@ -105,6 +105,8 @@ def test_bad_input_fails_on_every_rank_and_the_buffer_recovers(comm, bad):
         x, indices, gates = inputs("bad", rank, 5, 1, world, torch.float32)
     if rank == culprit and bad == "index-out-of-range":
         indices[2, 0] = world + 7
+    if rank == culprit and bad == "requires-grad":  # the dispatch records no autograd: refused, not dropped
+        x.requires_grad_()
     error = None
     try:
         expert_x, _ = buffer.dispatch(x, indices)
@@ -114,7 +116,7 @@ def test_bad_input_fails_on_every_rank_and_the_buffer_recovers(comm, bad):
         error = caught
     op = "low_latency_combine" if bad == "expert-out-shape" else "low_latency_dispatch"
     fragment = {"too-many-tokens": "up to 4", "index-out-of-range": f"indices[2, 0] = {world + 7}",
-                "expert-out-shape": "expert_out must be"}[bad]
+                "expert-out-shape": "expert_out must be", "requires-grad": "x requires grad"}[bad]
     if rank == culprit:
         assert isinstance(error, a2a.InvalidArgumentError) and op in str(error) and fragment in str(error), error
     else:

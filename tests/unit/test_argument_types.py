@@ -31,3 +31,13 @@ def test_arguments_of_the_wrong_kind_are_named(comm):
     routing = a2a.route(torch.tensor([[0]]), 1, capacity=1)
     raises_invalid(lambda: a2a_torch.fast_encode(torch.ones(1, 4), routing, out=np.empty(4)), "fast_encode: out is a "
                    "numpy array")
+
+
+def test_counts_are_integers_and_a_plans_counts_stay_its_own(comm):
+    x = np.ones((1, 2), np.float32)
+    raises_invalid(lambda: a2a.all_to_all_v(x, [True], comm=comm), "all_to_all_v", "send_counts must be 1 integers")
+    plan = a2a.plan_v([1], like=x, comm=comm)
+    for counts in (plan.send_counts, plan.recv_counts):
+        with pytest.raises(ValueError, match="read-only"):
+            counts[0] = 0
+    assert np.array_equal(plan.run(x), x)

@@ -57,6 +57,12 @@ def test_timeout_argument_overrides_a_bad_env(monkeypatch, mpi):
     a2a.Comm.from_mpi(mpi.COMM_SELF, timeout_s=5)
 
 
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), float("inf"), True, "5"])
+def test_a_timeout_argument_is_seconds_above_zero(mpi, timeout_s):
+    with pytest.raises(ValueError, match=r"timeout_s must be None .* or a number of seconds > 0, got "):
+        a2a.Comm.from_mpi(mpi.COMM_SELF, timeout_s=timeout_s)
+
+
 @pytest.mark.parametrize("local_size", [0, -1])
 def test_bad_local_size_argument(mpi, local_size):
     with pytest.raises(ValueError, match="local_size"):

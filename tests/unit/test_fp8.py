@@ -275,3 +275,11 @@ def test_quantize_refuses_read_only_out():
     pair = a2a.unpack_fp8(np.frombuffer(frozen, np.uint8).reshape(4, 272), 256)
     raises_invalid(lambda: a2a.quantize_fp8(x, out=pair), "quantize_fp8", "read-only packed rows")
     assert frozen == bytes(4 * 272)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_unpack_refuses_rows_whose_scales_would_be_misaligned(framework):
+    buffer = np.zeros(4 * 272 + 1, np.uint8)
+    buffer = torch.from_numpy(buffer) if framework == "torch" else buffer
+    raises_invalid(lambda: a2a.unpack_fp8(buffer[1:].reshape(4, 272), 256), "unpack_fp8",
+                   "must start at a 4-byte aligned address")

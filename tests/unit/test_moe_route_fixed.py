@@ -94,3 +94,16 @@ def test_a_complete_routing_pickles():
 ])
 def test_wait_false_needs_one_capacity(kwargs, words):
     raises_invalid(lambda: a2a.route(np.zeros((4, 1), np.int64), 3, wait=False, **kwargs), words)
+
+
+def test_nan_scores_come_last_in_every_framework_and_scores_are_floats():
+    torch = pytest.importorskip("torch")
+    scores = np.array([np.nan, 1, np.nan, 2, -np.inf, np.inf], np.float32)
+    idx = np.array([[0, 1]] * 6)
+    expected = np.array([3, 2, 4, 1, 5, 0])  # inf, 2, 1, then -inf and the NaNs tied, in token order
+    for framework in (np.asarray, torch.as_tensor):
+        routing = a2a.route(framework(idx), 2, capacity=6, scores=framework(scores), batch_prioritized=True)
+        assert np.array_equal(ref.as_numpy(routing.locations)[:, 0], expected), framework
+    for wrong in (np.array([True] * 6), np.arange(6), np.ones(6, np.complex64)):
+        raises_invalid(lambda wrong=wrong: a2a.route(idx, 2, capacity=6, scores=wrong, batch_prioritized=True),
+                       "route: scores must be float32, float64, float16 or bfloat16")
