@@ -24,7 +24,8 @@ bool is_index(a2a_dtype_t dtype) { return dtype == A2A_INT32 || dtype == A2A_INT
 
 int64_t checked_product(int64_t a, int64_t b, const char* what) {
   int64_t product = 0;
-  if (__builtin_mul_overflow(a, b, &product)) fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64");
+  if (__builtin_mul_overflow(a, b, &product))
+    fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64 (", a, " * ", b, ")");
   return product;
 }
 
