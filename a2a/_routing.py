@@ -312,8 +312,9 @@ def _private_indices(indices: Any, op: str) -> ArrayView:
 
 def _token_order(scores: Any, idx: ArrayView, op: str) -> Any:
     """Batch Prioritized Routing: tokens by descending score (their row
-    maximum), ties in token order; a NaN score counts as -inf (last), in
-    every framework (torch's sort puts NaN first, NumPy's last)."""
+    maximum), ties in token order; NaN scores last, in every framework
+    (sorting -score ascending: NaN last in torch's sort as in NumPy's, where
+    a descending sort of torch puts them first)."""
     if scores is None:
         _fail(op, "batch_prioritized=True needs scores (tokens,) or (tokens, n)")
     s = argument_view(scores, "scores", op)
@@ -328,13 +329,11 @@ def _token_order(scores: Any, idx: ArrayView, op: str) -> Any:
         import torch
 
         priority = s.obj if len(s.shape) == 1 else s.obj.amax(dim=1)
-        priority = torch.nan_to_num(priority.detach(), nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        return torch.argsort(priority, descending=True, stable=True).contiguous()
+        return torch.argsort(-priority, stable=True).contiguous()  # indices: no gradient, nothing to detach
     xp = _array_module(s)
     with s.device_guard():
-        priority = (s.obj if len(s.shape) == 1 else s.obj.max(axis=1)).astype(xp.float64)
-        priority = xp.nan_to_num(priority, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        return xp.ascontiguousarray(xp.argsort(-priority, kind="stable").astype(xp.int64))
+        priority = s.obj if len(s.shape) == 1 else s.obj.max(axis=1)
+        return xp.ascontiguousarray(xp.argsort(-priority.astype(xp.float64), kind="stable").astype(xp.int64))
 
 
 class _Tables:

@@ -100,7 +100,7 @@ def test_nan_scores_come_last_in_every_framework_and_scores_are_floats():
     torch = pytest.importorskip("torch")
     scores = np.array([np.nan, 1, np.nan, 2, -np.inf, np.inf], np.float32)
     idx = np.array([[0, 1]] * 6)
-    expected = np.array([3, 2, 4, 1, 5, 0])  # inf, 2, 1, then -inf and the NaNs tied, in token order
+    expected = np.array([4, 2, 5, 1, 3, 0])  # inf, 2, 1, -inf, then the NaNs in token order
     for framework in (np.asarray, torch.as_tensor):
         routing = a2a.route(framework(idx), 2, capacity=6, scores=framework(scores), batch_prioritized=True)
         assert np.array_equal(ref.as_numpy(routing.locations)[:, 0], expected), framework
