@@ -265,6 +265,9 @@ def torch_dtype_named(dtype: Any) -> tuple[str, int]:
     return named
 
 
+# The floating dtypes the kernels take, by name (data, gates, scores, FP8 sources).
+FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
 # DLPack (code, bits) -> dtype name.
 _DLPACK_DTYPES = {
     (2, 32): "float32",

@@ -31,6 +31,7 @@ import numpy as np
 from . import _C
 from ._arrays import (
     DTYPE_CODES,
+    FLOAT_DTYPES,
     ArrayView,
     _cupy,
     _torch,
@@ -57,7 +58,6 @@ FP8_DTYPES = {name: fmt for fmt, name in _TORCH_NAMES.items()}
 # Channels per scale unless said otherwise (DeepSeek-V3's 1 x 128 tiles).
 FP8_BLOCK_DEFAULT = 128
 _MAX_BLOCK = 2**62  # the core's int64 block, with room
-_FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 class Fp8Pair(tuple):
@@ -315,8 +315,8 @@ def quantize_fp8(x: Any, block: int = FP8_BLOCK_DEFAULT, *, format: str = "e4m3"
     if format not in FP8_FORMATS:
         _fail(op, f"format must be one of {', '.join(FP8_FORMATS)}; got {format!r}")
     a = argument_view(x, "x", op)
-    if a.dtype_name not in _FLOAT_DTYPES or len(a.shape) == 0:
-        _fail(op, f"x must be (..., M) of {', '.join(_FLOAT_DTYPES)}; got {a.describe()}")
+    if a.dtype_name not in FLOAT_DTYPES or len(a.shape) == 0:
+        _fail(op, f"x must be (..., M) of {', '.join(FLOAT_DTYPES)}; got {a.describe()}")
     model_dim = a.shape[-1]
     blocks = _blocks(model_dim, block, op)
     scale_offset, row_bytes = packed_layout(model_dim, blocks)
@@ -348,8 +348,8 @@ def dequantize_fp8(q: Any, scales: Any, *, block: int = FP8_BLOCK_DEFAULT, dtype
     if _blocks(model_dim, block, op) != blocks:
         _fail(op, f"scales have {blocks} blocks per row; M = {model_dim} with block = {block} has "
                   f"{_blocks(model_dim, block, op)}")
-    if dtype not in _FLOAT_DTYPES:
-        _fail(op, f"dtype must be one of {', '.join(_FLOAT_DTYPES)}; got {dtype!r}")
+    if dtype not in FLOAT_DTYPES:
+        _fail(op, f"dtype must be one of {', '.join(FLOAT_DTYPES)}; got {dtype!r}")
     rows, q_stride = _rows_of(_bytes_view(q), qv, "q", op)
     _, s_stride = _rows_of(scales, sv, "scales", op)
     if s_stride % 4:

@@ -25,13 +25,12 @@ import numbers
 from typing import Any
 
 from . import _C, _fp8
-from ._arrays import DEVICE_CPU, DTYPE_CODES, _torch, view
+from ._arrays import DEVICE_CPU, DTYPE_CODES, FLOAT_DTYPES, _torch, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
 __all__ = ["LowLatencyBuffer"]
 
-_DTYPES = ("float32", "float64", "float16", "bfloat16")
 _HOST = (DEVICE_CPU, 0, 0)  # a2a._C's exec of the CPU kernels
 
 
@@ -48,8 +47,8 @@ class LowLatencyBuffer:
             torch = _torch()
             if torch is None:
                 raise InvalidArgumentError("it takes torch tensors: import torch before constructing it")
-            if dtype not in _DTYPES:
-                raise InvalidArgumentError(f"dtype must be one of {', '.join(_DTYPES)}; got {dtype!r}")
+            if dtype not in FLOAT_DTYPES:
+                raise InvalidArgumentError(f"dtype must be one of {', '.join(FLOAT_DTYPES)}; got {dtype!r}")
             sizes = {"max_tokens_per_rank": max_tokens_per_rank, "model_dim": model_dim, "num_experts": num_experts,
                      "top_k": top_k}
             for name, value in sizes.items():

@@ -15,6 +15,7 @@ from typing import Any
 from . import _C
 from ._arrays import (
     DTYPE_CODES,
+    FLOAT_DTYPES,
     ArrayView,
     _torch,
     address_of,
@@ -31,8 +32,6 @@ from ._errors import InvalidArgumentError
 from ._routing import Routing, native_routing, routing_view
 
 __all__ = ["combine", "dispatch", "dispatched_rows", "dispatched_shape", "gate_grad"]
-
-FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def _fail(op: str, message: str):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import _C
-from ._arrays import ArrayView, address_of, argument_view, copy_of, empty_like, shown_copy, view
+from ._arrays import FLOAT_DTYPES, ArrayView, address_of, argument_view, copy_of, empty_like, shown_copy, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
@@ -323,8 +323,8 @@ def _token_order(scores: Any, idx: ArrayView, op: str) -> Any:
     num_tokens = idx.shape[0]
     if len(s.shape) not in (1, 2) or s.shape[0] != num_tokens or (len(s.shape) == 2 and s.shape[1] == 0):
         _fail(op, f"scores must be (tokens,) or (tokens, n) with tokens = {num_tokens}; got {s.describe()}")
-    if s.dtype_name not in ("float32", "float64", "float16", "bfloat16"):
-        _fail(op, f"scores must be float32, float64, float16 or bfloat16; got {s.describe()}")
+    if s.dtype_name not in FLOAT_DTYPES:
+        _fail(op, f"scores must be {', '.join(FLOAT_DTYPES[:-1])} or {FLOAT_DTYPES[-1]}; got {s.describe()}")
     if s.framework == "torch":
         import torch
 
