@@ -64,10 +64,15 @@ class Counters:
         return {name: value / calls for name, value in asdict(self).items()}
 
 
+def _require_comm(comm: Any, op: str) -> None:
+    """A communicator (its counters) or None (the process's totals): anything else is a TypeError."""
+    if comm is not None and not hasattr(comm, "_native"):
+        raise TypeError(f"{op}: comm must be an a2a.Comm or None (the process's totals), got {type(comm).__name__}")
+
+
 def counters(comm: Any = None) -> Counters:
     """The counters of `comm` (an :class:`a2a.Comm`), or with None the process's totals."""
-    if comm is not None and not hasattr(comm, "_native"):
-        raise TypeError(f"counters: comm must be an a2a.Comm or None (the process's totals), got {type(comm).__name__}")
+    _require_comm(comm, "counters")
     if comm is None:
         counts = Counters(**_C.process_counters())
         return Counters(**{**counts.as_dict(), "allocations": counts.allocations + _python_allocations})
@@ -79,8 +84,7 @@ class counting:
     (None: the process); read inside the block, what it cost so far."""
 
     def __init__(self, comm: Any = None):
-        if comm is not None and not hasattr(comm, "_native"):
-            raise TypeError(f"counting: comm must be an a2a.Comm or None (the process), got {type(comm).__name__}")
+        _require_comm(comm, "counting")
         self.comm = comm
         self._start: Counters | None = None
         self._end: Counters | None = None
