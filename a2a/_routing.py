@@ -453,8 +453,7 @@ def route(
     try:
         idx = _private_indices(indices, op)
         num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
-        if not isinstance(wait, bool):
-            raise TypeError(f"{op}: wait must be True or False, got {wait!r}")
+        _check_wait(wait, op)
         if capacity is not None and capacity_setting is not None:
             _fail(op, "pass either capacity or capacity_setting, not both")
         if _is_per_expert(capacity):
@@ -482,13 +481,18 @@ def route(
     return _locate(idx, tables, num_experts, 0 if capacity is None else capacity, setting, order, comm)
 
 
+def _check_wait(wait: Any, op: str) -> None:
+    """route's and permute's `wait`: True or False, nothing else (a truthy string would pass as True)."""
+    if not isinstance(wait, bool):
+        raise TypeError(f"{op}: wait must be True or False, got {wait!r}")
+
+
 def permutation(indices: Any, num_experts: Any, op: str, wait: bool = True) -> Routing:
     """The dropless routing of permute (every routed choice kept, rows packed by expert); `wait` False:
     T*k rows, nothing read back (see a2a.permute)."""
     idx = _private_indices(indices, op)
     num_experts = _as_int(num_experts, "num_experts", op, 1, MAX_EXPERTS, _EXPERTS_BOUND)
-    if not isinstance(wait, bool):
-        raise TypeError(f"{op}: wait must be True or False, got {wait!r}")
+    _check_wait(wait, op)
     tables = _Tables(idx, num_experts)
     if not wait:
         return _locate_fixed(idx, tables, num_experts, DROPLESS, None)
