@@ -393,7 +393,10 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
         reason = f"{what} has shape {o.shape} and dtype {o.dtype_name}; expected shape {shape} and dtype {like.dtype_name}"
     if reason is None and not o.writeable:
         reason = read_only(out, what)
-    return o, reason or recording_out(out, what)
+    reason = reason or recording_out(out, what)
+    if reason is None:
+        mark_written(out)
+    return o, reason
 
 
 def recording_out(out: Any, what: str = "out") -> str | None:
@@ -404,6 +407,15 @@ def recording_out(out: Any, what: str = "out") -> str | None:
         return (f"{what} requires grad; a2a writes it in place, which autograd cannot record (pass a tensor "
                 f"that does not, or call it under torch.no_grad())")
     return None
+
+
+def mark_written(array: Any) -> None:
+    """Tells autograd that a2a writes `array`'s memory in place, as torch's own
+    in-place ops do: a torch tensor's version counter goes up, so that a
+    backward that saved it (or a view of it) refuses to run instead of reading
+    what a2a wrote. Nothing for other arrays, nor for inference tensors."""
+    if is_torch_tensor(array):
+        _torch()._C._increment_version((array,))  # a tuple: a bare tensor takes a path 10x slower
 
 
 def read_only(out: Any, what: str) -> str:

@@ -17,6 +17,7 @@ from ._arrays import (
     argument_view,
     copy_of,
     empty_like,
+    mark_written,
     recording_out,
     shown_copy,
     view,
@@ -197,6 +198,7 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
     recorded = recording_out(out)
     if recorded is not None:
         _fail(op, recorded)
+    mark_written(out)
     return o.obj
 
 

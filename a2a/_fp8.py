@@ -40,6 +40,7 @@ from ._arrays import (
     empty_like,
     is_cupy_array,
     is_torch_tensor,
+    mark_written,
     recording_out,
     view,
 )
@@ -379,6 +380,7 @@ def _checked_pair_out(out: Any, like: ArrayView, shape: tuple[int, ...], blocks:
         _fail(op, f"out is a pair over read-only packed rows ({p.describe()})")
     if is_torch_tensor(out[0]) and _format_of(out[0], None, op) != format:
         _fail(op, f"out's codes are {out[0].dtype}, not the {format} asked for")
+    mark_written(packed)  # the codes and scales are its views: they share its version counter
     return packed, out if type(out) is Fp8Pair else Fp8Pair._of(out[0], out[1], packed)
 
 
@@ -390,4 +392,5 @@ def _checked_out(out: Any, like: ArrayView, shape: tuple[int, ...], dtype: str, 
     recorded = recording_out(out)
     if recorded is not None:
         _fail(op, recorded)
+    mark_written(out)
     return out

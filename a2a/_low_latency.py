@@ -25,7 +25,7 @@ import numbers
 from typing import Any
 
 from . import _C, _fp8
-from ._arrays import DEVICE_CPU, DTYPE_CODES, FLOAT_DTYPES, _torch, view
+from ._arrays import DEVICE_CPU, DTYPE_CODES, FLOAT_DTYPES, _torch, mark_written, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
 
@@ -151,6 +151,8 @@ class LowLatencyBuffer:
         self._num_tokens = tokens
         if self.format is not None:
             self._dequantize()
+        mark_written(self._expert_x)  # the last dispatch's views, if autograd saved them, are stale now
+        mark_written(self._counts)
         return self._expert_x, self._counts
 
     def _dequantize(self) -> None:
@@ -206,6 +208,7 @@ class LowLatencyBuffer:
         self._native.combine(self._exec(expert_out), self._workspace.data_ptr(), self._workspace.numel(),
                              expert_out.data_ptr(), 0 if gates is None else gates.data_ptr(), gate_code,
                              y.data_ptr())
+        mark_written(self._y)
         return y
 
     def check(self) -> None:

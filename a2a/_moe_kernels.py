@@ -22,7 +22,9 @@ from ._arrays import (
     argument_view,
     empty_like,
     is_torch_tensor,
+    mark_written,
     read_only,
+    recording_out,
     torch_dtype_named,
     torch_execution,
     torch_on,
@@ -69,8 +71,9 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
     if out is None:
         return empty_like(like, shape)
     o = argument_view(out, "out", op)
-    if is_torch_tensor(out) and out.requires_grad:
-        _fail(op, "out must not require grad")
+    recorded = recording_out(out)
+    if recorded is not None:
+        _fail(op, recorded)
     if not o.same_place(like) or o.dtype_name != like.dtype_name or math.prod(o.shape) != math.prod(shape):
         _fail(
             op,
@@ -79,6 +82,7 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
         )
     if not o.writeable:
         _fail(op, read_only(out, f"out ({o.describe()})"))
+    mark_written(out)
     return o.obj
 
 
@@ -142,6 +146,7 @@ def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
             and torch_on(out, data.get_device() if data.is_cuda else None)
             and out.numel() == rows * model_dim):
         return None
+    mark_written(out)
     # Always a view, never `out` itself: an autograd Function returning a tensor that is not one of its
     # inputs would make the caller's buffer its output (requires_grad, a grad_fn).
     return out.view(rows, model_dim)

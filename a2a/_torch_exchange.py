@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._arrays import DTYPE_CODES, _torch, _torch_stream, is_torch_tensor, torch_dtype_named, torch_on, view
+from ._arrays import (
+    DTYPE_CODES,
+    _torch,
+    _torch_stream,
+    is_torch_tensor,
+    mark_written,
+    torch_dtype_named,
+    torch_on,
+    view,
+)
 from ._comm import Comm
 from ._counters import note_allocation
 
@@ -44,4 +53,6 @@ def torch_exchange(x: Any, out: Any, comm: Any, shape: tuple[int, ...], workspac
     if result is None:
         note_allocation()
         result = _torch().empty(shape, dtype=x.dtype, device=x.device)
+    else:
+        mark_written(out)
     return (result, x.data_ptr(), result.data_ptr(), code, *workspace)

@@ -69,7 +69,7 @@ def test_a_training_step_with_buffers_makes_no_view(no_views):
     (lambda: torch.empty(E, C, M, dtype=torch.float64), "out is a torch"),
     (lambda: torch.empty(E, C, M + 1), "out is a torch"),
     (lambda: torch.empty(E, M, C).transpose(1, 2), "not C-contiguous"),
-    (lambda: torch.empty(E, C, M, requires_grad=True), "out must not require grad"),
+    (lambda: torch.empty(E, C, M, requires_grad=True), "out requires grad"),
 ], ids=["dtype", "size", "transposed", "requires grad"])
 def test_an_unusual_out_is_reported_as_before(out, match):
     routing, x, gates = problem()

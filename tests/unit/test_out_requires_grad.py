@@ -37,3 +37,6 @@ def test_every_call_that_writes_out_refuses_a_tensor_that_requires_grad(comm):
     with torch.no_grad():
         out = leaf(4, 8)
         assert a2a.all_to_all(x, comm=comm, out=out) is out and torch.equal(out, x)
+        out = leaf(2, 2, 8)  # the MoE kernels write it too, as the collectives do
+        rows = a2a.fast_encode(x, routing, out=out)
+        assert rows.data_ptr() == out.data_ptr() and torch.equal(out, torch.stack([x[[0, 2]], x[[1, 3]]]))
