@@ -53,9 +53,12 @@ class Comm:
     another stream, the core orders the new stream after the old one.
     """
 
-    def __init__(self, native: Any, mpi_comm: Any = None, control_group: Any = None):
+    def __init__(self, native: Any, mpi_comm: Any = None, control_group: Any = None, timeout_s: float | None = None):
         self._native = native
         self.mpi_comm = mpi_comm
+        # The bound of every wait, as given at creation (None: A2A_TIMEOUT_S, else the default); what
+        # split() and host_twin() give the communicators they make.
+        self.timeout_s = timeout_s
         # from_torch(device="cuda"): the gloo group beside NCCL that carries the check and host values; else None.
         self.control_group = control_group
         (self.rank, self.size, self.local_rank, self.local_size, self.node, self.num_nodes) = native.topology
@@ -138,7 +141,7 @@ class Comm:
             -1 if cuda_device is None else int(cuda_device),
             _cross_check(cross_check),
         )
-        return cls(native, comm)
+        return cls(native, comm, timeout_s=timeout_s)
 
     @classmethod
     def from_torch(
@@ -227,7 +230,7 @@ class Comm:
         native = _C.Comm.from_nccl_id(unique_id, size, rank, local_size, _timeout(timeout_s), int(cuda_device),
                                       _cross_check(cross_check), control=transport,
                                       control_name=transport.backend if transport else "")
-        return cls(native, control_group=control)
+        return cls(native, control_group=control, timeout_s=timeout_s)
 
     @classmethod
     def _over_torch_group(cls, group: Any, size: int, rank: int, local_size: int | None, timeout_s: float | None,
@@ -248,7 +251,7 @@ class Comm:
                                         _timeout(timeout_s), _cross_check(cross_check))
         if size > 1 and note:
             _note_the_slower_transport(rank)
-        return cls(native)
+        return cls(native, timeout_s=timeout_s)
 
     @classmethod
     def from_job(
@@ -318,7 +321,7 @@ class Comm:
         native = self._native.split(
             _C.UNDEFINED if color is None else int(color), self.rank if key is None else int(key)
         )
-        return None if native is None else Comm(native)
+        return None if native is None else Comm(native, timeout_s=self.timeout_s)
 
     def host_twin(self) -> Comm:
         """Collective: a communicator over the same ranks, in the same order
@@ -333,11 +336,11 @@ class Comm:
         the work queued before). Any other communicator is its own twin (NCCL
         alone: host values cross it through the device)."""
         if self.device == "cuda" and self.control_group is not None:
-            return Comm._over_torch_group(self.control_group, self.size, self.rank, self.local_size, None,
+            return Comm._over_torch_group(self.control_group, self.size, self.rank, self.local_size, self.timeout_s,
                                           self.cross_check, note=False)
         if self.mpi_comm is None or (self.device == "cpu" and not self.predicts_check):
             return self
-        return Comm.from_mpi(self.mpi_comm, cross_check=self.cross_check)
+        return Comm.from_mpi(self.mpi_comm, cross_check=self.cross_check, timeout_s=self.timeout_s)
 
     def check(self) -> None:
         """Completes the cross-rank check of the last call where it was posted
@@ -414,7 +417,9 @@ def _split_problem(color: Any, key: Any) -> str | None:
     return None
 
 
-_world_gloo: list[Any] = []  # the gloo group made for the world's NCCL communicators, once per process
+# (world group, the gloo group made beside it for the world's NCCL communicators): made once per world, and
+# made again for a new world after destroy_process_group() and init_process_group().
+_world_gloo: list[tuple[Any, Any]] = []
 
 
 def _control_group(group: Any, given: Any) -> Any:
@@ -435,9 +440,9 @@ def _control_group(group: Any, given: Any) -> Any:
     if has_gloo(group):
         return group
     if group is dist.group.WORLD:
-        if not _world_gloo:
-            _world_gloo.append(dist.new_group(backend="gloo"))
-        return _world_gloo[0]
+        if not _world_gloo or _world_gloo[0][0] is not group:
+            _world_gloo[:] = [(group, dist.new_group(backend="gloo"))]
+        return _world_gloo[0][1]
     return None
 
 

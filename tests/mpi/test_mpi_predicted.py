@@ -101,6 +101,23 @@ def test_the_host_twin_of_nccl_beside_a_gloo_group_is_a_host_communicator_over_t
     assert gathered.tolist() == [r for r in range(comm.size) for _ in range(2)], gathered
 
 
+def test_the_host_twin_waits_as_long_as_its_communicator(request):
+    """host_twin() makes a new communicator where the host values need one (MPI beneath a CUDA
+    one: here the test arrangement that predicts; the gloo group beside NCCL: here under
+    torchrun, a CPU communicator dressed as one); it takes the communicator's timeout_s."""
+    comm = make_comm(request)
+    if comm.size < 2:
+        pytest.skip("a communicator of one rank does not predict: its own twin")
+    if TORCHRUN:
+        import torch.distributed as dist
+
+        comm.device, comm.control_group = "cuda", dist.group.WORLD
+    comm.timeout_s = 11.5
+    twin = comm.host_twin()
+    assert twin is not comm and twin.timeout_s == 11.5
+    assert a2a.all_gather(np.full(1, comm.rank, np.int64), comm=twin).tolist() == list(range(comm.size))
+
+
 @pytest.mark.skipif(not TORCHRUN, reason="the gloo group's communicator")
 def test_the_round_arrangement_of_the_cost_tool_checks_every_call_by_round(request):
     """tools/torchrun_check_cost.py's "round" (a2a_testing_comm_create_external_by_round)."""

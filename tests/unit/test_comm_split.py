@@ -137,6 +137,19 @@ def test_a_child_keeps_its_parents_settings(mpi, capfd, debug_info):
     assert line.endswith(", MPI_THREAD_MULTIPLE"), line
 
 
+def test_the_timeout_given_at_creation_carries_to_a_split(mpi, capfd, debug_info):
+    """Comm.timeout_s is what creation was given (None: A2A_TIMEOUT_S, else the default); the
+    communicators a communicator makes wait as long as it does (split here; host_twin in
+    tests/mpi/test_mpi_predicted.py, where a twin is a new communicator)."""
+    assert a2a.Comm.from_mpi(mpi.COMM_SELF).timeout_s is None
+    parent = a2a.Comm.from_mpi(mpi.COMM_SELF, timeout_s=7)
+    capfd.readouterr()
+    child = parent.split(0)
+    assert parent.timeout_s == 7 and child.timeout_s == 7
+    (line,) = debug_lines(capfd.readouterr().err)
+    assert "timeout 7 s" in line, line
+
+
 @pytest.mark.parametrize(
     "staging,transports",
     [

@@ -162,3 +162,35 @@ def test_from_torch_bootstraps_until_the_device():
         assert result.stdout.startswith("UnsupportedError:") and "CUDA" in result.stdout, result.stdout
     else:
         assert "could not create a NCCL unique id" in result.stdout, result.stdout
+
+
+WORLD_AGAIN_SCRIPT = """
+import torch
+import torch.distributed as dist
+from a2a import _comm
+
+real = dist.get_backend
+# The world stands for a NCCL-only one (no GPU here): its control group is then made beside it.
+dist.get_backend = lambda group=None: "nccl" if group is dist.group.WORLD else real(group)
+for world in range(2):  # a second world after destroy_process_group(), as test runners and notebooks make
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    control = _comm._control_group(dist.group.WORLD, None)
+    assert _comm._control_group(dist.group.WORLD, None) is control  # made once per world
+    ones = torch.ones(2)
+    dist.all_reduce(ones, group=control)  # a group of this world, not the destroyed one
+    print(world, real(control), ones.tolist())
+    dist.destroy_process_group()
+"""
+
+
+def test_the_world_control_group_is_made_again_for_a_new_world():
+    """from_torch's gloo group beside a NCCL world: after destroy_process_group() and a new
+    init_process_group(), a group of the new world, not the destroyed one."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", WORLD_AGAIN_SCRIPT], check=False, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["0 gloo [1.0, 1.0]", "1 gloo [1.0, 1.0]"], result.stdout
