@@ -1,0 +1,108 @@
+"""The layer under the schedules that training frameworks run around it, for
+every flow, on every rank:
+
+- micro-batches: several forwards before their backwards, the backwards in
+  the reverse order (pipeline schedules). The layer's pooled buffers and each
+  flow's saved state must belong to a call, not to the layer: each output
+  and each call's gradients (torch.autograd.grad, held while the other
+  backwards run) equal the same calls run one forward and backward at a time;
+- activation checkpointing (torch.utils.checkpoint, non-reentrant): the
+  forward runs without autograd, then again inside the backward. Equal to the
+  plain step.
+
+Equal means bitwise on the CPU: the same ops on the same rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.checkpoint
+from runtime_util import DEVICE, MODEL_DIM, on_device, random_rows
+
+import moe_runtime
+
+HIDDEN = 24
+TOP = {"type": "top", "k": 2, "capacity_factor": 1.0}
+
+
+def spec(num_experts_per_device: int) -> dict:
+    return {"type": "ffn", "num_experts_per_device": num_experts_per_device, "hidden_size_per_expert": HIDDEN}
+
+
+def layouts(world: int) -> dict[str, tuple]:
+    """name -> (experts, options)."""
+    sharers = next(s for s in range(2, world + 1) if world % s == 0) if world > 1 else 1
+    return {
+        "expert": (spec(2), {}),
+        "expert-r0": (spec(2), {"parallel_type": "adaptive:0"}),
+        "expert-d2": (spec(2), {"a2a_ffn_overlap_degree": 2}),
+        "expert-shared": (spec(-sharers), {}),
+        "dropless": (spec(2), {"flow": "dropless"}),
+        "dynamic": (spec(2), {"flow": "dynamic"}),
+        "flex": (spec(1), {"flow": moe_runtime.FlexConfig(slots_per_rank=2)}),
+        "data_centric": (spec(1), {"flow": "data_centric"}),
+        "model_centric": (spec(1), {"flow": "model_centric"}),
+    }
+
+
+def build(comm, layout: str) -> moe_runtime.MoELayer:
+    experts, options = layouts(comm.size)[layout]
+    layer = moe_runtime.MoELayer(TOP, MODEL_DIM, experts, comm=comm, seeds=(5, 6), **options)
+    return on_device(layer, torch.float64)
+
+
+def batch(comm, index: int) -> torch.Tensor:
+    """Micro-batch `index` of this rank: 7 + 2 rank + index tokens (odd, different per rank and batch)."""
+    return random_rows(7 + 2 * comm.rank + index, 1000 * index + comm.rank).requires_grad_(True)
+
+
+def loss_of(y: torch.Tensor) -> torch.Tensor:
+    return y.square().sum() + y.l_aux
+
+
+def gradients(layer) -> list[torch.Tensor]:
+    return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in layer.parameters()]
+
+
+def assert_equal(got, want, what: str) -> None:
+    exact = DEVICE.type == "cpu"
+    torch.testing.assert_close(got, want, rtol=0 if exact else 1e-12, atol=0 if exact else 1e-12, msg=what)
+
+
+def gradients_of(y: torch.Tensor, x: torch.Tensor, layer) -> list[torch.Tensor]:
+    """This call's own gradients (tokens, then every parameter; zeros where none reaches it), kept as
+    returned while other calls' backwards run: autograd.grad accumulates nothing."""
+    parameters = list(layer.parameters())
+    got = torch.autograd.grad(loss_of(y), [x, *parameters], allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip([x, *parameters], got, strict=True)]
+
+
+@pytest.mark.parametrize("layout", list(layouts(4)))
+def test_micro_batches_forward_first_then_backward_in_reverse_equal_one_at_a_time(comm, layout):
+    pipelined, one_at_a_time = build(comm, layout), build(comm, layout)
+    xs = [batch(comm, i) for i in range(3)]
+    ys = [pipelined(x) for x in xs]
+    got = {i: gradients_of(ys[i], xs[i], pipelined) for i in reversed(range(len(xs)))}
+    names = ["tokens"] + [name for name, _ in pipelined.named_parameters()]
+    for i, x in enumerate(xs):  # the same forwards in the same order (the dynamic flow's history)
+        twin = x.detach().clone().requires_grad_(True)
+        y = one_at_a_time(twin)
+        assert_equal(ys[i], y, f"{layout}: micro-batch {i}'s output")
+        for name, g, want in zip(names, got[i], gradients_of(y, twin, one_at_a_time), strict=True):
+            assert_equal(g, want, f"{layout}: micro-batch {i}'s gradient of {name}")
+
+
+@pytest.mark.parametrize("layout", list(layouts(4)))
+def test_activation_checkpointing_equals_the_plain_step(comm, layout):
+    checkpointed, plain = build(comm, layout), build(comm, layout)
+    x = batch(comm, 0)
+    twin = x.detach().clone().requires_grad_(True)
+    y = torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=False)
+    (y.square().sum()).backward()  # l_aux is the forward's attribute, which the recomputation does not return
+    want = plain(twin)
+    want.square().sum().backward()
+    assert_equal(y, want, f"{layout}: output")
+    assert_equal(x.grad, twin.grad, f"{layout}: token gradient")
+    for (name, _), got, expected in zip(checkpointed.named_parameters(), gradients(checkpointed), gradients(plain),
+                                        strict=True):
+        assert_equal(got, expected, f"{layout}: the gradient of {name}")
