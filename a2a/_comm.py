@@ -79,6 +79,20 @@ class Comm:
         self._device_workspaces: dict[str, Any] = {}  # framework -> CUDA buffer
         self._stream = None
 
+    def __copy__(self) -> Comm:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Comm:
+        """The communicator itself: a handle on a live communicator, which a copied model shares with
+        the original, as torch modules share their process group (copy.deepcopy of a model: an EMA or
+        a teacher). A new communicator comes from split() or a from_* call, collectively."""
+        return self
+
+    def __reduce__(self):
+        raise TypeError("a2a.Comm cannot be pickled: it is a handle on a live communicator of this process; save "
+                        "the model's state_dict() and create the communicator again (Comm.from_mpi, from_torch) "
+                        "where it is loaded")
+
     @classmethod
     def from_mpi(
         cls,

@@ -103,6 +103,10 @@ class LowLatencyBuffer:
                 self.comm._stream = stream
         return v.execution()
 
+    def __reduce__(self):
+        raise TypeError("a2a.LowLatencyBuffer cannot be copied or pickled: its memory is registered with its "
+                        "communicator's peers; create another on every rank (collective)")
+
     def _problem(self, x: Any, indices: Any) -> str | None:
         """Why (x, indices) cannot be dispatched, or None."""
         torch = _torch()

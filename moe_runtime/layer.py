@@ -34,6 +34,7 @@ import a2a
 from .binding import bind_flows, check_rebind
 from .common.agreement import CallFields
 from .common.buffers import BufferPool
+from .common.copying import LayerCopy
 from .common.graphs import StepGraphs, autograd_records, call_in_graphs, complete_posted_checks
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
@@ -64,7 +65,7 @@ EXPERT_PARALLEL_DEFAULTS = {"parallel_type": "adaptive:1", "a2a_ffn_overlap_degr
                             "batch_prioritized_routing": False, "flows": ()}
 
 
-class MoELayer(FlowStateNames, torch.nn.Module):
+class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
     """A Mixture-of-Experts layer with Tutel's interface (see the module docstring).
 
     ``gate_type``: a dict (or a list of them, selected per call by

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -31,6 +32,10 @@ class BufferPool:
         self._isolating = False
         # The sets that captures by the layer's caller took (for_capture): kept, as the graphs write them.
         self.captured: list[list[dict[str, torch.Tensor]]] = []
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BufferPool:
+        """An empty pool: buffers belong to the calls that leased them (common/copying.py)."""
+        return BufferPool()
 
     def lease(self) -> Lease:
         if self._free:

@@ -111,6 +111,10 @@ class StepGraphs:
     def __len__(self) -> int:
         return len(self._captured)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepGraphs:
+        """None of the captured steps: they read the original layer's tensors. The copy captures its own."""
+        return StepGraphs(self.limit)
+
     def clear(self) -> None:
         """Drops every captured pair (the next call of each signature captures anew)."""
         self._captured.clear()

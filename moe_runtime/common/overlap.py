@@ -66,6 +66,10 @@ class Overlap:
         self._executor: ThreadPoolExecutor | None = None
         self._stream: Any = None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Overlap:
+        """The same settings; the copy starts its own thread and stream when it needs them."""
+        return Overlap(self.device, self.cuda_device)
+
     def run(self, chunks: int, before: Callable[[int], None], compute: Callable[[int], None],
             after: Callable[[int], None]) -> None:
         if chunks == 1:

@@ -38,6 +38,13 @@ class LowLatencyPath:
         self.dispatch_dtype = None if dispatch_format is None else {v: k for k, v in a2a.FP8_DTYPES.items()}[dispatch_format]
         self._buffers: dict[tuple[torch.dtype, int], tuple[a2a.LowLatencyBuffer, torch.Tensor, torch.Tensor]] = {}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> LowLatencyPath:
+        """No buffers: a copy of the layer makes its own on first use, collectively as these were (a
+        buffer is this communicator's memory, registered with its peers: it cannot be copied alone)."""
+        copied = LowLatencyPath(self.comm, self.max_tokens, self.num_experts, self.model_dim, None)
+        copied.dispatch_dtype = self.dispatch_dtype
+        return copied
+
     def fits(self, recording_anywhere: bool, token_counts: list[int], prepared: Any) -> bool:
         """Whether a call takes this path (its arguments are agreed: the same on every rank)."""
         return not recording_anywhere and prepared is None and max(token_counts) <= self.max_tokens

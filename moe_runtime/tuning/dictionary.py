@@ -105,6 +105,14 @@ class _Table:
         self.skipped: dict[int, int] = {}  # key -> trials the prior saved in its last search
         self.changed = False
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Table:
+        """What was found, copied; a search still running (a generator, which cannot be copied) starts
+        again in the copy at its key's next step (copy.deepcopy of a layer, moe_runtime.layer)."""
+        copied = _Table(self.entries)
+        copied.recent = {key: deque(window, maxlen=window.maxlen) for key, window in self.recent.items()}
+        copied.skipped, copied.changed = dict(self.skipped), self.changed
+        return copied
+
 
 @dataclass(frozen=True)
 class _Binding:
