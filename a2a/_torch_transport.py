@@ -83,13 +83,21 @@ class TorchGroupTransport:
     # mapping cost as much as the message at small sizes.
     def isend(self, address: int, nbytes: int, peer: int, tag: int) -> int:
         tensor = self._view(address, nbytes)
-        work = self.group.send([tensor], peer, self._tag(tag))
-        return self._post(work, "send to", peer, tensor)
+        return self._post(self._posted(self.group.send, tensor, "send to", peer, tag), "send to", peer, tensor)
 
     def irecv(self, address: int, nbytes: int, peer: int, tag: int) -> int:
         tensor = self._view(address, nbytes)
-        work = self.group.recv([tensor], peer, self._tag(tag))
-        return self._post(work, "receive from", peer, tensor)
+        return self._post(self._posted(self.group.recv, tensor, "receive from", peer, tag), "receive from", peer,
+                          tensor)
+
+    def _posted(self, post: Any, tensor: Any, what: str, peer: int, tag: int) -> Any:
+        """The group's work for `tensor`; a failure to post (gloo: the peer's connection closed, its process
+        died) names the peer, as a failed wait does."""
+        tag = self._tag(tag)
+        try:
+            return post([tensor], peer, tag)
+        except RuntimeError as error:
+            raise RuntimeError(f"{what} rank {peer} over torch.distributed ({self.backend}): {error}") from None
 
     def wait(self, requests: list[int], timeout_s: float) -> None:
         """Every request done, or TimeoutError naming the peers whose messages

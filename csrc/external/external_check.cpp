@@ -46,8 +46,12 @@ void ExternalTransport::post_headers(Header mine) {
       const int to = (rank_ + step) % size();
       header_requests_.push_back(channel_->isend(&header_out_, sizeof(Header), members_[to], tag_));
     }
-  } catch (...) {
+  } catch (const Failure& e) {  // a post failed (gloo: a peer's connection closed, its process died)
     broken_ = true;  // half an event is out: the lane's order is lost
+    header_requests_.clear();
+    throw Failure(e.status(), cat("rank ", rank_, " of ", size(), ", in the argument check: ", e.what()));
+  } catch (...) {
+    broken_ = true;
     header_requests_.clear();
     throw;
   }

@@ -88,8 +88,16 @@ void ExternalTransport::post(const Span& span, int peer, bool sending) {
   if (peer == rank_)
     (sending ? self_sends_ : self_recvs_).push_back(span);
   else if (span.bytes() != 0) {
-    requests_.push_back(sending ? channel_->isend(span.data, span.bytes(), members_[peer], tag_)
-                                : channel_->irecv(span.data, span.bytes(), members_[peer], tag_));
+    try {
+      requests_.push_back(sending ? channel_->isend(span.data, span.bytes(), members_[peer], tag_)
+                                  : channel_->irecv(span.data, span.bytes(), members_[peer], tag_));
+    } catch (const Failure& e) {
+      // A peer that died can fail the post itself (gloo: the connection is
+      // closed): named as group_end names a failed wait, and this group's
+      // posted messages stay in the channel, so no next call may meet them.
+      broken_ = true;
+      throw Failure(e.status(), cat("rank ", rank_, " of ", size(), ": ", e.what()));
+    }
     request_peers_.push_back(peer);
   }
 }

@@ -56,10 +56,12 @@ comm = a2a.Comm.from_torch(device="cpu", timeout_s=3)
 x = np.ones(4 * comm.size, np.float32)
 a2a.all_to_all(x, comm=comm)
 if comm.rank == 1:
-    if sys.argv[1] == "dies":
+    if sys.argv[1] in ("dies", "died"):
         os._exit(0)  # exit code 0: torchrun waits for rank 0 instead of killing it
     time.sleep(8)  # never makes the second call
     os._exit(0)
+if sys.argv[1] == "died":
+    time.sleep(1.5)  # the peer's connection is closed before this rank posts: the post itself fails
 started = time.monotonic()
 try:
     a2a.all_to_all(x, comm=comm)
@@ -70,7 +72,7 @@ os._exit(0)  # the abandoned receive stays in gloo; a clean shutdown would wait 
 """
 
 
-@pytest.mark.parametrize("fault", ["skips", "dies"])
+@pytest.mark.parametrize("fault", ["skips", "dies", "died"])
 def test_a_peer_that_never_calls_or_dies_raises_on_the_others(tmp_path, fault):
     script = tmp_path / "fault.py"
     script.write_text(FAULT)
