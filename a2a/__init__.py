@@ -56,7 +56,7 @@ except ImportError as _error:  # a library that liba2a links is missing: say whi
             "or reinstall a2a in this environment (README, 'Install into your environment')."
         ) from _error
     raise
-from . import _collectives
+from . import _collectives, _dynamo
 from ._collective_api import *  # the collectives, named in _collectives.COLLECTIVES
 from ._collectives import ALGORITHMS, REDUCE_OPS, VPlan, plan_v
 from ._comm import Comm
@@ -136,6 +136,8 @@ __all__ = [
     "unpermute",
 ]
 __all__.extend(_collectives.COLLECTIVES)
+
+_dynamo.register_with_dynamo()  # under torch.compile a call into a2a is a graph break (a2a/_dynamo.py)
 
 # The native files (module, lib/, include/) sit beside _C, which in an
 # editable install is not beside this file.

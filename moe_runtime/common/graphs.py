@@ -270,6 +270,11 @@ def _dropless_without_a_wait(flow: Any) -> bool:
     return flow.name == "dropless" and not flow.settings.wait
 
 
+# Under torch.compile the layer runs as it does eagerly, one graph break around it: its collectives and
+# native kernels are no torch ops that dynamo can trace. Traced through, the layer recompiled at every call
+# until dynamo's limit (38 graphs in 12 steps, 1.9x the eager step), and the dropless flow failed on dynamic
+# shapes (tests/unit/test_runtime_compile.py).
+@torch.compiler.disable
 def call_in_graphs(layer: Any, eager: Callable[..., torch.Tensor], x: torch.Tensor,
                    arguments: dict[str, Any]) -> torch.Tensor:
     """The layer's call: inside the caller's CUDA graph being captured (the layer's own graphs step
