@@ -47,6 +47,7 @@ from .deployment.assignment_cache import AssignmentCache, AssignmentStats
 from .deployment.expert_cache import ExpertCache
 from .deployment.flow import Dropless
 from .dynamic.capacity import CapacityTracker, DynamicCapacity
+from .experts.gradients import ddp_ignore_experts
 from .flex.config import FlexConfig
 from .flex.vexperts import Expand, Migrate, Shrink, SlotTable
 from .flows.base import Plan
@@ -86,6 +87,7 @@ __all__ = [
     "Shrink",
     "SlotTable",
     "buffer_capacity",
+    "ddp_ignore_experts",
     "gshard_loss",
     "load_importance_loss",
     "local_batch",
