@@ -96,7 +96,10 @@ class Lease:
         count = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() < count or buffer.dtype != dtype or buffer.device != device:
-            buffer = torch.empty(count, dtype=dtype, device=device)
+            # Never an inference tensor, which a call under torch.inference_mode() would make: the training
+            # calls after it could not write it ("Inplace update to inference tensor outside InferenceMode").
+            with torch.inference_mode(False):
+                buffer = torch.empty(count, dtype=dtype, device=device)
             self._buffers[name] = buffer
         return (buffer if buffer.numel() == count else buffer[:count]).view(shape)  # (a slice is one op more)
 

@@ -69,13 +69,16 @@ class ExpertCache:
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
         self.host = {}
-        for name, w in weights.items():
-            w = w.detach().to("cpu").contiguous()
-            self.host[name] = w.pin_memory() if self.on_cuda else w.clone()
-        self.pool = {
-            name: torch.empty((self.num_slots, *w.shape[1:]), dtype=w.dtype, device=self.device)
-            for name, w in self.host.items()
-        }
+        # Normal tensors even where the first call runs under torch.inference_mode(): a later call outside
+        # it could not write inference tensors (the slots).
+        with torch.inference_mode(False):
+            for name, w in weights.items():
+                w = w.detach().to("cpu").contiguous()
+                self.host[name] = w.pin_memory() if self.on_cuda else w.clone()
+            self.pool = {
+                name: torch.empty((self.num_slots, *w.shape[1:]), dtype=w.dtype, device=self.device)
+                for name, w in self.host.items()
+            }
         self.bytes_per_expert = sum(w[0].numel() * w.element_size() for w in self.host.values())
         self.copy_stream = torch.cuda.Stream(device=self.device) if self.on_cuda else None
         self.core.forget_residents()

@@ -55,8 +55,9 @@ class LowLatencyPath:
             buffer = a2a.LowLatencyBuffer(self.comm, self.max_tokens, self.model_dim, self.num_experts, top_k,
                                           str(dtype).removeprefix("torch."), dispatch_dtype=self.dispatch_dtype)
             shape = (buffer.local_experts, buffer.expert_capacity)
-            out = torch.zeros((*shape, self.model_dim), dtype=dtype, device=buffer.device)
-            scratch = torch.zeros((*shape, hidden), dtype=dtype, device=buffer.device)
+            with torch.inference_mode(False):  # normal tensors: a call outside inference mode writes them too
+                out = torch.zeros((*shape, self.model_dim), dtype=dtype, device=buffer.device)
+                scratch = torch.zeros((*shape, hidden), dtype=dtype, device=buffer.device)
             self._buffers[key] = (buffer, out, scratch)
         return self._buffers[key]
 

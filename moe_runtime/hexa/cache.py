@@ -183,7 +183,8 @@ class PipelineSharedCache:
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < elements:
             self._buffers.pop(key, None)  # the old buffer goes before the new one is made
-            buffer = torch.empty(elements, dtype=fc1.dtype, device=fc1.device)
+            with torch.inference_mode(False):  # a normal tensor: a call outside inference mode writes it too
+                buffer = torch.empty(elements, dtype=fc1.dtype, device=fc1.device)
             self._buffers[key] = buffer
             self._holder = None
         num_experts, hidden, model_dim = experts.num_experts, experts.hidden_size, experts.model_dim
