@@ -69,19 +69,22 @@ class LowLatencyBuffer:
         self.expert_capacity = self._native.expert_capacity
         device = torch.device("cuda", comm.cuda_device) if comm.device == "cuda" else torch.device("cpu")
         self.device = device
-        self._workspace = torch.zeros(self._native.workspace_size, dtype=torch.uint8, device=device)
-        self._recv = torch.zeros((self.local_experts, self.expert_capacity, row_bytes), dtype=torch.uint8,
-                                 device=device)
-        self._counts = torch.zeros(self.local_experts, dtype=torch.int64, device=device)
-        self._y = torch.zeros((self.max_tokens, self.model_dim), dtype=getattr(torch, dtype), device=device)
-        if self.format is None:
-            self._expert_x = self._recv.view(getattr(torch, dtype))
-            self._sent = None
-        else:
-            self._expert_x = torch.zeros((self.local_experts, self.expert_capacity, self.model_dim),
-                                         dtype=getattr(torch, dtype), device=device)
-            self._sent = _fp8.unpack_views(torch.zeros((self.max_tokens, row_bytes), dtype=torch.uint8, device=device),
-                                           self.model_dim, blocks, self.format)
+        # Normal tensors even when made under torch.inference_mode(): the calls after it, outside that mode,
+        # hand out views of them, which the caller may write.
+        with torch.inference_mode(False):
+            self._workspace = torch.zeros(self._native.workspace_size, dtype=torch.uint8, device=device)
+            self._recv = torch.zeros((self.local_experts, self.expert_capacity, row_bytes), dtype=torch.uint8,
+                                     device=device)
+            self._counts = torch.zeros(self.local_experts, dtype=torch.int64, device=device)
+            self._y = torch.zeros((self.max_tokens, self.model_dim), dtype=getattr(torch, dtype), device=device)
+            if self.format is None:
+                self._expert_x = self._recv.view(getattr(torch, dtype))
+                self._sent = None
+            else:
+                self._expert_x = torch.zeros((self.local_experts, self.expert_capacity, self.model_dim),
+                                             dtype=getattr(torch, dtype), device=device)
+                self._sent = _fp8.unpack_views(torch.zeros((self.max_tokens, row_bytes), dtype=torch.uint8, device=device),
+                                               self.model_dim, blocks, self.format)
         self._blocks = blocks
         self._row_bytes = row_bytes
         self._num_tokens: int | None = None

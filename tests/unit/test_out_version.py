@@ -130,3 +130,15 @@ def test_a_low_latency_dispatch_marks_the_last_results_stale(comm):
     buffer.combine(expert_x_again.clone())
     with pytest.raises(RuntimeError, match=STALE):
         loss.backward()
+
+
+def test_a_low_latency_buffer_made_under_inference_mode_hands_out_normal_tensors(comm):
+    """Its views are written by the calls after it, and may be by the caller, outside that mode."""
+    with torch.inference_mode():
+        buffer = a2a.LowLatencyBuffer(comm, 4, 8, 2, 2, dtype="float32")
+    x, indices = torch.randn(4, 8), torch.tensor([[0, 1], [1, 0], [0, 1], [1, 0]])
+    with torch.no_grad():
+        expert_x, counts = buffer.dispatch(x, indices)
+        y = buffer.combine(expert_x.clone())
+    assert not any(t.is_inference() for t in (expert_x, counts, y))
+    y.mul_(2)  # an inference tensor would refuse this outside inference mode
