@@ -5,6 +5,7 @@ where the ranks share a gloo group and no MPI is beneath them."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -42,3 +43,17 @@ def torchrun(np: int, argv: list[str], timeout: float = 180, **env: str) -> subp
     variables = {k: v for k, v in os.environ.items() if not k.startswith((*MPIRUN_PREFIXES, "A2A_"))}
     return subprocess.run(torchrun_command(np, [sys.executable, *argv]), capture_output=True, text=True, check=False,
                           timeout=timeout, env={**variables, **env})
+
+
+def init_gloo_under_mpirun(world: Any, rank: int) -> None:
+    """torch.distributed's default group over the mpi4py communicator `world`'s processes, gloo over TCP
+    on this host (rank 0 picks the port), this process at torch rank `rank`. The caller destroys it."""
+    import torch.distributed as dist
+
+    port = None
+    if world.Get_rank() == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    port = world.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world.Get_size())

@@ -8,11 +8,10 @@ for the test over TCP under mpirun, and destroyed after it."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
+from launcher import init_gloo_under_mpirun
 from runtime_util import DEVICE, MODEL_DIM, random_rows
 
 import moe_runtime
@@ -28,14 +27,7 @@ def gloo(comm):
         return
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
-    port = None
-    if world.Get_rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = world.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+    init_gloo_under_mpirun(MPI.COMM_WORLD, comm.rank)
     try:
         yield
     finally:

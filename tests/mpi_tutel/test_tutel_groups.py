@@ -6,11 +6,10 @@ them. The module initializes torch.distributed itself, last."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
+from launcher import init_gloo_under_mpirun
 
 from moe_runtime import moe as tutel_moe
 from moe_runtime.moe.communicator import communicator
@@ -46,23 +45,13 @@ def test_with_nothing_initialized_the_layer_runs_on_the_mpi_world(world):
     assert layer().comm is moe.comm  # one communicator per group and device
 
 
-def _init_gloo(world, rank: int) -> None:
-    port = None
-    if world.Get_rank() == 0:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    port = world.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world.Get_size())
-
-
 def test_gloo_groups_under_mpirun_map_onto_mpi_sub_communicators(world):
     size, mpi_rank = world.Get_size(), world.Get_rank()
     if size < 2:
         pytest.skip("needs 2 ranks")
     # torch's ranks in another order than MPI's: the mapping must follow torch's.
     torch_rank = (mpi_rank + 1) % size
-    _init_gloo(world, torch_rank)
+    init_gloo_under_mpirun(world, torch_rank)
     try:
         moe = layer()
         assert (moe.comm.size, moe.comm.rank) == (size, torch_rank), "the default group, in torch's rank order"
