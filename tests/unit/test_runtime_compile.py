@@ -58,3 +58,17 @@ def test_the_layer_is_one_graph_break_and_computes_what_it_computes_eagerly(comm
     breaks = {reason.splitlines()[0] for reason in dynamo.utils.counters["graph_break"]}
     assert breaks == {"Skip calling `torch.compiler.disable()`d function"}, breaks
     dynamo.reset()
+
+
+def test_the_compile_cost_tool_reports_two_graphs_for_the_compiled_model():
+    """tools/compile_cost.py, which docs/benchmarks.md quotes, on dynamo's eager backend."""
+    import os
+    import subprocess
+    import sys
+
+    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "compile_cost.py")
+    done = subprocess.run([sys.executable, tool, "--backend", "eager", "--warmup", "3", "--steps", "2"],
+                          capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = [line.split() for line in done.stdout.splitlines() if line.startswith("compiled")]
+    assert len(compiled) == 1 and compiled[0][2] == "2", done.stdout  # "compiled (eager)", graphs, ...
