@@ -16,8 +16,9 @@ import numpy as np
 
 from . import _collectives, _fp8
 from ._arrays import records_autograd
+from ._bytes import bytes_of
 from ._comm import Comm
-from ._errors import InvalidArgumentError
+from ._errors import A2AError, InvalidArgumentError
 
 __all__ = list(_collectives.COLLECTIVES)
 
@@ -79,11 +80,35 @@ def _exchanged_pair(op: str, comm: Comm, pair: Any, out: Any, exchange: Callable
     return _fp8.unpack_views(received, q.shape[-1], scales.shape[-1], _fp8.format_of_codes(q))
 
 
+def _as_bytes(op: str, comm: Comm, moved: tuple[Any, Callable[[Any], Any]], x: Any, out: Any,
+              exchange: Callable[[Any, Any], Any]) -> Any:
+    """x of a dtype a2a moves as bytes (a2a/_bytes.py): exchange(x's bytes, out's bytes or None), the
+    result in x's dtype (`out` itself when given). An out= of another dtype fails on every rank."""
+    data, back = moved
+    into = None
+    if out is not None:
+        same = type(out) is type(x) and getattr(out, "dtype", None) == x.dtype
+        into = bytes_of(out) if same else None
+        if into is None:
+            _collectives._reject(comm, op, f"out must be a C-contiguous {type(x).__name__} of the input's dtype "
+                                 f"{x.dtype}; got {type(out).__name__} of {getattr(out, 'dtype', None)}")
+    try:
+        received = exchange(data, None if into is None else into[0])
+    except A2AError as error:  # it names the bytes: say whose they are
+        whose = f"the input: {type(x).__name__} of shape {tuple(x.shape)} and dtype {x.dtype}, moved as its bytes"
+        error.args = (f"{error.args[0]} ({whose})", *error.args[1:])
+        raise
+    return out if out is not None else back(received)
+
+
 @_documented_as(_collectives.all_to_all, pairs=True)
 def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> Any:
     if isinstance(x, tuple):
         return _exchanged_pair("all_to_all", comm, x, out,
                                lambda packed, into: _collectives.all_to_all(packed, comm=comm, algo=algo, out=into))
+    if (moved := bytes_of(x)) is not None:
+        return _as_bytes("all_to_all", comm, moved, x, out,
+                         lambda data, into: _collectives.all_to_all(data, comm=comm, algo=algo, out=into))
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all", comm, out).all_to_all(x, comm=comm, algo=algo)
     return _collectives.all_to_all(x, comm=comm, algo=algo, out=out)
@@ -102,6 +127,11 @@ def all_to_all_flex(
             return _collectives.all_to_all_flex(packed, comm=comm, split_axis=split_axis, concat_axis=concat_axis,
                                                 algo=algo, out=into)
         return _exchanged_pair("all_to_all_flex", comm, x, out, exchange)
+    if (moved := bytes_of(x)) is not None:  # the axes counted from the front: the bytes' axis comes last
+        split, concat = (axis if (axis_ := _collectives._normalize_axis(axis, x.ndim)) is None else axis_
+                         for axis in (split_axis, concat_axis))
+        return _as_bytes("all_to_all_flex", comm, moved, x, out, lambda data, into: _collectives.all_to_all_flex(
+            data, comm=comm, split_axis=split, concat_axis=concat, algo=algo, out=into))
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all_flex", comm, out).all_to_all_flex(
             x, comm=comm, split_axis=split_axis, concat_axis=concat_axis, algo=algo
@@ -123,6 +153,14 @@ def all_to_all_v(
             counts.append(received_counts)
             return received
         return _exchanged_pair("all_to_all_v", comm, x, out, exchange), counts[0]
+    if (moved := bytes_of(x)) is not None:
+        counts_of: list[Any] = []
+
+        def exchange_bytes(data: Any, into: Any) -> Any:
+            received, received_counts = _collectives.all_to_all_v(data, send_counts, comm=comm, algo=algo, out=into)
+            counts_of.append(received_counts)
+            return received
+        return _as_bytes("all_to_all_v", comm, moved, x, out, exchange_bytes), counts_of[0]
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all_v", comm, out).all_to_all_v(x, send_counts, comm=comm, algo=algo)
     return _collectives.all_to_all_v(x, send_counts, comm=comm, algo=algo, out=out)
@@ -130,6 +168,9 @@ def all_to_all_v(
 
 @_documented_as(_collectives.all_gather)
 def all_gather(x: Any, *, comm: Comm, out: Any = None) -> Any:
+    if (moved := bytes_of(x)) is not None:
+        return _as_bytes("all_gather", comm, moved, x, out,
+                         lambda data, into: _collectives.all_gather(data, comm=comm, out=into))
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_gather", comm, out).all_gather(x, comm=comm)
     return _collectives.all_gather(x, comm=comm, out=out)
@@ -151,6 +192,9 @@ def reduce_scatter(x: Any, *, comm: Comm, op: str = "sum", out: Any = None) -> A
 
 @_documented_as(_collectives.all_gather_v)
 def all_gather_v(x: Any, counts: Any, *, comm: Comm, out: Any = None) -> Any:
+    if (moved := bytes_of(x)) is not None:
+        return _as_bytes("all_gather_v", comm, moved, x, out,
+                         lambda data, into: _collectives.all_gather_v(data, counts, comm=comm, out=into))
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_gather_v", comm, out).all_gather_v(x, counts, comm=comm)
     return _collectives.all_gather_v(x, counts, comm=comm, out=out)

@@ -108,6 +108,18 @@ def test_all_to_all_matches_the_host(request, comm_name, algo, dtype, host_comm)
     ref.assert_bitwise_equal(got.cpu(), want, f"{comm_name} {algo} {dtype}")
 
 
+@pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm", "torch_comm"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "bool", "complex64"])
+def test_dtypes_moved_as_bytes_match_the_host(request, comm_name, dtype, host_comm):
+    """a2a/_bytes.py on CUDA tensors: FP8 rows of a caller's own quantization, masks, complex."""
+    comm = request.getfixturevalue(comm_name)
+    x = (torch.randn(999, 3) * 4).to(getattr(torch, dtype)) if dtype != "bool" else torch.randn(999, 3) > 0
+    want = a2a.all_to_all_flex(x, comm=host_comm, split_axis=0, concat_axis=-1)
+    got = a2a.all_to_all_flex(x.cuda(), comm=comm, split_axis=0, concat_axis=-1)
+    assert got.is_cuda and got.dtype == x.dtype and got.shape == want.shape
+    assert torch.equal(got.cpu().view(torch.uint8), want.view(torch.uint8))
+
+
 @pytest.mark.parametrize("comm_name", ["nccl_comm", "staged_comm"])
 @pytest.mark.parametrize("algo", ["linear", "2dh"])
 @pytest.mark.parametrize("case", sorted(FLEX_CASES))

@@ -83,11 +83,11 @@ def test_sub_bad_input_stays_in_the_sub_communicator(comm, sub):
     communicator carries on."""
     _, _, c = sub
     bad = c.size - 1
-    x = np.zeros((c.size * 2, 3), np.complex64 if c.rank == bad else np.float32)
+    x = np.zeros((c.size * 2, 3), object if c.rank == bad else np.float32)
     error = outcome(lambda: a2a.all_to_all(x, comm=c))[1]
     wx = ref.a2a_input("world-after", comm.rank, comm.size, (comm.size,), "float32")
     world_result = a2a.all_to_all(wx, comm=comm)
-    check_bad_rank(c, bad, "all_to_all", error, "complex64")
+    check_bad_rank(c, bad, "all_to_all", error, "object")
     ref.assert_bitwise_equal(
         world_result, ref.a2a_expected("world-after", comm.rank, comm.size, (comm.size,), "float32")
     )

@@ -22,10 +22,12 @@ def still_works(comm):
 
 @pytest.mark.parametrize("dtype", UNSUPPORTED_NUMPY_DTYPES)
 def test_unsupported_numpy_dtype(comm, dtype):
+    """The reductions compute on the dtype: they take a2a's (the movement collectives move any number as
+    bytes: tests/mpi/test_mpi_bytes.py)."""
     x = np.zeros((4, 2), dtype=dtype)
     message = raises_invalid(
-        lambda: a2a.all_to_all(x, comm=comm),
-        "all_to_all",
+        lambda: a2a.all_reduce(x, comm=comm),
+        "all_reduce",
         "rank 0",
         "(4, 2)",
         dtype,
@@ -38,19 +40,19 @@ def test_unsupported_numpy_dtype(comm, dtype):
 
 @pytest.mark.parametrize("op", ["all_to_all", "all_to_all_flex", "all_to_all_v"])
 def test_unsupported_dtype_every_collective(comm, op):
-    x = np.zeros(3, dtype=np.complex64)
+    x = np.zeros(3, dtype=object)  # no number: not even its bytes can move
     calls = {
         "all_to_all": lambda: a2a.all_to_all(x, comm=comm),
         "all_to_all_flex": lambda: a2a.all_to_all_flex(x, comm=comm, split_axis=0, concat_axis=0),
         "all_to_all_v": lambda: a2a.all_to_all_v(x, [3], comm=comm),
     }
-    raises_invalid(calls[op], op, "rank 0 of 1", "complex64", "(3,)")
+    raises_invalid(calls[op], op, "rank 0 of 1", "object", "(3,)")
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "bool", "int16", "uint16"])
 def test_unsupported_torch_dtype(comm, torch, dtype):
     x = torch.zeros(4, dtype=getattr(torch, dtype))
-    raises_invalid(lambda: a2a.all_to_all(x, comm=comm), "all_to_all", "rank 0", "torch", dtype, "(4,)")
+    raises_invalid(lambda: a2a.all_reduce(x, comm=comm), "all_reduce", "rank 0", "torch", dtype, "(4,)")
 
 
 def test_torch_tensor_not_on_the_cpu(comm, torch):
@@ -230,7 +232,7 @@ def test_v_bad_counts(comm, counts, fragments):
 
 def test_errors_are_value_errors(comm):
     with pytest.raises(ValueError):
-        a2a.all_to_all(np.zeros(3, np.complex128), comm=comm)
+        a2a.all_reduce(np.zeros(3, np.complex128), comm=comm)
 
 
 @pytest.mark.parametrize("algo", [["linear"], {"2dh": 1}], ids=["list", "dict"])

@@ -51,13 +51,13 @@ def test_the_same_bits_as_numpy(comm, name):
 
 @pytest.mark.parametrize("bad,match", [
     (lambda x: {"x": x.transpose(0, 1)}, "not C-contiguous"),
-    (lambda x: {"x": x.to(torch.bool)}, "unsupported dtype"),
+    (lambda x: {"x": x.to(torch.complex64).conj()}, "conjugate bit"),
     (lambda x: {"x": x, "out": torch.empty(2, 3, 4)}, "out has shape"),
     (lambda x: {"x": x, "out": torch.empty(5, 3, 4, dtype=torch.float64)}, "out has shape .* and dtype float64"),
     (lambda x: {"x": x, "out": torch.empty(5, 4, 3).transpose(1, 2)}, "not C-contiguous"),
     (lambda x: {"x": x, "out": np.empty((5, 3, 4), np.float32)}, "out is a numpy array but the input is a torch"),
     (lambda x: {"x": x, "algo": "ring"}, "unknown algo 'ring'"),
-], ids=["transposed", "bool", "out shape", "out dtype", "out transposed", "out numpy", "algo"])
+], ids=["transposed", "conjugate", "out shape", "out dtype", "out transposed", "out numpy", "algo"])
 def test_what_the_general_path_reports_is_unchanged(comm, bad, match):
     for call in (a2a.all_to_all, lambda x, **kw: a2a.all_to_all_flex(x, split_axis=0, concat_axis=1, **kw)):
         arguments = bad(torch.randn(5, 3, 4))
