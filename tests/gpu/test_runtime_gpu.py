@@ -190,3 +190,36 @@ def test_the_hexa_flows_on_grouped_gemms_on_the_gpu(cuda_comm, flow):
         scale = max(want.abs().max().item(), 1e-30)
         error, es_error = (ours - want).abs().max().item() / scale, (theirs - want).abs().max().item() / scale
         assert error <= 1.5 * es_error + 1e-3, (i, error, es_error)
+
+
+def test_a_compiled_model_holding_the_layer_on_the_gpu_is_one_graph_break(cuda_comm):
+    """torch.compile of Linear, MoELayer, Linear on CUDA tensors: the layer runs eagerly
+    behind one graph break, and the model's step equals the eager one (tests/unit/test_runtime_compile.py
+    on the CPU)."""
+    import torch._dynamo as dynamo
+
+    from moe_runtime import MoELayer
+
+    device = torch.device("cuda", cuda_comm.cuda_device)
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 16), MoELayer(
+            {"type": "top", "k": 2, "capacity_factor": 1.0}, 16,
+            {"type": "ffn", "num_experts_per_device": 4, "hidden_size_per_expert": 32}, comm=cuda_comm,
+            seeds=(3, 4)), torch.nn.Linear(16, 16)).to(device)
+
+    eager, compiled = model(), model()
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    run = torch.compile(compiled, backend="aot_eager")  # no Triton build in the check's budget
+    x = torch.randn(40, 16, generator=torch.Generator().manual_seed(5)).to(device)
+    for _ in range(3):
+        want, got = eager(x), run(x)
+        want.square().sum().backward()
+        got.square().sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for p, q in zip(compiled.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert dynamo.utils.counters["stats"]["unique_graphs"] <= 2, dict(dynamo.utils.counters["stats"])
+    dynamo.reset()
