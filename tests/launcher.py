@@ -45,9 +45,13 @@ def torchrun(np: int, argv: list[str], timeout: float = 180, **env: str) -> subp
                           timeout=timeout, env={**variables, **env})
 
 
+ON_NAMESPACE_CLUSTER = os.environ.get("A2A_TEST_NAMESPACES") == "1"  # tests/run_mpi.py --cluster
+
+
 def init_gloo_under_mpirun(world: Any, rank: int) -> None:
     """torch.distributed's default group over the mpi4py communicator `world`'s processes, gloo over TCP
-    on this host (rank 0 picks the port), this process at torch rank `rank`. The caller destroys it."""
+    on this host's loopback (rank 0 picks the port), this process at torch rank `rank`. The caller
+    destroys it. Not on the namespace cluster, where each node has a loopback of its own."""
     import torch.distributed as dist
 
     port = None

@@ -324,6 +324,7 @@ def run_config(config: Config, args: argparse.Namespace) -> bool:
     env = run_env(config, args.rank_timeout)
     if config.cluster:
         env.pop("A2A_LOCAL_SIZE", None)  # the nodes are real: the topology is detected
+        env["A2A_TEST_NAMESPACES"] = "1"  # the ranks' loopbacks are their nodes' own (launcher.ON_NAMESPACE_CLUSTER)
 
     limit = min(config.timeout or args.timeout, args.timeout)
     start = time.monotonic()

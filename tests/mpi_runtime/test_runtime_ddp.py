@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from launcher import init_gloo_under_mpirun
+from launcher import ON_NAMESPACE_CLUSTER, init_gloo_under_mpirun
 from runtime_util import DEVICE, MODEL_DIM, random_rows
 
 import moe_runtime
@@ -25,6 +25,8 @@ def gloo(comm):
     if dist.is_initialized():
         yield
         return
+    if ON_NAMESPACE_CLUSTER:  # DDP's semantics do not depend on the network; this group's address does
+        pytest.skip("a gloo group over the loopback: each namespace node has its own (run without --cluster)")
     from mpi4py import MPI
 
     init_gloo_under_mpirun(MPI.COMM_WORLD, comm.rank)
