@@ -393,10 +393,7 @@ def check_out(out: Any, like: ArrayView, shape: tuple[int, ...], what: str = "ou
         reason = f"{what} has shape {o.shape} and dtype {o.dtype_name}; expected shape {shape} and dtype {like.dtype_name}"
     if reason is None and not o.writeable:
         reason = read_only(out, what)
-    reason = reason or recording_out(out, what)
-    if reason is None:
-        mark_written(out)
-    return o, reason
+    return o, reason or claim_out(out, what)
 
 
 def recording_out(out: Any, what: str = "out") -> str | None:
@@ -407,6 +404,15 @@ def recording_out(out: Any, what: str = "out") -> str | None:
         return (f"{what} requires grad; a2a writes it in place, which autograd cannot record (pass a tensor "
                 f"that does not, or call it under torch.no_grad())")
     return None
+
+
+def claim_out(out: Any, what: str = "out") -> str | None:
+    """Why `out`, checked otherwise, cannot be written (recording_out); else None, and `out` is marked
+    written (mark_written): the last step of every out= check."""
+    reason = recording_out(out, what)
+    if reason is None:
+        mark_written(out)
+    return reason
 
 
 def mark_written(array: Any) -> None:

@@ -15,10 +15,9 @@ from ._arrays import (
     ArrayView,
     address_of,
     argument_view,
+    claim_out,
     copy_of,
     empty_like,
-    mark_written,
-    recording_out,
     shown_copy,
     view,
 )
@@ -195,10 +194,9 @@ def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
     if not o.same_place(like) or o.dtype_name != like.dtype_name or tuple(o.shape) != shape or not o.writeable:
         _fail(op, f"out is a {o.describe()}; expected a writeable {like.framework} {like.dtype_name} array of shape "
                   f"{shape} on {like.device_text}")
-    recorded = recording_out(out)
+    recorded = claim_out(out)
     if recorded is not None:
         _fail(op, recorded)
-    mark_written(out)
     return o.obj
 
 

@@ -37,11 +37,11 @@ from ._arrays import (
     _torch,
     address_of,
     argument_view,
+    claim_out,
     empty_like,
     is_cupy_array,
     is_torch_tensor,
     mark_written,
-    recording_out,
     view,
 )
 from ._errors import InvalidArgumentError
@@ -389,8 +389,7 @@ def _checked_out(out: Any, like: ArrayView, shape: tuple[int, ...], dtype: str, 
     if not o.same_place(like) or o.shape != shape or o.dtype_name != dtype or not o.writeable:
         _fail(op, f"out is a {o.describe()}; expected a writeable {like.framework} array on {like.device_text} "
                   f"of shape {shape} and dtype {dtype}")
-    recorded = recording_out(out)
+    recorded = claim_out(out)
     if recorded is not None:
         _fail(op, recorded)
-    mark_written(out)
     return out
