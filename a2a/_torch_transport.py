@@ -73,7 +73,15 @@ class TorchGroupTransport:
                                "torch.distributed tags (reuse sub-communicators instead of splitting per call)")
         return self.tag_base + tag
 
-    def _post(self, work: Any, what: str, peer: int, tensor: Any) -> int:
+    def _post(self, post: Any, address: int, nbytes: int, what: str, peer: int, tag: int) -> int:
+        """The request of post([a2a's memory as a tensor], peer, tag) (the group's send or recv); a failure to
+        post (gloo: the peer's connection closed, its process died) names the peer, as a failed wait does."""
+        tensor = self._view(address, nbytes)
+        tag = self._tag(tag)
+        try:
+            work = post([tensor], peer, tag)
+        except RuntimeError as error:
+            raise RuntimeError(f"{what} rank {peer} over torch.distributed ({self.backend}): {error}") from None
         request = self._next
         self._next += 1
         self._pending[request] = (work, what, peer, tensor)  # the tensor lives until the wait
@@ -82,22 +90,10 @@ class TorchGroupTransport:
     # The group's own send / recv (ranks of the group): torch.distributed.isend's checks and rank
     # mapping cost as much as the message at small sizes.
     def isend(self, address: int, nbytes: int, peer: int, tag: int) -> int:
-        tensor = self._view(address, nbytes)
-        return self._post(self._posted(self.group.send, tensor, "send to", peer, tag), "send to", peer, tensor)
+        return self._post(self.group.send, address, nbytes, "send to", peer, tag)
 
     def irecv(self, address: int, nbytes: int, peer: int, tag: int) -> int:
-        tensor = self._view(address, nbytes)
-        return self._post(self._posted(self.group.recv, tensor, "receive from", peer, tag), "receive from", peer,
-                          tensor)
-
-    def _posted(self, post: Any, tensor: Any, what: str, peer: int, tag: int) -> Any:
-        """The group's work for `tensor`; a failure to post (gloo: the peer's connection closed, its process
-        died) names the peer, as a failed wait does."""
-        tag = self._tag(tag)
-        try:
-            return post([tensor], peer, tag)
-        except RuntimeError as error:
-            raise RuntimeError(f"{what} rank {peer} over torch.distributed ({self.backend}): {error}") from None
+        return self._post(self.group.recv, address, nbytes, "receive from", peer, tag)
 
     def wait(self, requests: list[int], timeout_s: float) -> None:
         """Every request done, or TimeoutError naming the peers whose messages
