@@ -103,12 +103,12 @@ def _as_bytes(op: str, comm: Comm, moved: tuple[Any, Callable[[Any], Any]], x: A
 
 @_documented_as(_collectives.all_to_all, pairs=True)
 def all_to_all(x: Any, *, comm: Comm, algo: str = "linear", out: Any = None) -> Any:
-    if isinstance(x, tuple):
-        return _exchanged_pair("all_to_all", comm, x, out,
-                               lambda packed, into: _collectives.all_to_all(packed, comm=comm, algo=algo, out=into))
-    if (moved := bytes_of(x)) is not None:
-        return _as_bytes("all_to_all", comm, moved, x, out,
-                         lambda data, into: _collectives.all_to_all(data, comm=comm, algo=algo, out=into))
+    moved = None if isinstance(x, tuple) else bytes_of(x)
+    if moved is not None or isinstance(x, tuple):  # an FP8 pair's packed rows, or an array's bytes
+        def exchange(data: Any, into: Any) -> Any:
+            return _collectives.all_to_all(data, comm=comm, algo=algo, out=into)
+        return _exchanged_pair("all_to_all", comm, x, out, exchange) if moved is None else \
+            _as_bytes("all_to_all", comm, moved, x, out, exchange)
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all", comm, out).all_to_all(x, comm=comm, algo=algo)
     return _collectives.all_to_all(x, comm=comm, algo=algo, out=out)
@@ -145,22 +145,17 @@ def all_to_all_flex(
 def all_to_all_v(
     x: Any, send_counts: Any, *, comm: Comm, algo: str = "linear", out: Any = None
 ) -> tuple[Any, np.ndarray]:
-    if isinstance(x, tuple):
+    moved = None if isinstance(x, tuple) else bytes_of(x)
+    if moved is not None or isinstance(x, tuple):  # an FP8 pair's packed rows, or an array's bytes
         counts: list[Any] = []
 
-        def exchange(packed: Any, into: Any) -> Any:
-            received, received_counts = _collectives.all_to_all_v(packed, send_counts, comm=comm, algo=algo, out=into)
+        def exchange(data: Any, into: Any) -> Any:
+            received, received_counts = _collectives.all_to_all_v(data, send_counts, comm=comm, algo=algo, out=into)
             counts.append(received_counts)
             return received
-        return _exchanged_pair("all_to_all_v", comm, x, out, exchange), counts[0]
-    if (moved := bytes_of(x)) is not None:
-        counts_of: list[Any] = []
-
-        def exchange_bytes(data: Any, into: Any) -> Any:
-            received, received_counts = _collectives.all_to_all_v(data, send_counts, comm=comm, algo=algo, out=into)
-            counts_of.append(received_counts)
-            return received
-        return _as_bytes("all_to_all_v", comm, moved, x, out, exchange_bytes), counts_of[0]
+        result = _exchanged_pair("all_to_all_v", comm, x, out, exchange) if moved is None else \
+            _as_bytes("all_to_all_v", comm, moved, x, out, exchange)
+        return result, counts[0]
     if type(x) is not np.ndarray and records_autograd(x):
         return _autograd("all_to_all_v", comm, out).all_to_all_v(x, send_counts, comm=comm, algo=algo)
     return _collectives.all_to_all_v(x, send_counts, comm=comm, algo=algo, out=out)
