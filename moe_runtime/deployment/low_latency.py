@@ -18,6 +18,7 @@ of the matmuls. A buffer per (dtype, top_k) is made on first use, collective
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -41,8 +42,8 @@ class LowLatencyPath:
     def __deepcopy__(self, memo: dict[int, Any]) -> LowLatencyPath:
         """No buffers: a copy of the layer makes its own on first use, collectively as these were (a
         buffer is this communicator's memory, registered with its peers: it cannot be copied alone)."""
-        copied = LowLatencyPath(self.comm, self.max_tokens, self.num_experts, self.model_dim, None)
-        copied.dispatch_dtype = self.dispatch_dtype
+        copied = copy.copy(self)  # the settings, and the communicator, which copies as itself anyway
+        copied._buffers = {}
         return copied
 
     def fits(self, recording_anywhere: bool, token_counts: list[int], prepared: Any) -> bool:
