@@ -11,8 +11,10 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   ``reduce_scatter`` (with the ops of ``REDUCE_OPS``: ``"sum"``, ``"max"``,
   ``"min"``), and their uneven forms ``all_gather_v`` and
   ``reduce_scatter_v`` (rows per rank given by ``counts``).
-- MoE kernels: ``route`` (a :class:`Routing`), ``fast_encode`` /
-  ``fast_decode`` and the dropless ``permute`` / ``unpermute``.
+- MoE kernels: ``top_k_gate`` / ``top_k_gate_backward`` (a router's
+  softmax, top-k, gates and GShard's loss, fused), ``route`` (a
+  :class:`Routing`), ``fast_encode`` / ``fast_decode`` and the dropless
+  ``permute`` / ``unpermute``.
 - FP8 payloads (DeepSeek-V3 / DeepEP): ``quantize_fp8`` gives a pair
   (q, scales) of float8 codes and one float32 scale per block of channels
   (an :class:`Fp8Pair`; the formats in ``FP8_FORMATS``, by torch dtype in
@@ -81,6 +83,7 @@ from ._fp8 import (
     quantize_fp8,
     unpack_fp8,
 )
+from ._gating import top_k_gate, top_k_gate_backward
 from ._jax import returns_jax as _returns_jax
 from ._low_latency import LowLatencyBuffer
 from ._moe import fast_decode, fast_encode, permute, unpermute
@@ -88,7 +91,7 @@ from ._routing import Routing, route
 
 # Given a JAX array (on the CPU, through DLPack), these return JAX arrays (a2a/_jax.py).
 for _name in (*_collectives.COLLECTIVES, "fast_encode", "fast_decode", "permute", "unpermute", "esmm", "ess",
-              "estmm", "dequantize_fp8"):
+              "estmm", "dequantize_fp8", "top_k_gate", "top_k_gate_backward"):
     globals()[_name] = _returns_jax(globals()[_name])
 VPlan.run = _returns_jax(VPlan.run)
 del _name
@@ -132,6 +135,8 @@ __all__ = [
     "plan_v",
     "quantize_fp8",
     "route",
+    "top_k_gate",
+    "top_k_gate_backward",
     "unpack_fp8",
     "unpermute",
 ]

@@ -17,6 +17,7 @@
 #include "external/external_comm.hpp"
 #include "moe/es_ops.hpp"
 #include "moe/fp8_ops.hpp"
+#include "moe/gating_ops.hpp"
 #include "moe/low_latency.hpp"
 #include "moe/moe.hpp"
 #include "setup/backends.hpp"
@@ -565,6 +566,26 @@ a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing_t* rout
                                void* grad_gates) {
   return guarded(
       [&] { a2a::moe::gate_grad(exec, routing, tokens, rows, dtype, model_dim, gate_dtype, grad_gates); });
+}
+
+a2a_status_t a2a_top_k_gate_workspace_size(const a2a_top_k_gate_t* gate, size_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = a2a::moe::top_k_gate_workspace_size(gate);
+  });
+}
+
+a2a_status_t a2a_top_k_gate(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, const void* logits, void* scores,
+                            int64_t* indices, void* gates, void* share, void* l_aux, void* workspace) {
+  return guarded([&] { a2a::moe::top_k_gate(exec, gate, logits, scores, indices, gates, share, l_aux, workspace); });
+}
+
+a2a_status_t a2a_top_k_gate_backward(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, const void* scores,
+                                     const int64_t* indices, const void* share, const void* d_gates,
+                                     const void* d_l_aux, void* d_logits) {
+  return guarded([&] {
+    a2a::moe::top_k_gate_backward(exec, gate, scores, indices, share, d_gates, d_l_aux, d_logits);
+  });
 }
 
 a2a_status_t a2a_fp8_packed_layout(int64_t cols, int64_t block, int64_t* scale_offset, int64_t* row_bytes) {

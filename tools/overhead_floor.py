@@ -5,9 +5,10 @@ layer's math with nothing around it, beside the layer and Tutel's, in turns.
 Issue 35 asks for a fixed step time (T = 16, M = H = 64, E = 2, k = 2, f = 1,
 one rank, CPU) of at most 0.5x Tutel's. This measures how low any eager step
 of that math can go: one autograd node over the weights of a MoELayer that
-runs exactly the ops the math needs, forward and backward (gate, softmax,
-top-k, normalized gates, GShard's loss, route, encode, two bmm and relu,
-decode; their adjoints, written out), and no Python beyond issuing them. Its
+runs exactly the ops the math needs, forward and backward (the gate's
+linear, a2a's fused gate (softmax, top-k, normalized gates, GShard's loss),
+route, encode, two bmm and relu, decode; their adjoints, written out), and no
+Python beyond issuing them. Its
 loss and gradients are checked against the layer's before anything is timed,
 so the floor computes what the layer computes.
 
@@ -47,18 +48,11 @@ def floor_step(layer: Any, x: Any, capacity: int):
 
     wg, fc1, fc2 = layer.gates[0].wg.weight, layer.experts.batched_fc1_w, layer.experts.batched_fc2_w
     num_experts, top_k = layer.num_global_experts, layer.gates[0].top_k
-    eps = torch.finfo(torch.float32).eps
 
     class Step(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, wg, fc1, fc2):
-            scores = torch.softmax(torch.mm(x, wg.t()), dim=1)
-            top, indices = torch.topk(scores, top_k, dim=1)
-            sums = top.sum(dim=1, keepdim=True)
-            denominators = sums.clamp(min=eps)
-            gates = top / denominators
-            share = torch.zeros_like(scores).scatter_(1, indices[:, :1], 1.0).mean(0)
-            l_aux = (scores.mean(0) * share).sum() * num_experts
+            scores, indices, gates, share, l_aux = a2a.top_k_gate(torch.mm(x, wg.t()), top_k, normalize=True)
             routing = a2a.route(indices, num_experts, capacity=capacity, wait=False)
             rows = a2a.fast_encode(x, routing)
             hidden = torch.bmm(rows, fc1.transpose(1, 2))
@@ -66,15 +60,13 @@ def floor_step(layer: Any, x: Any, capacity: int):
             outputs = torch.bmm(activated, fc2)
             y = a2a.fast_decode(outputs, routing, gates)
             ctx.routing = routing
-            ctx.save_for_backward(x, wg, fc1, fc2, scores, indices, gates, sums, denominators, share, rows,
-                                  activated, outputs)
+            ctx.save_for_backward(x, wg, fc1, fc2, scores, indices, gates, share, rows, activated, outputs)
             return y, l_aux
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_y, grad_l_aux):
-            x, wg, fc1, fc2, scores, indices, gates, sums, denominators, share, rows, activated, outputs = \
-                ctx.saved_tensors
+            x, wg, fc1, fc2, scores, indices, gates, share, rows, activated, outputs = ctx.saved_tensors
             routing, grad_y = ctx.routing, grad_y.contiguous()
             grad_outputs = a2a.fast_encode(grad_y, routing, gates)  # decode's data adjoint
             grad_gates = gate_grad(grad_y, outputs.view(-1, outputs.shape[-1]), routing, "float32", "floor")
@@ -82,10 +74,7 @@ def floor_step(layer: Any, x: Any, capacity: int):
             grad_fc2 = torch.bmm(activated.transpose(1, 2), grad_outputs)
             grad_fc1 = torch.bmm(grad_hidden.transpose(1, 2), rows)
             grad_x = a2a.fast_decode(torch.bmm(grad_hidden, fc1), routing)  # encode's adjoint
-            dot = (grad_gates * gates).sum(dim=1, keepdim=True).masked_fill_(sums < denominators, 0)
-            grad_scores = torch.zeros_like(scores).scatter_(1, indices, (grad_gates - dot) / denominators)
-            grad_scores.add_(share * (num_experts / scores.shape[0] * grad_l_aux))
-            grad_logits = torch._softmax_backward_data(grad_scores, scores, 1, scores.dtype)
+            grad_logits = a2a.top_k_gate_backward(scores, indices, share, grad_gates, grad_l_aux, normalize=True)
             grad_x.addmm_(grad_logits, wg)
             return grad_x, grad_logits.t().mm(x), grad_fc1, grad_fc2
 

@@ -11,6 +11,7 @@
 #include "cpu/bf16_avx2.hpp"
 #include "cpu/es_cpu.hpp"
 #include "cpu/fp8_cpu.hpp"
+#include "cpu/gating_cpu.hpp"
 #include "cpu/low_latency_cpu.hpp"
 #include "cpu/thread_pool.hpp"
 #include "moe/elementwise.hpp"
@@ -468,6 +469,14 @@ class CpuKernels final : public Kernels {
   void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
              a2a_dtype_t dtype, void* out) override {
     estmm_cpu(index, a, b, gates, dtype, out, threads_);
+  }
+  void top_k_gate(const a2a_top_k_gate_t& gate, const void* logits, void* scores, int64_t* indices, void* gates,
+                  void* share, void* l_aux, void* workspace) override {
+    top_k_gate_cpu(gate, logits, scores, indices, gates, share, l_aux, workspace, threads_);
+  }
+  void top_k_gate_backward(const a2a_top_k_gate_t& gate, const void* scores, const int64_t* indices,
+                           const void* share, const void* d_gates, const void* d_l_aux, void* d_logits) override {
+    top_k_gate_backward_cpu(gate, scores, indices, share, d_gates, d_l_aux, d_logits, threads_);
   }
   void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) override {
     quantize_fp8_cpu(x, dtype, rows, threads_);

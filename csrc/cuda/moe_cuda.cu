@@ -46,6 +46,7 @@
 #include "cuda/device_math.cuh"
 #include "cuda/es_cuda.hpp"
 #include "cuda/fp8_cuda.hpp"
+#include "cuda/gating_cuda.hpp"
 #include "cuda/low_latency_cuda.hpp"
 #include "cuda/stream_wait.hpp"
 #include "moe/elementwise.hpp"
@@ -824,6 +825,14 @@ class CudaKernels final : public Kernels {
     cuda_estmm(es_launch(), index, a, b, gates, dtype, out);
   }
 
+  void top_k_gate(const a2a_top_k_gate_t& gate, const void* logits, void* scores, int64_t* indices, void* gates,
+                  void* share, void* l_aux, void* workspace) override {
+    cuda_top_k_gate(es_launch(), gate, logits, scores, indices, gates, share, l_aux, workspace);
+  }
+  void top_k_gate_backward(const a2a_top_k_gate_t& gate, const void* scores, const int64_t* indices,
+                           const void* share, const void* d_gates, const void* d_l_aux, void* d_logits) override {
+    cuda_top_k_gate_backward(es_launch(), gate, scores, indices, share, d_gates, d_l_aux, d_logits);
+  }
   void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) override {
     cuda_quantize_fp8(es_launch(), x, dtype, rows);
   }

@@ -442,6 +442,34 @@ PYBIND11_MODULE(_C, m) {
       },
       py::call_guard<py::gil_scoped_release>());
 
+  // The fused top-k gate. A gate travels as (T, E, k, normalize, dtype).
+  using GateTuple = std::tuple<int64_t, int64_t, int64_t, bool, int>;
+  auto make_gate = [](const GateTuple& t) {
+    return a2a_top_k_gate_t{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t) ? 1 : 0,
+                            static_cast<a2a_dtype_t>(std::get<4>(t))};
+  };
+  m.def("top_k_gate_workspace_size", [make_gate](const GateTuple& gate) {
+    return a2a::top_k_gate_workspace_size(make_gate(gate));
+  });
+  m.def(
+      "top_k_gate",
+      [make_gate](const Exec& exec, const GateTuple& gate, uintptr_t logits, uintptr_t scores, uintptr_t indices,
+                  uintptr_t gates, uintptr_t share, uintptr_t l_aux, uintptr_t workspace) {
+        a2a::top_k_gate(make_exec(exec), make_gate(gate), as_pointer(logits), as_mutable(scores),
+                        static_cast<int64_t*>(as_mutable(indices)), as_mutable(gates), as_mutable(share),
+                        as_mutable(l_aux), as_mutable(workspace));
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "top_k_gate_backward",
+      [make_gate](const Exec& exec, const GateTuple& gate, uintptr_t scores, uintptr_t indices, uintptr_t share,
+                  uintptr_t d_gates, uintptr_t d_l_aux, uintptr_t d_logits) {
+        a2a::top_k_gate_backward(make_exec(exec), make_gate(gate), as_pointer(scores),
+                                 static_cast<const int64_t*>(as_pointer(indices)), as_pointer(share),
+                                 as_pointer(d_gates), as_pointer(d_l_aux), as_mutable(d_logits));
+      },
+      py::call_guard<py::gil_scoped_release>());
+
   // Expert-specific operators. An index travels as (T, k, E, tile, num_slots, slots, expert_starts, counts).
   // FP8 rows: (rows, cols, block, format, q, q_stride, scales, scale_stride).
   using Fp8Rows = std::tuple<int64_t, int64_t, int64_t, int, uintptr_t, int64_t, uintptr_t, int64_t>;

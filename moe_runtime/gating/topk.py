@@ -24,11 +24,20 @@ Other losses (``is_gshard_loss=False``) and the z-loss take the logits
 through autograd beside this node. The scores carry no gradient (the flows
 read them detached), and the node is differentiable once (no double
 backward through the gate).
+
+Float32 and float64 logits on the CPU or a GPU take a2a's fused gate
+(``a2a.top_k_gate``): the whole forward is one native call, and so is the
+backward, where the ops above are fourteen and ten (each a launch on a GPU).
+It computes the same (in its own order of summation) and breaks ties between
+equal scores by the lower expert. Other dtypes (float16 or bfloat16 logits,
+without ``fp32_gate``) take the ops above.
 """
 
 from __future__ import annotations
 
 import torch
+
+import a2a
 
 from .losses import gshard_loss_and_share
 
@@ -39,7 +48,36 @@ def top_k_gating(logits: torch.Tensor, top_k: int, normalize: bool,
                  gshard_loss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(scores, indices, gates, l_aux) of `logits` (T, E); l_aux is GShard's
     loss where `gshard_loss`, else None. See the module docstring."""
+    if logits.dtype in _FUSED_DTYPES and logits.device.type in _FUSED_DEVICES:
+        return _FusedTopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
     return _TopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
+
+
+_FUSED_DTYPES = (torch.float32, torch.float64)
+_FUSED_DEVICES = ("cpu", "cuda")
+
+
+class _FusedTopKGating(torch.autograd.Function):
+    """The node on a2a's fused gate: one native call each way."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, top_k: int, normalize: bool, gshard_loss: bool):
+        scores, indices, gates, share, l_aux = a2a.top_k_gate(logits.contiguous(), top_k, normalize=normalize)
+        ctx.normalize, ctx.gshard_loss = normalize, gshard_loss
+        ctx.mark_non_differentiable(scores, indices)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(scores, indices, share)
+        return scores, indices, gates, l_aux if gshard_loss else None
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, _scores, _indices, d_gates, d_l_aux):
+        scores, indices, share = ctx.saved_tensors
+        if d_gates is not None and not d_gates.is_contiguous():
+            d_gates = d_gates.contiguous()
+        d_logits = a2a.top_k_gate_backward(scores, indices, share, d_gates, d_l_aux if ctx.gshard_loss else None,
+                                           normalize=ctx.normalize)
+        return d_logits, None, None, None
 
 
 class _TopKGating(torch.autograd.Function):

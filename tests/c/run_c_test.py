@@ -1,7 +1,8 @@
 """Builds examples/c against the installed liba2a via find_package(a2a) and
 runs its programs (alltoall, low_latency) under mpirun: plain 4 ranks,
 emulated 2 x 2 nodes, and 3 ranks; and external_transport (four threads
-over the program's own transport, no MPI) once, directly.
+over the program's own transport, no MPI) and top_k_gate (a local kernel)
+once each, directly.
 Called by `make test-c`; prints the program's output and a summary line."""
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def main() -> int:
         passed += code == 0
         failed += code != 0
     env = {k: v for k, v in os.environ.items() if not k.startswith("A2A_")}
-    code = subprocess.run([os.path.join(BUILD, "external_transport")], env=env, timeout=120, check=False).returncode
-    print(f"{'PASS' if code == 0 else 'FAIL'}: C program external_transport, 4 threads, no MPI")
-    passed += code == 0
-    failed += code != 0
+    for program, label in (("external_transport", "4 threads, no MPI"), ("top_k_gate", "a local kernel, no MPI")):
+        code = subprocess.run([os.path.join(BUILD, program)], env=env, timeout=120, check=False).returncode
+        print(f"{'PASS' if code == 0 else 'FAIL'}: C program {program}, {label}")
+        passed += code == 0
+        failed += code != 0
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 

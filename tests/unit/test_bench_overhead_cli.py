@@ -42,7 +42,7 @@ def test_one_rank_prints_a_row_per_layer(capsys):
     rows = {line.split()[1]: line.split() for line in lines if line.split()[:1] == ["16"]}
     assert set(rows) == {"moe_runtime", "tutel", "megatron-core"}, lines
     ops, native, reads, rounds = (int(v) for v in rows["moe_runtime"][3:7])
-    assert (reads, rounds) == (0, 0) and 0 < ops <= 138 and 0 < native <= 8, rows["moe_runtime"]
+    assert (reads, rounds) == (0, 0) and 0 < ops <= 138 and 0 < native <= 10, rows["moe_runtime"]
     for peer, module in (("tutel", "tutel"), ("megatron-core", "megatron.core")):
         assert ("not installed" in " ".join(rows[peer])) != installed(module), rows[peer]
 

@@ -43,9 +43,10 @@
 #include "cuda/es_cuda.hpp"
 #include "moe/kernels.hpp"
 
-// moe_cuda.cu's expert-specific, FP8 and low-latency overrides only forward
-// to es_cuda.cu, fp8_cuda.cu and low_latency_cuda.cu, which es_cuda_check,
-// fp8_cuda_check and low_latency_cuda_check run.
+// moe_cuda.cu's expert-specific, FP8, low-latency and top-k gate overrides
+// only forward to es_cuda.cu, fp8_cuda.cu, low_latency_cuda.cu and
+// gating_cuda.cu, which es_cuda_check, fp8_cuda_check, low_latency_cuda_check
+// and gating_cuda_check run.
 namespace a2a::moe {
 void cuda_es_scatter_slots(const EsLaunch&, const RouteProblem&, const int64_t*, const int64_t*, int64_t, int64_t*) {
   emu::fatal("es operators are checked by es_cuda_check");
@@ -83,6 +84,14 @@ void cuda_low_latency_combine(const EsLaunch&, const LowLatencyLayout&, int64_t,
 }
 LowLatencyStatus cuda_low_latency_status(const EsLaunch&, const LowLatencyLayout&, const char*, double) {
   emu::fatal("see low_latency_cuda_check");
+}
+void cuda_top_k_gate(const EsLaunch&, const a2a_top_k_gate_t&, const void*, void*, int64_t*, void*, void*, void*,
+                     void*) {
+  emu::fatal("see gating_cuda_check");
+}
+void cuda_top_k_gate_backward(const EsLaunch&, const a2a_top_k_gate_t&, const void*, const int64_t*, const void*,
+                              const void*, const void*, void*) {
+  emu::fatal("see gating_cuda_check");
 }
 }  // namespace a2a::moe
 

@@ -8,8 +8,10 @@ must have its check program here, <stem>_check.cpp, or this script fails naming
 the file. Today: es_cuda.cu (es_cuda_check.cpp: ESMM / ESS / ESTMM against
 float64), fp8_cuda.cu (fp8_cuda_check.cpp: quantize_fp8 and dequantize_fp8
 bitwise against cpu/fp8_cpu.cpp, and moe/fp8.hpp's encoding over every code),
-layout_cuda.cu (layout_cuda_check.cpp: transpose_chunks and copy_ranges
-bitwise against cpu/cpu_device.cpp), low_latency_cuda.cu
+gating_cuda.cu (gating_cuda_check.cpp: the fused top-k gate forward and
+backward bitwise against cpu/gating_cpu.cpp and within rounding of a float64
+reference), layout_cuda.cu (layout_cuda_check.cpp: transpose_chunks and
+copy_ranges bitwise against cpu/cpu_device.cpp), low_latency_cuda.cu
 (low_latency_cuda_check.cpp: whole exchanges of 1 to 5 ranks, pack, unpack,
 return and combine bytewise against cpu/low_latency_cpu.cpp and a model of
 the exchange, and the status record against the CPU's errors) and
@@ -25,7 +27,9 @@ cannot read CUDA (each rewrite fails loudly when the source no longer matches):
   - `__shared__ [__align__(A)] T name[dims];` becomes a reference to the
     block's own instance, `auto& name = emu::shared<T[dims], A, id>();`
   - `__CUDA_ARCH__` conditions take the device branch (sm_80+), as nvcc's
-    device pass does;
+    device pass does: the file's own are rewritten, and the file is compiled
+    with __CUDA_ARCH__ defined (800), so that the headers it includes take
+    theirs too (moe/gating.hpp's products are __fmul_rn / __dmul_rn there);
   - file-specific constants in REWRITES (es_cuda.cu: the y/z grid cap is 1,
     so that every grid-stride loop turns).
 It is compiled with FMA contraction where the CPU has FMA (as nvcc's default
@@ -59,7 +63,7 @@ Two builds of every check program run, in parallel:
     nothing), so two threads of a block, or of successive blocks, touching
     the same bytes unordered are reported whatever order they ran in.
 --self-test plants each bug of PLANTS in turn (an off-by-one store, vectors
-wider than the pointers' alignment, a missing __syncthreads, a read of
+wider than the pointers' alignment, missing __syncthreads, a read of
 unwritten shared memory, a __syncthreads in divergent code, a non-atomic
 add, a missing __syncwarp) and requires each to be reported by the
 detectors named there.
@@ -102,18 +106,19 @@ KERNEL_DIR = os.path.join(ROOT, "csrc", "cuda")
 
 # Cases per check program (its CASES argument) in the quick run, and in the
 # ThreadSanitizer build.
-CASES = {"es_cuda": 20, "fp8_cuda": 20, "layout_cuda": 100, "low_latency_cuda": 150, "moe_cuda": 60}
-TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "layout_cuda": 30, "low_latency_cuda": 40, "moe_cuda": 20}
+CASES = {"es_cuda": 20, "fp8_cuda": 20, "gating_cuda": 40, "layout_cuda": 100, "low_latency_cuda": 150, "moe_cuda": 60}
+TSAN_CASES = {"es_cuda": 8, "fp8_cuda": 6, "gating_cuda": 10, "layout_cuda": 30, "low_latency_cuda": 40, "moe_cuda": 20}
 # CPU twins linked into a check program (paths under csrc/).
 TWINS = {
     "es_cuda": [],
     "fp8_cuda": ["cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
+    "gating_cuda": ["cpu/gating_cpu.cpp", "cpu/thread_pool.cpp"],
     "layout_cuda": ["cpu/cpu_device.cpp", "core/device.cpp", "core/counters.cpp", "cpu/thread_pool.cpp"],
     # low_latency_cpu.cpp sums rows with moe_cpu.cpp's weighted sum.
     "low_latency_cuda": ["cpu/low_latency_cpu.cpp", "cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp",
-                         "cpu/fp8_cpu.cpp", "cpu/thread_pool.cpp"],
-    "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/fp8_cpu.cpp", "cpu/low_latency_cpu.cpp",
-                 "cpu/thread_pool.cpp"],
+                         "cpu/fp8_cpu.cpp", "cpu/gating_cpu.cpp", "cpu/thread_pool.cpp"],
+    "moe_cuda": ["cpu/moe_cpu.cpp", "cpu/es_cpu.cpp", "cpu/gemm_cpu.cpp", "cpu/fp8_cpu.cpp", "cpu/gating_cpu.cpp",
+                 "cpu/low_latency_cpu.cpp", "cpu/thread_pool.cpp"],
 }
 # File-specific rewrites: (old, new), each of which must match.
 REWRITES = {
@@ -300,6 +305,9 @@ PLANTS = {
         "tile_counts[expert * tiles + w] += static_cast<unsigned long long>(__popc(same));", ["tsan"]),
     "assign-without-second-syncwarp": (
         "moe_cuda", "      __syncwarp();  // and the advance is visible to the next step\n", "", ["tsan"]),
+    "gate-columns-without-second-syncthreads": (
+        "gating_cuda", "    __syncthreads();  // the lanes' arrays are reused for the next expert\n", "",
+        ["orders", "tsan", "cpu"]),
 }
 # What each detector prints.
 DETECTORS = {
@@ -366,7 +374,8 @@ class Build:
             with open(host, "w") as f:
                 f.write(host_source(cuda, os.path.relpath(path, ROOT), stem))
             for flavor in flavors:
-                units = [(host, self.contract), (os.path.join(HERE, f"{stem}_check.cpp"), ["-ffp-contract=off"])]
+                units = [(host, [*self.contract, "-D__CUDA_ARCH__=800"]),
+                         (os.path.join(HERE, f"{stem}_check.cpp"), ["-ffp-contract=off"])]
                 units += [(os.path.join(ROOT, "csrc", twin), ["-ffp-contract=off"]) for twin in TWINS[stem]]
                 objects = []
                 for unit, extra in units:
@@ -447,7 +456,8 @@ def main() -> int:
     parser.add_argument("--long", action="store_true", help="--scale 10 --tsan-scale 5, and ASan's use-after-return")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--only", default="",
-                        help="comma-separated stems (es_cuda,fp8_cuda,layout_cuda,low_latency_cuda,moe_cuda)")
+                        help="comma-separated stems (es_cuda,fp8_cuda,gating_cuda,layout_cuda,"
+                             "low_latency_cuda,moe_cuda)")
     parser.add_argument("--no-tsan", action="store_true", help="skip the ThreadSanitizer build")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--keep", default="", help="build in this directory and keep it (the programs stay there)")

@@ -123,7 +123,8 @@ KIT_MPIRUN: Command = lambda e: [e.python, "-m", "a2a.launch", "--np", "2", "--"
 # written when it fails. Three steps, so that one of them stuck still leaves the others' results.
 VERBOSE = ("-v", "-v")
 GPU_KERNEL_TESTS = pytest("tests/gpu/test_collectives_gpu.py", "tests/gpu/test_es_ops_gpu.py",
-                          "tests/gpu/test_layout_gpu.py", "tests/gpu/test_moe_gpu.py", extra=VERBOSE)
+                          "tests/gpu/test_layout_gpu.py", "tests/gpu/test_moe_gpu.py", "tests/gpu/test_gate_gpu.py",
+                          extra=VERBOSE)
 GPU_FP8_TESTS = pytest("tests/gpu/test_fp8_gpu.py", extra=VERBOSE)
 GPU_LAYER_TESTS = pytest("tests/gpu/test_layer_graphs_gpu.py", "tests/gpu/test_runtime_gpu.py",
                          "tests/gpu/test_tutel_gpu.py", extra=VERBOSE)

@@ -586,6 +586,48 @@ A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing
                                        int64_t model_dim, a2a_dtype_t gate_dtype, void* grad_gates);
 
 /* ------------------------------------------------------------------------
+ * The fused top-k gate: what a top-k router computes from its logits, in one
+ * call forward and one backward (Megatron-Core's fused router, in kernels of
+ * a2a's own). For every token t of logits (T, E):
+ *
+ *     scores[t]  = softmax(logits[t])                                  (T, E)
+ *     indices[t] = the top_k largest scores, best first; equal scores by
+ *                  the lower expert, NaN above every number            (T, k) int64
+ *     gates[t]   = scores[t, indices[t]], divided by max(their sum, eps)
+ *                  when `normalize` (eps = the dtype's epsilon)        (T, k)
+ *     share[e]   = tokens whose first choice is e, / T                 (E)
+ *     l_aux      = E * sum_e mean_t(scores[t, e]) * share[e]  (GShard's loss; 0 without tokens)  ()
+ *
+ * The backward takes the gradients of gates (T, k) and of l_aux (a scalar in
+ * device memory), either may be NULL, and gives that of the logits:
+ *
+ *     dr       = normalize ? (dgates - [sum >= eps] <dgates, gates>) / max(sum, eps) : dgates
+ *     dscores  = dr at indices[t] + dl_aux * E / T * share
+ *     dlogits  = scores * (dscores - <dscores, scores>)
+ *
+ * Every array is contiguous, of `dtype` (float32 or float64; the arithmetic
+ * in it, the loss's sums in float64) except indices, on the exec's device.
+ * The workspace (a2a_top_k_gate_workspace_size bytes, 8-byte aligned) holds
+ * the loss's per-expert sums. Nothing is read back to the host. */
+typedef struct {
+  int64_t num_tokens;  /* T >= 0 */
+  int64_t num_experts; /* E >= 1 */
+  int64_t top_k;       /* 1 <= k <= E */
+  int normalize;       /* gates divided by max(the k scores' sum, eps) */
+  a2a_dtype_t dtype;   /* A2A_FLOAT32 or A2A_FLOAT64 */
+} a2a_top_k_gate_t;
+
+A2A_API a2a_status_t a2a_top_k_gate_workspace_size(const a2a_top_k_gate_t* gate, size_t* bytes);
+
+A2A_API a2a_status_t a2a_top_k_gate(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, const void* logits,
+                                    void* scores, int64_t* indices, void* gates, void* share, void* l_aux,
+                                    void* workspace);
+
+A2A_API a2a_status_t a2a_top_k_gate_backward(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate,
+                                             const void* scores, const int64_t* indices, const void* share,
+                                             const void* d_gates, const void* d_l_aux, void* d_logits);
+
+/* ------------------------------------------------------------------------
  * FP8 rows with block scales (DeepSeek-V3's and DeepEP's dispatch format):
  * each row of M channels is cut into blocks of `block` channels along M (the
  * last one shorter when M is not a multiple), and each block is stored as

@@ -411,6 +411,22 @@ inline void dequantize_fp8(const a2a_exec_t& exec, const a2a_fp8_rows_t& in, a2a
   check(a2a_dequantize_fp8(&exec, &in, dtype, y));
 }
 
+// The fused top-k gate (a2a_top_k_gate in a2a.h).
+inline size_t top_k_gate_workspace_size(const a2a_top_k_gate_t& gate) {
+  size_t bytes = 0;
+  check(a2a_top_k_gate_workspace_size(&gate, &bytes));
+  return bytes;
+}
+inline void top_k_gate(const a2a_exec_t& exec, const a2a_top_k_gate_t& gate, const void* logits, void* scores,
+                       int64_t* indices, void* gates, void* share, void* l_aux, void* workspace) {
+  check(a2a_top_k_gate(&exec, &gate, logits, scores, indices, gates, share, l_aux, workspace));
+}
+inline void top_k_gate_backward(const a2a_exec_t& exec, const a2a_top_k_gate_t& gate, const void* scores,
+                                const int64_t* indices, const void* share, const void* d_gates, const void* d_l_aux,
+                                void* d_logits) {
+  check(a2a_top_k_gate_backward(&exec, &gate, scores, indices, share, d_gates, d_l_aux, d_logits));
+}
+
 // Expert-specific operators (see a2a.h).
 inline int64_t es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile) {
   int64_t slots = 0;

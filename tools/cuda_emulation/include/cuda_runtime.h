@@ -95,6 +95,8 @@ inline double __dmul_rn(double a, double b) {
   asm("" : "+x"(product));
   return product;
 }
+inline unsigned __float_as_uint(float f) { return __builtin_bit_cast(unsigned, f); }
+inline float __uint_as_float(unsigned u) { return __builtin_bit_cast(float, u); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 [[noreturn]] inline void __trap() { emu::fatal("__trap() in block (%u,%u,%u)", blockIdx.x, blockIdx.y, blockIdx.z); }

@@ -1,0 +1,91 @@
+// CPU backend of the fused top-k gate: threads over tokens (cpu/thread_pool)
+// for the rows, then the loss's columns in gating.hpp's lane order (the
+// CUDA backend's, so both give the same bits).
+#include "cpu/gating_cpu.hpp"
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/error.hpp"
+#include "cpu/thread_pool.hpp"
+#include "moe/gating.hpp"
+
+namespace a2a::moe {
+
+namespace {
+
+using cpu::grain_for;
+using cpu::parallel_for;
+
+template <typename T>
+void forward(const a2a_top_k_gate_t& g, const T* logits, T* scores, int64_t* indices, T* gates, T* share, T* l_aux,
+             void* workspace, int threads) {
+  const int64_t E = g.num_experts, k = g.top_k;
+  parallel_for(g.num_tokens, grain_for(E * 4), threads, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      top_k_gate_row(logits + t * E, E, k, g.normalize != 0, scores + t * E, indices + t * k, gates + t * k);
+  });
+  auto* sums = static_cast<double*>(workspace);
+  auto* firsts = reinterpret_cast<int64_t*>(sums + E);
+  for (int64_t e = 0; e < E; ++e) {
+    double total = 0;
+    int64_t count = 0;
+    for (int lane = 0; lane < kGateLanes; ++lane) {
+      double s;
+      int64_t n;
+      gate_column_lane(scores, indices, g.num_tokens, E, k, e, lane, &s, &n);
+      total += s;
+      count += n;
+    }
+    sums[e] = total;
+    firsts[e] = count;
+    share[e] = g.num_tokens == 0 ? T(0) : static_cast<T>(static_cast<double>(count) / static_cast<double>(g.num_tokens));
+  }
+  *l_aux = static_cast<T>(gshard_loss_of_columns(sums, firsts, g.num_tokens, E));
+}
+
+template <typename T>
+void backward(const a2a_top_k_gate_t& g, const T* scores, const int64_t* indices, const T* share, const T* d_gates,
+              const T* d_l_aux, T* d_logits, int threads) {
+  const int64_t E = g.num_experts, k = g.top_k;
+  const T loss_scale = d_l_aux == nullptr ? T(0) : product(*d_l_aux, T(E) / T(g.num_tokens));
+  std::atomic<int64_t> bad_row{-1};
+  parallel_for(g.num_tokens, grain_for(E * 4), threads, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const bool ok = top_k_gate_backward_row(scores + t * E, indices + t * k, d_gates == nullptr ? nullptr : d_gates + t * k,
+                                              share, loss_scale, E, k, g.normalize != 0, d_logits + t * E);
+      if (!ok) bad_row.store(t);
+    }
+  });
+  const int64_t t = bad_row.load();
+  if (t >= 0)
+    fail(A2A_ERROR_INVALID_ARGUMENT, "top_k_gate_backward: indices of token ", t,
+         " are not experts in 0..", E - 1, "; pass the indices the forward gave");
+}
+
+}  // namespace
+
+void top_k_gate_cpu(const a2a_top_k_gate_t& gate, const void* logits, void* scores, int64_t* indices, void* gates,
+                    void* share, void* l_aux, void* workspace, int threads) {
+  if (gate.dtype == A2A_FLOAT64)
+    forward(gate, static_cast<const double*>(logits), static_cast<double*>(scores), indices, static_cast<double*>(gates),
+            static_cast<double*>(share), static_cast<double*>(l_aux), workspace, threads);
+  else
+    forward(gate, static_cast<const float*>(logits), static_cast<float*>(scores), indices, static_cast<float*>(gates),
+            static_cast<float*>(share), static_cast<float*>(l_aux), workspace, threads);
+}
+
+void top_k_gate_backward_cpu(const a2a_top_k_gate_t& gate, const void* scores, const int64_t* indices,
+                             const void* share, const void* d_gates, const void* d_l_aux, void* d_logits,
+                             int threads) {
+  if (gate.dtype == A2A_FLOAT64)
+    backward(gate, static_cast<const double*>(scores), indices, static_cast<const double*>(share),
+             static_cast<const double*>(d_gates), static_cast<const double*>(d_l_aux), static_cast<double*>(d_logits),
+             threads);
+  else
+    backward(gate, static_cast<const float*>(scores), indices, static_cast<const float*>(share),
+             static_cast<const float*>(d_gates), static_cast<const float*>(d_l_aux), static_cast<float*>(d_logits),
+             threads);
+}
+
+}  // namespace a2a::moe
