@@ -1,6 +1,6 @@
 """``python -m a2a.bench``: picks the benchmark family from the command line
 (``--layout``, ``--op`` (the MoE kernels, the expert-specific operators
-esmm / ess / estmm, or quantize_fp8 / dequantize_fp8), ``--low-latency``,
+esmm / ess / estmm, quantize_fp8 / dequantize_fp8, or top_k_gate), ``--low-latency``,
 ``--gaps``, else the collectives sweep) and runs it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import sys
 from types import ModuleType
 
-from . import collectives, es_ops, fp8, gaps, kernels, layout, low_latency
+from . import collectives, es_ops, fp8, gaps, gate, kernels, layout, low_latency
 
 
 def family(argv: list[str]) -> ModuleType:
@@ -24,6 +24,8 @@ def family(argv: list[str]) -> ModuleType:
         return es_ops
     if fp8.is_fp8_mode(argv):  # the FP8 quantization, in this process
         return fp8
+    if gate.is_gate_mode(argv):  # the fused top-k gate, in this process
+        return gate
     if kernels.is_kernel_mode(argv):  # the MoE kernels, in this process
         return kernels
     return collectives

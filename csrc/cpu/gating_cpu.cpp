@@ -3,8 +3,10 @@
 // CUDA backend's, so both give the same bits).
 #include "cpu/gating_cpu.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "core/error.hpp"
 #include "cpu/thread_pool.hpp"
@@ -25,17 +27,27 @@ void forward(const a2a_top_k_gate_t& g, const T* logits, T* scores, int64_t* ind
     for (int64_t t = begin; t < end; ++t)
       top_k_gate_row(logits + t * E, E, k, g.normalize != 0, scores + t * E, indices + t * k, gates + t * k);
   });
+  // The columns in gating.hpp's lane order, read row by row (a column's
+  // stride would read the scores once per expert): lane l's running sums of
+  // every expert, over the tokens l, l + kGateLanes, ..., then the lanes in
+  // order. The same additions in the same order as gate_column_lane's.
   auto* sums = static_cast<double*>(workspace);
   auto* firsts = reinterpret_cast<int64_t*>(sums + E);
+  const int64_t lanes = std::min<int64_t>(kGateLanes, g.num_tokens);
+  std::vector<double> lane_sums(static_cast<size_t>(lanes * E), 0.0);
+  std::vector<int64_t> lane_firsts(static_cast<size_t>(lanes * E), 0);
+  for (int64_t t = 0; t < g.num_tokens; ++t) {
+    double* lane_sum = lane_sums.data() + (t % kGateLanes) * E;
+    const T* row = scores + t * E;
+    for (int64_t e = 0; e < E; ++e) lane_sum[e] += static_cast<double>(row[e]);
+    ++lane_firsts[static_cast<size_t>((t % kGateLanes) * E + indices[t * k])];
+  }
   for (int64_t e = 0; e < E; ++e) {
     double total = 0;
     int64_t count = 0;
-    for (int lane = 0; lane < kGateLanes; ++lane) {
-      double s;
-      int64_t n;
-      gate_column_lane(scores, indices, g.num_tokens, E, k, e, lane, &s, &n);
-      total += s;
-      count += n;
+    for (int64_t lane = 0; lane < lanes; ++lane) {
+      total += lane_sums[static_cast<size_t>(lane * E + e)];
+      count += lane_firsts[static_cast<size_t>(lane * E + e)];
     }
     sums[e] = total;
     firsts[e] = count;

@@ -58,16 +58,6 @@ A2A_HD float gate_exp(float x) { return std::exp(x); }
 A2A_HD double gate_exp(double x) { return std::exp(x); }
 #endif
 
-// Whether score a of expert ia ranks before score b of expert ib: NaN above
-// every number, then the larger, then the lower expert.
-template <typename T>
-A2A_HD bool ranks_before(T a, int64_t ia, T b, int64_t ib) {
-  const bool a_nan = a != a, b_nan = b != b;
-  if (a_nan != b_nan) return a_nan;
-  if (!a_nan && a != b) return a > b;
-  return ia < ib;
-}
-
 // One token: scores (E) from its logits (E), then its k choices and gates.
 // The softmax subtracts the row's maximum (a NaN anywhere makes every score
 // NaN, as torch's softmax does).
@@ -86,23 +76,33 @@ A2A_HD void top_k_gate_row(const T* logits, int64_t num_experts, int64_t top_k, 
     sum += v;
   }
   for (int64_t e = 0; e < num_experts; ++e) scores[e] = scores[e] / sum;
-  // Choice j is the best of the experts that rank after choice j - 1: the
-  // order is total, so no expert is chosen twice.
-  T previous = 0;
-  int64_t previous_index = -1;
+  // A row's scores are all NaN (a NaN or an infinity among its logits, or
+  // every logit -inf) or none is. NaN ranks above every number, and equal
+  // scores rank by the lower expert: a NaN row chooses 0, 1, ..., k - 1.
   T chosen_sum = 0;
-  for (int64_t j = 0; j < top_k; ++j) {
-    int64_t best = -1;
+  if (sum != sum) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      indices[j] = j;
+      gates[j] = scores[j];
+      chosen_sum += scores[j];
+    }
+  } else {
+    // One pass over the experts, keeping the best k so far in order: an
+    // expert enters where it beats a kept one strictly, so of equal scores the
+    // lower expert (met first) stays first.
+    int64_t kept = 0;
     for (int64_t e = 0; e < num_experts; ++e) {
       const T v = scores[e];
-      if (previous_index >= 0 && !ranks_before(previous, previous_index, v, e)) continue;
-      if (best < 0 || ranks_before(v, e, scores[best], best)) best = e;
+      if (kept == top_k && !(v > gates[top_k - 1])) continue;
+      int64_t at = kept < top_k ? kept++ : top_k - 1;
+      for (; at > 0 && v > gates[at - 1]; --at) {
+        gates[at] = gates[at - 1];
+        indices[at] = indices[at - 1];
+      }
+      gates[at] = v;
+      indices[at] = e;
     }
-    indices[j] = best;
-    gates[j] = scores[best];
-    chosen_sum += scores[best];
-    previous = scores[best];
-    previous_index = best;
+    for (int64_t j = 0; j < top_k; ++j) chosen_sum += gates[j];
   }
   if (normalize) {
     const T denominator = chosen_sum < GateEps<T>::value ? GateEps<T>::value : chosen_sum;  // NaN stays NaN

@@ -52,6 +52,8 @@ def cpu_json(tmp_path_factory) -> Path:
           "--top-k", "2", "--dtype", "bfloat16", "-r", "1", "--no-einsum", "--json", str(out / "kernels.json"))
     bench(out, "--op", "esmm,ess,estmm", "--device", "cpu", "--tokens", "256", "--experts", "8", "--model-dim", "64",
           "--hidden", "64", "--dtype", "bfloat16", "-r", "1", "-n", "1", "--json", str(out / "es_ops.json"))
+    bench(out, "--op", "top_k_gate", "--device", "cpu", "--tokens", "256", "--experts", "8", "--top-k", "2", "-r", "1",
+          "-n", "1", "--json", str(out / "gate.json"))
     layer = [sys.executable, "-m", "moe_runtime.bench", "--gpu-step", "--device", "cpu", "-M", "32", "-H", "32",
              "--peer-tokens", "128", "-w", "1", "-r", "1", "--tune-repeats", "1", "--json", str(out / "layer.json")]
     done = subprocess.run(layer, cwd=out, capture_output=True, text=True, timeout=300, check=False)
@@ -74,6 +76,9 @@ def test_every_benchmark_json_gives_its_targets(cpu_json):
     encode = next(t for t in found if t.name.startswith("encode bf16"))
     assert encode.goal.startswith(">= 0.9") and encode.verdict in ("met", "missed")
     assert {t.name.split()[0] for t in found if "T=256" in t.name} == {"esmm", "ess", "estmm"}
+    gates = [t for t in found if t.name.startswith("top_k_gate")]
+    assert [t.name.split()[1] for t in gates] == ["forward", "backward"]
+    assert all(t.verdict == "reported" and t.measured.endswith("#wrong 0") for t in gates)
     # Only a peer that is not installed (make peers; the GPU check's kit installs them) is not run.
     assert all("not installed" in t.verdict for t in found if t.verdict.startswith("not run"))
     layer = [t for t in found if "layer" in t.name or "GShard" in t.name or t.name.startswith(("tutel", "megatron"))]

@@ -149,6 +149,8 @@ ES_ARGS = ("--op", "esmm,ess,estmm", "--device", "cuda", "--tokens", "16384", "-
            "--json", "{bench}/es_ops.json")  # --profile: which kernels hold esmm's time (0.10x cuBLAS in bf16)
 FP8_ARGS = ("--op", "quantize_fp8,dequantize_fp8", "--device", "cuda", "--rows", "16384", "--model-dim", "1024,7168",
             "-r", "5", "--json", "{bench}/fp8.json")
+GATE_ARGS = ("--op", "top_k_gate", "--device", "cuda", "--tokens", "16384", "--experts", "8,64,256", "--top-k", "2,8",
+             "-r", "3", "--json", "{bench}/gate.json")
 # T = 4096 and 16384, M = H = 1024, E = 8, k = 2, f = 1, bf16, 1 rank: ours (eager, graphed, captured whole),
 # Tutel, Megatron-Core, GShard
 LAYER_ARGS = ("--gpu-step", "--json", "{bench}/layer.json")
@@ -163,9 +165,9 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 # (before its row of the step captured whole: 4 s more here, 2 s each from the layer tests' step and
 # the runtime's) and 3 s per nccl_tests_ext program. Tutel's extension (one C++ file against torch's
 # headers) compiles in about 66 s, so the peers' install starts after the build, beside the tests, and
-# its stage waits for what is left. The ES operators' step profiles each row since the fifth session of
-# 2026-11-30 (3 s more, from the build's, which took 55 s at most). The budgets are caps adding up to the
-# deadline.
+# its stage waits for what is left (10 s: the fused gate's step took 5 of its 15). The ES operators'
+# step profiles each row since the fifth session of 2026-11-30 (3 s more, from the build's, which took
+# 55 s at most). The budgets are caps adding up to the deadline.
 STAGES = (
     Stage("tests", "tests/gpu in three processes, then the unit tests' CUDA cases", "1-tests.log", (
         Step("tests/gpu: kernels, collectives on NCCL, from_torch, staged 1 rank, graphs", 60,
@@ -188,7 +190,7 @@ STAGES = (
         Step("tests/run_mpi.py --gpu", 101, RUNTIME, lambda e: [*RUNTIME(e), "--collect-only"]),
     )),
     Stage("peers", "Tutel and Megatron-Core from the kit, for the layer step's comparison", "4-peers.log", (
-        Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 15, PEERS, lambda e: [*PEERS(e), "--dry"],
+        Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 10, PEERS, lambda e: [*PEERS(e), "--dry"],
              early=True),
     )),
     Stage("bench", "the GPU benchmarks and their targets", "5-bench.log", (
@@ -202,6 +204,8 @@ STAGES = (
              parse_only("a2a.bench", *ES_ARGS)),
         Step("a2a.bench --op quantize_fp8,dequantize_fp8 --device cuda", 7, python_module("a2a.bench", *FP8_ARGS),
              parse_only("a2a.bench", *FP8_ARGS)),
+        Step("a2a.bench --op top_k_gate --device cuda", 5, python_module("a2a.bench", *GATE_ARGS),
+             parse_only("a2a.bench", *GATE_ARGS)),
         Step("moe_runtime.bench --gpu-step", 36, python_module("moe_runtime.bench", *LAYER_ARGS),
              parse_only("moe_runtime.bench", *LAYER_ARGS)),
         *(Step(f"nccl_tests_ext {program} {' '.join(extra)}".rstrip(), 4, nccl_perf(program, *NCCL_ARGS, *extra),

@@ -7,6 +7,7 @@ where the docs set no number).
     layout kernels >= 0.80 of a device copy, chunks >= 64 KiB  layout.json
     encode/decode >= 0.9 of a same-run device memcpy, bf16     kernels.json
     esmm >= 0.7 of cuBLAS (issue 14's target, on the GPU)      es_ops.json
+    the fused top-k gate against torch's ops: reported, #wrong 0   gate.json
     nccl_tests_ext -D cuda (and -G 1): #wrong 0                the programs' footers
     MoE layer step (issue 35), per comparison case:            layer.json
       step <= 1.6x its expert compute at T = 4096, <= 1.3x at 16384
@@ -127,6 +128,23 @@ def es_ops(rows: list[dict]) -> list[Target]:
     return out
 
 
+def gate(rows: list[dict]) -> list[Target]:
+    """The fused gate, per pass: its worst row against torch's ops and memcpy (no number is set)."""
+    out = []
+    for direction in ("forward", "backward"):
+        mine = [r for r in rows if r["pass"] == direction]
+        if not mine:
+            continue
+        worst = min(mine, key=lambda r: r["vs_torch"])
+        wrong = sum(r.get("wrong") or 0 for r in mine)
+        text = (f"worst {worst['vs_torch']:.2f}x torch's ops (T={worst['tokens']} E={worst['experts']} "
+                f"k={worst['top_k']}: {worst['time_us']:.1f} us), geomean {geomean([r['vs_torch'] for r in mine]):.2f}x; "
+                f"{geomean([r['vs_memcpy'] for r in mine]):.2f} of memcpy; #wrong {wrong}")
+        out.append(Target(f"top_k_gate {direction} {worst['dtype']} against torch's ops", "reported, #wrong 0", text,
+                          judged(worst["vs_torch"], None, wrong)))
+    return out
+
+
 def _against_expert(what: str, size: str, ms: float, expert_ms: float, limit: float | None) -> Target:
     """A step's time against its expert compute, judged where the issue sets a limit for this T."""
     ratio = ms / expert_ms
@@ -206,6 +224,7 @@ def evaluate(bench: Path, results: list[Result], *, dry: bool) -> list[Target]:
                ("layout.json", layout, "layout kernels"),
                ("kernels.json", kernels, "encode/decode/permute/unpermute bf16"),
                ("es_ops.json", es_ops, "esmm, ess, estmm"),
+               ("gate.json", gate, "the fused top-k gate"),
                ("layer.json", layer, "MoE layer step"))
     out: list[Target] = []
     for name, read, what in readers:
