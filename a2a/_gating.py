@@ -1,11 +1,15 @@
 """The fused top-k gate: what a top-k router computes from its logits, in one
 native call forward and one backward (a2a_top_k_gate in a2a.h).
 
-For logits (T, E) of float32 or float64::
+For logits (T, E) of float32, float64, float16 or bfloat16 (16-bit ones
+computed in float32 and rounded where torch's ops on them round: the
+scores, the chosen scores' sum, each gate)::
 
     scores  = softmax(logits, dim=1)                                  (T, E)
-    indices = the k largest scores of each token, best first;
-              equal scores by the lower expert, NaN above every number (T, k) int64
+    indices = the k largest scores of each token, best first, ranked by
+              their logits (the softmax's order, which a rounded score
+              may blur); equal logits by the lower expert; a row of NaN
+              scores (a NaN or infinite logit) chooses 0..k-1        (T, k) int64
     gates   = scores at indices, divided by max(their sum, eps)
               when normalize (eps: the dtype's machine epsilon)        (T, k)
     share   = the tokens' share of first choices per expert            (E,)
@@ -39,7 +43,7 @@ from ._errors import InvalidArgumentError
 
 __all__ = ["top_k_gate", "top_k_gate_backward"]
 
-GATE_DTYPES = ("float32", "float64")
+GATE_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def _fail(op: str, message: str):
@@ -78,8 +82,8 @@ def _torch_gate(logits: Any) -> tuple[int, int | None] | None:
 
 
 def top_k_gate(logits: Any, k: int, *, normalize: bool = False) -> tuple[Any, Any, Any, Any, Any]:
-    """(scores, indices, gates, share, l_aux) of logits (T, E), float32 or
-    float64 (module docstring); new arrays beside the logits."""
+    """(scores, indices, gates, share, l_aux) of logits (T, E) (module
+    docstring); new arrays beside the logits, of their dtype."""
     op = "top_k_gate"
     placed = _torch_gate(logits)
     if placed is not None:
@@ -157,7 +161,7 @@ def top_k_gate_backward(scores: Any, indices: Any, share: Any, d_gates: Any = No
 def _logits_view(x: Any, op: str, what: str = "logits") -> ArrayView:
     v = argument_view(x, what, op)
     if len(v.shape) != 2 or v.shape[1] < 1 or v.dtype_name not in GATE_DTYPES:
-        _fail(op, f"{what} must be (tokens, experts >= 1) of {' or '.join(GATE_DTYPES)}; got {v.describe()}")
+        _fail(op, f"{what} must be (tokens, experts >= 1) of {', '.join(GATE_DTYPES)}; got {v.describe()}")
     return v
 
 

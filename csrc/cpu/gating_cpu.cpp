@@ -11,6 +11,7 @@
 #include "core/error.hpp"
 #include "cpu/thread_pool.hpp"
 #include "moe/gating.hpp"
+#include "moe/kernels.hpp"
 
 namespace a2a::moe {
 
@@ -39,7 +40,7 @@ void forward(const a2a_top_k_gate_t& g, const T* logits, T* scores, int64_t* ind
   for (int64_t t = 0; t < g.num_tokens; ++t) {
     double* lane_sum = lane_sums.data() + (t % kGateLanes) * E;
     const T* row = scores + t * E;
-    for (int64_t e = 0; e < E; ++e) lane_sum[e] += static_cast<double>(row[e]);
+    for (int64_t e = 0; e < E; ++e) lane_sum[e] += static_cast<double>(Num<T>::load(row[e]));
     ++lane_firsts[static_cast<size_t>((t % kGateLanes) * E + indices[t * k])];
   }
   for (int64_t e = 0; e < E; ++e) {
@@ -51,16 +52,17 @@ void forward(const a2a_top_k_gate_t& g, const T* logits, T* scores, int64_t* ind
     }
     sums[e] = total;
     firsts[e] = count;
-    share[e] = g.num_tokens == 0 ? T(0) : static_cast<T>(static_cast<double>(count) / static_cast<double>(g.num_tokens));
+    share[e] = from_double<T>(g.num_tokens == 0 ? 0.0 : static_cast<double>(count) / static_cast<double>(g.num_tokens));
   }
-  *l_aux = static_cast<T>(gshard_loss_of_columns(sums, firsts, g.num_tokens, E));
+  *l_aux = from_double<T>(gshard_loss_of_columns(sums, firsts, g.num_tokens, E));
 }
 
 template <typename T>
 void backward(const a2a_top_k_gate_t& g, const T* scores, const int64_t* indices, const T* share, const T* d_gates,
               const T* d_l_aux, T* d_logits, int threads) {
   const int64_t E = g.num_experts, k = g.top_k;
-  const T loss_scale = d_l_aux == nullptr ? T(0) : product(*d_l_aux, T(E) / T(g.num_tokens));
+  using A = typename Num<T>::Acc;
+  const A loss_scale = d_l_aux == nullptr ? A(0) : product(Num<T>::load(*d_l_aux), A(E) / A(g.num_tokens));
   std::atomic<int64_t> bad_row{-1};
   parallel_for(g.num_tokens, grain_for(E * 4), threads, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -79,25 +81,21 @@ void backward(const a2a_top_k_gate_t& g, const T* scores, const int64_t* indices
 
 void top_k_gate_cpu(const a2a_top_k_gate_t& gate, const void* logits, void* scores, int64_t* indices, void* gates,
                     void* share, void* l_aux, void* workspace, int threads) {
-  if (gate.dtype == A2A_FLOAT64)
-    forward(gate, static_cast<const double*>(logits), static_cast<double*>(scores), indices, static_cast<double*>(gates),
-            static_cast<double*>(share), static_cast<double*>(l_aux), workspace, threads);
-  else
-    forward(gate, static_cast<const float*>(logits), static_cast<float*>(scores), indices, static_cast<float*>(gates),
-            static_cast<float*>(share), static_cast<float*>(l_aux), workspace, threads);
+  with_float_type("top_k_gate", gate.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    forward(gate, static_cast<const T*>(logits), static_cast<T*>(scores), indices, static_cast<T*>(gates),
+            static_cast<T*>(share), static_cast<T*>(l_aux), workspace, threads);
+  });
 }
 
 void top_k_gate_backward_cpu(const a2a_top_k_gate_t& gate, const void* scores, const int64_t* indices,
                              const void* share, const void* d_gates, const void* d_l_aux, void* d_logits,
                              int threads) {
-  if (gate.dtype == A2A_FLOAT64)
-    backward(gate, static_cast<const double*>(scores), indices, static_cast<const double*>(share),
-             static_cast<const double*>(d_gates), static_cast<const double*>(d_l_aux), static_cast<double*>(d_logits),
-             threads);
-  else
-    backward(gate, static_cast<const float*>(scores), indices, static_cast<const float*>(share),
-             static_cast<const float*>(d_gates), static_cast<const float*>(d_l_aux), static_cast<float*>(d_logits),
-             threads);
+  with_float_type("top_k_gate_backward", gate.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    backward(gate, static_cast<const T*>(scores), indices, static_cast<const T*>(share),
+             static_cast<const T*>(d_gates), static_cast<const T*>(d_l_aux), static_cast<T*>(d_logits), threads);
+  });
 }
 
 }  // namespace a2a::moe

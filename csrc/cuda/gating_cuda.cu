@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(kGateLanes)
       }
       sums[e] = total;
       firsts[e] = count;
-      share[e] = g.num_tokens == 0 ? T(0)
-                                   : static_cast<T>(static_cast<double>(count) / static_cast<double>(g.num_tokens));
+      share[e] = from_double<T>(g.num_tokens == 0 ? 0.0 : static_cast<double>(count) / static_cast<double>(g.num_tokens));
     }
     __syncthreads();  // the lanes' arrays are reused for the next expert
   }
@@ -77,7 +76,7 @@ template <typename T>
 __global__ void __launch_bounds__(1)
     top_k_gate_loss_kernel(const a2a_top_k_gate_t g, const double* __restrict__ sums,
                            const int64_t* __restrict__ firsts, T* __restrict__ l_aux) {
-  *l_aux = static_cast<T>(gshard_loss_of_columns(sums, firsts, g.num_tokens, g.num_experts));
+  *l_aux = from_double<T>(gshard_loss_of_columns(sums, firsts, g.num_tokens, g.num_experts));
 }
 
 template <typename T>
@@ -86,26 +85,19 @@ __global__ void __launch_bounds__(kRowThreads)
                                const int64_t* __restrict__ indices, const T* __restrict__ share,
                                const T* __restrict__ d_gates, const T* __restrict__ d_l_aux, T* __restrict__ d_logits) {
   const int64_t E = g.num_experts, k = g.top_k;
-  const T loss_scale = d_l_aux == nullptr ? T(0) : product(*d_l_aux, T(E) / T(g.num_tokens));
+  using A = typename Num<T>::Acc;
+  const A loss_scale = d_l_aux == nullptr ? A(0) : product(Num<T>::load(*d_l_aux), A(E) / A(g.num_tokens));
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < g.num_tokens;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x)
     top_k_gate_backward_row(scores + t * E, indices + t * k, d_gates == nullptr ? nullptr : d_gates + t * k, share,
                             loss_scale, E, k, g.normalize != 0, d_logits + t * E);  // a bad index: a row of NaN
 }
 
-template <typename Fn>
-void with_gate_type(a2a_dtype_t dtype, Fn&& fn) {
-  if (dtype == A2A_FLOAT64)
-    fn(double{});
-  else
-    fn(float{});
-}
-
 }  // namespace
 
 void cuda_top_k_gate(const EsLaunch& launch, const a2a_top_k_gate_t& gate, const void* logits, void* scores,
                      int64_t* indices, void* gates, void* share, void* l_aux, void* workspace) {
-  with_gate_type(gate.dtype, [&](auto tag) {
+  with_float_type("top_k_gate", gate.dtype, [&](auto tag) {
     using T = decltype(tag);
     auto* sums = static_cast<double*>(workspace);
     auto* firsts = reinterpret_cast<int64_t*>(sums + gate.num_experts);
@@ -126,7 +118,7 @@ void cuda_top_k_gate(const EsLaunch& launch, const a2a_top_k_gate_t& gate, const
 void cuda_top_k_gate_backward(const EsLaunch& launch, const a2a_top_k_gate_t& gate, const void* scores,
                               const int64_t* indices, const void* share, const void* d_gates, const void* d_l_aux,
                               void* d_logits) {
-  with_gate_type(gate.dtype, [&](auto tag) {
+  with_float_type("top_k_gate_backward", gate.dtype, [&](auto tag) {
     using T = decltype(tag);
     top_k_gate_backward_kernel<T><<<grid_for(gate.num_tokens, kRowThreads, launch.max_blocks), kRowThreads, 0,
                                     launch.stream>>>(gate, static_cast<const T*>(scores), indices,

@@ -18,8 +18,8 @@ size_t check_gate(const char* op, const a2a_top_k_gate_t* gate) {
   require(g.num_experts >= 1, op, ": num_experts is ", g.num_experts, "; a gate needs at least one expert");
   require(g.top_k >= 1 && g.top_k <= g.num_experts, op, ": top_k is ", g.top_k, "; it must be in 1..num_experts (",
           g.num_experts, ")");
-  require(g.dtype == A2A_FLOAT32 || g.dtype == A2A_FLOAT64, op, ": dtype ", dtype_name(g.dtype),
-          " is not supported (float32, float64)");
+  require(is_float(g.dtype), op, ": dtype ", dtype_name(g.dtype),
+          " is not supported (float32, float64, float16, bfloat16)");
   checked_product(checked_product(g.num_tokens, g.num_experts, "num_tokens * num_experts"), 8, "logits bytes");
   return dtype_size(g.dtype);
 }

@@ -25,12 +25,13 @@ through autograd beside this node. The scores carry no gradient (the flows
 read them detached), and the node is differentiable once (no double
 backward through the gate).
 
-Float32 and float64 logits on the CPU or a GPU take a2a's fused gate
-(``a2a.top_k_gate``): the whole forward is one native call, and so is the
-backward, where the ops above are fourteen and ten (each a launch on a GPU).
-It computes the same (in its own order of summation) and breaks ties between
-equal scores by the lower expert. Other dtypes (float16 or bfloat16 logits,
-without ``fp32_gate``) take the ops above.
+Logits on the CPU or a GPU take a2a's fused gate (``a2a.top_k_gate``): the
+whole forward is one native call, and so is the backward, where the ops
+above are fourteen and ten (each a launch on a GPU). It computes the same (in
+its own order of summation; 16-bit logits in float32, rounded where the ops
+round) and breaks ties between equal scores by the lower expert. Under
+autocast, 16-bit logits take the ops above: autocast runs their softmax in
+float32. (The layer runs its gate with autocast off: common/precision.py.)
 """
 
 from __future__ import annotations
@@ -48,12 +49,17 @@ def top_k_gating(logits: torch.Tensor, top_k: int, normalize: bool,
                  gshard_loss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(scores, indices, gates, l_aux) of `logits` (T, E); l_aux is GShard's
     loss where `gshard_loss`, else None. See the module docstring."""
-    if logits.dtype in _FUSED_DTYPES and logits.device.type in _FUSED_DEVICES:
+    device = logits.device.type
+    fused = logits.dtype in _FUSED_DTYPES and device in _FUSED_DEVICES
+    if fused and logits.dtype in _HALF_DTYPES and torch.is_autocast_enabled(device):
+        fused = False  # autocast's softmax runs in float32: the ops give that
+    if fused:
         return _FusedTopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
     return _TopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
 
 
-_FUSED_DTYPES = (torch.float32, torch.float64)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+_FUSED_DTYPES = (torch.float32, torch.float64, *_HALF_DTYPES)
 _FUSED_DEVICES = ("cpu", "cuda")
 
 

@@ -1,7 +1,9 @@
 """The gate's routing as one autograd node (moe_runtime/gating/topk.py)
-against the same math left to autograd: the choices equal; the forward
-bitwise on the node's own ops (bfloat16 logits) and to rounding on a2a's
-fused gate (float32, float64); the backward to rounding; and
+against the same math left to autograd. Both paths of the node: its own
+torch ops (16-bit logits under autocast), bit for bit in the forward; a2a's
+fused gate (every dtype otherwise), to rounding, with ties between equal
+scores to the lower expert (the reference then takes the fused gate's
+choices: torch's topk breaks ties its own way). The backward to rounding;
 torch.autograd.gradcheck in float64."""
 
 from __future__ import annotations
@@ -9,62 +11,102 @@ from __future__ import annotations
 import pytest
 import torch
 
+from moe_runtime.gating import topk
 from moe_runtime.gating.losses import gshard_loss
 from moe_runtime.gating.topk import top_k_gating
 
 
-def autograd_gating(logits, top_k, normalize, with_loss):
-    """decide()'s routing as it was written before the node: every op recorded by autograd."""
+def autograd_gating(logits, top_k, normalize, with_loss, indices=None):
+    """decide()'s routing as it was written before the node: every op recorded by autograd (the choices
+    `indices` where given, else torch's topk)."""
     scores = torch.softmax(logits, dim=1)
-    indices = torch.topk(scores, top_k, dim=1).indices
+    if indices is None:
+        indices = torch.topk(scores, top_k, dim=1).indices
     gates = scores.gather(1, indices)
     if normalize and top_k > 1:
         gates = gates / gates.sum(dim=1, keepdim=True).clamp(min=torch.finfo(gates.dtype).eps)
     return scores, indices, gates, gshard_loss(scores, indices) if with_loss else None
 
 
-def both(logits, top_k, normalize, with_loss, weights):
-    """Each path's outputs and d(loss)/d(logits), loss = sum(gates * weights) + 3 l_aux."""
-    results = []
-    for path in (top_k_gating, autograd_gating):
+def ops_gating(logits, top_k, normalize, with_loss):
+    """The node on its own torch ops (the path of 16-bit logits under autocast)."""
+    return topk._TopKGating.apply(logits, top_k, normalize and top_k > 1, with_loss)
+
+
+def both(logits, top_k, normalize, with_loss, weights, path=top_k_gating):
+    """`path`'s outputs and d(loss)/d(logits), loss = sum(gates * weights) + 3 l_aux, and autograd's
+    over the same choices."""
+    results, chosen = [], None
+    for run in (path, autograd_gating):
         leaf = logits.detach().clone().requires_grad_(True)
-        scores, indices, gates, l_aux = path(leaf, top_k, normalize, with_loss)
+        extra = {} if run is path else {"indices": chosen}
+        scores, indices, gates, l_aux = run(leaf, top_k, normalize, with_loss, **extra)
+        chosen = indices
         loss = (gates * weights).sum() + (3 * l_aux if l_aux is not None else 0)
         loss.backward()
         results.append((scores, indices, gates, l_aux, leaf.grad))
     return results
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def assert_top_k(logits, indices):
+    """indices are the top k of the logits (the softmax orders its scores alike), best first, ties to the
+    lower expert."""
+    s = logits.double()
+    chosen = s.gather(1, indices)
+    assert (chosen[:, :-1] >= chosen[:, 1:]).all()
+    rest = s.scatter(1, indices, float("-inf"))
+    assert (rest.max(dim=1).values <= chosen[:, -1]).all()
+    for t in range(s.shape[0]):  # among equal scores, the chosen ones are the lowest experts
+        for j in range(indices.shape[1]):
+            equal = (s[t] == chosen[t, j]).nonzero().flatten().tolist()
+            assert set(indices[t].tolist()) >= set(equal[: equal.index(indices[t, j].item()) + 1]), (t, j)
+
+
+TOLERANCE = {torch.float64: (1e-15, 1e-13), torch.float32: (1e-6, 1e-6), torch.bfloat16: (8e-3, 2e-2),
+             torch.float16: (1e-3, 2e-3)}  # (forward, backward)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("top_k,normalize,with_loss", [(1, True, True), (2, True, True), (3, False, True),
                                                          (2, True, False), (4, True, True)])
-def test_the_node_computes_what_autograd_did(dtype, top_k, normalize, with_loss):
+def test_the_fused_node_computes_what_autograd_does(dtype, top_k, normalize, with_loss):
     torch.manual_seed(top_k)
     logits = torch.randn(37, 5, dtype=torch.float64).mul(3).to(dtype)
     weights = torch.randn(37, top_k, dtype=torch.float64).to(dtype)
-    (s, i, g, l, dx), (s0, i0, g0, l0, dx0) = both(logits, top_k, normalize, with_loss, weights)
-    assert torch.equal(i, i0)
+    (s, i, g, l, dx), (s0, _, g0, l0, dx0) = both(logits, top_k, normalize, with_loss, weights)
+    assert type(g.grad_fn).__name__.startswith(topk._FusedTopKGating.__name__)
+    assert_top_k(logits, i)
+    if dtype in (torch.float32, torch.float64):  # no ties: torch's topk chooses the same
+        assert torch.equal(i, torch.topk(s0, top_k, dim=1).indices)
     assert (l is None) == (l0 is None)
-    if dtype == torch.bfloat16:  # the node's own ops: autograd's forward, bit for bit
-        assert torch.equal(s, s0) and torch.equal(g, g0) and (l is None or torch.equal(l, l0))
-    else:  # a2a's fused gate: its own order of summation
-        forward_tolerance = {torch.float64: 1e-15, torch.float32: 1e-6}[dtype]
-        for ours, theirs in ((s, s0), (g, g0), (l, l0)):
-            if ours is not None:
-                torch.testing.assert_close(ours, theirs, rtol=forward_tolerance, atol=forward_tolerance)
+    forward, backward = TOLERANCE[dtype]
+    for ours, theirs in ((s, s0), (g, g0), (l, l0)):
+        if ours is not None:
+            torch.testing.assert_close(ours.double(), theirs.double(), rtol=forward, atol=forward)
     assert not s.requires_grad and not i.requires_grad
-    tolerance = {torch.float64: 1e-13, torch.float32: 1e-6, torch.bfloat16: 2e-2}[dtype]
-    torch.testing.assert_close(dx.double(), dx0.double(), rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(dx.double(), dx0.double(), rtol=backward, atol=backward)
 
 
-def test_the_clamped_denominator_passes_no_gradient():
+@pytest.mark.parametrize("top_k,normalize,with_loss", [(1, True, True), (2, True, True), (4, True, True)])
+def test_the_ops_node_computes_what_autograd_did_bit_for_bit(top_k, normalize, with_loss):
+    torch.manual_seed(top_k)
+    logits = torch.randn(37, 5, dtype=torch.float64).mul(3).to(torch.bfloat16)
+    weights = torch.randn(37, top_k, dtype=torch.float64).to(torch.bfloat16)
+    (s, i, g, l, dx), (s0, _, g0, l0, dx0) = both(logits, top_k, normalize, with_loss, weights, ops_gating)
+    assert torch.equal(i, torch.topk(s0, top_k, dim=1).indices)
+    assert torch.equal(s, s0) and torch.equal(g, g0) and torch.equal(l, l0)
+    torch.testing.assert_close(dx.double(), dx0.double(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("path", [top_k_gating, ops_gating])
+def test_the_clamped_denominator_passes_no_gradient(path):
     # bfloat16's eps is 2^-7: over 1024 nearly uniform experts the two best scores sum to less, and the
     # clamp holds the denominator (autograd's clamp passes no gradient there).
     torch.manual_seed(0)
     logits = (torch.randn(6, 1024) * 0.01).to(torch.bfloat16)
     weights = torch.randn(6, 2).to(torch.bfloat16)
-    (_, _, g, _, dx), (_, _, g0, _, dx0) = both(logits, 2, True, True, weights)
-    top = torch.softmax(logits, dim=1).topk(2, dim=1).values
+    (s, i, g, _, dx), (_, _, g0, _, dx0) = both(logits, 2, True, True, weights, path)
+    top = s.gather(1, i)
     assert (top.sum(1) < torch.finfo(torch.bfloat16).eps).all()
     assert torch.equal(g, g0)
     torch.testing.assert_close(dx.double(), dx0.double(), rtol=2e-2, atol=1e-6)
@@ -90,29 +132,27 @@ def test_no_tokens(dtype):
     assert float(l_aux.detach()) == 0.0 and logits.grad.shape == (0, 4)
 
 
-def test_fused_gate_on_float32_and_the_ops_elsewhere():
-    # One native call forward on float32 / float64 logits (the node's own ops on 16-bit ones), and its
-    # gradient as a non-contiguous tensor (an expanded gradient of gates.sum()) taken too.
-    from moe_runtime.gating import topk
-
+def test_fused_gate_but_under_autocast_for_16_bit_logits():
+    # One native call forward (its gradient taken as a non-contiguous tensor: gates.sum()'s, expanded);
+    # the node's own ops for 16-bit logits under autocast, whose softmax runs in float32.
     logits = torch.randn(6, 4, requires_grad=True)
     _, _, gates, l_aux = top_k_gating(logits, 2, True, True)
     assert type(gates.grad_fn).__name__.startswith(topk._FusedTopKGating.__name__)
     (gates.sum() + l_aux).backward()
     assert torch.isfinite(logits.grad).all()
     half = torch.randn(6, 4).bfloat16().requires_grad_(True)
-    assert type(top_k_gating(half, 2, True, True)[2].grad_fn).__name__.startswith(topk._TopKGating.__name__)
+    assert type(top_k_gating(half, 2, True, True)[2].grad_fn).__name__.startswith(topk._FusedTopKGating.__name__)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert type(top_k_gating(half, 2, True, True)[2].grad_fn).__name__.startswith(topk._TopKGating.__name__)
 
 
 def test_scores_in_float32_from_half_logits(monkeypatch):
     # CUDA's autocast runs softmax on the logits cast to float32: the node's backward takes the scores' dtype
     # as the softmax's input, and autograd casts the gradient back to the logits' (emulated on the CPU).
-    from moe_runtime.gating import topk
-
     real_softmax = torch.softmax
     monkeypatch.setattr(topk.torch, "softmax", lambda x, dim: real_softmax(x.float(), dim))
     logits = torch.randn(5, 8).half().requires_grad_(True)
-    scores, _, gates, l_aux = top_k_gating(logits, 2, True, True)
+    scores, _, gates, l_aux = ops_gating(logits, 2, True, True)
     assert scores.dtype == torch.float32
     (gates.sum() + l_aux).backward()
     assert logits.grad.dtype == torch.float16 and torch.isfinite(logits.grad).all()

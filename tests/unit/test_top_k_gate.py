@@ -79,6 +79,33 @@ def test_forward_matches_the_definition(framework, dtype, tokens, experts, k, no
     np.testing.assert_allclose(float(l_aux), l0, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3)])
+def test_16_bit_logits_round_where_torch_rounds(dtype, tolerance):
+    # Computed in float32: the scores rounded to the dtype; the choices of the logits (which the softmax
+    # orders alike; rounded scores tie where logits do not), the gates from the rounded scores; the loss
+    # and gradients to the dtype's precision.
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(300, 8, generator=g, dtype=torch.float64).mul(2)
+    scores, indices, gates, share, l_aux = a2a.top_k_gate(x.to(dtype), 2, normalize=True)
+    assert scores.dtype == gates.dtype == share.dtype == l_aux.dtype == dtype
+    s0, _, _, _, l0 = reference(x.to(dtype).double().numpy(), 2, True)
+    np.testing.assert_allclose(scores.double().numpy(), s0, rtol=tolerance, atol=tolerance)
+    exact = scores.double().numpy()
+    _, i0, _, _, _ = reference(x.to(dtype).double().numpy(), 2, True)
+    np.testing.assert_array_equal(indices.numpy(), i0)
+    _, _, g1, sh1, _ = reference(np.log(exact), 2, True)  # the gates and share of the rounded scores
+    np.testing.assert_allclose(gates.double().numpy(), g1, rtol=2 * tolerance, atol=2 * tolerance)
+    np.testing.assert_allclose(share.double().numpy(), sh1, rtol=tolerance)
+    np.testing.assert_allclose(float(l_aux), l0, rtol=2 * tolerance)
+    d_gates = torch.randn(300, 2, generator=g, dtype=torch.float64)
+    d_logits = a2a.top_k_gate_backward(scores, indices, share, d_gates.to(dtype), torch.tensor(0.5, dtype=dtype),
+                                       normalize=True)
+    expected = reference_backward(exact, indices.numpy(), share.double().numpy(), d_gates.to(dtype).double().numpy(),
+                                  0.5, True, torch.finfo(dtype).eps)
+    assert d_logits.dtype == dtype
+    np.testing.assert_allclose(d_logits.double().numpy(), expected, rtol=4 * tolerance, atol=4 * tolerance)
+
+
 def test_ties_go_to_the_lower_expert_and_nan_ranks_first():
     x = np.array([[0.0] * 6,                                # all equal: 0, 1, 2
                   [1.0, 3.0, 3.0, 0.0, 3.0, 2.0],           # three equal best: 1, 2, 4
@@ -154,7 +181,8 @@ def test_one_native_call_each_way_and_nothing_waits():
 
 
 @pytest.mark.parametrize("call,error,words", [
-    (lambda: a2a.top_k_gate(torch.randn(4, 3).half(), 2), a2a.InvalidArgumentError, "float32 or float64"),
+    (lambda: a2a.top_k_gate(torch.ones(4, 3, dtype=torch.int32), 2), a2a.InvalidArgumentError,
+     "of float32, float64, float16, bfloat16"),
     (lambda: a2a.top_k_gate(torch.randn(4, 3), 4), a2a.InvalidArgumentError, "k must be an integer in 1..3"),
     (lambda: a2a.top_k_gate(torch.randn(4, 3), 0), a2a.InvalidArgumentError, "got 0"),
     (lambda: a2a.top_k_gate(torch.randn(4, 3, 2), 1), a2a.InvalidArgumentError, "(tokens, experts >= 1)"),

@@ -591,8 +591,10 @@ A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing
  * a2a's own). For every token t of logits (T, E):
  *
  *     scores[t]  = softmax(logits[t])                                  (T, E)
- *     indices[t] = the top_k largest scores, best first; equal scores by
- *                  the lower expert, NaN above every number            (T, k) int64
+ *     indices[t] = the top_k largest scores, best first, ranked by their
+ *                  logits (the softmax's order; unequal logits whose
+ *                  rounded scores are equal stay apart); equal logits by
+ *                  the lower expert; a row of NaN scores: 0..k-1      (T, k) int64
  *     gates[t]   = scores[t, indices[t]], divided by max(their sum, eps)
  *                  when `normalize` (eps = the dtype's epsilon)        (T, k)
  *     share[e]   = tokens whose first choice is e, / T                 (E)
@@ -605,8 +607,10 @@ A2A_API a2a_status_t a2a_moe_gate_grad(const a2a_exec_t* exec, const a2a_routing
  *     dscores  = dr at indices[t] + dl_aux * E / T * share
  *     dlogits  = scores * (dscores - <dscores, scores>)
  *
- * Every array is contiguous, of `dtype` (float32 or float64; the arithmetic
- * in it, the loss's sums in float64) except indices, on the exec's device.
+ * Every array is contiguous, of `dtype` except indices, on the exec's device.
+ * float32 and float64 compute in their own precision; float16 and bfloat16 in
+ * float32, rounded where torch's ops on them round (the scores, the chosen
+ * scores' sum, each gate). The loss's sums are float64.
  * The workspace (a2a_top_k_gate_workspace_size bytes, 8-byte aligned) holds
  * the loss's per-expert sums. Nothing is read back to the host. */
 typedef struct {
@@ -614,7 +618,7 @@ typedef struct {
   int64_t num_experts; /* E >= 1 */
   int64_t top_k;       /* 1 <= k <= E */
   int normalize;       /* gates divided by max(the k scores' sum, eps) */
-  a2a_dtype_t dtype;   /* A2A_FLOAT32 or A2A_FLOAT64 */
+  a2a_dtype_t dtype;   /* A2A_FLOAT32, A2A_FLOAT64, A2A_FLOAT16 or A2A_BFLOAT16 */
 } a2a_top_k_gate_t;
 
 A2A_API a2a_status_t a2a_top_k_gate_workspace_size(const a2a_top_k_gate_t* gate, size_t* bytes);
