@@ -16,8 +16,9 @@ scores, the chosen scores' sum, each gate)::
     l_aux   = E * sum_e mean_t(scores[:, e]) * share[e]   (GShard's loss)  ()
 
 ``top_k_gate_backward`` takes the gradients of the gates and of l_aux
-(either may be None) and gives the logits'. Neither records autograd: a layer
-wraps them in its own node (moe_runtime.gating.topk). On a GPU the forward is
+(either may be None) and gives the logits'. Torch logits that require grad
+record autograd through a2a.torch, whose node runs the two (the gates and
+l_aux differentiate; the scores, indices and share do not). On a GPU the forward is
 three kernels and the backward one; neither reads anything back, so both can
 be captured in a CUDA graph. NumPy, torch and CuPy arrays, on the arrays'
 device (the current stream on CUDA).
@@ -25,6 +26,7 @@ device (the current stream on CUDA).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from . import _C
@@ -32,9 +34,11 @@ from ._arrays import (
     DTYPE_CODES,
     ArrayView,
     _torch,
+    address_of,
     argument_view,
     empty_like,
     is_torch_tensor,
+    records_autograd,
     torch_dtype_named,
     torch_execution,
 )
@@ -62,9 +66,13 @@ def _workspace_bytes(gate: tuple[int, int, int, bool, int]) -> int:
 
 
 def _check_k(k: Any, num_experts: int, op: str) -> int:
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= num_experts:
+    try:
+        value = None if isinstance(k, bool) else operator.index(k)
+    except TypeError:
+        value = None
+    if value is None or not 1 <= value <= num_experts:
         _fail(op, f"k must be an integer in 1..{num_experts} (the logits' experts); got {k!r}")
-    return k
+    return value
 
 
 def _torch_gate(logits: Any) -> tuple[int, int | None] | None:
@@ -83,7 +91,17 @@ def _torch_gate(logits: Any) -> tuple[int, int | None] | None:
 
 def top_k_gate(logits: Any, k: int, *, normalize: bool = False) -> tuple[Any, Any, Any, Any, Any]:
     """(scores, indices, gates, share, l_aux) of logits (T, E) (module
-    docstring); new arrays beside the logits, of their dtype."""
+    docstring); new arrays beside the logits, of their dtype. Torch logits
+    that require grad while grad mode is on record autograd (a2a.torch)."""
+    if records_autograd(logits):
+        from . import torch as autograd
+
+        return autograd.top_k_gate(logits, k, normalize=normalize)
+    return top_k_gate_kernel(logits, k, normalize=normalize)
+
+
+def top_k_gate_kernel(logits: Any, k: int, *, normalize: bool = False) -> tuple[Any, Any, Any, Any, Any]:
+    """top_k_gate without autograd."""
     op = "top_k_gate"
     placed = _torch_gate(logits)
     if placed is not None:
@@ -116,8 +134,8 @@ def top_k_gate(logits: Any, k: int, *, normalize: bool = False) -> tuple[Any, An
         share = empty_like(v, (num_experts,))
         l_aux = empty_like(v, ())
         workspace = empty_like(v, (_workspace_bytes(gate),), "uint8")
-        _C.top_k_gate(v.execution(), gate, v.address, *(_address(a) for a in (scores, indices, gates, share, l_aux,
-                                                                                workspace)))
+        _C.top_k_gate(v.execution(), gate, v.address, *(address_of(a) for a in (scores, indices, gates, share, l_aux,
+                                                                                  workspace)))
     return scores, indices, gates, share, l_aux
 
 
@@ -141,20 +159,22 @@ def top_k_gate_backward(scores: Any, indices: Any, share: Any, d_gates: Any = No
         return d_logits
     s = _logits_view(scores, op, "scores")
     num_tokens, num_experts = s.shape
-    i = _beside(indices, s, "indices", None, "int64", op)
-    top_k = _check_k(i.shape[1], num_experts, op) if len(i.shape) == 2 else 0
-    _beside(indices, s, "indices", (num_tokens, top_k), "int64", op)
-    _beside(share, s, "share", (num_experts,), s.dtype_name, op)
-    if d_gates is not None:
-        _beside(d_gates, s, "d_gates", (num_tokens, top_k), s.dtype_name, op)
-    if d_l_aux is not None:
-        _beside(d_l_aux, s, "d_l_aux", (), s.dtype_name, op)
+    i = argument_view(indices, "indices", op)
+    if (len(i.shape) != 2 or i.shape[0] != num_tokens or not 1 <= i.shape[1] <= num_experts
+            or i.dtype_name not in ("int64", "int32") or not i.same_place(s)):
+        _fail(op, f"indices must be ({num_tokens}, k <= {num_experts}) of int64 beside scores ({s.describe()}); "
+                  f"got {i.describe()}")
+    if i.dtype_name == "int32":  # as JAX gives them without x64: widened (a copy)
+        i = argument_view(i.obj.to(_torch().int64) if i.framework == "torch" else i.obj.astype("int64"), "indices", op)
+    top_k = i.shape[1]
+    arrays = [s, i, _beside(share, s, "share", (num_experts,), s.dtype_name, op)]
+    for x, what, shape in ((d_gates, "d_gates", (num_tokens, top_k)), (d_l_aux, "d_l_aux", ())):
+        arrays.append(None if x is None else _beside(x, s, what, shape, s.dtype_name, op))
     gate = (num_tokens, num_experts, top_k, bool(normalize), s.dtype_code)
     with s.device_guard():
         d_logits = empty_like(s, (num_tokens, num_experts))
-        _C.top_k_gate_backward(s.execution(), gate, s.address, _address(indices), _address(share),
-                               0 if d_gates is None else _address(d_gates),
-                               0 if d_l_aux is None else _address(d_l_aux), _address(d_logits))
+        _C.top_k_gate_backward(s.execution(), gate, *(0 if v is None else v.address for v in arrays),
+                               address_of(d_logits))
     return d_logits
 
 
@@ -165,19 +185,12 @@ def _logits_view(x: Any, op: str, what: str = "logits") -> ArrayView:
     return v
 
 
-def _beside(x: Any, like: ArrayView, what: str, shape: tuple[int, ...] | None, dtype: str, op: str) -> ArrayView:
-    """The view of an input that must lie beside `like`, of `shape` (None: any
-    2-D shape) and `dtype`."""
+def _beside(x: Any, like: ArrayView, what: str, shape: tuple[int, ...], dtype: str, op: str) -> ArrayView:
+    """The view of an input that must lie beside `like`, of `shape` and `dtype`."""
     v = argument_view(x, what, op)
-    shape_ok = len(v.shape) == 2 if shape is None else tuple(v.shape) == shape
-    if not v.same_place(like) or not shape_ok or v.dtype_name != dtype:
-        expected = "(tokens, k)" if shape is None else str(shape)
-        _fail(op, f"{what} must be {expected} of {dtype} beside scores ({like.describe()}); got {v.describe()}")
+    if not v.same_place(like) or tuple(v.shape) != shape or v.dtype_name != dtype:
+        _fail(op, f"{what} must be {shape} of {dtype} beside scores ({like.describe()}); got {v.describe()}")
     return v
-
-
-def _address(x: Any) -> int:
-    return x.data_ptr() if is_torch_tensor(x) else argument_view(x, "array", "top_k_gate").address
 
 
 def _torch_backward_ok(scores: Any, indices: Any, share: Any, d_gates: Any, d_l_aux: Any) -> bool:

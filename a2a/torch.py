@@ -23,6 +23,9 @@ combine, decode's a dispatch, and the gate gradient is a per-choice dot
 product (Tutel's K2). Routings (from ``a2a.route`` / ``a2a.permute``) carry no
 gradient.
 
+The fused gate: ``top_k_gate`` as in ``a2a``, differentiable in the logits
+through its gates and loss; its backward is ``a2a.top_k_gate_backward``.
+
 Expert-specific operators: ``esmm``, ``ess`` and ``estmm`` as in ``a2a``,
 differentiable in their data, weights, biases and gates; every backward is
 made of the same three operators.
@@ -43,6 +46,7 @@ from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape, 
 from ._routing import Routing, permutation, require_dropless, require_padded
 from ._torch_collectives import *  # the collectives, named in _collectives.COLLECTIVES
 from ._torch_es_ops import esmm, ess, estmm
+from ._torch_gating import top_k_gate
 
 __all__ = [
     "esmm",
@@ -51,6 +55,7 @@ __all__ = [
     "fast_decode",
     "fast_encode",
     "permute",
+    "top_k_gate",
     "unpermute",
 ]
 __all__.extend(_collectives.COLLECTIVES)

@@ -19,10 +19,11 @@ dtype) it times forward and backward, in turns (a2a.bench.common.take_turns):
 
 Columns: time (median of ``-r`` repetitions of the mean of ``-n`` calls,
 us), GB/s = bytes / time, ``vs memcpy`` = memcpy's time / a2a's,
-``vs torch`` = torch's time / a2a's. ``#wrong``: choices whose logit is not
-the one torch's topk of the logits puts there (exit status 1 if any). a2a
-ranks by the logits; torch's ops rank the scores, which in 16 bits tie where
-the logits do not.
+``vs torch`` = torch's time / a2a's. ``#wrong`` (exit status 1 if any):
+forward, choices whose logit is not the one torch's topk of the logits puts
+there (a2a ranks by the logits; torch's ops rank the scores, which in 16
+bits tie where the logits do not); backward, gradient elements further from
+torch's ops than the dtype's rounding, in the tokens both chose alike.
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ class _Case:
     def memcpy(self, direction: str) -> Any:
         return self.copy_to[direction].copy_(self.copy_from[direction])
 
+    def wrong_backward(self) -> int:
+        """Gradient elements that differ from torch's ops by more than the dtype's rounding (relative to
+        the largest), in the tokens where both chose the same experts."""
+        torch = self.torch
+        ours, theirs = self.backward().double(), self.backward_torch().double()
+        same = (self.saved[1] == self.torch_saved[1]).all(dim=1)
+        tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+        limit = tolerance[self.logits.dtype] * max(theirs.abs().max().item(), 1e-30)
+        return int(((ours - theirs).abs() > limit)[same].sum())
+
     def wrong(self) -> int:
         """Choices whose logit differs from torch's topk of the logits at the same place (the
         softmax's order; compared by value, so that equal logits may come in either order)."""
@@ -138,8 +149,8 @@ def main(argv: list[str]) -> int:
             for top_k in (k for k in args.top_k if k <= experts):
                 for dtype_name in (d.strip() for d in args.dtype.split(",") if d.strip()):
                     case = _Case(torch, a2a, tokens, experts, top_k, getattr(torch, dtype_name), args.device)
-                    wrong = case.wrong()
-                    failed |= wrong > 0
+                    wrong = {"forward": case.wrong(), "backward": case.wrong_backward()}
+                    failed |= wrong["forward"] + wrong["backward"] > 0
                     for direction in ("forward", "backward"):
                         paths = [getattr(case, direction), lambda d=direction, case=case: case.memcpy(d),
                                  getattr(case, f"{direction}_torch")]
@@ -149,7 +160,7 @@ def main(argv: list[str]) -> int:
                                "top_k": top_k, "dtype": dtype_name, "device": args.device, "bytes": nbytes,
                                "time_us": t * 1e6, "gbps": nbytes / t / 1e9, "memcpy_gbps": nbytes / copy / 1e9,
                                "vs_memcpy": copy / t, "torch_us": torch_t * 1e6, "vs_torch": torch_t / t,
-                               "wrong": wrong if direction == "forward" else 0}
+                               "wrong": wrong[direction]}
                         rows.append(row)
                         print(f"  {direction:>8} {tokens:>6} {experts:>4} {top_k:>2} {dtype_name:>8} {nbytes:>10} "
                               f"{row['time_us']:>9.1f} {row['gbps']:>6.2f} {row['memcpy_gbps']:>6.2f} "

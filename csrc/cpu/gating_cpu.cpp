@@ -68,13 +68,17 @@ void backward(const a2a_top_k_gate_t& g, const T* scores, const int64_t* indices
     for (int64_t t = begin; t < end; ++t) {
       const bool ok = top_k_gate_backward_row(scores + t * E, indices + t * k, d_gates == nullptr ? nullptr : d_gates + t * k,
                                               share, loss_scale, E, k, g.normalize != 0, d_logits + t * E);
-      if (!ok) bad_row.store(t);
+      if (!ok) {  // keep the first bad token, whichever thread meets it
+        int64_t first = bad_row.load();
+        while ((first < 0 || t < first) && !bad_row.compare_exchange_weak(first, t)) {
+        }
+      }
     }
   });
   const int64_t t = bad_row.load();
   if (t >= 0)
-    fail(A2A_ERROR_INVALID_ARGUMENT, "top_k_gate_backward: indices of token ", t,
-         " are not experts in 0..", E - 1, "; pass the indices the forward gave");
+    fail(A2A_ERROR_INVALID_ARGUMENT, "top_k_gate_backward: the indices of token ", t, " are not ", k,
+         " distinct experts in 0..", E - 1, "; pass the indices the forward gave");
 }
 
 }  // namespace

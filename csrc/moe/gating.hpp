@@ -173,7 +173,7 @@ A2A_HD double gshard_loss_of_columns(const double* column_sums, const int64_t* f
 // One token's gradient of the logits (E). d_gates (k) may be NULL (no
 // gradient reached the gates); loss_scale is dl_aux * E / tokens (0 when no
 // gradient reached the loss), share (E) the forward's. False, and a row of
-// NaN, where an index is not an expert (indices that are not the forward's).
+// NaN, where the indices are not k distinct experts (not the forward's).
 // Nothing is kept between the passes but scalars (a 16-bit output is rounded
 // once): with ds[e] = share[e] * loss_scale + (dr_j where e = indices[j]),
 //     <ds, scores> = sum_e share[e] loss_scale scores[e] + sum_j dr_j scores[indices[j]]
@@ -182,8 +182,10 @@ A2A_HD bool top_k_gate_backward_row(const T* scores, const int64_t* indices, con
                                     typename Num<T>::Acc loss_scale, int64_t num_experts, int64_t top_k,
                                     bool normalize, T* d_logits) {
   using A = typename Num<T>::Acc;
-  for (int64_t j = 0; j < top_k; ++j) {
-    if (indices[j] < 0 || indices[j] >= num_experts) {  // not the forward's: no read out of bounds
+  for (int64_t j = 0; j < top_k; ++j) {  // not the forward's (k distinct experts): no read out of bounds
+    bool bad = indices[j] < 0 || indices[j] >= num_experts;
+    for (int64_t i = 0; i < j; ++i) bad = bad || indices[i] == indices[j];
+    if (bad) {
       for (int64_t e = 0; e < num_experts; ++e) d_logits[e] = Num<T>::store(A(0) / A(0));
       return false;
     }

@@ -1,5 +1,7 @@
 #include "moe/gating_ops.hpp"
 
+#include <algorithm>
+
 #include "core/counters.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
@@ -20,19 +22,22 @@ size_t check_gate(const char* op, const a2a_top_k_gate_t* gate) {
           g.num_experts, ")");
   require(is_float(g.dtype), op, ": dtype ", dtype_name(g.dtype),
           " is not supported (float32, float64, float16, bfloat16)");
-  checked_product(checked_product(g.num_tokens, g.num_experts, "num_tokens * num_experts"), 8, "logits bytes");
+  // Every byte count below fits in int64: the largest array is (max(T, 1), E) of 8-byte elements (or
+  // the workspace's 16 bytes an expert); an E that only a T of 0 hid would wrap the share's size to 0.
+  checked_product(checked_product(std::max<int64_t>(g.num_tokens, 1), g.num_experts, "num_tokens * num_experts"), 16,
+                  "the gate's bytes");
   return dtype_size(g.dtype);
 }
 
 size_t bytes_of(int64_t a, int64_t b, size_t element) {
-  return static_cast<size_t>(a) * static_cast<size_t>(b) * element;
+  return static_cast<size_t>(checked_product(checked_product(a, b, "elements"), static_cast<int64_t>(element), "bytes"));
 }
 
 }  // namespace
 
 size_t top_k_gate_workspace_size(const a2a_top_k_gate_t* gate) {
   check_gate("top_k_gate_workspace_size", gate);
-  return static_cast<size_t>(gate->num_experts) * (sizeof(double) + sizeof(int64_t));
+  return bytes_of(gate->num_experts, 1, sizeof(double) + sizeof(int64_t));
 }
 
 void top_k_gate(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, const void* logits, void* scores,

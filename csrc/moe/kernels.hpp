@@ -222,16 +222,16 @@ class Kernels {
   virtual void estmm(const a2a_es_index_t& index, const EsOperand& a, const EsOperand& b, const EsGates& gates,
                      a2a_dtype_t dtype, void* out) = 0;
 
-  // FP8 rows with block scales (see a2a_quantize_fp8 / a2a_dequantize_fp8
-  // in a2a.h; moe/fp8_ops.cpp checks the arguments): x and y are
-  // C-contiguous (rows.rows, rows.cols) of dtype; the element logic is
-  // moe/fp8.hpp's.
   // The fused top-k gate (moe/gating.hpp; arguments checked by moe/gating_ops.cpp).
   virtual void top_k_gate(const a2a_top_k_gate_t& gate, const void* logits, void* scores, int64_t* indices,
                           void* gates, void* share, void* l_aux, void* workspace) = 0;
   virtual void top_k_gate_backward(const a2a_top_k_gate_t& gate, const void* scores, const int64_t* indices,
                                    const void* share, const void* d_gates, const void* d_l_aux, void* d_logits) = 0;
 
+  // FP8 rows with block scales (see a2a_quantize_fp8 / a2a_dequantize_fp8
+  // in a2a.h; moe/fp8_ops.cpp checks the arguments): x and y are
+  // C-contiguous (rows.rows, rows.cols) of dtype; the element logic is
+  // moe/fp8.hpp's.
   virtual void quantize_fp8(const void* x, a2a_dtype_t dtype, const a2a_fp8_rows_t& rows) = 0;
   virtual void dequantize_fp8(const a2a_fp8_rows_t& rows, a2a_dtype_t dtype, void* y) = 0;
 

@@ -53,37 +53,15 @@ def top_k_gating(logits: torch.Tensor, top_k: int, normalize: bool,
     fused = logits.dtype in _FUSED_DTYPES and device in _FUSED_DEVICES
     if fused and logits.dtype in _HALF_DTYPES and torch.is_autocast_enabled(device):
         fused = False  # autocast's softmax runs in float32: the ops give that
-    if fused:
-        return _FusedTopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
+    if fused:  # a2a's node (a2a.torch.top_k_gate) where the logits record autograd
+        scores, indices, gates, _, l_aux = a2a.top_k_gate(logits.contiguous(), top_k, normalize=normalize and top_k > 1)
+        return scores, indices, gates, l_aux if gshard_loss else None
     return _TopKGating.apply(logits, top_k, normalize and top_k > 1, gshard_loss)
 
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 _FUSED_DTYPES = (torch.float32, torch.float64, *_HALF_DTYPES)
 _FUSED_DEVICES = ("cpu", "cuda")
-
-
-class _FusedTopKGating(torch.autograd.Function):
-    """The node on a2a's fused gate: one native call each way."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, top_k: int, normalize: bool, gshard_loss: bool):
-        scores, indices, gates, share, l_aux = a2a.top_k_gate(logits.contiguous(), top_k, normalize=normalize)
-        ctx.normalize, ctx.gshard_loss = normalize, gshard_loss
-        ctx.mark_non_differentiable(scores, indices)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(scores, indices, share)
-        return scores, indices, gates, l_aux if gshard_loss else None
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, _scores, _indices, d_gates, d_l_aux):
-        scores, indices, share = ctx.saved_tensors
-        if d_gates is not None and not d_gates.is_contiguous():
-            d_gates = d_gates.contiguous()
-        d_logits = a2a.top_k_gate_backward(scores, indices, share, d_gates, d_l_aux if ctx.gshard_loss else None,
-                                           normalize=ctx.normalize)
-        return d_logits, None, None, None
 
 
 class _TopKGating(torch.autograd.Function):

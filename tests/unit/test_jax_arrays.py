@@ -73,6 +73,18 @@ def test_the_moe_kernels_return_jax_arrays_equal_to_numpys():
     assert_jax_equal(a2a.esmm(jnp.asarray(x), jnp.asarray(w), index), a2a.esmm(x, w, a2a.es_index(indices, E)))
 
 
+def test_the_fused_gate_takes_and_returns_jax_arrays():
+    # Forward then backward as JAX gives them: without x64 the indices come back as int32 (widened again).
+    logits = values(9, 4, seed=4)
+    got = a2a.top_k_gate(jnp.asarray(logits), 2, normalize=True)
+    want = a2a.top_k_gate(logits, 2, normalize=True)
+    for g, w in zip(got, want):
+        assert_jax_equal(g, w.astype(np.asarray(g).dtype))
+    d_gates = values(9, 2, seed=5)
+    d_logits = a2a.top_k_gate_backward(got[0], got[1], got[3], jnp.asarray(d_gates), got[4], normalize=True)
+    assert_jax_equal(d_logits, a2a.top_k_gate_backward(want[0], want[1], want[3], d_gates, want[4], normalize=True))
+
+
 def test_out_cannot_be_a_jax_array_and_a_numpy_out_is_the_result(comm):
     x = jnp.asarray(values(4, 3))
     with pytest.raises(a2a.InvalidArgumentError, match="out is a JAX array, and JAX arrays are immutable"):

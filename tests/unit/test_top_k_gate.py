@@ -162,6 +162,23 @@ def test_a_clamped_denominator_passes_no_gradient():
     np.testing.assert_allclose(d_logits.double().numpy(), expected, rtol=1e-5, atol=1e-12)
 
 
+def test_logits_that_require_grad_record_autograd():
+    # a2a.top_k_gate on logits that require grad is a2a.torch.top_k_gate: the gates and the loss
+    # differentiate (gradcheck in float64), the scores, indices and share do not.
+    logits = torch.randn(9, 6, dtype=torch.float64, requires_grad=True)
+    scores, indices, gates, share, l_aux = a2a.top_k_gate(logits, 2, normalize=True)
+    assert gates.requires_grad and l_aux.requires_grad
+    assert not (scores.requires_grad or indices.requires_grad or share.requires_grad)
+
+    def differentiable(x):
+        _, _, g, _, loss = a2a.top_k_gate(x, 2, normalize=True)
+        return g, loss
+
+    assert torch.autograd.gradcheck(differentiable, (logits,))
+    with torch.no_grad():
+        assert not a2a.top_k_gate(logits, 2)[2].requires_grad
+
+
 def test_no_tokens():
     scores, indices, gates, share, l_aux = a2a.top_k_gate(torch.zeros(0, 4), 2, normalize=True)
     assert scores.shape == (0, 4) and indices.shape == (0, 2) and gates.shape == (0, 2)
@@ -196,17 +213,38 @@ def test_bad_forward_arguments(call, error, words):
     assert words in str(raised.value)
 
 
+def test_sizes_that_overflow_are_refused_even_without_tokens():
+    # E = 2^62 with T = 0: the share's and the workspace's bytes would wrap to 0 (and the kernel write
+    # through NULL); the sizes are checked first.
+    from a2a import _C
+    from a2a._arrays import DEVICE_CPU, DTYPE_CODES
+
+    gate = (0, 2**62, 1, False, DTYPE_CODES["float32"])
+    with pytest.raises(a2a.InvalidArgumentError, match="overflows int64"):
+        _C.top_k_gate_workspace_size(gate)
+    l_aux = np.zeros((), np.float32)
+    with pytest.raises(a2a.InvalidArgumentError, match="overflows int64"):
+        _C.top_k_gate((DEVICE_CPU, 0, 0), gate, 0, 0, 0, 0, 0, l_aux.ctypes.data, 0)
+
+
 def test_bad_backward_arguments():
     scores, indices, gates, share, _ = a2a.top_k_gate(torch.randn(5, 4), 2)
     with pytest.raises(a2a.InvalidArgumentError, match=r"d_gates must be \(5, 2\) of float32"):
         a2a.top_k_gate_backward(scores, indices, share, gates.double())
     with pytest.raises(a2a.InvalidArgumentError, match=r"share must be \(4,\)"):
         a2a.top_k_gate_backward(scores, indices, share[:3].contiguous(), gates)
-    with pytest.raises(a2a.InvalidArgumentError, match="indices must be"):
-        a2a.top_k_gate_backward(scores, indices.int(), share, gates)
+    with pytest.raises(a2a.InvalidArgumentError, match=r"indices must be \(5, k <= 4\) of int64"):
+        a2a.top_k_gate_backward(scores, indices.double(), share, gates)
+    # int32 indices (JAX's without x64) are widened: the same gradient
+    widened = a2a.top_k_gate_backward(scores.numpy(), indices.int().numpy(), share.numpy(), gates.numpy())
+    np.testing.assert_array_equal(widened, a2a.top_k_gate_backward(scores, indices, share, gates).numpy())
     with pytest.raises(a2a.InvalidArgumentError, match=r"d_l_aux must be \(\)"):
         a2a.top_k_gate_backward(scores, indices, share, gates, torch.ones(2))
     bad = indices.clone()
     bad[3, 1] = 4
-    with pytest.raises(a2a.InvalidArgumentError, match="indices of token 3 are not experts in 0..3"):
+    bad[4, 1] = bad[4, 0]  # a repeated expert
+    with pytest.raises(a2a.InvalidArgumentError, match="indices of token 3 are not 2 distinct experts in 0..3"):
+        a2a.top_k_gate_backward(scores, bad, share, gates)
+    bad[3, 1] = indices[3, 1]
+    with pytest.raises(a2a.InvalidArgumentError, match="indices of token 4 are not 2 distinct experts in 0..3"):
         a2a.top_k_gate_backward(scores, bad, share, gates)

@@ -440,6 +440,8 @@ def self_test(build: Build, files: dict[str, str]) -> int:
     """Plants every bug of PLANTS in turn; each must fail the run, reported by its detectors."""
     status = 0
     for name, (stem, _, _, expected) in PLANTS.items():
+        if stem not in files:  # --only left its kernel file out
+            continue
         code, text = build.run({stem: files[stem]}, plant=name, echo=False)
         fired = [label for label, marker in DETECTORS.items() if marker in text]
         caught = code != 0 and all(label in fired for label in expected)

@@ -165,7 +165,7 @@ NCCL_ARGS = ("-D", "cuda", "-b", "1K", "-e", "64M", "-f", "8", "-n", "20", "-w",
 # (before its row of the step captured whole: 4 s more here, 2 s each from the layer tests' step and
 # the runtime's) and 3 s per nccl_tests_ext program. Tutel's extension (one C++ file against torch's
 # headers) compiles in about 66 s, so the peers' install starts after the build, beside the tests, and
-# its stage waits for what is left (10 s: the fused gate's step took 5 of its 15). The ES operators'
+# its stage waits for what is left (7 s: the fused gate's step took 8 of its 15, as another a2a.bench). The ES operators'
 # step profiles each row since the fifth session of 2026-11-30 (3 s more, from the build's, which took
 # 55 s at most). The budgets are caps adding up to the deadline.
 STAGES = (
@@ -190,7 +190,7 @@ STAGES = (
         Step("tests/run_mpi.py --gpu", 101, RUNTIME, lambda e: [*RUNTIME(e), "--collect-only"]),
     )),
     Stage("peers", "Tutel and Megatron-Core from the kit, for the layer step's comparison", "4-peers.log", (
-        Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 10, PEERS, lambda e: [*PEERS(e), "--dry"],
+        Step("install Tutel (its CUDA extension compiles) and Megatron-Core", 7, PEERS, lambda e: [*PEERS(e), "--dry"],
              early=True),
     )),
     Stage("bench", "the GPU benchmarks and their targets", "5-bench.log", (
@@ -204,7 +204,7 @@ STAGES = (
              parse_only("a2a.bench", *ES_ARGS)),
         Step("a2a.bench --op quantize_fp8,dequantize_fp8 --device cuda", 7, python_module("a2a.bench", *FP8_ARGS),
              parse_only("a2a.bench", *FP8_ARGS)),
-        Step("a2a.bench --op top_k_gate --device cuda", 5, python_module("a2a.bench", *GATE_ARGS),
+        Step("a2a.bench --op top_k_gate --device cuda", 8, python_module("a2a.bench", *GATE_ARGS),
              parse_only("a2a.bench", *GATE_ARGS)),
         Step("moe_runtime.bench --gpu-step", 36, python_module("moe_runtime.bench", *LAYER_ARGS),
              parse_only("moe_runtime.bench", *LAYER_ARGS)),
