@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._gating import top_k_gate_backward, top_k_gate_kernel
+from ._gate_kernels import top_k_gate_backward, top_k_gate_kernel
 
 __all__ = ["top_k_gate"]
 

@@ -220,6 +220,16 @@ def add_timing_flags(parser: Any, *, iters: int, repeats: int, warmup: int) -> N
     parser.add_argument("-w", "--warmup_iters", type=int, default=warmup, help=f"warm-up calls (default {warmup})")
 
 
+def add_op_bench_flags(parser: Any, *, repeats: int, iters: int) -> None:
+    """The flags every one-process ``--op`` benchmark takes: -r/--repeats and
+    -n/--iters with these defaults, --threads, --device and --json."""
+    parser.add_argument("-r", "--repeats", type=int, default=repeats, help=f"repetitions, median shown (default {repeats})")
+    parser.add_argument("-n", "--iters", type=int, default=iters, help=f"calls per timing (default {iters})")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads for a2a and torch (default: every core)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when torch sees a GPU")
+    parser.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+
+
 def require_at_least(parser: Any, checks: Iterable[tuple[str, float, float]]) -> None:
     """parser.error for the first (flag, value, low) whose value is below low."""
     for flag, value, low in checks:

@@ -65,15 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=common.int_list, default=[1024], help="H, comma list (default 1024)")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, float64, comma list")
     p.add_argument("-f", "--capacity-factor", type=float, default=1.25, help="the padded path's factor (default 1.25)")
-    p.add_argument("-r", "--repeats", type=int, default=5, help="repetitions, median shown (default 5)")
-    p.add_argument("-n", "--iters", type=int, default=2, help="calls per timing (default 2)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for a2a and torch (default: every core)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when torch sees a GPU")
+    common.add_op_bench_flags(p, repeats=5, iters=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after each row, a2a's call under torch.profiler: its N kernels (ops on the CPU) with the "
                         "most self time (JSON: the row's profile); 0: none (default)")
-    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
     return p
 
 

@@ -49,11 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dim", type=common.int_list, default=[1024, 7168], help="M, comma list (default 1024,7168)")
     p.add_argument("--block", type=int, default=128, help="channels per scale (default 128)")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, comma list (default bfloat16)")
-    p.add_argument("-r", "--repeats", type=int, default=7, help="repetitions, median shown (default 7)")
-    p.add_argument("-n", "--iters", type=int, default=5, help="calls per timing (default 5)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for a2a and torch (default: every core)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when torch sees a GPU")
-    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    common.add_op_bench_flags(p, repeats=7, iters=5)
     return p
 
 

@@ -52,12 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=common.int_list, default=[4096, 16384], help="T, comma list (default 4096,16384)")
     p.add_argument("--experts", type=common.int_list, default=[8, 64, 256], help="E, comma list (default 8,64,256)")
     p.add_argument("--top-k", type=common.int_list, default=[2, 8], help="k, comma list; k > E skipped (default 2,8)")
-    p.add_argument("--dtype", default="float32", help="float32, float64, comma list (default float32)")
-    p.add_argument("-r", "--repeats", type=int, default=7, help="repetitions, median shown (default 7)")
-    p.add_argument("-n", "--iters", type=int, default=10, help="calls per timing (default 10)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for a2a and torch (default: every core)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default cuda when torch sees a GPU")
-    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    p.add_argument("--dtype", default="float32", help="float32, float64, float16, bfloat16, comma list (default float32)")
+    common.add_op_bench_flags(p, repeats=7, iters=10)
     return p
 
 
