@@ -29,7 +29,8 @@ Logits on the CPU or a GPU take a2a's fused gate (``a2a.top_k_gate``): the
 whole forward is one native call, and so is the backward, where the ops
 above are fourteen and ten (each a launch on a GPU). It computes the same (in
 its own order of summation; 16-bit logits in float32, rounded where the ops
-round) and breaks ties between equal scores by the lower expert. Under
+round), and ranks the choices by the logits (the softmax's order, which a
+16-bit score's rounding blurs), equal ones to the lower expert. Under
 autocast, 16-bit logits take the ops above: autocast runs their softmax in
 float32. (The layer runs its gate with autocast off: common/precision.py.)
 """
