@@ -52,7 +52,7 @@ void forward(const a2a_top_k_gate_t& g, const T* logits, T* scores, int64_t* ind
     }
     sums[e] = total;
     firsts[e] = count;
-    share[e] = from_double<T>(g.num_tokens == 0 ? 0.0 : static_cast<double>(count) / static_cast<double>(g.num_tokens));
+    share[e] = gate_share<T>(count, g.num_tokens);
   }
   *l_aux = from_double<T>(gshard_loss_of_columns(sums, firsts, g.num_tokens, E));
 }
@@ -61,8 +61,7 @@ template <typename T>
 void backward(const a2a_top_k_gate_t& g, const T* scores, const int64_t* indices, const T* share, const T* d_gates,
               const T* d_l_aux, T* d_logits, int threads) {
   const int64_t E = g.num_experts, k = g.top_k;
-  using A = typename Num<T>::Acc;
-  const A loss_scale = d_l_aux == nullptr ? A(0) : product(Num<T>::load(*d_l_aux), A(E) / A(g.num_tokens));
+  const auto loss_scale = gate_loss_scale(d_l_aux, E, g.num_tokens);
   std::atomic<int64_t> bad_row{-1};
   parallel_for(g.num_tokens, grain_for(E * 4), threads, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kGateLanes)
       }
       sums[e] = total;
       firsts[e] = count;
-      share[e] = from_double<T>(g.num_tokens == 0 ? 0.0 : static_cast<double>(count) / static_cast<double>(g.num_tokens));
+      share[e] = gate_share<T>(count, g.num_tokens);
     }
     __syncthreads();  // the lanes' arrays are reused for the next expert
   }
@@ -85,8 +85,7 @@ __global__ void __launch_bounds__(kRowThreads)
                                const int64_t* __restrict__ indices, const T* __restrict__ share,
                                const T* __restrict__ d_gates, const T* __restrict__ d_l_aux, T* __restrict__ d_logits) {
   const int64_t E = g.num_experts, k = g.top_k;
-  using A = typename Num<T>::Acc;
-  const A loss_scale = d_l_aux == nullptr ? A(0) : product(Num<T>::load(*d_l_aux), A(E) / A(g.num_tokens));
+  const auto loss_scale = gate_loss_scale(d_l_aux, E, g.num_tokens);
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < g.num_tokens;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x)
     top_k_gate_backward_row(scores + t * E, indices + t * k, d_gates == nullptr ? nullptr : d_gates + t * k, share,

@@ -141,6 +141,19 @@ A2A_HD T from_double(double v) {
   return Num<T>::store(static_cast<typename Num<T>::Acc>(v));
 }
 
+// The share of first choices of an expert, stored as T: firsts / tokens (0 without tokens).
+template <typename T>
+A2A_HD T gate_share(int64_t firsts, int64_t num_tokens) {
+  return from_double<T>(num_tokens == 0 ? 0.0 : static_cast<double>(firsts) / static_cast<double>(num_tokens));
+}
+
+// The loss's part of every dscores[e], over share[e]: dl_aux * E / tokens (0 where no gradient reached the loss).
+template <typename T>
+A2A_HD typename Num<T>::Acc gate_loss_scale(const T* d_l_aux, int64_t num_experts, int64_t num_tokens) {
+  using A = typename Num<T>::Acc;
+  return d_l_aux == nullptr ? A(0) : product(Num<T>::load(*d_l_aux), A(num_experts) / A(num_tokens));
+}
+
 // Lane `lane`'s part of expert e's column: the sum (in double) of its scores
 // over the tokens lane, lane + kGateLanes, ..., and how many of those tokens
 // chose e first.
