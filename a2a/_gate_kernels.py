@@ -112,9 +112,10 @@ def top_k_gate_backward(scores: Any, indices: Any, share: Any, d_gates: Any = No
     share, and the gradients of its gates (T, k) and l_aux (a scalar array),
     either None where none reached them; `normalize` as in the forward."""
     op = "top_k_gate_backward"
-    if _torch_backward_ok(scores, indices, share, d_gates, d_l_aux):
+    placed = _torch_backward_placed(scores, indices, share, d_gates, d_l_aux)
+    if placed is not None:
         num_tokens, num_experts = scores.shape[0], scores.shape[1]
-        code, cuda_device = _torch_gate(scores)
+        code, cuda_device = placed
         gate = (num_tokens, num_experts, indices.shape[1], bool(normalize), code)
         note_allocation()
         d_logits = _torch().empty((num_tokens, num_experts), dtype=scores.dtype, device=scores.device)
@@ -160,11 +161,14 @@ def _beside(x: Any, like: ArrayView, what: str, shape: tuple[int, ...], dtype: s
     return v
 
 
-def _torch_backward_ok(scores: Any, indices: Any, share: Any, d_gates: Any, d_l_aux: Any) -> bool:
-    """Whether torch arguments pass every check of the general path, told
-    without views (the autograd node's backward calls this every step)."""
-    if _torch_gate(scores) is None:
-        return False
+def _torch_backward_placed(scores: Any, indices: Any, share: Any, d_gates: Any,
+                           d_l_aux: Any) -> tuple[int, int | None] | None:
+    """_torch_gate's (dtype code, CUDA device) of the scores where the torch
+    arguments pass every check of the general path, told without views (the
+    autograd node's backward calls this every step); else None."""
+    placed = _torch_gate(scores)
+    if placed is None:
+        return None
     torch = _torch()
     num_tokens, num_experts = scores.shape[0], scores.shape[1]
     dtype, device = scores.dtype, scores.device
@@ -174,8 +178,9 @@ def _torch_backward_ok(scores: Any, indices: Any, share: Any, d_gates: Any, d_l_
                 and not x.is_neg() and tuple(x.shape) == shape)
 
     if not (is_torch_tensor(indices) and indices.dim() == 2 and 1 <= indices.shape[1] <= num_experts):
-        return False
+        return None
     top_k = indices.shape[1]
-    return (fits(indices, (num_tokens, top_k), torch.int64) and fits(share, (num_experts,), dtype)
-            and (d_gates is None or fits(d_gates, (num_tokens, top_k), dtype))
-            and (d_l_aux is None or fits(d_l_aux, (), dtype)))
+    fitting = (fits(indices, (num_tokens, top_k), torch.int64) and fits(share, (num_experts,), dtype)
+               and (d_gates is None or fits(d_gates, (num_tokens, top_k), dtype))
+               and (d_l_aux is None or fits(d_l_aux, (), dtype)))
+    return placed if fitting else None

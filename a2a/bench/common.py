@@ -220,6 +220,19 @@ def add_timing_flags(parser: Any, *, iters: int, repeats: int, warmup: int) -> N
     parser.add_argument("-w", "--warmup_iters", type=int, default=warmup, help=f"warm-up calls (default {warmup})")
 
 
+class Memcpy:
+    """The same-run memcpy baseline of a one-process --op benchmark: for each
+    name, torch ``copy_`` of a buffer of ``bytes / 2`` into another on the
+    device, so that it reads and writes that op's ``bytes``."""
+
+    def __init__(self, torch: Any, nbytes: dict[str, int], device: str):
+        self.source = {name: torch.empty(n // 2, dtype=torch.uint8, device=device) for name, n in nbytes.items()}
+        self.target = {name: torch.empty_like(buffer) for name, buffer in self.source.items()}
+
+    def __call__(self, name: str) -> Any:
+        return self.target[name].copy_(self.source[name])
+
+
 def add_op_bench_flags(parser: Any, *, repeats: int, iters: int) -> None:
     """The flags every one-process ``--op`` benchmark takes: -r/--repeats and
     -n/--iters with these defaults, --threads, --device and --json."""

@@ -72,8 +72,7 @@ class _Case:
         packed = self.pair.packed.numel()
         self.bytes = {"quantize_fp8": self.x.numel() * self.x.element_size() + packed,
                       "dequantize_fp8": packed + self.x.numel() * self.x.element_size()}
-        self.copy_from = {op: torch.empty(n // 2, dtype=torch.uint8, device=device) for op, n in self.bytes.items()}
-        self.copy_to = {op: torch.empty_like(buffer) for op, buffer in self.copy_from.items()}
+        self.memcpy = common.Memcpy(torch, self.bytes, device)
 
     def quantize_fp8(self) -> Any:
         return self.a2a.quantize_fp8(self.x, self.block, out=self.out)
@@ -101,9 +100,6 @@ class _Case:
         q, scales = self.pair
         values = self._blocked(q.float()) * scales.unsqueeze(2)
         return self.y.copy_(values.view(q.shape[0], -1)[:, : q.shape[1]])
-
-    def memcpy(self, op: str) -> Any:
-        return self.copy_to[op].copy_(self.copy_from[op])
 
     def wrong(self) -> int:
         """Codes of a2a's quantization that differ from torch's cast."""

@@ -72,11 +72,11 @@ class _Case:
         self.d_l_aux = torch.ones((), dtype=dtype, device=device)
         self.saved = a2a.top_k_gate(self.logits, top_k, normalize=True)
         self.torch_saved = self.forward_torch()
+        # forward: logits in, scores, indices and gates out; backward: scores, indices and d_gates in, d_logits out
         size, index = self.logits.element_size(), 8
-        self.bytes = {"forward": tokens * experts * 2 * size + tokens * top_k * (index + size),
-                      "backward": tokens * experts * 2 * size + tokens * top_k * (index + size)}
-        self.copy_from = {d: torch.empty(n // 2, dtype=torch.uint8, device=device) for d, n in self.bytes.items()}
-        self.copy_to = {d: torch.empty_like(buffer) for d, buffer in self.copy_from.items()}
+        moved = tokens * experts * 2 * size + tokens * top_k * (index + size)
+        self.bytes = {"forward": moved, "backward": moved}
+        self.memcpy = common.Memcpy(torch, self.bytes, device)
 
     def forward(self) -> Any:
         return self.a2a.top_k_gate(self.logits, self.top_k, normalize=True)
@@ -105,9 +105,6 @@ class _Case:
         d_scores.scatter_(1, indices, (self.d_gates - dot) / denominators)
         d_scores.addcmul_(share * (scores.shape[1] / scores.shape[0]), self.d_l_aux)
         return torch._softmax_backward_data(d_scores, scores, 1, scores.dtype)
-
-    def memcpy(self, direction: str) -> Any:
-        return self.copy_to[direction].copy_(self.copy_from[direction])
 
     def wrong_backward(self) -> int:
         """Gradient elements that differ from torch's ops by more than the dtype's rounding (relative to
