@@ -14,7 +14,8 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
 - MoE kernels: ``top_k_gate`` / ``top_k_gate_backward`` (a router's
   softmax, top-k, gates and GShard's loss, fused), ``route`` (a
   :class:`Routing`), ``fast_encode`` / ``fast_decode`` and the dropless
-  ``permute`` / ``unpermute``.
+  ``permute`` / ``unpermute``; ``gate_grad``, the gates' gradient of
+  those four (for callers that write their own backward).
 - FP8 payloads (DeepSeek-V3 / DeepEP): ``quantize_fp8`` gives a pair
   (q, scales) of float8 codes and one float32 scale per block of channels
   (an :class:`Fp8Pair`; the formats in ``FP8_FORMATS``, by torch dtype in
@@ -86,12 +87,12 @@ from ._fp8 import (
 from ._gating import top_k_gate, top_k_gate_backward
 from ._jax import returns_jax as _returns_jax
 from ._low_latency import LowLatencyBuffer
-from ._moe import fast_decode, fast_encode, permute, unpermute
+from ._moe import fast_decode, fast_encode, gate_grad, permute, unpermute
 from ._routing import Routing, route
 
 # Given a JAX array (on the CPU, through DLPack), these return JAX arrays (a2a/_jax.py).
 for _name in (*_collectives.COLLECTIVES, "fast_encode", "fast_decode", "permute", "unpermute", "esmm", "ess",
-              "estmm", "dequantize_fp8", "top_k_gate", "top_k_gate_backward"):
+              "estmm", "dequantize_fp8", "top_k_gate", "top_k_gate_backward", "gate_grad"):
     globals()[_name] = _returns_jax(globals()[_name])
 VPlan.run = _returns_jax(VPlan.run)
 del _name
@@ -128,6 +129,7 @@ __all__ = [
     "estmm",
     "fast_decode",
     "fast_encode",
+    "gate_grad",
     "get_cmake_dir",
     "get_include",
     "pack_fp8",

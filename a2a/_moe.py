@@ -22,12 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from . import _fp8
-from ._arrays import records_autograd
+from ._arrays import argument_view, is_torch_tensor, records_autograd, torch_dtype_named
 from ._errors import InvalidArgumentError
 from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape
+from ._moe_kernels import gate_grad as _gate_grad
 from ._routing import Routing, permutation, require_dropless, require_padded
 
-__all__ = ["fast_decode", "fast_encode", "permute", "unpermute"]
+__all__ = ["fast_decode", "fast_encode", "gate_grad", "permute", "unpermute"]
 
 
 def _records_autograd(op: str, out: Any, *arrays: Any) -> bool:
@@ -70,6 +71,30 @@ def fast_decode(dispatched: Any, routing: Routing, gates: Any = None, *, out: An
 
         return autograd.fast_decode(dispatched, routing, gates)
     return combine(dispatched_rows(dispatched, routing, op), routing, gates, op, out, what="dispatched")
+
+
+def gate_grad(tokens: Any, dispatched: Any, routing: Routing, *, dtype: str | None = None, out: Any = None) -> Any:
+    """(T, k): ``grad[t, j] = dot(tokens[t], row of choice (t, j))`` for every
+    kept choice, 0 for a dropped one, accumulated in float32 (float64 for
+    float64) and stored as ``dtype``: float32 or the tokens' dtype (the
+    default). It is the gates' gradient of both kernels (Tutel's K2):
+    fast_decode's from the output's gradient (``tokens`` = dy, ``dispatched``
+    = the rows it decoded), and fast_encode's from the gradient of what it
+    encoded (``tokens`` = x, ``dispatched`` = d dispatched). ``dispatched``
+    is fast_decode's (E, C, M) or (num_rows, M); with a dropless ``routing``
+    (from ``permute``), the (N, M) rows. Records no autograd: it is a
+    backward's kernel, for callers that write their own (a2a.torch's nodes
+    run it)."""
+    op = "gate_grad"
+    if not isinstance(routing, Routing):
+        require_padded(routing, op)  # raises the usual TypeError
+    rows = dispatched if routing.capacity is None else dispatched_rows(dispatched, routing, op)
+    if dtype is None:
+        dtype = (torch_dtype_named(tokens.dtype)[0] if is_torch_tensor(tokens)
+                 else argument_view(tokens, "tokens", op).dtype_name)
+    elif dtype not in ("float32", "float64", "float16", "bfloat16"):
+        raise InvalidArgumentError(f"{op}: dtype must be float32 or the tokens' dtype; got {dtype!r}")
+    return _gate_grad(tokens, rows, routing, dtype, op, out)
 
 
 def permute(x: Any, indices: Any, num_experts: int, *, out: Any = None, wait: bool = True) -> tuple[Any, Routing]:

@@ -65,20 +65,22 @@ def _gates(gates: Any, op: str, routing: Routing, data: ArrayView) -> ArrayView 
     return g
 
 
-def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str) -> Any:
+def _output(out: Any, like: ArrayView, shape: tuple[int, ...], op: str, dtype_name: str | None = None) -> Any:
     """A new array of `shape` beside `like`, or `out` after checking it: any
-    C-contiguous, writeable array of like's dtype and the same element count."""
-    if out is None:
-        return empty_like(like, shape)
+    C-contiguous, writeable array of `dtype_name` (default like's dtype) and
+    the same element count."""
+    dtype_name = dtype_name or like.dtype_name
+    if out is None:  # (like's own dtype by its object: NumPy names no bfloat16)
+        return empty_like(like, shape, None if dtype_name == like.dtype_name else dtype_name)
     o = argument_view(out, "out", op)
     recorded = recording_out(out)
     if recorded is not None:
         _fail(op, recorded)
-    if not o.same_place(like) or o.dtype_name != like.dtype_name or math.prod(o.shape) != math.prod(shape):
+    if not o.same_place(like) or o.dtype_name != dtype_name or math.prod(o.shape) != math.prod(shape):
         _fail(
             op,
             f"out is a {o.describe()}; expected a {like.framework} array on {like.device_text} of "
-            f"{math.prod(shape)} {like.dtype_name} elements",
+            f"{math.prod(shape)} {dtype_name} elements",
         )
     if not o.writeable:
         _fail(op, read_only(out, f"out ({o.describe()})"))
@@ -201,10 +203,10 @@ def combine(rows: Any, routing: Routing, gates: Any, op: str, out: Any = None, w
     return _gated_kernel(_C.moe_combine, rows, what, routing.num_rows, routing.num_tokens, routing, gates, op, out)
 
 
-def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str) -> Any:
-    """(T, k) of gate_dtype: dot(tokens[t], rows[row(t, j)]), 0 when not kept."""
+def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str, out: Any = None) -> Any:
+    """(T, k) of gate_dtype: dot(tokens[t], rows[row(t, j)]), 0 when not kept; into `out` when given."""
     placed = _torch_place(tokens, routing.num_tokens, routing, FLOAT_DTYPES)
-    if placed is not None and _torch_place(rows, routing.num_rows, routing, FLOAT_DTYPES) == placed:
+    if placed is not None and out is None and _torch_place(rows, routing.num_rows, routing, FLOAT_DTYPES) == placed:
         code, model_dim = placed
         return _torch_result(routing, (routing.num_tokens, routing.top_k), getattr(_torch(), gate_dtype), tokens,
                              lambda execution, native, address: _C.moe_gate_grad(
@@ -214,7 +216,12 @@ def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str
     r = _data(rows, "rows", op, routing.num_rows, routing)
     if (t.dtype_name, t.shape[1]) != (r.dtype_name, r.shape[1]):
         _fail(op, f"tokens ({t.describe()}) and rows ({r.describe()}) differ in dtype or model_dim")
-    grad = empty_like(t, (routing.num_tokens, routing.top_k), gate_dtype)
+    if gate_dtype not in ("float32", t.dtype_name):
+        _fail(op, f"dtype must be float32 or the tokens' dtype ({t.dtype_name}); got {gate_dtype}")
+    shape = (routing.num_tokens, routing.top_k)
+    grad = _output(out, t, shape, op, gate_dtype)
+    if out is not None:
+        grad = grad.reshape(shape)
     with t.device_guard():
         _C.moe_gate_grad(
             t.execution(), native_routing(routing), t.address, r.address, t.dtype_code, t.shape[1],

@@ -63,6 +63,7 @@ def test_the_moe_kernels_return_jax_arrays_equal_to_numpys():
     assert_jax_equal(encoded, a2a.fast_encode(x, want, gates=gates))
     assert_jax_equal(a2a.fast_decode(encoded, routing, gates=jnp.asarray(gates)),
                      a2a.fast_decode(np.asarray(encoded), want, gates=gates))
+    assert_jax_equal(a2a.gate_grad(jnp.asarray(x), encoded, routing), a2a.gate_grad(x, np.asarray(encoded), want))
     x_sorted, perm = a2a.permute(jnp.asarray(x), jnp.asarray(indices), E)
     x_sorted_np, perm_np = a2a.permute(x, indices, E)
     assert_jax_equal(x_sorted, x_sorted_np)

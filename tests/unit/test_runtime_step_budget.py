@@ -37,15 +37,17 @@ T, M, H = 16, 64, 64
 # gate's softmax, top-k, gates and loss became one autograd node (gating/topk.py); 1 more (2 at d = 2) before
 # relu's backward became one threshold_backward in place (experts/activation.py); 19 more before that node
 # ran a2a's fused gate, one native call each way (a2a.top_k_gate), which added 2 native calls and 7
-# allocations (the gate's outputs and workspace, made by torch's ops before and not counted).
+# allocations (the gate's outputs and workspace, made by torch's ops before and not counted); 2 more (8 at
+# d = 2) before encode, segment and decode became one autograd node (flows/expert_node.py), whose segment
+# takes its chunks' views by one unbind per buffer rather than one index per chunk.
 CASES = {
-    "f=1": ({}, {}, {"ops": 84, "calls": 10, "allocations": 14}),
-    "f=1 d=2": ({}, {"a2a_ffn_overlap_degree": 2}, {"ops": 127, "calls": 12, "allocations": 18}),
-    "f=1 prioritized": ({"batch_prioritized_routing": True}, {}, {"ops": 88, "calls": 10, "allocations": 14}),
+    "f=1": ({}, {}, {"ops": 82, "calls": 10, "allocations": 14}),
+    "f=1 d=2": ({}, {"a2a_ffn_overlap_degree": 2}, {"ops": 119, "calls": 12, "allocations": 18}),
+    "f=1 prioritized": ({"batch_prioritized_routing": True}, {}, {"ops": 86, "calls": 10, "allocations": 14}),
     # f=0 counts each expert's choices by a scatter (2 ops more than bincount, whose output size is a read).
-    "f=0": ({"capacity_factor": 0.0}, {}, {"ops": 90, "calls": 10, "allocations": 14}),
+    "f=0": ({"capacity_factor": 0.0}, {}, {"ops": 88, "calls": 10, "allocations": 14}),
     "f=0 worst_case": ({"capacity_factor": 0.0, "dropless_capacity": "worst_case"}, {},
-                       {"ops": 84, "calls": 10, "allocations": 14}),
+                       {"ops": 82, "calls": 10, "allocations": 14}),
     # The dropless flow on one rank: permute, the grouped GEMMs, unpermute. Before the grouped GEMMs and the
     # one-rank flow without exchanges: 150 ops, 34 calls, 2 waits and 22 allocations (86 ops before its counts
     # came from the host).
