@@ -59,14 +59,19 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def torch_execution(cuda_device: int | None) -> tuple[tuple[int, int, int], Any]:
-    """(execution, guard) of a kernel on torch tensors of `cuda_device`
-    (None: host memory): the ``(device type, stream, threads)`` that a2a._C
-    takes, and a context making that device the current one (nothing to do
-    when it is already)."""
+_CPU_EXECUTION = (DEVICE_CPU, 0, 0)
+
+
+def torch_launch(cuda_device: int | None, kernel: Any, *args: Any) -> Any:
+    """kernel(execution, *args) for torch tensors of `cuda_device` (None: host
+    memory): the ``(device type, stream, threads)`` that a2a._C takes, torch's
+    current stream of that device, made the current device for the call
+    where it is not already. On the CPU a plain call (no context to enter:
+    each kernel call of a step pays it)."""
     if cuda_device is None:
-        return (DEVICE_CPU, 0, 0), _NO_GUARD
-    return (DEVICE_CUDA, _torch_stream(cuda_device), 0), _torch_guard(cuda_device)
+        return kernel(_CPU_EXECUTION, *args)
+    with _torch_guard(cuda_device):
+        return kernel((DEVICE_CUDA, _torch_stream(cuda_device), 0), *args)
 
 
 _RAW_STREAM: Any = None  # torch._C._cuda_getCurrentRawStream (CUDA builds of torch), False where torch lacks it

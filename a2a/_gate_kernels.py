@@ -18,7 +18,7 @@ from ._arrays import (
     empty_like,
     is_torch_tensor,
     torch_dtype_named,
-    torch_execution,
+    torch_launch,
 )
 from ._counters import note_allocation
 from ._errors import InvalidArgumentError
@@ -85,10 +85,8 @@ def top_k_gate_kernel(logits: Any, k: int, *, normalize: bool = False) -> tuple[
         l_aux = torch.empty((), dtype=dtype, device=device)
         gate = (num_tokens, num_experts, k, bool(normalize), code)
         workspace = torch.empty((_workspace_bytes(gate),), dtype=torch.uint8, device=device)
-        execution, guard = torch_execution(cuda_device)
-        with guard:
-            _C.top_k_gate(execution, gate, logits.data_ptr(), scores.data_ptr(), indices.data_ptr(), gates.data_ptr(),
-                          share.data_ptr(), l_aux.data_ptr(), workspace.data_ptr())
+        torch_launch(cuda_device, _C.top_k_gate, gate, logits.data_ptr(), scores.data_ptr(), indices.data_ptr(),
+                     gates.data_ptr(), share.data_ptr(), l_aux.data_ptr(), workspace.data_ptr())
         return scores, indices, gates, share, l_aux
     v = _logits_view(logits, op)
     num_tokens, num_experts = v.shape
@@ -119,11 +117,9 @@ def top_k_gate_backward(scores: Any, indices: Any, share: Any, d_gates: Any = No
         gate = (num_tokens, num_experts, indices.shape[1], bool(normalize), code)
         note_allocation()
         d_logits = _torch().empty((num_tokens, num_experts), dtype=scores.dtype, device=scores.device)
-        execution, guard = torch_execution(cuda_device)
-        with guard:
-            _C.top_k_gate_backward(execution, gate, scores.data_ptr(), indices.data_ptr(), share.data_ptr(),
-                                   0 if d_gates is None else d_gates.data_ptr(),
-                                   0 if d_l_aux is None else d_l_aux.data_ptr(), d_logits.data_ptr())
+        torch_launch(cuda_device, _C.top_k_gate_backward, gate, scores.data_ptr(), indices.data_ptr(),
+                     share.data_ptr(), 0 if d_gates is None else d_gates.data_ptr(),
+                     0 if d_l_aux is None else d_l_aux.data_ptr(), d_logits.data_ptr())
         return d_logits
     s = _logits_view(scores, op, "scores")
     num_tokens, num_experts = s.shape

@@ -26,7 +26,7 @@ from ._arrays import (
     read_only,
     recording_out,
     torch_dtype_named,
-    torch_execution,
+    torch_launch,
     torch_on,
 )
 from ._counters import note_allocation
@@ -125,18 +125,22 @@ def _torch_kernel(kernel: Callable, data: Any, rows_in: int, rows_out: int, rout
     if placed is None:
         return None
     code, model_dim = placed
-    gate_code = code
+    gate_code, gate_address = code, 0
     if gates is not None:
         gate_code = None if code == DTYPE_CODES["uint8"] else _torch_gates(gates, routing, data, code)
         if gate_code is None:
             return None
-    if out is not None:
-        out = _torch_out(out, data, rows_out, model_dim)
-        if out is None:
+        gate_address = gates.data_ptr()
+    if out is None:
+        note_allocation()
+        result = _torch().empty((rows_out, model_dim), dtype=data.dtype, device=data.device)
+    else:
+        result = _torch_out(out, data, rows_out, model_dim)
+        if result is None:
             return None
-    gate_address = 0 if gates is None else gates.data_ptr()
-    return _torch_result(routing, (rows_out, model_dim), data.dtype, data, lambda execution, native, address: kernel(
-        execution, native, data.data_ptr(), code, model_dim, gate_address, gate_code, address), out)
+    torch_launch(routing._indices.cuda_device, kernel, native_routing(routing), data.data_ptr(), code, model_dim,
+                 gate_address, gate_code, result.data_ptr())
+    return result
 
 
 def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
@@ -152,19 +156,6 @@ def _torch_out(out: Any, data: Any, rows: int, model_dim: int) -> Any:
     # Always a view, never `out` itself: an autograd Function returning a tensor that is not one of its
     # inputs would make the caller's buffer its output (requires_grad, a grad_fn).
     return out.view(rows, model_dim)
-
-
-def _torch_result(routing: Routing, shape: tuple[int, ...], dtype: Any, like: Any, launch: Callable,
-                  out: Any = None) -> Any:
-    """`out`, or a new torch tensor of `shape` and `dtype` beside `like`, filled by launch(execution,
-    native routing, its address) on the routing's device."""
-    if out is None:
-        note_allocation()
-        out = _torch().empty(shape, dtype=dtype, device=like.device)
-    execution, guard = torch_execution(routing._indices.cuda_device)
-    with guard:
-        launch(execution, native_routing(routing), out.data_ptr())
-    return out
 
 
 def _gated_kernel(kernel: Callable, data: Any, what: str, rows_in: int, rows_out: int, routing: Routing,
@@ -208,10 +199,12 @@ def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str
     placed = _torch_place(tokens, routing.num_tokens, routing, FLOAT_DTYPES)
     if placed is not None and out is None and _torch_place(rows, routing.num_rows, routing, FLOAT_DTYPES) == placed:
         code, model_dim = placed
-        return _torch_result(routing, (routing.num_tokens, routing.top_k), getattr(_torch(), gate_dtype), tokens,
-                             lambda execution, native, address: _C.moe_gate_grad(
-                                 execution, native, tokens.data_ptr(), rows.data_ptr(), code, model_dim,
-                                 DTYPE_CODES[gate_dtype], address))
+        note_allocation()
+        grad = _torch().empty((routing.num_tokens, routing.top_k), dtype=getattr(_torch(), gate_dtype),
+                              device=tokens.device)
+        torch_launch(routing._indices.cuda_device, _C.moe_gate_grad, native_routing(routing), tokens.data_ptr(),
+                     rows.data_ptr(), code, model_dim, DTYPE_CODES[gate_dtype], grad.data_ptr())
+        return grad
     t = _data(tokens, "tokens", op, routing.num_tokens, routing)
     r = _data(rows, "rows", op, routing.num_rows, routing)
     if (t.dtype_name, t.shape[1]) != (r.dtype_name, r.shape[1]):

@@ -347,7 +347,7 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
 
     def _run(self, request: Request, call_of: Callable[..., Call], dtype: torch.dtype, k: int, agreed: Agreed,
              values: np.ndarray | None) -> tuple[torch.Tensor, Plan]:
-        """The flow at `agreed` and its run; `values`: this rank's row of a fresh agreement (None: kept)."""
+        """The flow at `agreed` and its run; `values`: this rank's row of a fresh agreement (None: kept, or one rank)."""
         self.tuning.agreed(agreed.seconds)
         chosen = self.tuning.choose_for(self, agreed.capacity, dtype, k)
         name = request.flow or (self.flow.name if chosen is None or request.pins else chosen.flow)

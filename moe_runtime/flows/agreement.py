@@ -77,7 +77,7 @@ class Agreed:
     seconds: np.ndarray  # every rank's previous step (ns; NOT_GIVEN where not measured)
     recording_anywhere: bool = False  # some rank's autograd records this call
     fixed_capacity: bool = False  # every rank's capacity follows from f > 0 and its tokens alone
-    table: np.ndarray | None = None  # every rank's row (W, columns), as gathered
+    table: np.ndarray | None = None  # every rank's row (W, columns), as gathered; None on one rank
 
 
 def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow, values: np.ndarray | None = None) -> Agreed:
@@ -86,15 +86,15 @@ def agree_call(row: CallRow, comm: a2a.Comm, owner: str, flow: Flow, values: np.
     fields that differ. On one rank the row is the table: only its own
     error and its refused arguments can raise. `values`: ``row.values()``
     when the caller made it already."""
-    values = row.values() if values is None else values
-    where = f"{owner} on rank {comm.rank}"
-    if comm.size == 1:
+    if comm.size == 1:  # (the row's values are not even made: a step on one rank pays nothing for them)
         if row.call.error is not None:
             raise row.call.error
         if row.refused:
-            _refuse(where, flow, [0], row)
-        return Agreed(row.capacity, [row.tokens], values[SECONDS:SECONDS + 1], row.recording, row.fixed_capacity,
-                      values.reshape(1, -1))
+            _refuse(f"{owner} on rank 0", flow, [0], row)
+        return Agreed(row.capacity, [row.tokens], np.array([row.seconds], dtype=np.int64), row.recording,
+                      row.fixed_capacity)
+    values = row.values() if values is None else values
+    where = f"{owner} on rank {comm.rank}"
     table = all_gather_values(values, comm).reshape(comm.size, len(values))
     column = {name: table[:, i] for i, name in enumerate(_COLUMNS)}
     row.call.check(table[:, len(_COLUMNS):])

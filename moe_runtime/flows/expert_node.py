@@ -59,7 +59,10 @@ def run_expert_node(node: ExpertNode, tokens: torch.Tensor, gates: torch.Tensor,
     """y (T, M) of `tokens` (autograd when anything requires grad). Under
     autocast the tokens come in its dtype and the weights stay in theirs:
     they are cast to the tokens' dtype, as autocast casts a matmul's operands."""
-    fc1, fc1_bias, fc2, fc2_bias = (None if w is None else w.to(tokens.dtype) for w in (fc1, fc1_bias, fc2, fc2_bias))
+    dtype = tokens.dtype
+    weights = (fc1, fc1_bias, fc2, fc2_bias)
+    if any(w is not None and w.dtype != dtype for w in weights):  # (a cast to the same dtype is an op too)
+        fc1, fc1_bias, fc2, fc2_bias = (None if w is None else w.to(dtype) for w in weights)
     return _ExpertFunction.apply(tokens, gates, fc1, fc1_bias, fc2, fc2_bias, node)
 
 

@@ -68,7 +68,10 @@ class KeptAgreement:
 
     def agree_and_run(self, row: CallRow, owner: str, flow: Flow, run: Callable[[Agreed, np.ndarray | None], T]) -> T:
         """run(agreed, values) at the call's agreement: the kept one (values
-        None), else the all-gather's (values: this rank's row, for record)."""
+        None), else the all-gather's (values: this rank's row, for record);
+        on one rank its own row (values None: there is nothing to keep)."""
+        if self.comm.size == 1:
+            return run(agree_call(row, self.comm, owner, flow), None)
         values = row.values()
         comm = self.agreement_comm  # decided before anything changes it, alike on every rank
         kept = self._for_row(values)
