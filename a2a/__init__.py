@@ -15,7 +15,7 @@ over MPI on CPUs and over NCCL (or MPI staged through host memory) on GPUs.
   softmax, top-k, gates and GShard's loss, fused), ``route`` (a
   :class:`Routing`), ``fast_encode`` / ``fast_decode`` and the dropless
   ``permute`` / ``unpermute``; ``gate_grad``, the gates' gradient of
-  those four (for callers that write their own backward).
+  encode, decode and unpermute (for callers that write their own backward).
 - FP8 payloads (DeepSeek-V3 / DeepEP): ``quantize_fp8`` gives a pair
   (q, scales) of float8 codes and one float32 scale per block of channels
   (an :class:`Fp8Pair`; the formats in ``FP8_FORMATS``, by torch dtype in

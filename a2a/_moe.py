@@ -14,7 +14,8 @@ non-contiguous one is an error, never copied. Outputs have the framework and
 device of the inputs, or go to ``out=`` (C-contiguous, the result's dtype,
 element count and device; returned with the result's shape). With torch
 tensors that require grad the ops record autograd through a2a.torch (and
-take no ``out=``).
+take no ``out=``), all but ``gate_grad``, a backward's kernel, which never
+records.
 """
 
 from __future__ import annotations
@@ -88,13 +89,13 @@ def gate_grad(tokens: Any, dispatched: Any, routing: Routing, *, dtype: str | No
     op = "gate_grad"
     if not isinstance(routing, Routing):
         require_padded(routing, op)  # raises the usual TypeError
-    rows = dispatched if routing.capacity is None else dispatched_rows(dispatched, routing, op)
+    rows = dispatched if routing.dropless else dispatched_rows(dispatched, routing, op)
+    own = torch_dtype_named(tokens.dtype)[0] if is_torch_tensor(tokens) else argument_view(tokens, "tokens", op).dtype_name
     if dtype is None:
-        dtype = (torch_dtype_named(tokens.dtype)[0] if is_torch_tensor(tokens)
-                 else argument_view(tokens, "tokens", op).dtype_name)
-    elif dtype not in ("float32", "float64", "float16", "bfloat16"):
-        raise InvalidArgumentError(f"{op}: dtype must be float32 or the tokens' dtype; got {dtype!r}")
-    return _gate_grad(tokens, rows, routing, dtype, op, out)
+        dtype = own
+    elif dtype not in ("float32", own):
+        raise InvalidArgumentError(f"{op}: dtype must be float32 or the tokens' dtype ({own}); got {dtype!r}")
+    return _gate_grad(tokens, rows, routing, dtype, op, out, what="dispatched")
 
 
 def permute(x: Any, indices: Any, num_experts: int, *, out: Any = None, wait: bool = True) -> tuple[Any, Routing]:

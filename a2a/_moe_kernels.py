@@ -194,8 +194,10 @@ def combine(rows: Any, routing: Routing, gates: Any, op: str, out: Any = None, w
     return _gated_kernel(_C.moe_combine, rows, what, routing.num_rows, routing.num_tokens, routing, gates, op, out)
 
 
-def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str, out: Any = None) -> Any:
-    """(T, k) of gate_dtype: dot(tokens[t], rows[row(t, j)]), 0 when not kept; into `out` when given."""
+def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str, out: Any = None,
+              what: str = "rows") -> Any:
+    """(T, k) of gate_dtype: dot(tokens[t], rows[row(t, j)]), 0 when not kept; into `out` when given.
+    `what` names rows in errors."""
     placed = _torch_place(tokens, routing.num_tokens, routing, FLOAT_DTYPES)
     if placed is not None and out is None and _torch_place(rows, routing.num_rows, routing, FLOAT_DTYPES) == placed:
         code, model_dim = placed
@@ -206,9 +208,9 @@ def gate_grad(tokens: Any, rows: Any, routing: Routing, gate_dtype: str, op: str
                      rows.data_ptr(), code, model_dim, DTYPE_CODES[gate_dtype], grad.data_ptr())
         return grad
     t = _data(tokens, "tokens", op, routing.num_tokens, routing)
-    r = _data(rows, "rows", op, routing.num_rows, routing)
+    r = _data(rows, what, op, routing.num_rows, routing)
     if (t.dtype_name, t.shape[1]) != (r.dtype_name, r.shape[1]):
-        _fail(op, f"tokens ({t.describe()}) and rows ({r.describe()}) differ in dtype or model_dim")
+        _fail(op, f"tokens ({t.describe()}) and {what} ({r.describe()}) differ in dtype or model_dim")
     if gate_dtype not in ("float32", t.dtype_name):
         _fail(op, f"dtype must be float32 or the tokens' dtype ({t.dtype_name}); got {gate_dtype}")
     shape = (routing.num_tokens, routing.top_k)

@@ -23,6 +23,8 @@ gradient straight through.
 
 Every rank runs the segment's backward, its exchanges included, whether or
 not its tokens need a gradient: the collectives stay matched across ranks.
+Where the segment exchanges nothing (one rank, r = 0) and only the gates
+need a gradient (a router trained alone), it does not run.
 """
 
 from __future__ import annotations
@@ -96,10 +98,15 @@ class _ExpertFunction(torch.autograd.Function):
         wants_tokens, wants_gates = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         gate_dtype = _dtype_name(gates)
         grad_gates = None
-        grad_combined = segment.lease.get("grad_combine", node.rows_shape, grad_y.dtype, grad_y.device)
-        a2a.fast_encode(grad_y, layout, gates if postscore else None, out=grad_combined)
         if postscore and wants_gates:
             grad_gates = a2a.gate_grad(grad_y, read_by_gates, layout, dtype=gate_dtype)
+            if not (wants_tokens or any(ctx.needs_input_grad[2:6])) and not segment.shape.exchanged:
+                # Only the router learns (the experts frozen, the tokens a leaf): the segment's backward
+                # would make nothing used. Where it exchanges, every rank runs it all the same: whether a
+                # rank's tokens need a gradient is that rank's own, and its peers wait for its exchanges.
+                return (None, grad_gates, None, None, None, None, None)
+        grad_combined = segment.lease.get("grad_combine", node.rows_shape, grad_y.dtype, grad_y.device)
+        a2a.fast_encode(grad_y, layout, gates if postscore else None, out=grad_combined)
         # (E', C', M), as grad_combined
         grad_rows, *weight_grads = segment.backward(grad_combined, fc1, fc1_bias, fc2, ctx.with_fc2_bias)
         grad_tokens = None

@@ -116,16 +116,24 @@ def test_bad_arguments_name_what_is_wrong():
     indices = choices()
     routing = a2a.route(indices, E, capacity=3)
     tokens, rows = values(T, M), values(E, 3, M, seed=2)
-    with pytest.raises(a2a.InvalidArgumentError, match=r"dtype must be float32 or the tokens' dtype \(float64\)"):
+    with pytest.raises(a2a.InvalidArgumentError, match=r"dtype must be float32 or the tokens' dtype "
+                                                       r"\(float64\); got 'float16'"):
         a2a.gate_grad(tokens, rows, routing, dtype="float16")
     with pytest.raises(a2a.InvalidArgumentError, match=r"dtype must be .*got 'int32'"):
         a2a.gate_grad(tokens, rows, routing, dtype="int32")
+    half = torch.from_numpy(tokens).bfloat16()  # the torch fast path says it the same way
+    with pytest.raises(a2a.InvalidArgumentError, match=r"tokens' dtype \(bfloat16\); got 'float16'"):
+        a2a.gate_grad(half, torch.from_numpy(rows).bfloat16(), a2a.route(torch.from_numpy(indices), E, capacity=3),
+                      dtype="float16")
     with pytest.raises(a2a.InvalidArgumentError, match=r"dispatched must be \(num_experts, capacity, model_dim\) = "
                                                        r"\(4, 3, M\).*shape \(4, 2, 6\)"):
         a2a.gate_grad(tokens, np.ascontiguousarray(rows[:, :2]), routing)
     with pytest.raises(a2a.InvalidArgumentError, match=r"tokens must be \(13, model_dim\).*shape \(12, 6\)"):
         a2a.gate_grad(tokens[:12], rows, routing)
-    with pytest.raises(a2a.InvalidArgumentError, match=r"differ in dtype or model_dim"):
+    with pytest.raises(a2a.InvalidArgumentError, match=r"tokens \(.*\) and dispatched \(.*\) differ in dtype"):
         a2a.gate_grad(tokens.astype(np.float32), rows, routing)
+    x_sorted, perm = a2a.permute(tokens, indices, E)
+    with pytest.raises(a2a.InvalidArgumentError, match=r"dispatched must be \(26, model_dim\)"):
+        a2a.gate_grad(tokens, x_sorted[:25], perm)
     with pytest.raises(TypeError, match=r"routing must be an a2a.Routing"):
         a2a.gate_grad(tokens, rows, indices)
