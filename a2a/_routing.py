@@ -20,6 +20,7 @@ from . import _C
 from ._arrays import FLOAT_DTYPES, ArrayView, address_of, argument_view, copy_of, empty_like, shown_copy, view
 from ._comm import Comm
 from ._errors import InvalidArgumentError
+from ._routing_state import check_unpickled
 
 __all__ = ["Routing", "native_routing", "permutation", "require_dropless", "require_padded", "route", "routing_view"]
 
@@ -82,6 +83,7 @@ class Routing:
                 "bounded": self._bounded}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        """The tables are checked before any kernel can read them (a2a/_routing_state.py): no route made them."""
         self._indices = view(state["indices"], "indices")
         self._locations, self._counts, self._offsets = state["tables"]
         self._capacity, self._num_rows, self._num_dropped = state["sizes"]
@@ -89,6 +91,8 @@ class Routing:
         self._bounded = state.get("bounded", False)
         self._unread = None
         self._native = None
+        check_unpickled(self._indices, self._locations, self._counts, self._offsets, self._capacity, self._num_rows,
+                        self._bounded, self._host_counts)
 
     _show = staticmethod(shown_copy)
 
