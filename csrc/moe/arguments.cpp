@@ -22,10 +22,10 @@ bool is_float(a2a_dtype_t dtype) {
 
 bool is_index(a2a_dtype_t dtype) { return dtype == A2A_INT32 || dtype == A2A_INT64; }
 
-int64_t checked_product(int64_t a, int64_t b, const char* what) {
+int64_t checked_product(const char* op, int64_t a, int64_t b, const char* what) {
   int64_t product = 0;
   if (__builtin_mul_overflow(a, b, &product))
-    fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64 (", a, " * ", b, ")");
+    fail(A2A_ERROR_INVALID_ARGUMENT, op, ": ", what, " overflows int64 (", a, " * ", b, ")");
   return product;
 }
 
@@ -33,7 +33,7 @@ void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_
   if (num_tokens < 0) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_tokens is ", num_tokens);
   if (top_k < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": top_k is ", top_k, "; every token needs at least one choice");
   if (num_experts < 1) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": num_experts is ", num_experts);
-  const int64_t choices = checked_product(num_tokens, top_k, "num_tokens * top_k");
+  const int64_t choices = checked_product(op, num_tokens, top_k, "num_tokens * top_k");
   // The backends size per-thread (CPU) or per-tile (CUDA) histograms of
   // num_experts int64 counters, at most one per choice: this bound keeps
   // their byte counts from overflowing.
@@ -43,8 +43,9 @@ void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_
          " routed choices is too large (num_experts * max(1, num_tokens * top_k) must stay below 2^58)");
 }
 
-size_t data_bytes(int64_t rows, int64_t model_dim, a2a_dtype_t dtype) {
-  return static_cast<size_t>(checked_product(rows * model_dim, static_cast<int64_t>(dtype_size(dtype)), "data bytes"));
+size_t data_bytes(const char* op, int64_t rows, int64_t model_dim, a2a_dtype_t dtype) {
+  return static_cast<size_t>(
+      checked_product(op, rows * model_dim, static_cast<int64_t>(dtype_size(dtype)), "data bytes"));
 }
 
 }  // namespace a2a::moe

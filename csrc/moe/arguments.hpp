@@ -21,7 +21,7 @@ std::unique_ptr<Kernels> make_kernels(const a2a_exec_t* exec);
 bool is_float(a2a_dtype_t dtype);
 bool is_index(a2a_dtype_t dtype);
 // a * b, failing with A2A_ERROR_INVALID_ARGUMENT when it overflows int64.
-int64_t checked_product(int64_t a, int64_t b, const char* what);
+int64_t checked_product(const char* op, int64_t a, int64_t b, const char* what);
 // T >= 0, k >= 1, E >= 1, and T * k * E within the backends' counters.
 void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_experts);
 
@@ -79,6 +79,6 @@ class Buffers {
 
 // Bytes of `rows` rows of model_dim elements of dtype (the caller bounds
 // rows * model_dim).
-size_t data_bytes(int64_t rows, int64_t model_dim, a2a_dtype_t dtype);
+size_t data_bytes(const char* op, int64_t rows, int64_t model_dim, a2a_dtype_t dtype);
 
 }  // namespace a2a::moe

@@ -34,7 +34,8 @@ void check_index(const char* op, const a2a_es_index_t* index) {
   check_shape(op, r.num_tokens, r.top_k, r.num_experts);
   require(r.tile >= 1, op, ": index tile is ", r.tile, "; it must be >= 1");
   require(r.num_slots >= 0, op, ": index num_slots is ", r.num_slots);
-  require(r.num_slots <= r.num_tokens * r.top_k + checked_product(r.num_experts, r.tile - 1, "num_experts * tile"), op,
+  const int64_t padding = checked_product(op, r.num_experts, r.tile - 1, "num_experts * tile");
+  require(r.num_slots <= r.num_tokens * r.top_k + padding, op,
           ": index num_slots ", r.num_slots, " is more than ", r.num_tokens, " tokens x ", r.top_k,
           " choices can fill with ", r.num_experts, " experts padded to ", r.tile, "; build the index with a2a_es_index");
 }
@@ -66,8 +67,8 @@ size_t gate_bytes(const a2a_es_index_t& r, const void* gates, a2a_dtype_t gate_d
 }
 
 // Bytes of a (rows, width) matrix of dtype, overflow-checked.
-size_t matrix_bytes(int64_t rows, int64_t width, a2a_dtype_t dtype) {
-  return data_bytes(checked_product(rows, width, "rows * width"), 1, dtype);
+size_t matrix_bytes(const char* op, int64_t rows, int64_t width, a2a_dtype_t dtype) {
+  return data_bytes(op, checked_product(op, rows, width, "rows * width"), 1, dtype);
 }
 
 size_t accumulator_size(a2a_dtype_t dtype) { return dtype == A2A_FLOAT64 ? sizeof(double) : sizeof(float); }
@@ -77,7 +78,7 @@ size_t accumulator_size(a2a_dtype_t dtype) { return dtype == A2A_FLOAT64 ? sizeo
 int64_t es_index_capacity(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t tile) {
   check_shape("es_index", num_tokens, top_k, num_experts);
   require(tile >= 1, "es_index: tile is ", tile, "; it must be >= 1");
-  const int64_t padding = checked_product(num_experts, tile - 1, "num_experts * (tile - 1)");
+  const int64_t padding = checked_product("es_index", num_experts, tile - 1, "num_experts * (tile - 1)");
   int64_t total = 0;
   if (__builtin_add_overflow(num_tokens * top_k, padding, &total))
     fail(A2A_ERROR_INVALID_ARGUMENT, "es_index: num_tokens * top_k + num_experts * (tile - 1) overflows int64");
@@ -140,8 +141,9 @@ size_t esmm_workspace_size(const a2a_es_index_t* index, a2a_es_rows_t y_rows, in
   check_operand("esmm", "y", y_rows, n);
   check_data("esmm", dtype, false, dtype);
   if (y_rows != A2A_ES_ROWS_TOKEN || index->top_k == 1) return 0;
-  return static_cast<size_t>(checked_product(checked_product(index->num_tokens * index->top_k, n, "T * k * n"),
-                                             static_cast<int64_t>(accumulator_size(dtype)), "esmm workspace bytes"));
+  const int64_t elements = checked_product("esmm", index->num_tokens * index->top_k, n, "T * k * n");
+  return static_cast<size_t>(
+      checked_product("esmm", elements, static_cast<int64_t>(accumulator_size(dtype)), "esmm workspace bytes"));
 }
 
 void esmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2a_es_rows_t x_rows, int64_t k,
@@ -157,14 +159,14 @@ void esmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2
   require(workspace_bytes >= needed, op, ": workspace of ", workspace_bytes, " bytes is smaller than the ", needed,
           " bytes required (a2a_esmm_workspace_size)");
   const a2a_es_index_t& r = *index;
-  const int64_t weights = checked_product(checked_product(r.num_experts, n, "E * n"), k, "E * n * k");
+  const int64_t weights = checked_product(op, checked_product(op, r.num_experts, n, "E * n"), k, "E * n * k");
   Buffers buffers(op);
   index_buffers(buffers, r)
-      .input("x", x, matrix_bytes(operand_rows(r, x_rows), k, dtype))
-      .input("w", w, data_bytes(weights, 1, dtype))
-      .input("bias", bias, bias == nullptr ? 0 : matrix_bytes(r.num_experts, n, dtype))
+      .input("x", x, matrix_bytes(op, operand_rows(r, x_rows), k, dtype))
+      .input("w", w, data_bytes(op, weights, 1, dtype))
+      .input("bias", bias, bias == nullptr ? 0 : matrix_bytes(op, r.num_experts, n, dtype))
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
-      .output("y", y, matrix_bytes(operand_rows(r, y_rows), n, dtype))
+      .output("y", y, matrix_bytes(op, operand_rows(r, y_rows), n, dtype))
       .output("workspace", workspace, needed);
   if (n == 0 || operand_rows(r, y_rows) == 0) return;
   count(nullptr, Count::kKernelCalls);
@@ -181,9 +183,9 @@ void ess(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2a
   const a2a_es_index_t& r = *index;
   Buffers buffers(op);
   index_buffers(buffers, r)
-      .input("x", x, matrix_bytes(operand_rows(r, x_rows), n, dtype))
+      .input("x", x, matrix_bytes(op, operand_rows(r, x_rows), n, dtype))
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
-      .output("out", out, matrix_bytes(r.num_experts, n, dtype));
+      .output("out", out, matrix_bytes(op, r.num_experts, n, dtype));
   if (n == 0) return;
   count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->ess(r, {x, x_rows, n}, {gates, gate_dtype == dtype}, dtype, out);
@@ -198,13 +200,14 @@ void estmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* a, a
   check_operand(op, "b", b_rows, b_dim);
   check_data(op, dtype, gates != nullptr, gate_dtype);
   const a2a_es_index_t& r = *index;
-  const int64_t outputs = checked_product(checked_product(r.num_experts, a_dim, "E * a_dim"), b_dim, "E * a * b");
+  const int64_t outputs =
+      checked_product(op, checked_product(op, r.num_experts, a_dim, "E * a_dim"), b_dim, "E * a * b");
   Buffers buffers(op);
   index_buffers(buffers, r)
-      .input("a", a, matrix_bytes(operand_rows(r, a_rows), a_dim, dtype))
-      .input("b", b, matrix_bytes(operand_rows(r, b_rows), b_dim, dtype))
+      .input("a", a, matrix_bytes(op, operand_rows(r, a_rows), a_dim, dtype))
+      .input("b", b, matrix_bytes(op, operand_rows(r, b_rows), b_dim, dtype))
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
-      .output("out", out, data_bytes(outputs, 1, dtype));
+      .output("out", out, data_bytes(op, outputs, 1, dtype));
   if (outputs == 0) return;
   count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->estmm(r, {a, a_rows, a_dim}, {b, b_rows, b_dim}, {gates, gate_dtype == dtype}, dtype, out);

@@ -18,13 +18,13 @@ const char* format_name(a2a_fp8_format_t format) { return format == A2A_FP8_E5M2
 void check_geometry(const char* op, int64_t cols, int64_t block) {
   require(cols >= 0, op, ": cols is ", cols);
   require(block >= 1, op, ": block is ", block, "; it must be >= 1 (channels per scale)");
-  checked_product(round_up_16(cols) + 16, 4, "packed row bytes");  // keeps every row's byte count in int64
+  checked_product(op, round_up_16(cols) + 16, 4, "packed row bytes");  // keeps every row's byte count in int64
 }
 
 // The bytes one strided array spans: rows - 1 strides and one row.
-size_t span_bytes(int64_t rows, int64_t stride_bytes, int64_t row_bytes) {
+size_t span_bytes(const char* op, int64_t rows, int64_t stride_bytes, int64_t row_bytes) {
   if (rows == 0 || row_bytes == 0) return 0;
-  return static_cast<size_t>(checked_product(rows - 1, stride_bytes, "rows * stride") + row_bytes);
+  return static_cast<size_t>(checked_product(op, rows - 1, stride_bytes, "rows * stride") + row_bytes);
 }
 
 // The rows' shape and strides, and the memory they take: the codes and the
@@ -45,9 +45,10 @@ void check_rows(const char* op, const a2a_fp8_rows_t* rows, a2a_dtype_t dtype, c
   require(r.scale_stride >= blocks, op, ": scale_stride ", r.scale_stride, " is less than the ", blocks,
           " blocks of a row (cols ", r.cols, ", block ", r.block, ")");
   require(reinterpret_cast<uintptr_t>(r.scales) % alignof(float) == 0, op, ": scales are not 4-byte aligned");
-  const size_t q_span = span_bytes(r.rows, r.q_stride, r.cols);
-  const size_t scale_span = span_bytes(r.rows, checked_product(r.scale_stride, 4, "scale_stride * 4"), blocks * 4);
-  const size_t dense_bytes = data_bytes(r.rows, r.cols, dtype);
+  const size_t q_span = span_bytes(op, r.rows, r.q_stride, r.cols);
+  const size_t scale_span =
+      span_bytes(op, r.rows, checked_product(op, r.scale_stride, 4, "scale_stride * 4"), blocks * 4);
+  const size_t dense_bytes = data_bytes(op, r.rows, r.cols, dtype);
   // Codes and scales either lie apart, or interleave as the two parts of
   // rows of one stride, the scales within each row's gap after its codes.
   const char* q = static_cast<const char*>(r.q);

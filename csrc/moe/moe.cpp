@@ -29,11 +29,11 @@ void check_kernel_args(const char* op, const a2a_routing_t* r, a2a_dtype_t dtype
   require(r->capacity >= A2A_CAPACITY_PER_EXPERT, op, ": routing capacity is ", r->capacity);
   require(r->num_rows >= 0, op, ": routing num_rows is ", r->num_rows);
   if (r->capacity >= 0)
-    require(r->num_rows == checked_product(r->num_experts, r->capacity, "num_experts * capacity"), op,
+    require(r->num_rows == checked_product(op, r->num_experts, r->capacity, "num_experts * capacity"), op,
             ": routing num_rows ", r->num_rows, " != num_experts ", r->num_experts, " * capacity ", r->capacity);
   require(is_float(dtype), op, ": data dtype ", dtype_name(dtype), " is not supported (float32, float64, float16, bfloat16)");
   require(model_dim >= 0, op, ": model_dim is ", model_dim);
-  checked_product(std::max(r->num_tokens, r->num_rows), model_dim, "rows * model_dim");
+  checked_product(op, std::max(r->num_tokens, r->num_rows), model_dim, "rows * model_dim");
   if (has_gates)
     require(gate_dtype == A2A_FLOAT32 || gate_dtype == dtype, op, ": gate dtype ", dtype_name(gate_dtype),
             " must be float32 or the data dtype ", dtype_name(dtype));
@@ -47,8 +47,8 @@ void check_gated_kernel(const char* op, const a2a_routing_t* routing, a2a_dtype_
                         const char* out_name, void* out, bool tokens_in) {
   check_kernel_args(op, routing, dtype, model_dim, gates != nullptr, gate_dtype);
   const a2a_routing_t& r = *routing;
-  const size_t token_bytes = data_bytes(r.num_tokens, model_dim, dtype);
-  const size_t row_bytes = data_bytes(r.num_rows, model_dim, dtype);
+  const size_t token_bytes = data_bytes(op, r.num_tokens, model_dim, dtype);
+  const size_t row_bytes = data_bytes(op, r.num_rows, model_dim, dtype);
   Buffers(op)
       .routing(r)
       .input(in_name, in, tokens_in ? token_bytes : row_bytes)
@@ -92,10 +92,10 @@ struct CapacityRequest {
   bool want_host_counts;      // a2a_route_host_counts (host_counts must not be NULL)
 };
 
-int64_t checked_sum(const std::vector<int64_t>& values, const char* what) {
+int64_t checked_sum(const char* op, const std::vector<int64_t>& values, const char* what) {
   int64_t sum = 0;
   for (int64_t value : values)
-    if (__builtin_add_overflow(sum, value, &sum)) fail(A2A_ERROR_INVALID_ARGUMENT, what, " overflows int64");
+    if (__builtin_add_overflow(sum, value, &sum)) fail(A2A_ERROR_INVALID_ARGUMENT, op, ": ", what, " overflows int64");
   return sum;
 }
 
@@ -151,7 +151,7 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
         capacities[e] = request.capacities[e];
         require(capacities[e] >= 0, op, ": capacities[", e, "] is ", capacities[e], "; a capacity must be >= 0");
       }
-      checked_sum(capacities, "the sum of the capacities");
+      checked_sum(op, capacities, "the sum of the capacities");
     }
     kernels = make_kernels(exec);
     Buffers buffers = route_arrays(op, *kernels, indices, index_dtype, num_tokens, top_k, num_experts, token_order,
@@ -212,9 +212,9 @@ a2a_route_info_t route_with(const a2a_exec_t* exec, Comm* comm, const void* indi
   // Counts and offsets of the layout, on the host, then to the device.
   const int64_t E = num_experts;
   if (per_expert)
-    checked_sum(capacities, "the sum of the capacities agreed across ranks");  // bounds every offset below
+    checked_sum(op, capacities, "the sum of the capacities agreed across ranks");  // bounds every offset below
   else if (!dropless)
-    checked_product(E, capacities[0], "num_experts * capacity");
+    checked_product(op, E, capacities[0], "num_experts * capacity");
   std::vector<int64_t> kept(static_cast<size_t>(E)), offsets(static_cast<size_t>(E) + 1, 0);
   int64_t num_dropped = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -263,7 +263,7 @@ void route_fixed(const a2a_exec_t* exec, const void* indices, a2a_dtype_t index_
   require(capacity > 0 || capacity == A2A_CAPACITY_DROPLESS, op, ": capacity ", capacity,
           " must be > 0 or A2A_CAPACITY_DROPLESS (a2a_route takes the other capacity modes)");
   // Bounds every offset (packed: T*k, which check_shape bounds).
-  if (capacity > 0) checked_product(num_experts, capacity, "num_experts * capacity");
+  if (capacity > 0) checked_product(op, num_experts, capacity, "num_experts * capacity");
   std::unique_ptr<Kernels> kernels = make_kernels(exec);
   route_arrays(op, *kernels, indices, index_dtype, num_tokens, top_k, num_experts, token_order, workspace,
                workspace_bytes, locations, counts, expert_offsets);
@@ -315,8 +315,8 @@ void gate_grad(const a2a_exec_t* exec, const a2a_routing_t* routing, const void*
   const a2a_routing_t& r = *routing;
   Buffers("gate_grad")
       .routing(r)
-      .input("tokens", tokens, data_bytes(r.num_tokens, model_dim, dtype))
-      .input("rows", rows, data_bytes(r.num_rows, model_dim, dtype))
+      .input("tokens", tokens, data_bytes("gate_grad", r.num_tokens, model_dim, dtype))
+      .input("rows", rows, data_bytes("gate_grad", r.num_rows, model_dim, dtype))
       .output("grad_gates", grad_gates, static_cast<size_t>(r.num_tokens * r.top_k) * dtype_size(gate_dtype));
   // With model_dim 0 every dot product is 0, which the kernel also writes.
   count(nullptr, Count::kKernelCalls);

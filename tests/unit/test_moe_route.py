@@ -349,7 +349,11 @@ def test_capacity_too_large_names_the_limit(capacity):
 
 
 def test_largest_capacity_fails_in_the_core_not_in_the_binding():
-    raises_invalid(lambda: a2a.route(np.zeros((4, 2), dtype=np.int64), 4, capacity=2**63 - 1), "num_experts * capacity")
+    """The core's overflow names its op, as its other errors do."""
+    indices = np.zeros((4, 2), dtype=np.int64)
+    raises_invalid(lambda: a2a.route(indices, 4, capacity=2**63 - 1), "route: num_experts * capacity overflows int64")
+    raises_invalid(lambda: a2a.route(indices, 4, capacity=2**62, wait=False),
+                   "route_fixed: num_experts * capacity overflows int64 (4 * 4611686018427387904)")
 
 
 @pytest.mark.parametrize("num_experts", [2**62, 2**63, 2**70])
