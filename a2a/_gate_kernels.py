@@ -11,6 +11,7 @@ from typing import Any
 from . import _C
 from ._arrays import (
     DTYPE_CODES,
+    FLOAT_DTYPES,
     ArrayView,
     _torch,
     address_of,
@@ -25,7 +26,7 @@ from ._errors import InvalidArgumentError
 
 __all__ = ["GATE_DTYPES", "top_k_gate_backward", "top_k_gate_kernel"]
 
-GATE_DTYPES = ("float32", "float64", "float16", "bfloat16")
+GATE_DTYPES = FLOAT_DTYPES  # the logits of every float dtype the kernels take
 
 
 def _fail(op: str, message: str):

@@ -27,7 +27,7 @@ from ._arrays import argument_view, is_torch_tensor, records_autograd, torch_dty
 from ._errors import InvalidArgumentError
 from ._moe_kernels import combine, dispatch, dispatched_rows, dispatched_shape
 from ._moe_kernels import gate_grad as _gate_grad
-from ._routing import Routing, permutation, require_dropless, require_padded
+from ._routing import Routing, permutation, require_dropless, require_padded, require_routing
 
 __all__ = ["fast_decode", "fast_encode", "gate_grad", "permute", "unpermute"]
 
@@ -87,8 +87,7 @@ def gate_grad(tokens: Any, dispatched: Any, routing: Routing, *, dtype: str | No
     backward's kernel, for callers that write their own (a2a.torch's nodes
     run it)."""
     op = "gate_grad"
-    if not isinstance(routing, Routing):
-        require_padded(routing, op)  # raises the usual TypeError
+    require_routing(routing, "routing", op)
     rows = dispatched if routing.dropless else dispatched_rows(dispatched, routing, op)
     own = torch_dtype_named(tokens.dtype)[0] if is_torch_tensor(tokens) else argument_view(tokens, "tokens", op).dtype_name
     if dtype is None:

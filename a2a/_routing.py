@@ -22,7 +22,8 @@ from ._comm import Comm
 from ._errors import InvalidArgumentError
 from ._routing_state import check_unpickled
 
-__all__ = ["Routing", "native_routing", "permutation", "require_dropless", "require_padded", "route", "routing_view"]
+__all__ = ["Routing", "native_routing", "permutation", "require_dropless", "require_padded", "require_routing", "route",
+           "routing_view"]
 
 INDEX_DTYPES = ("int32", "int64")
 DROPLESS = -1  # A2A_CAPACITY_DROPLESS
@@ -245,7 +246,7 @@ def _native_fields(routing: Routing) -> tuple:
 
 def require_padded(routing: Any, op: str) -> Routing:
     """`routing` if it is a Routing with a capacity (from route)."""
-    _require_routing(routing, "routing", op)
+    require_routing(routing, "routing", op)
     if routing.capacity is None:
         _fail(op, "this routing is dropless (from a2a.permute); use a2a.permute / a2a.unpermute with it")
     return routing
@@ -253,13 +254,13 @@ def require_padded(routing: Any, op: str) -> Routing:
 
 def require_dropless(routing: Any, op: str, what: str = "perm") -> Routing:
     """`routing` (the argument `what`) if it is a dropless Routing (from permute)."""
-    _require_routing(routing, what, op)
+    require_routing(routing, what, op)
     if routing.capacity is not None:
         _fail(op, "this routing has a capacity (from a2a.route); use a2a.fast_encode / a2a.fast_decode with it")
     return routing
 
 
-def _require_routing(routing: Any, what: str, op: str) -> None:
+def require_routing(routing: Any, what: str, op: str) -> None:
     if not isinstance(routing, Routing):
         raise TypeError(f"{op}: {what} must be an a2a.Routing (from a2a.route or a2a.permute), got {type(routing).__name__}")
 

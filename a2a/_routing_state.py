@@ -63,25 +63,24 @@ def _layout(offsets: np.ndarray, capacity: Any, num_rows: int, num_experts: int,
             _fail(f"per-expert capacities {list(capacity)} must be {num_experts} integers >= 0")
         expected = np.concatenate(([0], np.cumsum(capacities)))
         name = "the prefix sums of the per-expert capacities"
-    elif capacity is None:
+    elif capacity is None:  # the offsets are the counts' own: only their order and end are the layout's
         if (np.diff(offsets) < 0).any() or offsets[0] != 0:
             _fail(f"the dropless offsets {offsets.tolist()} must start at 0 and never decrease")
-        expected, name = offsets, ""
         if num_rows != (offsets[-1] if bound is None else bound):
             _fail(f"num_rows is {num_rows}; the dropless layout has "
                   f"{offsets[-1] if bound is None else f'T * k = {bound}'}")
+        return
     else:
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 0:
             _fail(f"capacity must be an integer >= 0, got {capacity!r}")
         expected = np.arange(num_experts + 1, dtype=np.int64) * capacity
         name = f"e * capacity (capacity {capacity})"
-    if name:
-        wrong = np.flatnonzero(offsets != expected)
-        if wrong.size:
-            e = int(wrong[0])
-            _fail(f"offsets[{e}] = {int(offsets[e])}; the layout has {int(expected[e])} ({name})")
-        if num_rows != expected[-1]:
-            _fail(f"num_rows is {num_rows}; the layout has {int(expected[-1])}")
+    wrong = np.flatnonzero(offsets != expected)
+    if wrong.size:
+        e = int(wrong[0])
+        _fail(f"offsets[{e}] = {int(offsets[e])}; the layout has {int(expected[e])} ({name})")
+    if num_rows != expected[-1]:
+        _fail(f"num_rows is {num_rows}; the layout has {int(expected[-1])}")
 
 
 def check_unpickled(indices: ArrayView, locations: Any, counts: Any, offsets: Any, capacity: Any, num_rows: Any,
@@ -118,8 +117,8 @@ def check_unpickled(indices: ArrayView, locations: Any, counts: Any, offsets: An
     safe = np.where(routed, experts, 0)
     kept = routed & (locations >= 0) & (locations < counts[safe])
     rows = np.where(kept, offsets[safe] + locations, -1)
-    taken = rows[kept]
-    if np.unique(taken).size != taken.size:
-        row = int(next(r for r, n in zip(*np.unique(taken, return_counts=True), strict=True) if n > 1))
+    values, times = np.unique(rows[kept], return_counts=True)
+    if (times > 1).any():
+        row = int(values[times > 1][0])
         first, second = np.argwhere(rows == row)[:2].tolist()
         _fail(f"choices {tuple(first)} and {tuple(second)} both occupy row {row}")

@@ -43,9 +43,13 @@ void check_shape(const char* op, int64_t num_tokens, int64_t top_k, int64_t num_
          " routed choices is too large (num_experts * max(1, num_tokens * top_k) must stay below 2^58)");
 }
 
-size_t data_bytes(const char* op, int64_t rows, int64_t model_dim, a2a_dtype_t dtype) {
+size_t checked_bytes(const char* op, int64_t a, int64_t b, size_t element) {
   return static_cast<size_t>(
-      checked_product(op, rows * model_dim, static_cast<int64_t>(dtype_size(dtype)), "data bytes"));
+      checked_product(op, checked_product(op, a, b, "elements"), static_cast<int64_t>(element), "bytes"));
+}
+
+size_t data_bytes(const char* op, int64_t rows, int64_t model_dim, a2a_dtype_t dtype) {
+  return checked_bytes(op, rows, model_dim, dtype_size(dtype));
 }
 
 }  // namespace a2a::moe

@@ -77,8 +77,10 @@ class Buffers {
   std::vector<Region> regions_;
 };
 
-// Bytes of `rows` rows of model_dim elements of dtype (the caller bounds
-// rows * model_dim).
+// Bytes of a x b elements of `element` bytes each; an overflow fails, naming op.
+size_t checked_bytes(const char* op, int64_t a, int64_t b, size_t element);
+
+// Bytes of `rows` rows of model_dim elements of dtype (checked_bytes).
 size_t data_bytes(const char* op, int64_t rows, int64_t model_dim, a2a_dtype_t dtype);
 
 }  // namespace a2a::moe

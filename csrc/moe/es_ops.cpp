@@ -66,11 +66,6 @@ size_t gate_bytes(const a2a_es_index_t& r, const void* gates, a2a_dtype_t gate_d
   return gates == nullptr ? 0 : static_cast<size_t>(r.num_tokens * r.top_k) * dtype_size(gate_dtype);
 }
 
-// Bytes of a (rows, width) matrix of dtype, overflow-checked.
-size_t matrix_bytes(const char* op, int64_t rows, int64_t width, a2a_dtype_t dtype) {
-  return data_bytes(op, checked_product(op, rows, width, "rows * width"), 1, dtype);
-}
-
 size_t accumulator_size(a2a_dtype_t dtype) { return dtype == A2A_FLOAT64 ? sizeof(double) : sizeof(float); }
 
 }  // namespace
@@ -162,11 +157,11 @@ void esmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2
   const int64_t weights = checked_product(op, checked_product(op, r.num_experts, n, "E * n"), k, "E * n * k");
   Buffers buffers(op);
   index_buffers(buffers, r)
-      .input("x", x, matrix_bytes(op, operand_rows(r, x_rows), k, dtype))
+      .input("x", x, data_bytes(op, operand_rows(r, x_rows), k, dtype))
       .input("w", w, data_bytes(op, weights, 1, dtype))
-      .input("bias", bias, bias == nullptr ? 0 : matrix_bytes(op, r.num_experts, n, dtype))
+      .input("bias", bias, bias == nullptr ? 0 : data_bytes(op, r.num_experts, n, dtype))
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
-      .output("y", y, matrix_bytes(op, operand_rows(r, y_rows), n, dtype))
+      .output("y", y, data_bytes(op, operand_rows(r, y_rows), n, dtype))
       .output("workspace", workspace, needed);
   if (n == 0 || operand_rows(r, y_rows) == 0) return;
   count(nullptr, Count::kKernelCalls);
@@ -183,9 +178,9 @@ void ess(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* x, a2a
   const a2a_es_index_t& r = *index;
   Buffers buffers(op);
   index_buffers(buffers, r)
-      .input("x", x, matrix_bytes(op, operand_rows(r, x_rows), n, dtype))
+      .input("x", x, data_bytes(op, operand_rows(r, x_rows), n, dtype))
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
-      .output("out", out, matrix_bytes(op, r.num_experts, n, dtype));
+      .output("out", out, data_bytes(op, r.num_experts, n, dtype));
   if (n == 0) return;
   count(nullptr, Count::kKernelCalls);
   make_kernels(exec)->ess(r, {x, x_rows, n}, {gates, gate_dtype == dtype}, dtype, out);
@@ -204,8 +199,8 @@ void estmm(const a2a_exec_t* exec, const a2a_es_index_t* index, const void* a, a
       checked_product(op, checked_product(op, r.num_experts, a_dim, "E * a_dim"), b_dim, "E * a * b");
   Buffers buffers(op);
   index_buffers(buffers, r)
-      .input("a", a, matrix_bytes(op, operand_rows(r, a_rows), a_dim, dtype))
-      .input("b", b, matrix_bytes(op, operand_rows(r, b_rows), b_dim, dtype))
+      .input("a", a, data_bytes(op, operand_rows(r, a_rows), a_dim, dtype))
+      .input("b", b, data_bytes(op, operand_rows(r, b_rows), b_dim, dtype))
       .input("gates", gates, gate_bytes(r, gates, gate_dtype))
       .output("out", out, data_bytes(op, outputs, 1, dtype));
   if (outputs == 0) return;

@@ -30,16 +30,11 @@ size_t check_gate(const char* op, const a2a_top_k_gate_t* gate) {
   return dtype_size(g.dtype);
 }
 
-size_t bytes_of(const char* op, int64_t a, int64_t b, size_t element) {
-  return static_cast<size_t>(
-      checked_product(op, checked_product(op, a, b, "elements"), static_cast<int64_t>(element), "bytes"));
-}
-
 }  // namespace
 
 size_t top_k_gate_workspace_size(const a2a_top_k_gate_t* gate) {
   check_gate("top_k_gate_workspace_size", gate);
-  return bytes_of("top_k_gate_workspace_size", gate->num_experts, 1, sizeof(double) + sizeof(int64_t));
+  return checked_bytes("top_k_gate_workspace_size", gate->num_experts, 1, sizeof(double) + sizeof(int64_t));
 }
 
 void top_k_gate(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, const void* logits, void* scores,
@@ -49,11 +44,11 @@ void top_k_gate(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, const void
   const a2a_top_k_gate_t& g = *gate;
   require(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, op, ": workspace is not 8-byte aligned");
   Buffers(op)
-      .input("logits", logits, bytes_of(op, g.num_tokens, g.num_experts, element))
-      .output("scores", scores, bytes_of(op, g.num_tokens, g.num_experts, element))
-      .output("indices", indices, bytes_of(op, g.num_tokens, g.top_k, sizeof(int64_t)))
-      .output("gates", gates, bytes_of(op, g.num_tokens, g.top_k, element))
-      .output("share", share, bytes_of(op, 1, g.num_experts, element))
+      .input("logits", logits, checked_bytes(op, g.num_tokens, g.num_experts, element))
+      .output("scores", scores, checked_bytes(op, g.num_tokens, g.num_experts, element))
+      .output("indices", indices, checked_bytes(op, g.num_tokens, g.top_k, sizeof(int64_t)))
+      .output("gates", gates, checked_bytes(op, g.num_tokens, g.top_k, element))
+      .output("share", share, checked_bytes(op, 1, g.num_experts, element))
       .output("l_aux", l_aux, element)
       .output("workspace", workspace, top_k_gate_workspace_size(gate));
   count(nullptr, Count::kKernelCalls);
@@ -67,11 +62,11 @@ void top_k_gate_backward(const a2a_exec_t* exec, const a2a_top_k_gate_t* gate, c
   const size_t element = check_gate(op, gate);
   const a2a_top_k_gate_t& g = *gate;
   Buffers buffers(op);
-  buffers.input("scores", scores, bytes_of(op, g.num_tokens, g.num_experts, element))
-      .input("indices", indices, bytes_of(op, g.num_tokens, g.top_k, sizeof(int64_t)))
-      .input("share", share, bytes_of(op, 1, g.num_experts, element))
-      .output("d_logits", d_logits, bytes_of(op, g.num_tokens, g.num_experts, element));
-  if (d_gates != nullptr) buffers.input("d_gates", d_gates, bytes_of(op, g.num_tokens, g.top_k, element));
+  buffers.input("scores", scores, checked_bytes(op, g.num_tokens, g.num_experts, element))
+      .input("indices", indices, checked_bytes(op, g.num_tokens, g.top_k, sizeof(int64_t)))
+      .input("share", share, checked_bytes(op, 1, g.num_experts, element))
+      .output("d_logits", d_logits, checked_bytes(op, g.num_tokens, g.num_experts, element));
+  if (d_gates != nullptr) buffers.input("d_gates", d_gates, checked_bytes(op, g.num_tokens, g.top_k, element));
   if (d_l_aux != nullptr) buffers.input("d_l_aux", d_l_aux, element);
   if (g.num_tokens == 0) return;
   count(nullptr, Count::kKernelCalls);

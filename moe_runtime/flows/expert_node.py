@@ -68,10 +68,6 @@ def run_expert_node(node: ExpertNode, tokens: torch.Tensor, gates: torch.Tensor,
     return _ExpertFunction.apply(tokens, gates, fc1, fc1_bias, fc2, fc2_bias, node)
 
 
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
-
-
 class _ExpertFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tokens, gates, fc1, fc1_bias, fc2, fc2_bias, node: ExpertNode):
@@ -96,7 +92,7 @@ class _ExpertFunction(torch.autograd.Function):
         segment, layout, postscore = node.segment, node.layout, node.postscore
         grad_y = grad_y.contiguous()  # autograd may hand in an expanded gradient (of y.sum())
         wants_tokens, wants_gates = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gate_dtype = _dtype_name(gates)
+        gate_dtype = str(gates.dtype).removeprefix("torch.")
         grad_gates = None
         if postscore and wants_gates:
             grad_gates = a2a.gate_grad(grad_y, read_by_gates, layout, dtype=gate_dtype)
