@@ -38,6 +38,7 @@ from .common.copying import LayerCopy
 from .common.graphs import StepGraphs, autograd_records, call_in_graphs, complete_posted_checks
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
+from .common.recompute import trace_routing
 from .construction import agreed_construction, agreed_seeds
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
@@ -379,9 +380,7 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
                 prepared.join()  # the predicted dispatch overlapped the gate; it ends before any other collective
         if decision is None:
             return None, prepared
-        if self.routing_trace is not None:
-            counts = torch.bincount(decision.indices.reshape(-1), minlength=self.num_global_experts)
-            self.routing_trace.append(counts.cpu().numpy())
+        trace_routing(self.routing_trace, decision.indices, self.num_global_experts)
         if self.positions.moved:
             decision.indices = self.positions.physical(decision.indices)
         return decision, prepared

@@ -41,6 +41,7 @@ import a2a
 
 from ..common.agreement import CallFields
 from ..common.host_values import all_gather_values
+from ..common.recompute import KeptDecisions
 
 __all__ = ["AssignmentCache", "AssignmentStats", "check_sample_ids", "predicted_choices"]
 
@@ -103,6 +104,8 @@ class AssignmentCache:
         self._entries: OrderedDict[int, np.ndarray] = OrderedDict()
         self._average = self._weight = 0.0
         self._owner: int | None = None
+        # Each forward's (decision, prediction), for its recomputation (moe_runtime.common.recompute).
+        self.kept: KeptDecisions[tuple[bool, np.ndarray]] = KeptDecisions()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -23,6 +23,10 @@ and the way back, the same code, give the same output. Its backward is the
 uncached dispatch's (the gradient rows go back by one all_to_all_v of the
 received counts and sum per token by the actual permutation), so every
 gradient is the same too. Predicted rows that no choice uses are dropped.
+
+A recomputation of a call (activation checkpointing: moe_runtime.common.recompute)
+dispatches by its forward's decision and prediction, kept under the call's
+sample ids, with no agreement, and the cache learns nothing from it.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import a2a
 
 from ..common.agreement import CallFields
 from ..common.overlap import Overlap
+from ..common.recompute import recomputing
 from .assignment_cache import AssignmentCache, AssignmentStats, check_sample_ids, predicted_choices
 from .dropless import Dispatched, rows_per_rank
 
@@ -72,8 +77,9 @@ class CachedDispatch:
     :meth:`finish`-ed with the gate's indices."""
 
     def __init__(self, cache: AssignmentCache, sample_ids: np.ndarray, predicted: np.ndarray, num_experts: int,
-                 comm: a2a.Comm, algo: str, wait: Callable[[], Any] | None):
+                 comm: a2a.Comm, algo: str, wait: Callable[[], Any] | None, recomputed: bool = False):
         self.cache, self.sample_ids, self.predicted = cache, sample_ids, predicted
+        self.recomputed = recomputed  # a recomputation (activation checkpointing): the cache learns nothing
         self.num_experts, self.comm, self.algo = num_experts, comm, algo
         self._wait, self._sent = wait, None
         self.stats: AssignmentStats | None = None
@@ -92,11 +98,19 @@ class CachedDispatch:
                 ids = check_sample_ids(sample_ids, tokens.shape[0], agree_comm.rank)
             except (TypeError, ValueError) as bad:
                 error = bad  # raised in the agreement, so that the other ranks raise too
-        cached = cache.agree(agree_comm, ids is not None, error, call)
-        if ids is None:
-            return None
-        sample_ids, tokens_per_sample = ids
-        predicted = cache.lookup(sample_ids, tokens_per_sample, top_k)
+        recomputed = recomputing()
+        if recomputed:  # every rank recomputes: the forward's decision and prediction, no agreement
+            if ids is None:
+                return None
+            key = (ids[0].tobytes(), ids[1], top_k)
+            cached, predicted = cache.kept.take(key) or (False, cache.lookup(*ids, top_k))
+        else:
+            cached = cache.agree(agree_comm, ids is not None, error, call)
+            if ids is None:
+                return None
+            predicted = cache.lookup(*ids, top_k)
+            cache.kept.keep((ids[0].tobytes(), ids[1], top_k), (cached, predicted))
+        sample_ids = ids[0]
         wait = None
         if cached:
             rows = tokens.detach()
@@ -109,7 +123,7 @@ class CachedDispatch:
                 return perm, send_counts, received, recv_counts
 
             wait = overlap.start(send)
-        return cls(cache, sample_ids, predicted, num_experts, comm, algo, wait)
+        return cls(cache, sample_ids, predicted, num_experts, comm, algo, wait, recomputed)
 
     def join(self) -> None:
         """Waits for the predicted dispatch (raises its error)."""
@@ -131,8 +145,9 @@ class CachedDispatch:
         if self._sent is not None:
             dispatched, corrected = self._correct(tokens, indices, actual, hit, column)
             unused = int((self.predicted >= 0).sum()) - hits
-        self.cache.observe(hits, int(routed[seen].sum()))  # unseen samples say nothing of convergence
-        self.cache.store(self.sample_ids, actual)
+        if not self.recomputed:
+            self.cache.observe(hits, int(routed[seen].sum()))  # unseen samples say nothing of convergence
+            self.cache.store(self.sample_ids, actual)
         self.stats = AssignmentStats(hits, choices - hits, self.cache.score, dispatched is not None, corrected, unused)
         return dispatched
 

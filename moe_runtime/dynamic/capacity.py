@@ -106,35 +106,44 @@ class CapacityTracker:
         """This call's capacities from its agreed `demand` (E,) (the most
         choices of each expert on any rank) and `num_tokens` (the most tokens
         on any rank). Returns a new (E,) int64 array."""
+        capacities, self.average, self._low_calls = self._next(demand, num_tokens, top_k)
+        if self.capacities is None or not np.array_equal(capacities, self.capacities):
+            self.changes += 1
+        self.capacities = capacities
+        return capacities.copy()
+
+    def peek(self, demand: np.ndarray, num_tokens: int, top_k: int) -> np.ndarray:
+        """The capacities :meth:`update` would return, the state unchanged."""
+        return self._next(demand, num_tokens, top_k)[0]
+
+    def _next(self, demand: np.ndarray, num_tokens: int, top_k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(capacities, average, calls below the band) after a call of `demand`."""
         s = self.settings
         demand = np.asarray(demand, dtype=np.int64)
         if demand.shape != (self.num_experts,) or (demand < 0).any():
             raise ValueError(f"CapacityTracker.update: demand must be ({self.num_experts},) counts >= 0, "
                              f"got {demand.tolist()}")
-        previous = self.capacities
+        previous, low_calls = self.capacities, self._low_calls
         if previous is None:
-            self.average = demand.astype(np.float64)
+            average = demand.astype(np.float64)
             capacities = self._up(s.margin * demand)
         else:
-            self.average = s.momentum * self.average + (1.0 - s.momentum) * demand
+            average = s.momentum * self.average + (1.0 - s.momentum) * demand
             capacities = previous.copy()
             grow = demand > previous
             # A capacity is never below its average (it is set to at least margin
             # times it), so an overflowing demand is above the average too.
             capacities[grow] = self._up(s.margin * demand)[grow]
-            target = self._up(s.margin * self.average)
+            target = self._up(s.margin * average)
             low = ~grow & (target < s.shrink_band * previous)
-            self._low_calls = np.where(low, self._low_calls + 1, 0)
-            shrink = self._low_calls >= s.shrink_patience
+            low_calls = np.where(low, low_calls + 1, 0)
+            shrink = low_calls >= s.shrink_patience
             capacities[shrink] = np.maximum(target, self._up(demand))[shrink]
-            self._low_calls[shrink] = 0
+            low_calls[shrink] = 0
         if s.max_factor is not None:
             bound = math.ceil(s.max_factor * top_k * num_tokens / self.num_experts)
             capacities = np.minimum(capacities, self._up(np.array([bound]))[0])
-        if previous is None or not np.array_equal(capacities, previous):
-            self.changes += 1
-        self.capacities = capacities
-        return capacities.copy()
+        return capacities, average, low_calls
 
     def __repr__(self) -> str:
         shown = None if self.capacities is None else self.capacities.tolist()

@@ -59,6 +59,7 @@ class FlexCall:
     exchange_s: float = 0.0
     sync_s: dict[int, float] = field(default_factory=dict)
     backward_done: bool = False
+    recorded: bool = True  # autograd recorded the call: its backward will complete the measurements
 
 
 def destinations(indices: torch.Tensor, sends_from_me: np.ndarray) -> torch.Tensor:

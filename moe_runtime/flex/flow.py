@@ -71,7 +71,8 @@ class FlexFlow(WholeExpertFlow):
         indices = call.decision.indices.contiguous()
         # A slot's states when it moves: parameters, gradients and (Adam's) two moments.
         state_bytes = 4 * self.state.expert_elements * weights[0].element_size()
-        sends, sync = self.state.begin(indices, call.step_seconds, call.tokens.element_size(), state_bytes, algo)
+        sends, sync = self.state.begin(indices, call.step_seconds, call.tokens.element_size(), state_bytes, algo,
+                                       recording=call.recording)
         y = flex_moe(call.tokens, indices, call.decision.gates, sends=sends, weights=weights, sync=sync,
                      activation=context.experts.activation_fn, comm=context.exchange_comm, algo=algo,
                      weight_grad_scale=context.weight_grad_scale)

@@ -15,6 +15,12 @@ Per call (collective, every input agreed so every rank decides the same)::
     flex_dispatch.flex_moe(...)                  the flow; its backward
         all-reduces the replicas' gradients (ascending expert id)
 
+A recomputation (activation checkpointing: moe_runtime.common.recompute) is
+no new call: it routes by the same all-gather, with no measurements in it,
+and leaves the history, the plan and the measured call as they are (but for
+a forward that recorded no backward, a reentrant checkpoint's, whose
+measurements the recomputation's backward takes over).
+
 Replica groups talk over sub-communicators split from the layer's, made at
 construction and after each adjustment (collective points of every rank)
 and kept in a least-recently-used cache, as FlexMoE keeps NCCL groups.
@@ -33,6 +39,7 @@ import torch
 import a2a
 
 from ..common.host_values import all_gather_values
+from ..common.recompute import recomputing
 from ..experts.ragged_ffn import ComputeClock
 from ..experts.relocation import Moved, agree_on_move, copy_slots
 from .config import FlexConfig
@@ -76,20 +83,26 @@ class FlexState:
 
     # -- one call -----------------------------------------------------------------
     def begin(self, indices: torch.Tensor, step_seconds: float | None, element_bytes: int,
-              state_bytes_per_slot: int, algo: str) -> tuple[np.ndarray, ReplicaSync]:
+              state_bytes_per_slot: int, algo: str, recording: bool = True) -> tuple[np.ndarray, ReplicaSync]:
         """Collective, before the flow: (sends (E, W, W), the call's ReplicaSync)."""
+        recomputed = recomputing()
         if self.scheduler is None:
             self.cost_model = CostModel(self.model_dim, element_bytes, self.expert_elements * element_bytes,
                                         state_bytes_per_slot, algo=algo)
             self.scheduler = Scheduler(self.config, self.cost_model)
         num_experts, ranks = self.table.num_experts, self.comm.size
         counts = torch.bincount(indices.reshape(-1), minlength=num_experts).cpu().numpy()
-        gathered = all_gather_values(np.concatenate([counts, self._measurements(step_seconds)]), self.comm)
-        gathered = gathered.reshape(ranks, -1)
+        measured = self._measurements(None if recomputed else step_seconds)  # None: no sample in it
+        gathered = all_gather_values(np.concatenate([counts, measured]), self.comm).reshape(ranks, -1)
         demand = gathered[:, :num_experts].astype(np.int64)
         if self._last is not None and (gathered[:, num_experts] > 0).all():
             self._observe(gathered[:, num_experts:])
         sends = route(demand, self.table.replicas())
+        if recomputed:
+            call = FlexCall(int(rank_loads(sends)[self.comm.rank]), ComputeClock(self.timer))
+            if self._last is not None and not self._last[0].recorded:
+                self._last = (call, *self._last[1:])
+            return sends, ReplicaSync(self.table, self.comm.rank, dict(self._groups), self.timer, call)
         self.last_demand, self.last_sends = demand, sends
         loads = rank_loads(sends)
         model = self.cost_model
@@ -98,7 +111,7 @@ class FlexState:
         self.history.append({"balance_ratio": balance_ratio(loads), "variance_ratio": variance_ratio(loads),
                              "loads": loads.tolist(), "predicted_s": predicted, "measured_s": None,
                              "planned": len(self.pending.primitives), "applied": 0})
-        call = FlexCall(int(loads[self.comm.rank]), ComputeClock(self.timer))
+        call = FlexCall(int(loads[self.comm.rank]), ComputeClock(self.timer), recorded=recording)
         self._last = (call, demand, self.table, sends, element_bytes)
         return sends, ReplicaSync(self.table, self.comm.rank, dict(self._groups), self.timer, call)
 

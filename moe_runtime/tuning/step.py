@@ -17,6 +17,11 @@ One step of a layer with a dictionary (moe_runtime.tuning.dictionary)::
 Reports therefore lag one step, and travel in an all-gather the layer makes
 anyway. The binding (bind) names the dictionary's table: the layer's
 signature (world, nodes, E, M, H, k, dtype, device) and search space.
+
+A recomputation (activation checkpointing, moe_runtime.common.recompute) runs
+its forward's configuration, reports nothing and starts no trial; its clock
+goes on from where the forward's stopped (a reentrant checkpoint's forward
+records nothing), so that the step's time is forward and backward.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 import a2a
 
+from ..common.recompute import KeptDecisions, recomputing
 from .dictionary import AdaptiveDictionary, Config
 
 __all__ = ["NOT_MEASURED", "StepClock", "StepTuning"]
@@ -67,13 +73,15 @@ class StepTuning:
         self.signature: dict[str, Any] | None = None  # the bound table's
         self.step_seconds: float | None = None  # the last finished step's, this rank's
         self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
+        self._kept: KeptDecisions[Config] = KeptDecisions()  # the forwards' configurations, for recomputations
 
     def start(self, tokens: torch.Tensor, recording: bool) -> tuple[torch.Tensor, Callable[[], None]]:
         """Starts the clock: the tokens to use (with the StepClock when
         recording) and the stop to call at the end of a forward that records nothing."""
         if not self.timed:
             return tokens, _nothing
-        begun = self.timer()
+        # A recomputation's clock goes on from the forward's: a reentrant checkpoint's forward stopped its own.
+        begun = self.timer() - ((self.step_seconds or 0.0) if recording and recomputing() else 0.0)
 
         def stop() -> None:
             self.step_seconds = self.timer() - begun
@@ -91,6 +99,8 @@ class StepTuning:
 
     def agreed(self, column: np.ndarray) -> None:
         """Every rank's previous step (the agreed column): the trial's time is its maximum."""
+        if recomputing():
+            return
         if self._trial is not None and self.dictionary is not None and (column >= 0).all():
             capacity, config = self._trial
             self.dictionary.report(capacity, config, float(column.max()) / 1e9)
@@ -114,7 +124,14 @@ class StepTuning:
                      "hidden": layer.experts.hidden_size, "top_k": top_k, "dtype": str(dtype).removeprefix("torch."),
                      "device": comm.device}
         self.bind(signature, layer.valid_rs, comm, layer.flows)
-        return self.choose(capacity)
+        key = (capacity, signature["dtype"], top_k)
+        if recomputing():
+            kept = self._kept.take(key)
+            if kept is not None:
+                return kept
+        config = self.choose(capacity)
+        self._kept.keep(key, config)
+        return config
 
     def choose(self, capacity: int) -> Config | None:
         """The dictionary's configuration at `capacity` (None without a dictionary)."""
@@ -122,4 +139,6 @@ class StepTuning:
 
     def trial(self, capacity: int, config: Config, timed: bool) -> None:
         """What this step runs: reported at the next agreement when `timed`."""
+        if recomputing():
+            return
         self._trial = (capacity, config) if timed else None

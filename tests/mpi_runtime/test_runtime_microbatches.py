@@ -6,9 +6,9 @@ every flow, on every rank:
   flow's saved state must belong to a call, not to the layer: each output
   and each call's gradients (torch.autograd.grad, held while the other
   backwards run) equal the same calls run one forward and backward at a time;
-- activation checkpointing (torch.utils.checkpoint, non-reentrant): the
-  forward runs without autograd, then again inside the backward. Equal to the
-  plain step.
+- activation checkpointing (torch.utils.checkpoint, reentrant or not): the
+  forward runs again inside the backward (moe_runtime.common.recompute).
+  Equal to the plain steps.
 
 Equal means bitwise on the CPU: the same ops on the same rows."""
 
@@ -38,7 +38,9 @@ def layouts(world: int) -> dict[str, tuple]:
         "expert-d2": (spec(2), {"a2a_ffn_overlap_degree": 2}),
         "expert-shared": (spec(-sharers), {}),
         "dropless": (spec(2), {"flow": "dropless"}),
-        "dynamic": (spec(2), {"flow": "dynamic"}),
+        # Capacities that shrink at the first call below them: they move at every step.
+        "dynamic": (spec(2), {"flow": moe_runtime.DynamicCapacity(margin=1.0, granularity=1, shrink_patience=1,
+                                                                  shrink_band=0.99, momentum=0.5)}),
         "flex": (spec(1), {"flow": moe_runtime.FlexConfig(slots_per_rank=2)}),
         "data_centric": (spec(1), {"flow": "data_centric"}),
         "model_centric": (spec(1), {"flow": "model_centric"}),
@@ -92,17 +94,29 @@ def test_micro_batches_forward_first_then_backward_in_reverse_equal_one_at_a_tim
             assert_equal(g, want, f"{layout}: micro-batch {i}'s gradient of {name}")
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("layout", list(layouts(4)))
-def test_activation_checkpointing_equals_the_plain_step(comm, layout):
+def test_activation_checkpointing_equals_the_plain_steps(comm, layout, reentrant):
+    """Three steps: each recomputation runs its forward's decisions (the dynamic
+    flow's capacities) and counts as no call (its policy, FlexMoE's history)."""
     checkpointed, plain = build(comm, layout), build(comm, layout)
-    x = batch(comm, 0)
-    twin = x.detach().clone().requires_grad_(True)
-    y = torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=False)
-    (y.square().sum()).backward()  # l_aux is the forward's attribute, which the recomputation does not return
-    want = plain(twin)
-    want.square().sum().backward()
-    assert_equal(y, want, f"{layout}: output")
-    assert_equal(x.grad, twin.grad, f"{layout}: token gradient")
-    for (name, _), got, expected in zip(checkpointed.named_parameters(), gradients(checkpointed), gradients(plain),
-                                        strict=True):
-        assert_equal(got, expected, f"{layout}: the gradient of {name}")
+    for step in range(3):
+        x = batch(comm, 4 - 2 * step)  # fewer tokens each step: the dynamic flow's capacities shrink
+        twin = x.detach().clone().requires_grad_(True)
+        checkpointed.zero_grad(set_to_none=True)
+        plain.zero_grad(set_to_none=True)
+        y = torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=reentrant)
+        (y.square().sum()).backward()  # l_aux is the forward's attribute, which the recomputation does not return
+        want = plain(twin)
+        want.square().sum().backward()
+        what = f"{layout}, step {step}"
+        assert_equal(y, want, f"{what}: output")
+        assert_equal(x.grad, twin.grad, f"{what}: token gradient")
+        for (name, _), got, expected in zip(checkpointed.named_parameters(), gradients(checkpointed),
+                                            gradients(plain), strict=True):
+            assert_equal(got, expected, f"{what}: the gradient of {name}")
+    if layout == "dynamic":
+        got, expected = checkpointed.capacity_tracker, plain.capacity_tracker
+        assert got.capacities.tolist() == expected.capacities.tolist() and got.changes == expected.changes
+    if layout == "flex":
+        assert len(checkpointed.flex.history) == len(plain.flex.history) == 3
