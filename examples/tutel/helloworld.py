@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Tutel's examples/helloworld.py with one import changed: a training loop of
+"""Tutel's examples/helloworld.py with its imports changed: a training loop of
 one MoE layer, the experts marked by scan_expert_func (skip_allreduce), the
-shared parameters' gradients all-reduced by the program, l_aux in the loss.
+shared parameters' gradients all-reduced by the program (net.simple_all_reduce),
+l_aux in the loss.
 
-    from tutel import moe as tutel_moe          # Tutel
-    from moe_runtime import moe as tutel_moe    # here
+    from tutel import system                   # Tutel
+    from tutel import moe as tutel_moe
+    from tutel import net
+
+    from moe_runtime.moe import system         # here
+    from moe_runtime import moe as tutel_moe
+    from moe_runtime.moe import net
 
 Run it as a Tutel program is run:
 
@@ -12,22 +18,20 @@ Run it as a Tutel program is run:
     python examples/tutel/helloworld.py --device cuda                              # one GPU
     torchrun --nproc_per_node 8 examples/tutel/helloworld.py --device cuda         # NCCL
 
-Under mpirun it initializes torch.distributed with gloo (CPU) or NCCL
-(CUDA) as Tutel's system.init_data_model_parallel does; the layer's
-collectives then run on the MPI sub-communicator of the gloo group, or on
-NCCL. It prints Tutel's lines (STEP-i: loss = ...).
+system.init_data_model_parallel starts torch.distributed with gloo (CPU) or
+NCCL (CUDA) under mpirun or torchrun; the layer's collectives, and net's,
+then run on the MPI sub-communicator of the gloo group, or on NCCL. It
+prints Tutel's lines (STEP-i: loss = ...).
 """
 
 import argparse
 import os
-import socket
-import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from moe_runtime import moe as tutel_moe
+from moe_runtime.moe import net, system
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch_size", type=int, default=4)
@@ -50,36 +54,9 @@ parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_availa
 args = parser.parse_args()
 
 
-def init_data_model_parallel(backend: str):
-    """What Tutel's system.init_data_model_parallel does: torch.distributed
-    from the launcher's variables (torchrun's, or mpirun's), or one process."""
-    size = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
-    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
-    local_rank = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
-    if size > 1 and not dist.is_initialized():
-        if "MASTER_ADDR" not in os.environ:  # under mpirun: rank 0 picks a free port and tells the others
-            from mpi4py import MPI
-
-            port = None
-            if rank == 0:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", 0))
-                    port = probe.getsockname()[1]
-            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(MPI.COMM_WORLD.bcast(port))
-        dist.init_process_group(backend, rank=rank, world_size=size)
-    device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return rank, size, device
-
-
-dist_rank, dist_world_size, device = init_data_model_parallel("nccl" if args.device == "cuda" else "gloo")
-
-
-def dist_print(*text):
-    if dist_rank == 0:
-        print(*text, flush=True)
-
+parallel_env = system.init_data_model_parallel(backend="nccl" if args.device == "cuda" else "gloo")
+dist_rank, dist_world_size, dist_print = parallel_env.global_rank, parallel_env.global_size, parallel_env.dist_print
+device = parallel_env.local_device
 
 torch.set_default_dtype(getattr(torch, args.dtype))
 
@@ -112,7 +89,7 @@ model = ExampleModel().to(device)
 dist_print(model)
 
 if args.checkpoint_path:
-    path = args.checkpoint_path.replace("{rank}", str(dist_rank)).replace("{size}", str(dist_world_size))
+    path = system.apply_rank_size_from_pattern(args.checkpoint_path, rank=dist_rank, size=dist_world_size)
     if os.path.exists(path):
         model.load_state_dict(torch.load(path))
     else:
@@ -134,7 +111,7 @@ dist_print(f"[Benchmark] world_size = {dist_world_size}, dtype = {args.dtype}, m
 params_for_all_reduce = [p for p in model.parameters() if not hasattr(p, "skip_allreduce") and p.requires_grad]
 
 for i in range(args.num_steps):
-    t_start = time.perf_counter()
+    t_start = system.record_time()
     optimizer.zero_grad()
     output = model(x)
     loss = F.nll_loss(output, y)
@@ -144,14 +121,10 @@ for i in range(args.num_steps):
     if dist_world_size > 1:
         for p in params_for_all_reduce:
             p.grad /= dist_world_size
-            dist.all_reduce(p.grad)
+            p.grad = net.simple_all_reduce(p.grad)
     optimizer.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t_stop = time.perf_counter()
+    t_stop = system.record_time()
     dist_print(f"STEP-{i}: loss = {float(loss.data):.5f}, step_time = {t_stop - t_start:.6f} sec.")
 
 if args.checkpoint_path:
     torch.save(model.state_dict(), path)
-if dist.is_initialized():
-    dist.destroy_process_group()

@@ -1,8 +1,10 @@
 """Tutel's ``tutel.moe`` surface over moe_runtime: a Tutel program switches
-by changing one import::
+by changing its imports::
 
     from tutel import moe as tutel_moe          # before
     from moe_runtime import moe as tutel_moe    # after
+    from tutel import system, net               # before
+    from moe_runtime.moe import system, net     # after (moe/system.py, moe/net.py)
 
 ``moe_layer`` is Tutel's layer (moe/layer.py: a thin adapter over
 :class:`moe_runtime.MoELayer`, Tutel's keywords, defaults and checkpoints);

@@ -14,7 +14,7 @@ from typing import Any
 
 import a2a
 
-__all__ = ["communicator", "group_size"]
+__all__ = ["communicator", "group_place", "group_size"]
 
 # (group key, device, CUDA device) -> (the group, kept alive; its communicator)
 _COMMUNICATORS: dict[tuple[Any, str, int], tuple[Any, a2a.Comm]] = {}
@@ -50,14 +50,20 @@ def communicator(group: Any, device: str) -> a2a.Comm:
 
 def group_size(group: Any) -> int:
     """The number of ranks of `group` (None: the job), without making a communicator."""
+    return group_place(group)[1]
+
+
+def group_place(group: Any) -> tuple[int, int]:
+    """(this rank's place in `group`, the group's size); None: the job's
+    default group, or the MPI world when torch.distributed is not started."""
     if isinstance(group, a2a.Comm):
-        return group.size
+        return group.rank, group.size
     import torch.distributed as dist
 
     if group is not None:
-        return dist.get_world_size(group)
+        return dist.get_rank(group), dist.get_world_size(group)
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
+        return dist.get_rank(), dist.get_world_size()
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD.Get_size()
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
