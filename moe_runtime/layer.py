@@ -52,7 +52,7 @@ from .flows.agreement import Agreed, CallRow
 from .flows.base import Call, Flow, Plan, Request
 from .flows.expert import parse_parallel_type, positive_degree
 from .gating.capacity import set_by_tokens
-from .gating.gates import decide, make_gate
+from .gating.gates import decide, initialize_gate, make_gate
 from .registry import call_capacity_factor, call_top_k, check_dictionary_layer, check_dispatch_dtype
 from .tuning.dictionary import AdaptiveDictionary
 from .tuning.step import StepTuning
@@ -71,7 +71,8 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
 
     ``gate_type``: a dict (or a list of them, selected per call by
     ``gate_index``) ``{"type": "top" | "cosine_top", "k", "capacity_factor",
-    "gate_noise", "fp32_gate", "z_loss_coef"}``. ``experts``: ``{"type":
+    "gate_noise", "fp32_gate", "z_loss_coef"}``, or a user's gate module
+    (gating/custom.py). ``experts``: ``{"type":
     "ffn", "num_experts_per_device": n, "hidden_size_per_expert": H,
     "activation_fn": fn, "has_fc1_bias": True, "has_fc2_bias": True}``; n =
     -s < 0 makes s ranks share one expert. ``comm``: an ``a2a.Comm``.
@@ -121,7 +122,7 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
 
     def __init__(
         self,
-        gate_type: dict[str, Any] | Sequence[dict[str, Any]],
+        gate_type: dict[str, Any] | torch.nn.Module | Sequence[dict[str, Any] | torch.nn.Module],
         model_dim: int,
         experts: dict[str, Any],
         *,
@@ -167,13 +168,13 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
         gate_seed, expert_seed = agreed_seeds(seeds, comm)
         self.experts = flow_class.layout(experts, model_dim, comm, expert_seed, settings)
         self.num_global_experts = self.experts.num_experts
-        specs = [gate_type] if isinstance(gate_type, dict) else list(gate_type)
+        specs = [gate_type] if isinstance(gate_type, (dict, torch.nn.Module)) else list(gate_type)
         if not specs:
             raise ValueError("gate_type: give at least one gate")
         self.gates = torch.nn.ModuleList(make_gate(spec, model_dim, self.num_global_experts) for spec in specs)
         generator = torch.Generator().manual_seed(gate_seed)
         for gate in self.gates:
-            gate.reset_parameters(generator)
+            initialize_gate(gate, generator)
 
         # The dictionary (adaptive=, or parallel_type "adaptive:auto"); Hexa-MoE's flows refuse both.
         hexa = flow_class.name in ("data_centric", "model_centric")

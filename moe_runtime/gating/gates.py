@@ -7,7 +7,8 @@
 - ``{"type": "cosine_top", ...}`` (SwinV2-MoE): logits = cos(proj(x), sim) /
   temperature, over a projection to min(M // 2, 256) dimensions.
 
-Both also take ``"z_loss_coef"`` (default 0). :func:`decide` turns the logits
+Both also take ``"z_loss_coef"`` (default 0). A torch module given in their
+place is a user's gate (moe_runtime.gating.custom). :func:`decide` turns the logits
 into the routing decision: in training, noise N(0, gate_noise / E) is added
 to the logits; scores = softmax(logits); the top-k experts of each token by
 score; their scores are the gates, normalized to sum 1 when k > 1 and
@@ -24,10 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from ..common.initialization import uniform
+from .custom import checked_logits, custom_gate
 from .losses import load_importance_loss, z_loss
 from .topk import top_k_gating
 
-__all__ = ["CosineTopKGate", "GateDecision", "LinearTopKGate", "decide", "make_gate"]
+__all__ = ["CosineTopKGate", "GateDecision", "LinearTopKGate", "decide", "initialize_gate", "make_gate"]
 
 _GATE_KEYS = {"type", "k", "capacity_factor", "gate_noise", "fp32_gate", "z_loss_coef", "proj_dim", "init_t"}
 
@@ -91,10 +93,13 @@ class CosineTopKGate(torch.nn.Module):
 
 
 
-def make_gate(spec: dict[str, Any], model_dim: int, num_experts: int) -> torch.nn.Module:
-    """A gate from one of Tutel's gate_type dictionaries."""
+def make_gate(spec: dict[str, Any] | torch.nn.Module, model_dim: int, num_experts: int) -> torch.nn.Module:
+    """A gate from one of Tutel's gate_type dictionaries, or a user's gate module."""
+    if isinstance(spec, torch.nn.Module):
+        return custom_gate(spec, num_experts)
     if not isinstance(spec, dict):
-        raise TypeError(f"gate_type must be a dict such as {{'type': 'top', 'k': 2}}, got {type(spec).__name__}")
+        raise TypeError(f"gate_type must be a dict such as {{'type': 'top', 'k': 2}} or a gate module, got "
+                        f"{type(spec).__name__}")
     unknown = set(spec) - _GATE_KEYS
     if unknown:
         raise ValueError(f"gate_type: unknown keys {sorted(unknown)}; known: {sorted(_GATE_KEYS)}")
@@ -113,6 +118,15 @@ def make_gate(spec: dict[str, Any], model_dim: int, num_experts: int) -> torch.n
     raise ValueError(f"gate_type: unknown type {kind!r}; expected 'top' or 'cosine_top'")
 
 
+BUILT_IN = (LinearTopKGate, CosineTopKGate)
+
+
+def initialize_gate(gate: torch.nn.Module, generator: torch.Generator) -> None:
+    """A built-in gate's parameters drawn from `generator`; a user's gate keeps its own."""
+    if isinstance(gate, BUILT_IN):
+        gate.reset_parameters(generator)
+
+
 @dataclass
 class GateDecision:
     """One call's routing decision for the local tokens."""
@@ -126,7 +140,7 @@ class GateDecision:
 def decide(gate: torch.nn.Module, x: torch.Tensor, top_k: int, *, training: bool, normalize_gate: bool,
            is_gshard_loss: bool) -> GateDecision:
     """The gate's logits -> scores, top-k choices, gates and auxiliary loss."""
-    logits = gate(x)
+    logits = gate(x) if isinstance(gate, BUILT_IN) else checked_logits(gate, x)
     noisy = logits
     if training and gate.gate_noise > 0:
         noisy = logits + torch.randn_like(logits) * (gate.gate_noise / logits.shape[1])

@@ -31,6 +31,7 @@ import torch
 import a2a
 
 from ..flows.expert import positive_degree
+from ..gating.custom import custom_gate
 from ..layer import MoELayer
 from .communicator import communicator, group_size
 
@@ -62,8 +63,9 @@ def global_expert_count(num_local_experts: Any, group: Any = None) -> int:
     return world // -num_local_experts
 
 
-def _gate_specs(gate_type: Any) -> list[dict[str, Any]]:
-    """Tutel's gate_type (a dict, a list of them, or the old 'TopKGate') with Tutel's defaults filled in."""
+def _gate_specs(gate_type: Any, model_dim: int, count_experts: Callable[[], int], gate_seed: int | None) -> list[Any]:
+    """Tutel's gate_type (a dict, a list of them, or the old 'TopKGate') with Tutel's defaults filled in;
+    a custom gate built as Tutel builds it (_custom_gate), for count_experts() experts."""
     if isinstance(gate_type, str):
         match = re.fullmatch(r"Top([0-9]+)Gate", gate_type)
         if match is None:
@@ -71,18 +73,36 @@ def _gate_specs(gate_type: Any) -> list[dict[str, Any]]:
         LOG.warning("gate_type %r is deprecated (Tutel): use {'type': 'top', 'k': %s}", gate_type, match[1])
         gate_type = {"type": "top", "k": int(match[1])}
     specs = [gate_type] if isinstance(gate_type, dict) else list(gate_type)
-    filled = []
-    for spec in specs:
+    filled: list[Any] = []
+    for index, spec in enumerate(specs):
         if not isinstance(spec, dict):
             raise TypeError(f"gate_type: each gate is a dict such as {{'type': 'top', 'k': 2}}, got {spec!r}")
         if spec.get("type") == "custom":
-            raise ValueError("gate_type {'type': 'custom', 'module': ...}: a user's gate module is not supported; "
-                             "the gates are 'top' and 'cosine_top' (Tutel's built-in ones)")
+            filled.append(_custom_gate(spec, model_dim, count_experts(), None if gate_seed is None else gate_seed + index))
+            continue
         defaults = {"k": 1, "capacity_factor": float(os.environ.get("CAP_FACTOR", "1.0")), "gate_noise": 0.0}
         if spec.get("type") == "cosine_top":
             defaults["proj_dim"] = 256  # Tutel's (ours otherwise scales it with model_dim)
         filled.append({**defaults, **spec})
     return filled
+
+
+def _custom_gate(spec: dict[str, Any], model_dim: int, experts: int, seed: int | None) -> torch.nn.Module:
+    """Tutel's {'type': 'custom', 'module': cls, **options}: cls(model_dim=, num_global_experts=, **options),
+    made after torch.manual_seed(seed) (Tutel's gate seed plus the gate's index) where seeds were given;
+    gate_noise and capacity_factor from the options (Tutel's defaults: 0 and CAP_FACTOR or 1) when the
+    module sets none."""
+    module = spec.get("module")
+    if not (isinstance(module, type) and issubclass(module, torch.nn.Module)):
+        raise TypeError(f"gate_type {{'type': 'custom'}}: 'module' must be the gate's class (a torch.nn.Module "
+                        f"subclass), got {module!r}")
+    options = {key: value for key, value in spec.items() if key not in ("type", "module")}
+    if seed is not None:
+        torch.manual_seed(seed)
+    gate = module(model_dim=model_dim, num_global_experts=experts, **options)
+    cap_factor = float(os.environ.get("CAP_FACTOR", "1.0"))
+    return custom_gate(gate, experts, {"gate_noise": options.get("gate_noise", 0.0),
+                                       "capacity_factor": options.get("capacity_factor", cap_factor)})
 
 
 def _expert_spec(experts: Any, model_dim: int) -> tuple[dict[str, Any], Callable | None]:
@@ -160,7 +180,9 @@ class TutelMoELayer(MoELayer):
             raise ValueError(f"seeds must be (gate_seed, expert_seed[, seed_after]), got {seeds!r}")
         comm = _construction_comm(group)
         gate_seed, expert_seed = _drawn_seeds(seeds)
-        super().__init__(_gate_specs(gate_type), model_dim, spec, comm=comm,
+        local = spec.get("num_experts_per_device", spec.get("count_per_node", 1))
+        gates = _gate_specs(gate_type, model_dim, lambda: global_expert_count(local, comm), gate_seed)
+        super().__init__(gates, model_dim, spec, comm=comm,
                          seeds=None if gate_seed is None else (gate_seed, expert_seed),
                          parallel_type=_tutel_r(parallel_type), a2a_ffn_overlap_degree=a2a_ffn_overlap_degree,
                          use_2dh=use_2dh, is_postscore=is_postscore, batch_prioritized_routing=batch_prioritized_routing,

@@ -47,7 +47,7 @@ def test_the_old_gate_string_and_a_list_of_gates():
     ({"experts": {"type": "custom", "module": object}}, "only Tutel's 'ffn' experts"),
     ({"experts": {"type": "ffn", "hidden_size_per_expert": H, "output_dim": M + 2}}, "output_dim=10"),
     ({"experts": {"type": "ffn", "hidden_size_per_expert": H, "fused_custom_fn": None}}, "fused_custom_fn"),
-    ({"gate": {"type": "custom", "module": object}}, "a user's gate module is not supported"),
+    ({"gate": {"type": "custom", "module": object}}, "'module' must be the gate's class"),
     ({"gate": "Gate2"}, "give a dict"),
     ({"parallel_type": "hybrid"}, "Tutel's are 'adaptive:r'"),
     ({"parallel_type": "adaptive:x"}, "takes an integer r"),
