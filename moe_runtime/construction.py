@@ -52,6 +52,10 @@ def _gate_defaults(kind: Any) -> dict[str, Any]:
 
 def _normalized_gate(spec: Any) -> dict[str, Any]:
     """A gate dict with the gate's defaults filled in and numbers as the gate keeps them."""
+    if isinstance(spec, torch.nn.Module):  # a user's gate: what the layer reads of it, agreed with its repr
+        return {"type": spec, **{key: getattr(spec, attribute, None) for key, attribute in
+                                 (("k", "top_k"), ("capacity_factor", "capacity_factor"),
+                                  ("gate_noise", "gate_noise"), ("num_global_experts", "num_global_experts"))}}
     if not isinstance(spec, dict):
         return {"type": spec}
     kind = spec.get("type", "top")

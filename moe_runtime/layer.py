@@ -38,7 +38,7 @@ from .common.copying import LayerCopy
 from .common.graphs import StepGraphs, autograd_records, call_in_graphs, complete_posted_checks
 from .common.overlap import check_thread_level
 from .common.precision import compute_dtype, dispatch_format, routing_precision
-from .common.recompute import trace_routing
+from .common.recompute import recomputing, trace_routing
 from .construction import agreed_construction, agreed_seeds
 from .deployment.positions import ExpertPositions
 from .experts.ffn import EXPERT_TAG
@@ -327,7 +327,7 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
         if recording and self.comm.device == "cuda" and not call.error:
             check_thread_level(self.comm, "torch's autograd engine runs the backward of CUDA tensors (with the "
                                           "layer's collectives)")
-        tokens, stop = self.tuning.start(tokens, recording and not call.error)
+        tokens, stop = self.tuning.start(tokens, recording and not call.error, self.training)
         decision, prepared = self._gate(tokens, gate_index, k, request, sample_ids, call)
         capacity, fixed = 0, False
         if decision is not None and named.uses_capacity:
@@ -344,7 +344,7 @@ class MoELayer(FlowStateNames, LayerCopy, torch.nn.Module):
         y, self.last_plan = self.flow.context.kept.agree_and_run(row, "MoELayer", self.flow, run)
         y = (y if y.shape == x.shape else y.view(x.shape)).to(x.dtype)
         stop()
-        y.l_aux = self.l_aux = decision.l_aux
+        y.l_aux, self.l_aux = decision.l_aux, self.l_aux if recomputing() else decision.l_aux
         return y
 
     def _run(self, request: Request, call_of: Callable[..., Call], dtype: torch.dtype, k: int, agreed: Agreed,

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Tutel's examples/helloworld.py with its imports changed: a training loop of
-one MoE layer, the experts marked by scan_expert_func (skip_allreduce), the
-shared parameters' gradients all-reduced by the program (net.simple_all_reduce),
-l_aux in the loss.
+"""Tutel's examples/helloworld.py, trimmed (small defaults, a larger learning
+rate and l_aux in the loss so that a few steps show the loss fall; no --eval,
+--megablocks_size or tflops line), with its imports changed: a training loop
+of one MoE layer, the experts marked by scan_expert_func (skip_allreduce), the
+shared parameters' gradients all-reduced by the program (net.simple_all_reduce).
 
     from tutel import system                   # Tutel
     from tutel import moe as tutel_moe

@@ -15,15 +15,17 @@ new call, or whatever learns from calls learns each one twice:
     backward  recomputation: recomputing() is True; takes the kept decision
               by the same key and updates nothing
 
-A key is made of host values the recomputation sees again (agreed counts,
-the capacity); between calls with equal keys the newest kept is taken first
-(the reverse order of pipeline schedules' backwards), and each is taken once.
+A key is made of host values the recomputation sees again (agreed counts
+and a checksum of the routing, the capacity, the sample ids). Micro-batches
+in flight together may share a key (equal capacities): then a mark kept
+beside the decision (a checksum of the call's tokens) tells them apart, read
+only in that case; each decision is taken once.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -54,15 +56,18 @@ class KeptDecisions(Generic[Value]):
         """A forward's decision; the oldest kept goes when ``limit`` are."""
         self._calls.append((key, value))
 
-    def take(self, key: Hashable) -> Value | None:
-        """The newest decision kept under `key`, no longer kept; None when
-        none is (its forward was too long ago, or decided nothing here)."""
-        for index in range(len(self._calls) - 1, -1, -1):
-            kept_key, value = self._calls[index]
-            if kept_key == key:
-                del self._calls[index]
-                return value
-        return None
+    def take(self, key: Hashable, matches: Callable[[Value], bool] | None = None) -> Value | None:
+        """The decision kept under `key`, no longer kept; None when none is
+        (its forward was too long ago, or decided nothing here). Where several
+        are, the newest that `matches` (asked only then), else the newest."""
+        found = [i for i in range(len(self._calls) - 1, -1, -1) if self._calls[i][0] == key]
+        if len(found) > 1 and matches is not None:
+            found = [i for i in found if matches(self._calls[i][1])] or found
+        if not found:
+            return None
+        value = self._calls[found[0]][1]
+        del self._calls[found[0]]
+        return value
 
     def __len__(self) -> int:
         return len(self._calls)

@@ -102,14 +102,15 @@ class CachedDispatch:
         if recomputed:  # every rank recomputes: the forward's decision and prediction, no agreement
             if ids is None:
                 return None
-            key = (ids[0].tobytes(), ids[1], top_k)
-            cached, predicted = cache.kept.take(key) or (False, cache.lookup(*ids, top_k))
+            cached, predicted = cache.kept.take((ids[0].tobytes(), ids[1], top_k)) or (False, cache.lookup(*ids, top_k))
+            predicted = predicted.astype(np.int64)
         else:
             cached = cache.agree(agree_comm, ids is not None, error, call)
             if ids is None:
                 return None
             predicted = cache.lookup(*ids, top_k)
-            cache.kept.keep((ids[0].tobytes(), ids[1], top_k), (cached, predicted))
+            if not torch.is_inference_mode_enabled():  # no recomputation there; kept small (experts < 2^31)
+                cache.kept.keep((ids[0].tobytes(), ids[1], top_k), (cached, predicted.astype(np.int32)))
         sample_ids = ids[0]
         wait = None
         if cached:

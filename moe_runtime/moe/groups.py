@@ -123,13 +123,15 @@ def create_groups_from_world(group_count: int, include_init: str | None = None,
         raise ValueError(f"create_groups_from_world: group_count must be a nonzero integer, got {group_count!r}")
     if include_init is not None and include_init not in BACKENDS:
         raise ValueError(f"create_groups_from_world: unsupported backend {include_init!r}; use one of {BACKENDS}")
-    backend = _MADE.get("", include_init)
-    if include_init is not None and include_init != backend:
-        raise ValueError(f"create_groups_from_world: the world was started with backend {backend!r}, "
-                         f"not {include_init!r}: one backend per job")
-    _MADE[""] = backend
-    if group_count in _MADE:
-        return _MADE[group_count]
+    backend = _MADE.get("") or include_init
+    if include_init is not None:
+        if include_init != backend:
+            raise ValueError(f"create_groups_from_world: the world was started with backend {backend!r}, "
+                             f"not {include_init!r}: one backend per job")
+        _MADE[""] = include_init
+    made = _MADE.get(group_count)
+    if made is not None and (include_init is None or made.local_device is not None):
+        return made  # (one made before any backend was named is made again with it)
 
     if include_init == "nccl" and not torch.cuda.is_available():
         raise RuntimeError("create_groups_from_world: backend 'nccl' needs a CUDA device, and torch sees none here; "

@@ -2,8 +2,8 @@
 autograd), its process groups (moe/groups.py) and its sharded optimizer, by
 Tutel's names, arguments and results. A Tutel program changes its import::
 
-    from tutel import net            # before
-    from moe_runtime import net      # after
+    from tutel import net                # before
+    from moe_runtime.moe import net      # after
 
 ``group`` is what Tutel takes (a torch.distributed group, None for the job)
 or an ``a2a.Comm``; the bytes move over the group's a2a communicator
@@ -15,7 +15,8 @@ What differs from Tutel (docs/runtime.md, "tutel.net"): every function runs on
 any device and group (Tutel's batch_*_v only on CUDA and the default group);
 ``background=True`` completes the exchange at the call (the callable returns
 its result); ``allreduce_forward`` honours ``op`` (Tutel sums whatever op);
-bad shapes raise ValueError naming them (Tutel asserts).
+bad shapes raise on every rank of the group (a2a's errors, naming the rank
+and the sizes; a ValueError here where nothing is exchanged), where Tutel asserts.
 """
 
 from __future__ import annotations
@@ -106,7 +107,6 @@ def simple_all_to_all(input: torch.Tensor, group: Any = None, background: bool =
     `background`, (output, wait) (the exchange is done: wait does nothing)."""
     input = input.contiguous()
     if get_world_size(group) > 1:
-        _divisible(input, get_world_size(group), "simple_all_to_all")
         input = a2a.all_to_all(input.detach(), comm=_comm(group, input))
     return (input, _done) if background else input
 
@@ -122,10 +122,8 @@ def simple_split(input: torch.Tensor, group: Any = None) -> torch.Tensor:
 
 def simple_reduce_scatter(input: torch.Tensor, group: Any = None, op: Any = SUM) -> torch.Tensor:
     """This rank's slice of dim 0 of the reduction over the group."""
-    world = get_world_size(group)
-    if world == 1:
+    if get_world_size(group) == 1:
         return input
-    _divisible(input, world, "simple_reduce_scatter")
     return a2a.reduce_scatter(input.detach().contiguous(), comm=_comm(group, input),
                               op=_op(op, "simple_reduce_scatter"))
 
@@ -236,7 +234,6 @@ def all_to_all_single(input: torch.Tensor, group: Any = None) -> torch.Tensor:
     """simple_all_to_all with backward (the reverse exchange)."""
     if get_world_size(group) == 1:
         return input
-    _divisible(input, get_world_size(group), "all_to_all_single")
     return a2a_torch.all_to_all(input.contiguous(), comm=_comm(group, input))
 
 
@@ -249,10 +246,7 @@ def all_gather(input: torch.Tensor, dim: int, fused: bool = False, group: Any = 
 def reduce_scatter(input: torch.Tensor, dim: int, group: Any = None) -> torch.Tensor:
     """This rank's slice along `dim` of the sum over the group; backward: the gradients gathered."""
     def run(x: torch.Tensor) -> torch.Tensor:
-        if get_world_size(group) == 1:
-            return x
-        _divisible(x, get_world_size(group), "reduce_scatter")
-        return a2a_torch.reduce_scatter(x, comm=_comm(group, x))
+        return x if get_world_size(group) == 1 else a2a_torch.reduce_scatter(x, comm=_comm(group, x))
 
     return _along(input, dim, "reduce_scatter", run)
 
@@ -315,16 +309,13 @@ def batch_all_to_all_v(datas: Sequence[torch.Tensor], partition_sizes: Any,
     (the received elements of each, flat, in rank order; the sizes received
     from each rank, (W,) int64)."""
     flats = _flat_list(datas, "batch_all_to_all_v")
-    world = get_world_size(group)
     sizes = torch.as_tensor(partition_sizes).to(device=flats[0].device, dtype=torch.int64).reshape(-1)
-    if sizes.numel() != world:
-        raise ValueError(f"batch_all_to_all_v: partition_sizes has {sizes.numel()} entries for a group of {world}")
     counts = sizes.cpu().numpy()
-    for i, flat in enumerate(flats):
-        if int(counts.sum()) != flat.numel():
-            raise ValueError(f"batch_all_to_all_v: datas[{i}] has {flat.numel()} elements, but partition_sizes "
-                             f"sums to {int(counts.sum())}")
-    if world == 1:
+    if get_world_size(group) == 1:  # at W > 1 a2a's exchanges check the sizes, and tell every rank
+        for i, flat in enumerate(flats):
+            if counts.shape != (1,) or int(counts.sum()) != flat.numel():
+                raise ValueError(f"batch_all_to_all_v: datas[{i}] has {flat.numel()} elements, but partition_sizes "
+                                 f"is {counts.tolist()} (one size per rank of a group of 1)")
         return list(flats), sizes
     received_sizes = simple_all_to_all(sizes, group)
     return [a2a.all_to_all_v(flat.detach(), counts, comm=_comm(group, flat))[0] for flat in flats], received_sizes
@@ -335,11 +326,11 @@ def batch_all_gather_v(datas: Sequence[torch.Tensor], group: Any = None) -> tupl
     length across ranks), every rank's concatenated in rank order; returns
     (those, each rank's length, (W,) int64)."""
     flats = _flat_list(datas, "batch_all_gather_v")
-    lengths = {flat.numel() for flat in flats}
-    if len(lengths) != 1:
-        raise ValueError(f"batch_all_gather_v: the tensors of datas differ in size ({sorted(lengths)} elements)")
     size = torch.tensor([flats[0].numel()], dtype=torch.int64, device=flats[0].device)
-    if get_world_size(group) == 1:
+    if get_world_size(group) == 1:  # at W > 1 a2a's all-gather checks the sizes, and tells every rank
+        lengths = {flat.numel() for flat in flats}
+        if len(lengths) != 1:
+            raise ValueError(f"batch_all_gather_v: the tensors of datas differ in size ({sorted(lengths)} elements)")
         return list(flats), size
     sizes = simple_all_gather(size, group)
     counts = sizes.cpu().numpy()
@@ -402,6 +393,9 @@ class TutelDistributedOptimizer:
     def step(self) -> None:
         if self.local_optim is None:
             raise RuntimeError("TutelDistributedOptimizer.step: call warp_local(optimizer_class, ...) first")
+        with torch.no_grad():  # the parameters as they are now (a checkpoint loaded since), no communication
+            for p, virt in zip(self.params, self.virt_params, strict=True):
+                virt.copy_(zero_scatter(p.detach(), simple_split, self.group)[0])
         self.chunk_grad()
         self.local_optim.step()
         self.restore()

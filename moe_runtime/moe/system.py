@@ -1,8 +1,8 @@
 """Tutel's ``tutel.system``: starting the job's process groups, timing,
 tensor files and per-rank file names. A Tutel program changes its import::
 
-    from tutel import system            # before
-    from moe_runtime import system      # after
+    from tutel import system                # before
+    from moe_runtime.moe import system      # after
 
     parallel_env = system.init_data_model_parallel(backend="nccl" if cuda else "gloo")
     parallel_env.global_rank, parallel_env.local_device, parallel_env.dist_print(...)

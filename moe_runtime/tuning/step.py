@@ -18,10 +18,12 @@ Reports therefore lag one step, and travel in an all-gather the layer makes
 anyway. The binding (bind) names the dictionary's table: the layer's
 signature (world, nodes, E, M, H, k, dtype, device) and search space.
 
-A recomputation (activation checkpointing, moe_runtime.common.recompute) runs
-its forward's configuration, reports nothing and starts no trial; its clock
-goes on from where the forward's stopped (a reentrant checkpoint's forward
-records nothing), so that the step's time is forward and backward.
+Each step's time is reported with the trial that step ran (with micro-batches
+in flight, not the last one chosen). A recomputation (activation
+checkpointing, moe_runtime.common.recompute) runs its forward's configuration,
+reports nothing and starts no trial; under a reentrant checkpoint the forward
+records nothing and times no step, and the recomputation's clock (its forward
+and the backward) times it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ class StepClock(torch.autograd.Function):
         return grad, None, None
 
 
+class _TimedStep:
+    """One call's step on the clock: the trial it runs, named by trial() after the clock started."""
+
+    trial: tuple[int, Config] | None = None
+
+
 class StepTuning:
     """One layer's side of the protocol (see the module docstring);
     ``dictionary`` None: nothing is chosen, and steps are timed only when
@@ -72,39 +80,48 @@ class StepTuning:
         self.timed = timed or dictionary is not None
         self.signature: dict[str, Any] | None = None  # the bound table's
         self.step_seconds: float | None = None  # the last finished step's, this rank's
-        self._trial: tuple[int, Config] | None = None  # (capacity, config) of the step being timed
-        self._kept: KeptDecisions[Config] = KeptDecisions()  # the forwards' configurations, for recomputations
+        self._finished: tuple[int, Config] | None = None  # the trial of that step
+        self._step = _TimedStep()  # the call being made
+        # The forwards' configurations, for their recomputations; each with a mark of its tokens (a device
+        # scalar), read only to tell apart calls of one capacity in flight together.
+        self._kept: KeptDecisions[tuple[Config, torch.Tensor]] = KeptDecisions()
+        self._mark: torch.Tensor | None = None
 
-    def start(self, tokens: torch.Tensor, recording: bool) -> tuple[torch.Tensor, Callable[[], None]]:
+    def start(self, tokens: torch.Tensor, recording: bool,
+              training: bool = False) -> tuple[torch.Tensor, Callable[[], None]]:
         """Starts the clock: the tokens to use (with the StepClock when
-        recording) and the stop to call at the end of a forward that records nothing."""
+        recording) and the stop to call at the end of a forward that records
+        nothing. Such a forward in training is taken for a reentrant
+        checkpoint's, whose recomputation's clock times the step: it times none."""
+        if self.dictionary is not None:
+            self._mark = tokens.detach().sum(dtype=torch.float64)
         if not self.timed:
             return tokens, _nothing
-        # A recomputation's clock goes on from the forward's: a reentrant checkpoint's forward stopped its own.
-        begun = self.timer() - ((self.step_seconds or 0.0) if recording and recomputing() else 0.0)
+        begun, step = self.timer(), _TimedStep()
+        self._step = step
 
         def stop() -> None:
-            self.step_seconds = self.timer() - begun
+            self.step_seconds, self._finished = self.timer() - begun, step.trial
 
         if recording:
             # Makes the clock's backward run even if x needs no grad; on the tokens' device, so that autograd
             # sees one device in the clock's inputs.
             anchor = torch.zeros((), device=tokens.device, requires_grad=True)
             return StepClock.apply(tokens, anchor, stop), lambda: None
-        return tokens, stop
+        return tokens, _nothing if training else stop
 
     def seconds_column(self) -> int:
         """The previous step's seconds for the agreement row, in nanoseconds."""
         return NOT_MEASURED if self.step_seconds is None else int(self.step_seconds * 1e9)
 
     def agreed(self, column: np.ndarray) -> None:
-        """Every rank's previous step (the agreed column): the trial's time is its maximum."""
+        """Every rank's last finished step (the agreed column): its trial's time is their maximum."""
         if recomputing():
             return
-        if self._trial is not None and self.dictionary is not None and (column >= 0).all():
-            capacity, config = self._trial
+        if self._finished is not None and self.dictionary is not None and (column >= 0).all():
+            capacity, config = self._finished
             self.dictionary.report(capacity, config, float(column.max()) / 1e9)
-        self._trial, self.step_seconds = None, None
+        self._finished, self.step_seconds = None, None
 
     def bind(self, signature: dict[str, Any], valid_rs: Sequence[int], comm: a2a.Comm, flows: Sequence[str]) -> None:
         """Binds the dictionary to the table of `signature` (again only when it changed)."""
@@ -124,13 +141,13 @@ class StepTuning:
                      "hidden": layer.experts.hidden_size, "top_k": top_k, "dtype": str(dtype).removeprefix("torch."),
                      "device": comm.device}
         self.bind(signature, layer.valid_rs, comm, layer.flows)
-        key = (capacity, signature["dtype"], top_k)
+        key, mark = (capacity, signature["dtype"], top_k), self._mark
         if recomputing():
-            kept = self._kept.take(key)
+            kept = self._kept.take(key, lambda value: bool(value[1] == mark))
             if kept is not None:
-                return kept
+                return kept[0]
         config = self.choose(capacity)
-        self._kept.keep(key, config)
+        self._kept.keep(key, (config, mark))
         return config
 
     def choose(self, capacity: int) -> Config | None:
@@ -138,7 +155,5 @@ class StepTuning:
         return None if self.dictionary is None else self.dictionary.choose(capacity)
 
     def trial(self, capacity: int, config: Config, timed: bool) -> None:
-        """What this step runs: reported at the next agreement when `timed`."""
-        if recomputing():
-            return
-        self._trial = (capacity, config) if timed else None
+        """What this step runs (a recomputation: its forward's): reported with its time when `timed`."""
+        self._step.trial = (capacity, config) if timed else None

@@ -5,10 +5,14 @@ under mpirun and under torchrun (the job's default group)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+import a2a
+import moe_runtime
 from moe_runtime import moe as tutel_moe
 from moe_runtime.moe import net
+from moe_runtime.moe.communicator import communicator
 from moe_runtime.reference import moe_reference
 
 MODEL_DIM, HIDDEN = 8, 16
@@ -39,3 +43,13 @@ def test_a_custom_gate_is_one_model_and_routes_as_the_reference():
     xs = [tokens(r) for r in range(size)]
     ys, _, _ = moe_reference(xs, weight, layer.gather_experts(), top_k=2, capacity_factor=1.0)
     torch.testing.assert_close(layer(xs[rank]), ys[rank], rtol=0, atol=1e-12)
+
+
+def test_gates_that_differ_across_ranks_raise_on_every_rank():
+    """A user's gate with another top_k on the last rank: the construction agreement tells every rank."""
+    rank, size = net.get_world_rank(), net.get_world_size()
+    gate = Gate(MODEL_DIM, size, top_k=1 if rank == size - 1 else 2)
+    experts = {"type": "ffn", "num_experts_per_device": 1, "hidden_size_per_expert": HIDDEN}
+    with pytest.raises((ValueError, a2a.A2AError), match="k"):
+        moe_runtime.MoELayer(gate, MODEL_DIM, experts, comm=communicator(None, "cpu"), seeds=(1, 2))
+    net.barrier()

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import a2a
 from moe_runtime.moe import groups, net, system
 
 
@@ -210,10 +211,28 @@ def test_the_uneven_batched_exchanges(env, which):
     assert sizes.tolist() == [s + 1 for s in range(size)]
     assert torch.equal(gathered[0], torch.cat([torch.full((s + 1,), float(s)) for s in range(size)]))
     assert torch.equal(gathered[1], torch.cat([torch.arange(s + 1) for s in range(size)]))
-    with pytest.raises(ValueError, match="partition_sizes has 1 entries for a group of"):
-        net.batch_all_to_all_v(datas, [1], group=group)
-    with pytest.raises(ValueError, match="the tensors of datas differ in size"):
+    with pytest.raises(ValueError, match=r"shape \(1,\).*dim 0 \(1\) is not divisible by the world size"):
+        net.batch_all_to_all_v(datas, [1], group=group)  # a2a's error, on every rank
+    with pytest.raises((ValueError, a2a.A2AError)):
         net.batch_all_gather_v([torch.zeros(2), torch.zeros(3)], group=group)
+
+
+@pytest.mark.parametrize("which", GROUPS)
+def test_a_bad_input_on_one_rank_raises_on_every_rank(env, which):
+    """The last rank of the group passes what does not fit: every rank raises (a2a's errors name it), none
+    waits for the others to time out."""
+    group = group_of(env, which)
+    ranks = members(group)
+    me, size = ranks.index(env.global_rank), len(ranks)
+    bad = me == size - 1
+    with pytest.raises((ValueError, a2a.A2AError)):
+        net.simple_all_to_all(torch.zeros(2 * size + bad, 3), group)
+    with pytest.raises((ValueError, a2a.A2AError)):
+        net.batch_all_to_all_v([torch.zeros(size + bad)], [1] * size, group=group)
+    with pytest.raises((ValueError, a2a.A2AError)):
+        net.batch_all_gather_v([torch.zeros(2), torch.zeros(2 + bad)], group=group)
+    net.barrier(group)  # every rank is still in step
+    assert torch.equal(net.simple_all_gather(torch.tensor([me]), group), torch.arange(size))
 
 
 def model_of(rank: int) -> torch.nn.Module:
@@ -236,6 +255,8 @@ def test_tutel_distributed_optimizer_steps_sgd_on_the_groups_gradients(env, whic
     model = model_of(rank)
     optimizer = net.TutelDistributedOptimizer(model.parameters(), group=group, average_shared=average_shared)
     optimizer.warp_local(torch.optim.SGD, lr=lr)
+    with torch.no_grad():  # a checkpoint loaded after the optimizer was made: the steps start from it
+        model.bias.fill_(0.5)
     for _ in range(2):  # zero_grad and a second step: the slices stay tied to the parameters
         optimizer.zero_grad()
         before = [p.detach().clone() for p in (model.weight, model.bias, model.expert)]

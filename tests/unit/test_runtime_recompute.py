@@ -129,8 +129,54 @@ def test_the_dictionarys_trial_is_the_forwards_and_reported_once(comm, reentrant
         recomputed = [configuration(layer.last_plan) for layer in layers]
         assert forwards == recomputed, f"step {step}: {forwards} recomputed as {recomputed}"
     assert len(reports) == len(layers) * (steps - 1), "one report per step but the last, per layer"
-    # Each step's clock runs from its forward to the end of its backward: past the other layers' forwards.
-    assert min(reports) >= len(layers) - 1
+    # Non-reentrant: a step's clock runs from its forward to the end of its backward, past the other layers'
+    # forwards. Reentrant: the forward times nothing, the recomputation and the backward do.
+    assert min(reports) >= (1 if reentrant else len(layers) - 1)
+
+
+def in_flight(order: str) -> list[tuple[str, int]]:
+    """("F", i) and ("B", i) of 8 micro-batches: GPipe's (4 forwards, their backwards newest first, twice)
+    or 1F1B's (two in flight, backwards oldest first)."""
+    if order == "gpipe":
+        return [step for start in (0, 4) for step in [("F", start + i) for i in range(4)]
+                + [("B", start + i) for i in reversed(range(4))]]
+    return [("F", 0), ("F", 1)] + [step for i in range(2, 8) for step in (("F", i), ("B", i - 2))] + \
+        [("B", 6), ("B", 7)]
+
+
+@VARIANTS
+@pytest.mark.parametrize("order", ["1f1b", "gpipe"])
+def test_micro_batches_in_flight_recompute_their_own_trials(comm, reentrant, order):
+    """The dictionary tunes while micro-batches of one capacity are in flight: each recomputation
+    runs its own forward's trial (none raises CheckpointError; a reentrant one's plan is its
+    forward's), and every gradient equals a plain layer's at that micro-batch (to rounding: the
+    two tune apart)."""
+    clock = itertools.count()
+    checkpointed, plain = (moe_runtime.MoELayer(TOP, M, experts(4), comm=comm, seeds=(5, 6),
+                                                adaptive=AdaptiveDictionary(warmup=0, repeats=1),
+                                                timer=lambda: float(next(clock))).double() for _ in range(2))
+    generator = torch.Generator().manual_seed(5)
+    xs = [torch.randn(32, M, generator=generator, dtype=torch.float64) for _ in range(8)]
+    outputs, trials = {}, {}
+    for kind, i in in_flight(order):
+        if kind == "F":
+            x = xs[i].clone().requires_grad_(True)
+            outputs[i] = (x, torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=reentrant))
+            trials[i] = configuration(checkpointed.last_plan)
+            continue
+        x, y = outputs.pop(i)
+        checkpointed.zero_grad(set_to_none=True)
+        y.square().sum().backward()
+        got = [x.grad, *(p.grad for p in checkpointed.parameters())]
+        if reentrant:
+            assert configuration(checkpointed.last_plan) == trials[i], f"micro-batch {i} recomputed another trial"
+        twin = xs[i].clone().requires_grad_(True)
+        plain.zero_grad(set_to_none=True)
+        plain(twin).square().sum().backward()
+        want = [twin.grad, *(p.grad for p in plain.parameters())]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=f"micro-batch {i}")
+    assert len(set(trials.values())) > 1, f"the trials never changed: nothing was tested ({trials})"
 
 
 @VARIANTS

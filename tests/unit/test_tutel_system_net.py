@@ -69,6 +69,12 @@ def test_nccl_without_a_gpu_says_so(fresh):
         system.init_data_model_parallel(backend="nccl")
 
 
+def test_groups_made_before_a_backend_are_made_again_with_it(fresh):
+    assert net.create_groups_from_world(1).local_device is None
+    env = system.init_data_model_parallel(backend="gloo")
+    assert env.local_device == torch.device("cpu")
+
+
 def test_one_backend_per_job(fresh):
     net.create_groups_from_world(1, include_init="gloo")
     with pytest.raises(ValueError, match="started with backend 'gloo', not 'nccl'"):
@@ -99,14 +105,28 @@ def test_local_cache():
 
 
 def test_numa_affinity(monkeypatch):
+    """NUMA_TYPE=0 leaves the affinity; else local rank r is bound to node (r // NUMA_TYPE) % nodes's CPUs."""
+    root = "/sys/devices/system/node"
+    if not os.path.isdir(root):
+        pytest.skip("no NUMA information here")
+    nodes = sorted(int(name[4:]) for name in os.listdir(root) if name.startswith("node") and name[4:].isdigit())
     before = os.sched_getaffinity(0)
     try:
         monkeypatch.setenv("NUMA_TYPE", "0")
+        os.sched_setaffinity(0, {min(before)})
         system.init_affinity_at_program_beginning()
-        assert os.sched_getaffinity(0) == before
-        monkeypatch.setenv("NUMA_TYPE", "1")
+        assert os.sched_getaffinity(0) == {min(before)}
+        os.sched_setaffinity(0, before)
+        monkeypatch.setenv("NUMA_TYPE", "2")
+        monkeypatch.setenv("LOCAL_RANK", "3")
+        node = nodes[(3 // 2) % len(nodes)]
+        cpus = {int(name[3:]) for name in os.listdir(f"{root}/node{node}") if name[3:].isdigit()
+                and name.startswith("cpu")}
+        if not cpus <= before:
+            pytest.skip(f"node {node}'s CPUs {sorted(cpus)} are not all this process's to take")
+        os.sched_setaffinity(0, {min(before)})
         system.init_affinity_at_program_beginning()
-        assert os.sched_getaffinity(0) <= before | set(range(os.cpu_count() or 1))
+        assert os.sched_getaffinity(0) == cpus
     finally:
         os.sched_setaffinity(0, before)
 
@@ -142,12 +162,22 @@ def test_bad_arguments_name_the_function_and_the_value():
         net.allreduce_forward(x, op="prod")
     with pytest.raises(TypeError, match="datas must be a non-empty list or tuple of tensors"):
         net.batch_all_to_all_v(x, [24])
-    with pytest.raises(ValueError, match=r"datas\[0\] has 24 elements, but partition_sizes sums to 20"):
+    with pytest.raises(ValueError, match=r"datas\[0\] has 24 elements, but partition_sizes is \[20\]"):
         net.batch_all_to_all_v([x], [20])
     with pytest.raises(ValueError, match="fewer than the 30 of full_shape"):
         net.zero_gather(x, full_shape=[5, 6])
     with pytest.raises(RuntimeError, match="call warp_local"):
         net.TutelDistributedOptimizer([torch.nn.Parameter(x)]).step()
+
+
+def test_the_sharded_optimizer_keeps_parameters_loaded_after_warp_local():
+    shared = torch.nn.Parameter(torch.ones(5))
+    optimizer = net.TutelDistributedOptimizer([shared]).warp_local(torch.optim.SGD, lr=0.0)
+    with torch.no_grad():
+        shared.fill_(7.0)  # a checkpoint loaded after the optimizer was made
+    shared.sum().backward()
+    optimizer.step()
+    assert torch.equal(shared.detach(), torch.full((5,), 7.0))
 
 
 def test_the_sharded_optimizer_on_one_rank_is_its_local_optimizer():
