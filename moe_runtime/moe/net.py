@@ -364,12 +364,24 @@ class TutelDistributedOptimizer:
                             for p in self.params]
 
     def chunk_grad(self) -> None:
-        """Each slice's gradient: the reduce-scatter of the parameter's."""
+        """Each slice's gradient: the reduce-scatter of the parameter's. A
+        parameter with a gradient on some ranks only (used by their forwards
+        alone) counts zeros on the others, so every rank joins its
+        reduce-scatter (Tutel's ranks would wait); one with none anywhere
+        keeps none. Where gradients are has one small all-reduce of its own."""
         world = get_world_size(self.group)
-        for p, virt in zip(self.params, self.virt_params, strict=True):
-            if p.grad is not None:
-                grad = p.grad.reshape(-1) / world if self.average_shared else p.grad.reshape(-1)
-                virt.grad = zero_scatter(grad, simple_reduce_scatter, self.group)[0]
+        if not self.params:
+            return
+        mine = torch.tensor([p.grad is not None for p in self.params], dtype=torch.int32,
+                            device=self.params[0].device)
+        anywhere = simple_all_reduce(mine, self.group, op=dist.ReduceOp.MAX).tolist()
+        for p, virt, some in zip(self.params, self.virt_params, anywhere, strict=True):
+            if not some:
+                virt.grad = None
+                continue
+            grad = (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+            virt.grad = zero_scatter(grad / world if self.average_shared else grad, simple_reduce_scatter,
+                                     self.group)[0]
 
     def restore(self) -> None:
         """The parameters from every rank's slice."""

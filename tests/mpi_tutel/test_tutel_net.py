@@ -269,3 +269,21 @@ def test_tutel_distributed_optimizer_steps_sgd_on_the_groups_gradients(env, whic
         torch.testing.assert_close(torch.cat([model.weight.detach().reshape(-1), model.bias.detach()]),
                                    torch.cat([before[0].reshape(-1), before[1]]) - lr * shared, rtol=0, atol=1e-12)
         torch.testing.assert_close(model.expert.detach(), before[2] - lr * local[2], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("which", GROUPS)
+def test_the_sharded_optimizer_with_gradients_on_some_ranks_only(env, which):
+    """A parameter only the odd ranks use (a gradient there, none on the others) steps by the odd ranks'
+    sum; one no rank uses keeps its values and no gradient; no rank waits for another."""
+    group = group_of(env, which)
+    ranks = members(group)
+    me = ranks.index(env.global_rank)
+    used, unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64)), torch.nn.Parameter(torch.ones(2))
+    optimizer = net.TutelDistributedOptimizer([used, unused], group=group).warp_local(torch.optim.SGD, lr=0.1)
+    if me % 2:
+        (2 * used.sum()).backward()
+    optimizer.step()
+    odd = len(ranks) // 2
+    torch.testing.assert_close(used.detach(), torch.full((3,), 1 - 0.1 * 2 * odd, dtype=torch.float64), rtol=0,
+                               atol=1e-12)
+    assert torch.equal(unused.detach(), torch.ones(2)) and optimizer.virt_params[1].grad is None
