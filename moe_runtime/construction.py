@@ -29,6 +29,7 @@ from .common.host_values import all_gather_values
 from .common.precision import dispatch_format
 from .flows.base import Flow
 from .gating.capacity import DROPLESS_CAPACITIES, RULES
+from .gating.custom import DEFAULTS as CUSTOM_DEFAULTS
 from .gating.gates import CosineTopKGate, LinearTopKGate
 from .registry import dictionary_flows_of, flow_of
 from .tuning.dictionary import AdaptiveDictionary
@@ -52,10 +53,9 @@ def _gate_defaults(kind: Any) -> dict[str, Any]:
 
 def _normalized_gate(spec: Any) -> dict[str, Any]:
     """A gate dict with the gate's defaults filled in and numbers as the gate keeps them."""
-    if isinstance(spec, torch.nn.Module):  # a user's gate: what the layer reads of it, agreed with its repr
-        return {"type": spec, **{key: getattr(spec, attribute, None) for key, attribute in
-                                 (("k", "top_k"), ("capacity_factor", "capacity_factor"),
-                                  ("gate_noise", "gate_noise"), ("num_global_experts", "num_global_experts"))}}
+    if isinstance(spec, torch.nn.Module):  # a user's gate: what the layer reads of it (as it will read it)
+        read = {"k": getattr(spec, "top_k", None), "num_global_experts": getattr(spec, "num_global_experts", "E")}
+        return {"type": spec, **read, **{key: getattr(spec, key, default) for key, default in CUSTOM_DEFAULTS.items()}}
     if not isinstance(spec, dict):
         return {"type": spec}
     kind = spec.get("type", "top")

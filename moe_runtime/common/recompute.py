@@ -17,9 +17,10 @@ new call, or whatever learns from calls learns each one twice:
 
 A key is made of host values the recomputation sees again (agreed counts
 and a checksum of the routing, the capacity, the sample ids). Micro-batches
-in flight together may share a key (equal capacities): then a mark kept
-beside the decision (a checksum of the call's tokens) tells them apart, read
-only in that case; each decision is taken once.
+in flight together may share a key (equal capacities): where their decisions
+differ, a mark kept beside each (a checksum of the call's tokens) tells them
+apart, agreed across ranks so that every rank takes the same; each decision
+is taken once.
 """
 
 from __future__ import annotations
@@ -56,17 +57,20 @@ class KeptDecisions(Generic[Value]):
         """A forward's decision; the oldest kept goes when ``limit`` are."""
         self._calls.append((key, value))
 
-    def take(self, key: Hashable, matches: Callable[[Value], bool] | None = None) -> Value | None:
+    def take(self, key: Hashable, pick: Callable[[list[Value]], int | None] | None = None) -> Value | None:
         """The decision kept under `key`, no longer kept; None when none is
         (its forward was too long ago, or decided nothing here). Where several
-        are, the newest that `matches` (asked only then), else the newest."""
+        are, pick(those, newest first) says which (asked only then); None
+        from it: they are alike, and the newest's value serves, left kept
+        (it may be another call's, which would then lose its own)."""
         found = [i for i in range(len(self._calls) - 1, -1, -1) if self._calls[i][0] == key]
-        if len(found) > 1 and matches is not None:
-            found = [i for i in found if matches(self._calls[i][1])] or found
         if not found:
             return None
-        value = self._calls[found[0]][1]
-        del self._calls[found[0]]
+        chosen = pick([self._calls[i][1] for i in found]) if len(found) > 1 and pick is not None else 0
+        if chosen is None:
+            return self._calls[found[0]][1]
+        value = self._calls[found[chosen]][1]
+        del self._calls[found[chosen]]
         return value
 
     def __len__(self) -> int:

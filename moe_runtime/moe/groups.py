@@ -123,6 +123,9 @@ def create_groups_from_world(group_count: int, include_init: str | None = None,
         raise ValueError(f"create_groups_from_world: group_count must be a nonzero integer, got {group_count!r}")
     if include_init is not None and include_init not in BACKENDS:
         raise ValueError(f"create_groups_from_world: unsupported backend {include_init!r}; use one of {BACKENDS}")
+    if include_init == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("create_groups_from_world: backend 'nccl' needs a CUDA device, and torch sees none here; "
+                           "use backend='gloo' on CPUs")
     backend = _MADE.get("") or include_init
     if include_init is not None:
         if include_init != backend:
@@ -133,9 +136,6 @@ def create_groups_from_world(group_count: int, include_init: str | None = None,
     if made is not None and (include_init is None or made.local_device is not None):
         return made  # (one made before any backend was named is made again with it)
 
-    if include_init == "nccl" and not torch.cuda.is_available():
-        raise RuntimeError("create_groups_from_world: backend 'nccl' needs a CUDA device, and torch sees none here; "
-                           "use backend='gloo' on CPUs")
     launch = _launched()
     if include_init is not None and not dist.is_initialized() and launch is not None and launch.size > 1:
         _start(include_init, launch)

@@ -36,6 +36,7 @@ import torch
 
 import a2a
 
+from ..common.host_values import all_reduce_values
 from ..common.recompute import KeptDecisions, recomputing
 from .dictionary import AdaptiveDictionary, Config
 
@@ -61,6 +62,21 @@ class StepClock(torch.autograd.Function):
     def backward(ctx, grad):
         ctx.stop()
         return grad, None, None
+
+
+def _own(candidates: list[tuple[Config, torch.Tensor]], mark: torch.Tensor, comm: a2a.Comm) -> int | None:
+    """Which of the kept (config, mark) of one key, newest first, is this
+    call's: the newest whose mark equals its own (bit for bit) on every rank,
+    else the newest. Collective (every rank keeps the same configurations,
+    so all come here together) where their configurations differ; where
+    they do not, None (any serves, and none is taken: each stays for its own
+    call), and no mark is read."""
+    if all(config == candidates[0][0] for config, _ in candidates):
+        return None
+    marks = torch.stack([kept for _, kept in candidates]).view(torch.int64)
+    mine = (marks == mark.view(torch.int64)).to(torch.int64).cpu().numpy()
+    everywhere = all_reduce_values(mine, comm, op="min")
+    return int(np.argmax(everywhere)) if everywhere.any() else 0
 
 
 class _TimedStep:
@@ -143,11 +159,12 @@ class StepTuning:
         self.bind(signature, layer.valid_rs, comm, layer.flows)
         key, mark = (capacity, signature["dtype"], top_k), self._mark
         if recomputing():
-            kept = self._kept.take(key, lambda value: bool(value[1] == mark))
+            kept = self._kept.take(key, lambda candidates: _own(candidates, mark, comm))
             if kept is not None:
                 return kept[0]
         config = self.choose(capacity)
-        self._kept.keep(key, (config, mark))
+        if layer.training and not torch.is_inference_mode_enabled():  # what checkpointing may recompute
+            self._kept.keep(key, (config, mark))
         return config
 
     def choose(self, capacity: int) -> Config | None:

@@ -120,3 +120,40 @@ def test_activation_checkpointing_equals_the_plain_steps(comm, layout, reentrant
         assert got.capacities.tolist() == expected.capacities.tolist() and got.changes == expected.changes
     if layout == "flex":
         assert len(checkpointed.flex.history) == len(plain.flex.history) == 3
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_the_dictionary_under_checkpointing_with_micro_batches_in_flight(comm, reentrant):
+    """1F1B (two micro-batches in flight, backwards oldest first) while the dictionary tunes: every
+    rank recomputes each micro-batch at its own trial (the kept trials of one capacity are told apart
+    by their tokens' marks, agreed across ranks), and the gradients are a plain layer's to rounding."""
+    import itertools
+
+    from moe_runtime.tuning.dictionary import AdaptiveDictionary
+
+    def made():
+        clock = itertools.count()  # a clock of calls: the same trials on every rank
+        layer = moe_runtime.MoELayer(TOP, MODEL_DIM, spec(2), comm=comm, seeds=(5, 6),
+                                     adaptive=AdaptiveDictionary(warmup=0, repeats=1), timer=lambda: float(next(clock)))
+        return on_device(layer, torch.float64)
+
+    checkpointed, plain = made(), made()
+    order = [("F", 0), ("F", 1)] + [s for i in range(2, 6) for s in (("F", i), ("B", i - 2))] + [("B", 4), ("B", 5)]
+    outputs, trials = {}, set()
+    for kind, i in order:
+        x = random_rows(16, 1000 * i + comm.rank).requires_grad_(True)  # one capacity: one dictionary key
+        if kind == "F":
+            outputs[i] = (x, torch.utils.checkpoint.checkpoint(checkpointed, x, use_reentrant=reentrant))
+            trials.add((checkpointed.last_plan.r, checkpointed.last_plan.d))
+            continue
+        mine, y = outputs.pop(i)
+        checkpointed.zero_grad(set_to_none=True)
+        y.square().sum().backward()
+        twin = x.detach().clone().requires_grad_(True)
+        plain.zero_grad(set_to_none=True)
+        plain(twin).square().sum().backward()
+        torch.testing.assert_close(mine.grad, twin.grad, rtol=1e-10, atol=1e-12, msg=f"micro-batch {i}")
+        for (name, _), got, want in zip(checkpointed.named_parameters(), gradients(checkpointed), gradients(plain),
+                                        strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=f"micro-batch {i}: {name}")
+    assert len(trials) > 1, "the trials never changed: nothing was tested"

@@ -43,7 +43,7 @@ def members(group) -> list[int]:
     return list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
 
 
-def test_init_data_model_parallel_makes_tutels_groups(env):
+def test_init_data_model_parallel_makes_tutels_groups(env, monkeypatch):
     size, rank = env.global_size, env.global_rank
     half = size // 2
     assert (env.global_size, env.global_rank, env.group_count, env.model_size) == (size, rank, 2, half)
@@ -53,6 +53,7 @@ def test_init_data_model_parallel_makes_tutels_groups(env):
     assert env.is_distributed and env.local_device == torch.device("cpu") and not env.is_cuda
     assert system.get_local_session() is env and net.create_groups_from_world(2) is env
     assert net.get_world_size(env.model_group) == half and net.get_world_rank(env.model_group) == rank % half
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the check that NCCL has a GPU
     with pytest.raises(ValueError, match="started with backend 'gloo', not 'nccl'"):
         net.create_groups_from_world(2, include_init="nccl")
     with pytest.raises(ValueError, match=f"cannot split the world of {size} ranks into {size + 1} groups"):

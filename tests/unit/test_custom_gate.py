@@ -131,3 +131,20 @@ def test_tutels_custom_gate_dict(monkeypatch):
     assert gate.capacity_factor == 2.5 and gate.gate_noise == 0.5 and gate.received == {"gate_noise": 0.5}
     x = torch.randn(3, 5, M)
     assert layer(x).shape == x.shape
+
+
+def test_the_construction_agreement_reads_a_gate_as_the_layer_will():
+    """What the layer reads of a user's gate is agreed across ranks, its defaults filled in first: an
+    attribute left unset and one set to its default agree; another top_k or z_loss_coef does not."""
+    from moe_runtime.common.agreement import describe
+    from moe_runtime.construction import layer_fields
+
+    def fields(**attributes):
+        gate = ScaledLinearGate(M, E)
+        for name, value in attributes.items():
+            setattr(gate, name, value)
+        return describe(layer_fields(gate, M, EXPERTS))  # as the ranks compare them
+
+    assert fields() == fields(capacity_factor=0.0, gate_noise=0.0, z_loss_coef=0.0)
+    assert fields() != fields(top_k=1)
+    assert fields() != fields(z_loss_coef=0.1)
