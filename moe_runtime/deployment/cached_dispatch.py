@@ -98,19 +98,19 @@ class CachedDispatch:
                 ids = check_sample_ids(sample_ids, tokens.shape[0], agree_comm.rank)
             except (TypeError, ValueError) as bad:
                 error = bad  # raised in the agreement, so that the other ranks raise too
-        recomputed = recomputing()
-        if recomputed:  # every rank recomputes: the forward's decision and prediction, no agreement
-            if ids is None:
-                return None
-            cached, predicted = cache.kept.take((ids[0].tobytes(), ids[1], top_k)) or (False, cache.lookup(*ids, top_k))
+        recomputed = recomputing()  # every rank recomputes: the forward's decision and prediction, no agreement
+        if not recomputed:
+            cached = cache.agree(agree_comm, ids is not None, error, call)
+        if ids is None:
+            return None
+        key = (ids[0].tobytes(), ids[1], top_k)
+        if recomputed:
+            cached, predicted = cache.kept.take(key) or (False, cache.lookup(*ids, top_k))
             predicted = predicted.astype(np.int64)
         else:
-            cached = cache.agree(agree_comm, ids is not None, error, call)
-            if ids is None:
-                return None
             predicted = cache.lookup(*ids, top_k)
             if not torch.is_inference_mode_enabled():  # no recomputation there; kept small (experts < 2^31)
-                cache.kept.keep((ids[0].tobytes(), ids[1], top_k), (cached, predicted.astype(np.int32)))
+                cache.kept.keep(key, (cached, predicted.astype(np.int32)))
         sample_ids = ids[0]
         wait = None
         if cached:

@@ -98,21 +98,20 @@ class FlexState:
         if self._last is not None and (gathered[:, num_experts] > 0).all():
             self._observe(gathered[:, num_experts:])
         sends = route(demand, self.table.replicas())
-        if recomputed:
-            call = FlexCall(int(rank_loads(sends)[self.comm.rank]), ComputeClock(self.timer))
+        loads = rank_loads(sends)
+        call = FlexCall(int(loads[self.comm.rank]), ComputeClock(self.timer), recorded=recording)
+        if recomputed:  # no new call: only a forward that recorded no backward hands its measurements over
             if self._last is not None and not self._last[0].recorded:
                 self._last = (call, *self._last[1:])
-            return sends, ReplicaSync(self.table, self.comm.rank, dict(self._groups), self.timer, call)
-        self.last_demand, self.last_sends = demand, sends
-        loads = rank_loads(sends)
-        model = self.cost_model
-        predicted = model.predict(self.table, demand).total_s if model.fitted else None
-        self.pending = self.scheduler.plan(self.table, demand)
-        self.history.append({"balance_ratio": balance_ratio(loads), "variance_ratio": variance_ratio(loads),
-                             "loads": loads.tolist(), "predicted_s": predicted, "measured_s": None,
-                             "planned": len(self.pending.primitives), "applied": 0})
-        call = FlexCall(int(loads[self.comm.rank]), ComputeClock(self.timer), recorded=recording)
-        self._last = (call, demand, self.table, sends, element_bytes)
+        else:
+            self.last_demand, self.last_sends = demand, sends
+            model = self.cost_model
+            predicted = model.predict(self.table, demand).total_s if model.fitted else None
+            self.pending = self.scheduler.plan(self.table, demand)
+            self.history.append({"balance_ratio": balance_ratio(loads), "variance_ratio": variance_ratio(loads),
+                                 "loads": loads.tolist(), "predicted_s": predicted, "measured_s": None,
+                                 "planned": len(self.pending.primitives), "applied": 0})
+            self._last = (call, demand, self.table, sends, element_bytes)
         return sends, ReplicaSync(self.table, self.comm.rank, dict(self._groups), self.timer, call)
 
     def _measurements(self, step_seconds: float | None) -> np.ndarray:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from a2a.launch import under_mpirun
+from a2a.launch import free_port, under_mpirun
 
 __all__ = ["ParallelEnv", "create_groups_from_world", "create_standalone_group"]
 
@@ -102,9 +102,7 @@ def _start(backend: str, launch: _Launch) -> None:
 
     address = None
     if launch.rank == 0:  # a port free on rank 0's host now; the others learn it by MPI
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            address = ("127.0.0.1" if launch.one_host else socket.gethostname(), probe.getsockname()[1])
+        address = ("127.0.0.1" if launch.one_host else socket.gethostname(), free_port())
     host, port = MPI.COMM_WORLD.bcast(address)
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=launch.rank, world_size=launch.size,
                             timeout=_timeout())

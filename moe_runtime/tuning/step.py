@@ -109,8 +109,9 @@ class StepTuning:
         recording) and the stop to call at the end of a forward that records
         nothing. Such a forward in training is taken for a reentrant
         checkpoint's, whose recomputation's clock times the step: it times none."""
-        if self.dictionary is not None:
-            self._mark = tokens.detach().sum(dtype=torch.float64)
+        # Only a training call outside inference_mode is kept for a recomputation, and marked.
+        keeps = self.dictionary is not None and training and not torch.is_inference_mode_enabled()
+        self._mark = tokens.detach().sum(dtype=torch.float64) if keeps else None
         if not self.timed:
             return tokens, _nothing
         begun, step = self.timer(), _TimedStep()
@@ -159,11 +160,12 @@ class StepTuning:
         self.bind(signature, layer.valid_rs, comm, layer.flows)
         key, mark = (capacity, signature["dtype"], top_k), self._mark
         if recomputing():
-            kept = self._kept.take(key, lambda candidates: _own(candidates, mark, comm))
+            # (an unmarked call, in eval mode, was not kept: it can only take the newest of its key)
+            kept = self._kept.take(key, None if mark is None else lambda candidates: _own(candidates, mark, comm))
             if kept is not None:
                 return kept[0]
         config = self.choose(capacity)
-        if layer.training and not torch.is_inference_mode_enabled():  # what checkpointing may recompute
+        if mark is not None:
             self._kept.keep(key, (config, mark))
         return config
 
